@@ -1,0 +1,17 @@
+# Shared settings for every target that includes LibTorch.
+#
+# A translation unit that includes <torch/torch.h> costs ~15 s to parse here, so every such
+# target reuses ONE precompiled header built by `hp_pch`. GCC only accepts a PCH built with the
+# same flags, which is why every target is compiled with -fPIC (also executables) and no
+# per-target definitions: a mismatch would silently fall back to parsing (-Winvalid-pch warns).
+
+add_library(hp_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
+target_link_libraries(hp_pch PRIVATE ${TORCH_LIBRARIES})
+target_compile_options(hp_pch PRIVATE ${HP_WARNINGS} -fPIC)
+target_precompile_headers(hp_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pch.h)
+
+function(hp_torch_target target)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF DEFINE_SYMBOL "")
+  target_compile_options(${target} PRIVATE ${HP_WARNINGS} -fPIC)
+  target_precompile_headers(${target} REUSE_FROM hp_pch)
+endfunction()

@@ -1,0 +1,46 @@
+// Starting a distributed job: reading the launcher's environment and creating the world group.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "hp/comm/process_group.h"
+
+namespace hp::comm {
+
+// Where this process sits in the job, as the launcher described it.
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source;  // which launcher's variables were read: "hprun", "mpirun", "pmi", "slurm", "default"
+};
+
+using GetEnv = std::function<const char*(const char*)>;
+
+// Reads, in this order of preference:
+//   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE       (hprun, torchrun)
+//   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}    (Open MPI's mpirun)
+//   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID / PMI_LOCAL_RANK  (MPICH / Intel MPI)
+//   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID            (srun)
+// plus MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default 29500). With none of them set the
+// process is a world of one. Malformed or inconsistent values throw hp::Error naming the variable.
+LaunchEnv read_launch_env(const GetEnv& getenv = {});
+
+struct InitOptions {
+  ProcessGroupOptions group;
+  std::optional<LaunchEnv> env;  // default: read_launch_env()
+  // How long rank 0 waits for every rank to reach the TCPStore (and the others for rank 0).
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
+};
+
+// Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT and create the world
+// group (Gloo). Every rank must call it once. Nothing is stored globally: keep the returned group.
+ProcessGroup init_process_group(InitOptions options = {});
+
+}  // namespace hp::comm

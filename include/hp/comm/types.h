@@ -1,0 +1,59 @@
+// Value types shared by the collectives: reduce ops, per-collective options, group options.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::comm {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+std::string to_string(ReduceOp op);
+
+// Options of a process group (and of every group derived from it, e.g. by a DeviceMesh).
+struct ProcessGroupOptions {
+  // A collective that has not completed after this long fails with hp::TimeoutError naming the
+  // collective, the group and the ranks that never arrived.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Sum/avg reductions of floating-point data use one fixed association order (a balanced binary
+  // tree over group ranks, see tree_reduce.h), so results are bitwise reproducible and equal to the
+  // same tree computed on one rank. Costs one extra copy of the data; see docs/collectives.md.
+  bool deterministic = false;
+  // Host the Gloo transport binds to; empty = loopback for single-node jobs, else the hostname.
+  std::string gloo_hostname;
+
+  ProcessGroupOptions& set_timeout(std::chrono::milliseconds t) { timeout = t; return *this; }
+  ProcessGroupOptions& set_deterministic(bool d) { deterministic = d; return *this; }
+  ProcessGroupOptions& set_gloo_hostname(std::string h) { gloo_hostname = std::move(h); return *this; }
+};
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+};
+
+// Gathers every rank's input along `dim`. `sizes[r]` is rank r's size along `dim`; empty means
+// every rank contributes input.size(dim) (the even case).
+struct AllGatherOptions {
+  int64_t dim = 0;
+  std::vector<int64_t> sizes;
+};
+
+// Reduces across ranks, then rank r keeps piece r of the result along `dim`. `sizes[r]` is piece
+// r's size; empty means torch.chunk(input, group_size, dim) pieces (the last may be smaller or empty).
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  int64_t dim = 0;
+  std::vector<int64_t> sizes;
+};
+
+// Splits the input along dim 0: piece r (input_split_sizes[r] rows) goes to rank r; the output
+// holds the pieces received from ranks 0..n-1 in order (output_split_sizes[r] rows from rank r).
+// Both empty = even split of dim 0 by the group size.
+struct AllToAllOptions {
+  std::vector<int64_t> output_split_sizes;
+  std::vector<int64_t> input_split_sizes;
+};
+
+}  // namespace hp::comm

@@ -1,0 +1,97 @@
+// hp::DeviceMesh: an N-D grid of ranks with named mesh dims and one process group per mesh dim.
+//
+// Semantics follow PyTorch's DeviceMesh. On a world of 8 with shape (2, 4) named ("dp", "tp"):
+// rank 5 has coordinate (1, 1); mesh["tp"] of rank 5 holds ranks {4, 5, 6, 7}; mesh["dp"] holds {1, 5}.
+//
+// Collective contract: constructing a mesh and flatten() are collective over the mesh's ranks (every
+// member calls them, in the same order), because they create the per-dim process groups. Groups are
+// cached per rank set on the world group, so sub-meshes and repeated meshes reuse them. Indexing,
+// sizes and coordinates are local. A process outside the mesh may build it; asking it for a
+// coordinate-dependent thing (group, local rank, sub-mesh) is an hp::Error.
+//
+// Unlike PyTorch there is no default process group: the world group is passed in explicitly, so
+// several ranks can live in one process (see hp/testing/run_ranks.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hp/comm/process_group.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace hp {
+
+namespace detail {
+struct MeshRoot;
+}
+
+class DeviceMesh {
+ public:
+  // `ranks` lists the world rank at each mesh coordinate in row-major order of `shape`.
+  // Empty `dim_names` names the dims "dim0", "dim1", ...
+  DeviceMesh(const comm::ProcessGroup& world, std::string device_type, std::vector<int64_t> shape,
+             std::vector<int> ranks, std::vector<std::string> dim_names = {});
+  // The same from an integer tensor of ranks whose shape is the mesh shape.
+  DeviceMesh(const comm::ProcessGroup& world, std::string device_type, const at::Tensor& mesh,
+             std::vector<std::string> dim_names = {});
+
+  const std::string& device_type() const;
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }  // number of ranks
+  int64_t size(int64_t dim) const;
+  int64_t size(const std::string& dim) const;
+  const std::vector<std::string>& dim_names() const { return names_; }
+  const std::vector<int>& ranks() const { return ranks_; }  // row-major
+  int64_t dim_index(const std::string& name) const;
+
+  // Sub-mesh over the named dims (in mesh order) that contains this rank.
+  DeviceMesh operator[](const std::string& dim) const;
+  DeviceMesh operator[](const std::vector<std::string>& dims) const;
+
+  // A 1-D mesh over all ranks of this mesh (row-major), named `name` (default: dim names joined
+  // by "_"). The name is registered on the root mesh, so root[name] works afterwards. Collective.
+  DeviceMesh flatten(const std::string& name = "") const;
+
+  int get_rank() const;  // this process's world rank
+  std::optional<std::vector<int64_t>> get_coordinate() const;  // nullopt if not in the mesh
+  int64_t get_local_rank(int64_t dim) const;
+  int64_t get_local_rank(const std::string& dim) const;
+  const comm::ProcessGroup& get_group(int64_t dim) const;
+  const comm::ProcessGroup& get_group(const std::string& dim) const;
+
+  std::string str() const;  // DeviceMesh(cpu, (dp=2, tp=2), ranks=[0, 1, 2, 3])
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+  size_t hash() const;
+
+ private:
+  DeviceMesh(std::shared_ptr<detail::MeshRoot> root, std::vector<int64_t> shape, std::vector<int> ranks,
+             std::vector<std::string> names, std::vector<comm::ProcessGroup> groups);
+  const std::vector<int64_t>& coordinate_or_throw(const char* what) const;
+  int64_t checked_dim(const char* what, int64_t dim) const;
+
+  std::shared_ptr<detail::MeshRoot> root_;
+  std::vector<int64_t> shape_;
+  std::vector<int> ranks_;
+  std::vector<std::string> names_;
+  std::vector<comm::ProcessGroup> groups_;  // one per dim; empty when this rank is not in the mesh
+  std::optional<std::vector<int64_t>> coordinate_;
+};
+
+// A mesh of shape `shape` over world ranks 0..N-1 in row-major order (N must be the world size).
+DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type,
+                            std::vector<int64_t> shape, std::vector<std::string> dim_names = {});
+
+}  // namespace hp
+
+template <>
+struct std::hash<hp::DeviceMesh> {
+  size_t operator()(const hp::DeviceMesh& mesh) const { return mesh.hash(); }
+};

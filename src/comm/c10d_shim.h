@@ -1,0 +1,64 @@
+// The only place that knows which c10d API version we build against.
+//
+// LibTorch 1.13 exposes collectives on c10d::ProcessGroup (ProcessGroupGloo derives from it);
+// LibTorch 2.x moved them to c10d::Backend. Everything above this file calls the functions here and
+// never names those classes. Capability queries (which dtypes/ops the backend reduces natively)
+// also live here, because they are backend- and version-specific facts.
+#pragma once
+
+#include <torch/csrc/api/include/torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/comm/types.h"
+
+namespace gloo::transport {
+class Device;
+}
+
+namespace hp::comm::shim {
+
+#if TORCH_VERSION_MAJOR >= 2
+using NativeGroup = c10d::Backend;
+#else
+using NativeGroup = c10d::ProcessGroup;
+#endif
+using NativeGroupPtr = c10::intrusive_ptr<NativeGroup>;
+using NativeWork = c10::intrusive_ptr<c10d::Work>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
+
+StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int world_size,
+                        std::chrono::milliseconds timeout);
+StorePtr make_hash_store();
+StorePtr make_prefix_store(const std::string& prefix, StorePtr store);
+
+DevicePtr make_gloo_device(const std::string& hostname);
+// Blocks until all `size` members have constructed the group (full-mesh connect).
+NativeGroupPtr make_gloo_group(StorePtr store, int rank, int size, std::chrono::milliseconds timeout,
+                               DevicePtr device);
+
+// True when the backend reduces `dtype` with `op` itself (Gloo 1.13: no bf16, no avg).
+bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op);
+// The same bytes as a dtype the backend can move (bf16 -> int16 on Gloo, bool -> uint8).
+at::Tensor to_wire(const NativeGroup& group, const at::Tensor& t);
+
+NativeWork all_reduce(NativeGroup& group, at::Tensor tensor, ReduceOp op);
+NativeWork all_gather(NativeGroup& group, std::vector<at::Tensor> outputs, at::Tensor input);
+NativeWork all_to_all(NativeGroup& group, at::Tensor output, at::Tensor input,
+                      std::vector<int64_t> output_splits, std::vector<int64_t> input_splits);
+NativeWork broadcast(NativeGroup& group, at::Tensor tensor, int root);
+NativeWork send(NativeGroup& group, at::Tensor tensor, int peer, int tag);
+NativeWork recv(NativeGroup& group, at::Tensor tensor, int peer, int tag);
+NativeWork barrier(NativeGroup& group);
+
+}  // namespace hp::comm::shim

@@ -1,0 +1,48 @@
+#include "comm/collective_queue.h"
+
+namespace hp::comm::detail {
+
+CollectiveQueue::~CollectiveQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+bool CollectiveQueue::issue_if_idle(const std::function<void()>& issue) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (busy_ || !tasks_.empty()) return false;
+  issue();  // under the lock, so the worker cannot start a queued task in between
+  return true;
+}
+
+std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor()> task) {
+  std::packaged_task<at::Tensor()> packaged(std::move(task));
+  std::shared_future<at::Tensor> result = packaged.get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(packaged));
+    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+  }
+  cv_.notify_one();
+  return result;
+}
+
+void CollectiveQueue::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stop_ and nothing left to run
+    std::packaged_task<at::Tensor()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    task();  // exceptions land in the task's future
+    lock.lock();
+    busy_ = false;
+  }
+}
+
+}  // namespace hp::comm::detail

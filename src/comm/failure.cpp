@@ -1,0 +1,115 @@
+// Turning a failed collective into an error a user can act on.
+//
+// A bare transport error ("Timed out waiting 3000ms for recv") does not say who is missing. When a
+// collective fails, each failing member records "I reached collective #seq" in the group's store and
+// then looks, for a short window, for the same record from the other members. Members that never
+// record it either died or are stuck elsewhere: those are the ranks the error names.
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "comm/group_impl.h"
+#include "hp/core/error.h"
+
+namespace hp::comm::detail {
+namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const c10::Error& e) {
+    return first_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return first_line(e.what());
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+bool looks_like_timeout(const std::string& message) {
+  for (const char* needle : {"Timed out", "timed out", "Timeout", "timeout"})
+    if (message.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+// Returns a sentence naming the world ranks that did not reach collective `site.seq`.
+std::string describe_missing_ranks(const CollectiveSite& site) {
+  GroupImpl& group = *site.group;
+  const std::string prefix = "hp_reached/" + std::to_string(site.seq) + "/";
+  const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(2), group.options.timeout);
+  std::vector<int> missing;
+  try {
+    group.store->set(prefix + std::to_string(group.rank), std::vector<uint8_t>{1});
+    const auto deadline = std::chrono::steady_clock::now() + window;
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < group.size(); ++r)
+        if (!group.store->check({prefix + std::to_string(r)})) missing.push_back(group.ranks[r]);
+      if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    return "Could not ask the rendezvous store which ranks arrived (" + first_line(e.what()) +
+           "); the store is hosted by world rank 0, which may be the one that died.";
+  }
+  if (missing.empty())
+    return "Every member reached this collective; the transport itself failed.";
+  return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + ".";
+}
+
+}  // namespace
+
+std::string GroupImpl::describe() const {
+  return "group '" + name + "' (world ranks " + format_ranks(ranks) + ")";
+}
+
+void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const hp::Error&) {
+    throw;  // already explained (a step of a composed collective)
+  } catch (...) {
+  }
+  const std::string cause = message_of(failure);
+  const bool timed_out = looks_like_timeout(cause);
+  std::ostringstream msg;
+  msg << site.op << " on " << site.group->describe() << ", rank " << site.group->ranks[site.group->rank]
+      << ", collective #" << site.seq << " failed";
+  if (timed_out) msg << " after the group timeout of " << site.group->options.timeout.count() << " ms";
+  msg << ": " << cause << ". " << describe_missing_ranks(site);
+  if (timed_out) throw hp::TimeoutError(msg.str());
+  throw hp::Error(msg.str());
+}
+
+void wait_native(const CollectiveSite& site, const shim::NativeWork& work) {
+  if (!work) return;  // nothing was sent (e.g. an all_gather of empty tensors)
+  try {
+    if (!work->wait(site.group->options.timeout)) throw std::runtime_error("the collective was aborted");
+  } catch (...) {
+    raise_collective_failure(site, std::current_exception());
+  }
+}
+
+at::Tensor NativeWorkState::wait() {
+  if (!result) {
+    wait_native(site, work);
+    result = finish();
+  }
+  return *result;
+}
+
+bool NativeWorkState::is_completed() { return result.has_value() || !work || work->isCompleted(); }
+
+}  // namespace hp::comm::detail

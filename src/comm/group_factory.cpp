@@ -1,0 +1,90 @@
+// Creating groups: the world group from a store, and cached sub-groups per rank set.
+#include <c10/util/Exception.h>
+
+#include <set>
+#include <sstream>
+
+#include "comm/group_impl.h"
+#include "comm/world.h"
+#include "hp/core/error.h"
+
+namespace hp::comm {
+namespace detail {
+namespace {
+
+std::string join(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? "," : "") << ranks[i];
+  return out.str();
+}
+
+}  // namespace
+
+std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry, std::vector<int> ranks,
+                                        std::string name) {
+  auto group = std::make_shared<GroupImpl>();
+  group->rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), registry->world_rank) - ranks.begin());
+  group->ranks = std::move(ranks);
+  group->name = name.empty() ? "ranks[" + join(group->ranks) + "]" : std::move(name);
+  group->options = registry->options;
+  group->registry = registry;
+  // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
+  group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
+  try {
+    group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank,
+                                          group->size(), registry->options.timeout, registry->device);
+  } catch (const std::exception& e) {
+    const std::string what = dynamic_cast<const c10::Error*>(&e)
+                                 ? static_cast<const c10::Error&>(e).what_without_backtrace()
+                                 : e.what();
+    const std::string msg = "creating " + group->describe() + " on world rank " +
+                            std::to_string(registry->world_rank) + " failed (members must all create it, " +
+                            "within the timeout of " + std::to_string(registry->options.timeout.count()) +
+                            " ms): " + what.substr(0, what.find('\n'));
+    if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos)
+      throw hp::TimeoutError(msg);
+    throw hp::Error(msg);
+  }
+  return group;
+}
+
+}  // namespace detail
+
+ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options) {
+  HP_CHECK(world_size > 0, "init_process_group: world size must be positive, got ", world_size);
+  HP_CHECK(rank >= 0 && rank < world_size, "init_process_group: rank ", rank, " is not in [0, ",
+           world_size, ")");
+  auto registry = std::make_shared<detail::GroupRegistry>();
+  registry->root_store = std::move(store);
+  registry->options = options;
+  registry->world_rank = rank;
+  registry->world_size = world_size;
+  registry->device = shim::make_gloo_device(options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname);
+  std::vector<int> all(world_size);
+  for (int r = 0; r < world_size; ++r) all[r] = r;
+  auto world = detail::create_group(registry, std::move(all), "world");
+  world->owned_registry = registry;
+  registry->world = world;
+  return ProcessGroup(world);
+}
+
+ProcessGroup ProcessGroup::new_group(std::vector<int> world_ranks, const std::string& name) const {
+  auto registry = impl().registry.lock();
+  HP_CHECK(registry, "new_group: the world group this group came from no longer exists");
+  HP_CHECK(!world_ranks.empty(), "new_group: needs at least one rank");
+  std::set<int> unique(world_ranks.begin(), world_ranks.end());
+  HP_CHECK(unique.size() == world_ranks.size(), "new_group: ranks [", detail::join(world_ranks),
+           "] contain a duplicate");
+  HP_CHECK(*unique.begin() >= 0 && *unique.rbegin() < registry->world_size, "new_group: ranks [",
+           detail::join(world_ranks), "] must lie in [0, ", registry->world_size, ")");
+  HP_CHECK(unique.count(registry->world_rank), "new_group: world rank ", registry->world_rank,
+           " is not in [", detail::join(world_ranks), "]; only members create a group");
+
+  std::lock_guard<std::mutex> lock(registry->mu);
+  if (auto world = registry->world.lock(); world && world->ranks == world_ranks) return ProcessGroup(world);
+  auto& cached = registry->groups[world_ranks];
+  if (!cached) cached = detail::create_group(registry, world_ranks, name);
+  return ProcessGroup(cached);
+}
+
+}  // namespace hp::comm

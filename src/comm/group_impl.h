@@ -1,0 +1,105 @@
+// Internal state behind hp::comm::ProcessGroup and hp::comm::Work.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/c10d_shim.h"
+#include "comm/collective_queue.h"
+#include "hp/comm/process_group.h"
+
+namespace hp::comm::detail {
+
+// What every group created from one world shares: the root store, the transport device and the
+// cache of groups per rank set. Owned by the world group; sub-groups only point back weakly.
+struct GroupRegistry {
+  std::mutex mu;
+  shim::StorePtr root_store;
+  shim::DevicePtr device;
+  ProcessGroupOptions options;
+  int world_rank = 0;
+  int world_size = 0;
+  std::map<std::vector<int>, std::shared_ptr<GroupImpl>> groups;
+  std::weak_ptr<GroupImpl> world;
+};
+
+struct GroupImpl {
+  shim::NativeGroupPtr native;
+  shim::StorePtr store;  // this group's prefix of the root store (diagnostics)
+  std::string name;
+  std::vector<int> ranks;  // world rank of each group rank
+  int rank = 0;
+  ProcessGroupOptions options;
+  std::shared_ptr<GroupRegistry> owned_registry;  // set on the world group only
+  std::weak_ptr<GroupRegistry> registry;
+  std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
+  CollectiveQueue queue;
+
+  int size() const { return static_cast<int>(ranks.size()); }
+  std::string describe() const;  // "group 'tp' (world ranks [4, 5, 6, 7])"
+};
+
+// Where a failure happened, for the error message.
+struct CollectiveSite {
+  GroupImpl* group;
+  const char* op;
+  uint64_t seq;
+};
+
+// Rethrows `failure` as hp::Error / hp::TimeoutError naming the collective, the group and the
+// ranks that never reached it (found by a short exchange through the group's store).
+[[noreturn]] void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure);
+
+struct WorkState {
+  virtual ~WorkState() = default;
+  virtual at::Tensor wait() = 0;
+  virtual bool is_completed() = 0;
+};
+
+// A single native c10d collective plus a local finishing step run once after it completes.
+struct NativeWorkState final : WorkState {
+  NativeWorkState(CollectiveSite site, std::function<at::Tensor()> finish)
+      : site(site), finish(std::move(finish)) {}
+  at::Tensor wait() override;
+  bool is_completed() override;
+
+  CollectiveSite site;
+  shim::NativeWork work;  // set by the issuer
+  std::function<at::Tensor()> finish;
+  std::optional<at::Tensor> result;
+  std::shared_ptr<GroupImpl> keep_alive;
+};
+
+// A collective run (possibly in several steps) on the group's CollectiveQueue.
+struct QueuedWorkState final : WorkState {
+  explicit QueuedWorkState(std::shared_future<at::Tensor> future) : future(std::move(future)) {}
+  at::Tensor wait() override { return future.get(); }
+  bool is_completed() override {
+    return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  std::shared_future<at::Tensor> future;
+};
+
+// A collective with nothing to communicate (e.g. on a group of one rank).
+struct ReadyWorkState final : WorkState {
+  explicit ReadyWorkState(at::Tensor t) : tensor(std::move(t)) {}
+  at::Tensor wait() override { return tensor; }
+  bool is_completed() override { return true; }
+  at::Tensor tensor;
+};
+
+// Waits for a native collective inside a composed one, converting failures into hp errors.
+void wait_native(const CollectiveSite& site, const shim::NativeWork& work);
+
+// Creates a group from a store (used by init_process_group, the test harness and new_group).
+std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
+                                        std::vector<int> ranks, std::string name);
+
+}  // namespace hp::comm::detail

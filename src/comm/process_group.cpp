@@ -1,0 +1,336 @@
+// hp::comm::ProcessGroup: argument checks, the choice between the backend's own collective and a
+// composed one, and issuing through the group's CollectiveQueue.
+//
+// Algorithms (n = group size):
+//   all_reduce      native c10d allreduce when the backend reduces this dtype/op itself and the
+//                   group is not deterministic; otherwise composed: all_to_all of torch.chunk
+//                   pieces, tree_reduce of the n received pieces, all_gather of the reduced pieces.
+//   reduce_scatter  always composed (Gloo has none): all_to_all, then tree_reduce.
+//   all_gather      native allgather into one buffer; uneven sizes are padded to the largest.
+//   all_to_all, broadcast, send/recv, barrier: native.
+// Data the backend cannot carry (bf16 on Gloo) travels as same-width integers (shim::to_wire).
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <numeric>
+
+#include "comm/group_impl.h"
+#include "hp/comm/tree_reduce.h"
+#include "hp/core/chunking.h"
+#include "hp/core/error.h"
+
+namespace hp::comm {
+
+using detail::CollectiveSite;
+using detail::GroupImpl;
+
+namespace {
+
+// One native collective: `start` issues it, `finish` turns its buffers into the result.
+struct Step {
+  std::function<shim::NativeWork()> start;
+  std::function<at::Tensor()> finish;
+};
+
+int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+std::vector<int64_t> with_dim0(const at::Tensor& t, int64_t rows) {
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape[0] = rows;
+  return shape;
+}
+
+int64_t normalize_dim(const char* op, int64_t dim, const at::Tensor& t) {
+  const int64_t rank = t.dim();
+  HP_CHECK(rank > 0, op, ": needs a tensor with at least one dim, got a scalar");
+  HP_CHECK(dim >= -rank && dim < rank, op, ": dim ", dim, " is out of range for a tensor of shape ",
+           t.sizes());
+  return dim < 0 ? dim + rank : dim;
+}
+
+at::Tensor to_dim0(const at::Tensor& t, int64_t dim) {
+  return (dim == 0 ? t : t.movedim(dim, 0)).contiguous();
+}
+at::Tensor from_dim0(const at::Tensor& t, int64_t dim) {
+  return dim == 0 ? t : t.movedim(0, dim).contiguous();
+}
+
+void check_tensor(const char* op, const at::Tensor& t) {
+  HP_CHECK(t.defined(), op, ": got an undefined tensor");
+  HP_CHECK(t.device().is_cpu() || t.device().is_cuda(), op, ": tensors on ", t.device(),
+           " are not supported; use CPU (Gloo) or CUDA (NCCL)");
+}
+
+void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
+  HP_CHECK(t.scalar_type() != at::kBool && !t.is_complex(), op, ": cannot reduce dtype ",
+           t.scalar_type(), "; use a floating-point or integer dtype");
+  HP_CHECK(r != ReduceOp::kAvg || t.is_floating_point(), op,
+           ": ReduceOp avg needs a floating-point dtype, got ", t.scalar_type());
+}
+
+// Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous).
+Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64_t>& sizes) {
+  const int n = g.size();
+  const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
+  const bool even = std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == widest; });
+  at::Tensor padded = x0.size(0) == widest
+                          ? x0
+                          : at::cat({x0, at::zeros(with_dim0(x0, widest - x0.size(0)), x0.options())});
+  at::Tensor out = at::empty(with_dim0(x0, widest * n), x0.options());
+  Step step;
+  if (out.numel() > 0) {
+    step.start = [&g, out, padded, n] {
+      std::vector<at::Tensor> outs;
+      for (const at::Tensor& piece : out.chunk(n)) outs.push_back(shim::to_wire(*g.native, piece));
+      return shim::all_gather(*g.native, std::move(outs), shim::to_wire(*g.native, padded));
+    };
+  } else {
+    step.start = [] { return shim::NativeWork(); };
+  }
+  step.finish = [out, sizes, widest, even] {
+    if (even) return out;
+    std::vector<at::Tensor> pieces;
+    for (size_t r = 0; r < sizes.size(); ++r) pieces.push_back(out.narrow(0, r * widest, sizes[r]));
+    return at::cat(pieces);
+  };
+  return step;
+}
+
+Step all_to_all_step(GroupImpl& g, const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                     const std::vector<int64_t>& in_splits) {
+  at::Tensor in = input.contiguous();
+  at::Tensor out = at::empty(with_dim0(in, sum_of(out_splits)), in.options());
+  Step step;
+  step.start = [&g, in, out, out_splits, in_splits] {
+    return shim::all_to_all(*g.native, shim::to_wire(*g.native, out), shim::to_wire(*g.native, in),
+                            out_splits, in_splits);
+  };
+  step.finish = [out] { return out; };
+  return step;
+}
+
+// Runs a step to completion inside a composed collective (on the queue's worker).
+at::Tensor run_step(const CollectiveSite& site, const Step& step) {
+  detail::wait_native(site, step.start());
+  return step.finish();
+}
+
+// Backend rejections at issue time are bad input, not a peer failure: no store exchange.
+shim::NativeWork start_or_explain(const CollectiveSite& site, const Step& step) {
+  try {
+    return step.start();
+  } catch (const c10::Error& e) {
+    throw hp::Error(std::string(site.op) + " on " + site.group->describe() +
+                    ": the backend rejected the call: " + e.what_without_backtrace());
+  }
+}
+
+Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, Step step) {
+  const CollectiveSite site{g.get(), op, g->next_seq++};
+  auto state = std::make_shared<detail::NativeWorkState>(site, step.finish);
+  state->keep_alive = g;
+  if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
+  // Behind a composed collective: issue from the worker so the issue order stays the program order.
+  return Work(std::make_shared<detail::QueuedWorkState>(g->queue.enqueue([state, site, step] {
+    state->work = start_or_explain(site, step);
+    return state->wait();
+  })));
+}
+
+Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op,
+                    std::function<at::Tensor(const CollectiveSite&)> run) {
+  const CollectiveSite site{g.get(), op, g->next_seq++};
+  return Work(std::make_shared<detail::QueuedWorkState>(
+      g->queue.enqueue([site, run = std::move(run), keep_alive = g] { return run(site); })));
+}
+
+Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
+
+// Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce.
+at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
+                               const std::vector<int64_t>& sizes, ReduceOp op) {
+  GroupImpl& g = *site.group;
+  const int64_t mine = sizes[g.rank];
+  at::Tensor received =
+      run_step(site, all_to_all_step(g, x0, std::vector<int64_t>(g.size(), mine), sizes));
+  std::vector<int64_t> stacked_shape{g.size()};
+  for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
+  return tree_reduce(received.view(stacked_shape), op);
+}
+
+}  // namespace
+
+// ---- Work ---------------------------------------------------------------------------------------
+
+at::Tensor Work::wait() {
+  HP_CHECK(state_, "Work::wait: this Work was default-constructed and refers to no collective");
+  return state_->wait();
+}
+
+bool Work::is_completed() const { return !state_ || state_->is_completed(); }
+
+// ---- ProcessGroup -------------------------------------------------------------------------------
+
+detail::GroupImpl& ProcessGroup::impl() const {
+  HP_CHECK(impl_, "ProcessGroup: this handle is empty; create groups with init_process_group, "
+                  "new_group or a DeviceMesh");
+  return *impl_;
+}
+
+int ProcessGroup::rank() const { return impl().rank; }
+int ProcessGroup::size() const { return impl().size(); }
+const std::string& ProcessGroup::name() const { return impl().name; }
+const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
+const ProcessGroupOptions& ProcessGroup::options() const { return impl().options; }
+
+Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, AllReduceOptions opts) const {
+  GroupImpl& g = impl();
+  check_tensor("all_reduce", tensor);
+  check_reducible("all_reduce", tensor, opts.op);
+  const int n = g.size();
+  if (n == 1) return ready(tensor);
+
+  const bool ordered_sum = g.options.deterministic && tensor.is_floating_point() &&
+                           (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
+  const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
+  if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
+    at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+    Step step;
+    step.start = [&g, buffer, native_op] { return shim::all_reduce(*g.native, buffer, native_op); };
+    step.finish = [tensor, buffer, op = opts.op, n] {
+      if (op == ReduceOp::kAvg) buffer.div_(n);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      return tensor;
+    };
+    return issue_native(impl_, "all_reduce", std::move(step));
+  }
+  return issue_composed(impl_, "all_reduce", [tensor, op = opts.op](const CollectiveSite& site) {
+    GroupImpl& g = *site.group;
+    const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
+    at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
+    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces));
+    tensor.copy_(full.view(tensor.sizes()));
+    return tensor;
+  });
+}
+
+Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions opts) const {
+  GroupImpl& g = impl();
+  check_tensor("all_gather", input);
+  const int64_t dim = normalize_dim("all_gather", opts.dim, input);
+  std::vector<int64_t> sizes = opts.sizes;
+  if (sizes.empty()) sizes.assign(g.size(), input.size(dim));
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "all_gather: sizes has ", sizes.size(),
+           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(sizes[g.rank] == input.size(dim), "all_gather: sizes[", g.rank, "] = ", sizes[g.rank],
+           " but this rank's input has size ", input.size(dim), " along dim ", dim);
+  if (g.size() == 1) return ready(input);
+  Step step = all_gather_step(g, to_dim0(input, dim), sizes);
+  step.finish = [gathered = step.finish, dim] { return from_dim0(gathered(), dim); };
+  return issue_native(impl_, "all_gather", std::move(step));
+}
+
+Work ProcessGroup::reduce_scatter_async(const at::Tensor& input, ReduceScatterOptions opts) const {
+  GroupImpl& g = impl();
+  check_tensor("reduce_scatter", input);
+  check_reducible("reduce_scatter", input, opts.op);
+  const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
+  std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(),
+           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(sum_of(sizes) == input.size(dim), "reduce_scatter: sizes add up to ", sum_of(sizes),
+           " but the input has size ", input.size(dim), " along dim ", dim);
+  if (g.size() == 1) return ready(input.clone());
+  at::Tensor x0 = to_dim0(input, dim);
+  return issue_composed(impl_, "reduce_scatter", [x0, sizes, dim, op = opts.op](const CollectiveSite& site) {
+    return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
+  });
+}
+
+Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opts) const {
+  GroupImpl& g = impl();
+  check_tensor("all_to_all", input);
+  HP_CHECK(input.dim() > 0, "all_to_all: needs a tensor with at least one dim, got a scalar");
+  const int n = g.size();
+  HP_CHECK(opts.input_split_sizes.empty() == opts.output_split_sizes.empty(),
+           "all_to_all: give both input_split_sizes and output_split_sizes, or neither (even split)");
+  if (opts.input_split_sizes.empty()) {
+    HP_CHECK(input.size(0) % n == 0, "all_to_all: dim 0 of size ", input.size(0),
+             " does not split evenly over ", n, " ranks; pass split sizes");
+    opts.input_split_sizes.assign(n, input.size(0) / n);
+    opts.output_split_sizes = opts.input_split_sizes;
+  }
+  for (const auto* splits : {&opts.input_split_sizes, &opts.output_split_sizes}) {
+    HP_CHECK(static_cast<int>(splits->size()) == n, "all_to_all: split sizes need ", n,
+             " entries (one per rank of ", g.describe(), "), got ", splits->size());
+    HP_CHECK(std::all_of(splits->begin(), splits->end(), [](int64_t s) { return s >= 0; }),
+             "all_to_all: split sizes must be non-negative");
+  }
+  HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
+           sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
+  if (n == 1) return ready(input.clone());
+  return issue_native(impl_, "all_to_all",
+                      all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
+}
+
+Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
+  GroupImpl& g = impl();
+  check_tensor("broadcast", tensor);
+  HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
+  if (g.size() == 1) return ready(tensor);
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  Step step;
+  step.start = [&g, buffer, root] { return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root); };
+  step.finish = [tensor, buffer] {
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    return tensor;
+  };
+  return issue_native(impl_, "broadcast", std::move(step));
+}
+
+Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
+  GroupImpl& g = impl();
+  check_tensor("send", tensor);
+  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank, "send: peer ", peer,
+           " must be another rank of ", g.describe(), " (this is rank ", g.rank, ")");
+  at::Tensor buffer = tensor.contiguous();
+  Step step;
+  step.start = [&g, buffer, peer, tag] { return shim::send(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
+  step.finish = [tensor] { return tensor; };
+  return issue_native(impl_, "send", std::move(step));
+}
+
+Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
+  GroupImpl& g = impl();
+  check_tensor("recv", tensor);
+  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank, "recv: peer ", peer,
+           " must be another rank of ", g.describe(), " (this is rank ", g.rank, ")");
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  Step step;
+  step.start = [&g, buffer, peer, tag] { return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
+  step.finish = [tensor, buffer] {
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    return tensor;
+  };
+  return issue_native(impl_, "recv", std::move(step));
+}
+
+Work ProcessGroup::barrier_async() const {
+  GroupImpl& g = impl();
+  if (g.size() == 1) return ready(at::Tensor());
+  Step step;
+  step.start = [&g] { return shim::barrier(*g.native); };
+  step.finish = [] { return at::Tensor(); };
+  return issue_native(impl_, "barrier", std::move(step));
+}
+
+at::Tensor ProcessGroup::all_reduce(const at::Tensor& t, AllReduceOptions o) const { return all_reduce_async(t, o).wait(); }
+at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const { return all_gather_async(t, std::move(o)).wait(); }
+at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& t, ReduceScatterOptions o) const { return reduce_scatter_async(t, std::move(o)).wait(); }
+at::Tensor ProcessGroup::all_to_all(const at::Tensor& t, AllToAllOptions o) const { return all_to_all_async(t, std::move(o)).wait(); }
+at::Tensor ProcessGroup::broadcast(const at::Tensor& t, int root) const { return broadcast_async(t, root).wait(); }
+void ProcessGroup::send(const at::Tensor& t, int peer, int tag) const { send_async(t, peer, tag).wait(); }
+at::Tensor ProcessGroup::recv(const at::Tensor& t, int peer, int tag) const { return recv_async(t, peer, tag).wait(); }
+void ProcessGroup::barrier() const { barrier_async().wait(); }
+
+}  // namespace hp::comm

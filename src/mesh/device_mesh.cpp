@@ -1,0 +1,267 @@
+// DeviceMesh: rank bookkeeping (coordinates, slicing, flattening) and per-dim group creation.
+#include "hp/mesh/device_mesh.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "hp/core/error.h"
+
+namespace hp {
+namespace detail {
+
+// What every mesh sliced or flattened from one init_device_mesh call shares.
+struct MeshRoot {
+  comm::ProcessGroup world;
+  std::string device_type;
+  std::mutex mu;
+  std::map<std::string, std::vector<std::string>> flattened;  // name -> the dims it merges
+};
+
+}  // namespace detail
+
+namespace {
+
+template <typename T>
+std::string join(const std::vector<T>& items, const char* sep = ", ") {
+  std::ostringstream out;
+  for (size_t i = 0; i < items.size(); ++i) out << (i ? sep : "") << items[i];
+  return out.str();
+}
+
+int64_t product(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+// World ranks of the sub-grid over `dims` through `coordinate` (row-major over `dims`).
+std::vector<int> slice_ranks(const std::vector<int>& ranks, const std::vector<int64_t>& shape,
+                             const std::vector<int64_t>& coordinate, const std::vector<int64_t>& dims) {
+  const std::vector<int64_t> strides = strides_of(shape);
+  int64_t base = 0;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) == dims.end()) base += coordinate[d] * strides[d];
+  int64_t count = 1;
+  for (int64_t d : dims) count *= shape[d];
+  std::vector<int> out;
+  std::vector<int64_t> index(dims.size(), 0);
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t offset = base;
+    for (size_t k = 0; k < dims.size(); ++k) offset += index[k] * strides[dims[k]];
+    out.push_back(ranks[offset]);
+    for (int64_t k = static_cast<int64_t>(dims.size()) - 1; k >= 0; --k) {  // odometer increment
+      if (++index[k] < shape[dims[k]]) break;
+      index[k] = 0;
+    }
+  }
+  return out;
+}
+
+// Row-major coordinate of world rank `me` in the grid, or nullopt when it is not a member.
+std::optional<std::vector<int64_t>> coordinate_of(const std::vector<int>& ranks, const std::vector<int64_t>& shape,
+                                                  int me) {
+  auto it = std::find(ranks.begin(), ranks.end(), me);
+  if (it == ranks.end()) return std::nullopt;
+  const std::vector<int64_t> strides = strides_of(shape);
+  int64_t offset = it - ranks.begin();
+  std::vector<int64_t> coordinate(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    coordinate[d] = offset / strides[d];
+    offset %= strides[d];
+  }
+  return coordinate;
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type, std::vector<int64_t> shape,
+                       std::vector<int> ranks, std::vector<std::string> dim_names)
+    : root_(std::make_shared<detail::MeshRoot>()), shape_(std::move(shape)), ranks_(std::move(ranks)),
+      names_(std::move(dim_names)) {
+  root_->world = world;
+  root_->device_type = std::move(device_type);
+  HP_CHECK(!shape_.empty(), "DeviceMesh: the mesh shape needs at least one dim");
+  HP_CHECK(std::all_of(shape_.begin(), shape_.end(), [](int64_t s) { return s > 0; }),
+           "DeviceMesh: every mesh dim needs a positive size, got shape (", join(shape_), ")");
+  HP_CHECK(product(shape_) == static_cast<int64_t>(ranks_.size()), "DeviceMesh: shape (", join(shape_),
+           ") holds ", product(shape_), " ranks but ", ranks_.size(), " ranks were given");
+  const int world_size = world.size();
+  std::set<int> seen;
+  for (int r : ranks_) {
+    HP_CHECK(r >= 0 && r < world_size, "DeviceMesh: rank ", r, " is not in the world (ranks 0..",
+             world_size - 1, ")");
+    HP_CHECK(seen.insert(r).second, "DeviceMesh: rank ", r, " appears twice in the mesh [", join(ranks_), "]");
+  }
+  if (names_.empty())
+    for (size_t d = 0; d < shape_.size(); ++d) names_.push_back("dim" + std::to_string(d));
+  HP_CHECK(names_.size() == shape_.size(), "DeviceMesh: ", names_.size(), " dim names (", join(names_),
+           ") for a ", shape_.size(), "-D mesh");
+  HP_CHECK(std::set<std::string>(names_.begin(), names_.end()).size() == names_.size(),
+           "DeviceMesh: dim names must be unique, got (", join(names_), ")");
+
+  coordinate_ = coordinate_of(ranks_, shape_, get_rank());
+  if (!coordinate_) return;  // not a member: no groups
+  // In dim order on every member, so group creation cannot deadlock (see the header).
+  for (int64_t d = 0; d < ndim(); ++d)
+    groups_.push_back(world.new_group(slice_ranks(ranks_, shape_, *coordinate_, {d}), names_[d]));
+}
+
+DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type, const at::Tensor& mesh,
+                       std::vector<std::string> dim_names)
+    : DeviceMesh(world, std::move(device_type), std::vector<int64_t>(mesh.sizes().begin(), mesh.sizes().end()),
+                 [&] {
+                   HP_CHECK(!mesh.is_floating_point() && !mesh.is_complex() && mesh.scalar_type() != at::kBool,
+                            "DeviceMesh: the rank tensor must have an integer dtype, got ", mesh.scalar_type());
+                   at::Tensor flat = mesh.to(at::kLong).contiguous().reshape({-1});
+                   std::vector<int> ranks(flat.numel());
+                   for (int64_t i = 0; i < flat.numel(); ++i) ranks[i] = static_cast<int>(flat[i].item<int64_t>());
+                   return ranks;
+                 }(),
+                 std::move(dim_names)) {}
+
+DeviceMesh::DeviceMesh(std::shared_ptr<detail::MeshRoot> root, std::vector<int64_t> shape, std::vector<int> ranks,
+                       std::vector<std::string> names, std::vector<comm::ProcessGroup> groups)
+    : root_(std::move(root)), shape_(std::move(shape)), ranks_(std::move(ranks)), names_(std::move(names)),
+      groups_(std::move(groups)), coordinate_(coordinate_of(ranks_, shape_, get_rank())) {}
+
+const std::string& DeviceMesh::device_type() const { return root_->device_type; }
+
+int DeviceMesh::get_rank() const { return root_->world.ranks()[root_->world.rank()]; }
+
+int64_t DeviceMesh::dim_index(const std::string& name) const {
+  auto it = std::find(names_.begin(), names_.end(), name);
+  if (it != names_.end()) return it - names_.begin();
+  std::vector<std::string> flattened;
+  {
+    std::lock_guard<std::mutex> lock(root_->mu);
+    for (const auto& [flat, _] : root_->flattened) flattened.push_back(flat);
+  }
+  throw Error("DeviceMesh: no mesh dim named '" + name + "'; this mesh has (" + join(names_) + ")" +
+              (flattened.empty() ? std::string() : "; flattened dims: (" + join(flattened) + ")"));
+}
+
+int64_t DeviceMesh::checked_dim(const char* what, int64_t dim) const {
+  HP_CHECK(dim >= -ndim() && dim < ndim(), what, ": mesh dim ", dim, " is out of range for a ", ndim(),
+           "-D mesh (", join(names_), ")");
+  return dim < 0 ? dim + ndim() : dim;
+}
+
+const std::vector<int64_t>& DeviceMesh::coordinate_or_throw(const char* what) const {
+  HP_CHECK(coordinate_, what, ": world rank ", get_rank(), " is not in ", str());
+  return *coordinate_;
+}
+
+int64_t DeviceMesh::size(int64_t dim) const { return shape_[checked_dim("DeviceMesh::size", dim)]; }
+int64_t DeviceMesh::size(const std::string& dim) const { return shape_[dim_index(dim)]; }
+
+std::optional<std::vector<int64_t>> DeviceMesh::get_coordinate() const { return coordinate_; }
+
+int64_t DeviceMesh::get_local_rank(int64_t dim) const {
+  return coordinate_or_throw("DeviceMesh::get_local_rank")[checked_dim("DeviceMesh::get_local_rank", dim)];
+}
+int64_t DeviceMesh::get_local_rank(const std::string& dim) const { return get_local_rank(dim_index(dim)); }
+
+const comm::ProcessGroup& DeviceMesh::get_group(int64_t dim) const {
+  coordinate_or_throw("DeviceMesh::get_group");
+  return groups_[checked_dim("DeviceMesh::get_group", dim)];
+}
+const comm::ProcessGroup& DeviceMesh::get_group(const std::string& dim) const { return get_group(dim_index(dim)); }
+
+DeviceMesh DeviceMesh::operator[](const std::string& dim) const { return (*this)[std::vector<std::string>{dim}]; }
+
+DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& dims) const {
+  HP_CHECK(!dims.empty(), "DeviceMesh::operator[]: name at least one mesh dim");
+  const auto& coordinate = coordinate_or_throw("DeviceMesh::operator[]");
+
+  // A flattened dim stands alone: its ranks are not a slice along the original dims.
+  std::vector<std::string> constituents;
+  {
+    std::lock_guard<std::mutex> lock(root_->mu);
+    for (const std::string& d : dims) {
+      auto it = root_->flattened.find(d);
+      if (it == root_->flattened.end() || std::count(names_.begin(), names_.end(), d)) continue;
+      HP_CHECK(dims.size() == 1, "DeviceMesh::operator[]: flattened dim '", d,
+               "' cannot be mixed with other dims in one slice (got [", join(dims), "]); slice it alone");
+      constituents = it->second;
+    }
+  }
+  if (!constituents.empty()) return (*this)[constituents].flatten(dims[0]);
+
+  std::vector<int64_t> indices;
+  for (const std::string& d : dims) indices.push_back(dim_index(d));
+  HP_CHECK(std::set<int64_t>(indices.begin(), indices.end()).size() == indices.size(),
+           "DeviceMesh::operator[]: mesh dim named twice in [", join(dims), "]");
+  HP_CHECK(std::is_sorted(indices.begin(), indices.end()), "DeviceMesh::operator[]: name mesh dims in mesh order (",
+           join(names_), "), got [", join(dims), "]");
+  std::vector<int64_t> shape;
+  std::vector<comm::ProcessGroup> groups;
+  for (int64_t i : indices) {
+    shape.push_back(shape_[i]);
+    groups.push_back(groups_[i]);
+  }
+  return DeviceMesh(root_, std::move(shape), slice_ranks(ranks_, shape_, coordinate, indices), dims, std::move(groups));
+}
+
+DeviceMesh DeviceMesh::flatten(const std::string& name) const {
+  coordinate_or_throw("DeviceMesh::flatten");
+  const std::string flat_name = name.empty() ? join(names_, "_") : name;
+  if (ndim() == 1 && names_[0] == flat_name) return *this;
+  {
+    std::lock_guard<std::mutex> lock(root_->mu);
+    auto it = root_->flattened.find(flat_name);
+    HP_CHECK(it == root_->flattened.end() || it->second == names_, "DeviceMesh::flatten: the name '", flat_name,
+             "' already names a flattening of (", it == root_->flattened.end() ? "" : join(it->second), ")");
+    root_->flattened[flat_name] = names_;
+  }
+  HP_CHECK(std::find(names_.begin(), names_.end(), flat_name) == names_.end() || ndim() == 1,
+           "DeviceMesh::flatten: the name '", flat_name, "' is already a mesh dim");
+  comm::ProcessGroup group = root_->world.new_group(ranks_, flat_name);
+  return DeviceMesh(root_, {size()}, ranks_, {flat_name}, {group});
+}
+
+std::string DeviceMesh::str() const {
+  std::ostringstream out;
+  out << "DeviceMesh(" << root_->device_type << ", (";
+  for (size_t d = 0; d < shape_.size(); ++d) out << (d ? ", " : "") << names_[d] << "=" << shape_[d];
+  out << "), ranks=[" << join(ranks_) << "])";
+  return out.str();
+}
+
+bool DeviceMesh::operator==(const DeviceMesh& other) const {
+  return root_->device_type == other.root_->device_type && shape_ == other.shape_ && ranks_ == other.ranks_ &&
+         names_ == other.names_;
+}
+
+size_t DeviceMesh::hash() const {
+  size_t h = std::hash<std::string>()(root_->device_type);
+  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (int64_t s : shape_) mix(std::hash<int64_t>()(s));
+  for (int r : ranks_) mix(std::hash<int>()(r));
+  for (const auto& n : names_) mix(std::hash<std::string>()(n));
+  return h;
+}
+
+DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type,
+                            std::vector<int64_t> shape, std::vector<std::string> dim_names) {
+  HP_CHECK(!shape.empty(), "init_device_mesh: the mesh shape needs at least one dim");
+  const int64_t count = product(shape);
+  HP_CHECK(count == world.size(), "init_device_mesh: mesh shape (", join(shape), ") has ", count,
+           " ranks but the world group has ", world.size());
+  HP_CHECK(device_type == "cpu" || device_type == "cuda", "init_device_mesh: device type '", device_type,
+           "' is not supported; use \"cpu\" or \"cuda\"");
+  std::vector<int> ranks(count);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return DeviceMesh(world, device_type, std::move(shape), std::move(ranks), std::move(dim_names));
+}
+
+}  // namespace hp

@@ -1,0 +1,352 @@
+// hprun: HyperParallel's torchrun. Spawns the local ranks of a job with the rendezvous environment
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes every line
+// they print with their rank, and fails fast: when one rank exits non-zero or by a signal, the
+// others are stopped (SIGTERM, then SIGKILL after a grace period) and hprun exits non-zero naming
+// that rank. Plain POSIX C++; it does not link LibTorch.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr auto kGracePeriod = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
+
+struct Config {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: pick a free port (single node) or 29500 (several nodes)
+  std::vector<std::string> command;
+};
+
+// The one table both the parser and --help are generated from.
+struct Flag {
+  const char* name;
+  const char* value;
+  const char* help;
+  std::function<void(Config&, const std::string&)> set;
+};
+
+int parse_int(const std::string& flag, const std::string& text, int lo, int hi) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < lo || v > hi)
+    throw std::invalid_argument(flag + " expects an integer in [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "], got '" + text + "'");
+  return static_cast<int>(v);
+}
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> table = {
+      {"--nproc-per-node", "N", "ranks to start on this node (default 1)",
+       [](Config& c, const std::string& v) { c.nproc_per_node = parse_int("--nproc-per-node", v, 1, 4096); }},
+      {"--nnodes", "K", "nodes in the job (default 1); start hprun once per node",
+       [](Config& c, const std::string& v) { c.nnodes = parse_int("--nnodes", v, 1, 65536); }},
+      {"--node-rank", "I", "this node's index in [0, K) (default 0); rank = I * N + local rank",
+       [](Config& c, const std::string& v) { c.node_rank = parse_int("--node-rank", v, 0, 65535); }},
+      {"--master-addr", "A", "host of global rank 0, where the rendezvous store listens (default 127.0.0.1)",
+       [](Config& c, const std::string& v) { c.master_addr = v; }},
+      {"--master-port", "P", "rendezvous port (default: a free port on one node, 29500 on several)",
+       [](Config& c, const std::string& v) { c.master_port = parse_int("--master-port", v, 1, 65535); }},
+  };
+  return table;
+}
+
+void print_help() {
+  std::cout << "usage: hprun [options] [--] PROGRAM [ARGS...]\n\n"
+               "Starts PROGRAM as the local ranks of a distributed job. Each rank gets RANK, WORLD_SIZE,\n"
+               "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT in its environment;\n"
+               "hp::comm::init_process_group() reads them. Every output line is prefixed with \"[rank R] \".\n"
+               "If a rank exits non-zero or is killed by a signal, the other ranks are stopped (SIGTERM,\n"
+               "then SIGKILL after 3 s) and hprun exits non-zero naming that rank. SIGINT/SIGTERM sent\n"
+               "to hprun are forwarded to every rank.\n\noptions:\n";
+  for (const Flag& f : flags()) {
+    std::string left = std::string("  ") + f.name + " " + f.value;
+    std::cout << left << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ') << f.help << "\n";
+  }
+  std::cout << "  -h, --help                this text\n\n"
+               "example: hprun --nproc-per-node 4 build/examples/collectives_demo\n";
+}
+
+// Returns nullopt after printing help.
+std::optional<Config> parse(int argc, char** argv) {
+  Config config;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      print_help();
+      return std::nullopt;
+    }
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.rfind("--", 0) != 0) break;  // the program starts here
+    std::string value;
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags())
+      if (arg == f.name) flag = &f;
+    if (flag == nullptr) throw std::invalid_argument("unknown option '" + arg + "' (see hprun --help)");
+    if (eq == std::string::npos) {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      value = argv[++i];
+    }
+    flag->set(config, value);
+  }
+  for (; i < argc; ++i) config.command.emplace_back(argv[i]);
+  if (config.command.empty()) throw std::invalid_argument("no PROGRAM given (see hprun --help)");
+  if (config.node_rank >= config.nnodes)
+    throw std::invalid_argument("--node-rank " + std::to_string(config.node_rank) + " must be below --nnodes " +
+                                std::to_string(config.nnodes));
+  return config;
+}
+
+int pick_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    throw std::runtime_error(std::string("could not find a free port: ") + std::strerror(errno));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One output stream of one rank, split into lines.
+struct Stream {
+  int fd = -1;
+  FILE* sink = nullptr;
+  std::string partial;
+};
+
+struct Rank {
+  int global = 0;
+  pid_t pid = -1;
+  bool running = true;
+  Stream out, err;
+};
+
+void emit(const Rank& rank, Stream& s, const char* data, size_t n) {
+  s.partial.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::fprintf(s.sink, "[rank %d] %.*s\n", rank.global, static_cast<int>(nl - start), s.partial.data() + start);
+  s.partial.erase(0, start);
+  std::fflush(s.sink);
+}
+
+void drain(const Rank& rank, Stream& s) {  // at EOF: print an unterminated last line
+  if (!s.partial.empty()) emit(rank, s, "\n", 1);
+  close(s.fd);
+  s.fd = -1;
+}
+
+pid_t spawn(const Config& c, int local_rank, int global_rank, int port, Rank& rank) {
+  int out[2], err[2];
+  if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);  // own process group: stopping a rank also stops what it started
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+    const int world = c.nnodes * c.nproc_per_node;
+    setenv("RANK", std::to_string(global_rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(c.nproc_per_node).c_str(), 1);
+    setenv("GROUP_RANK", std::to_string(c.node_rank).c_str(), 1);
+    setenv("MASTER_ADDR", c.master_addr.c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& a : c.command) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "hprun: could not start '%s': %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out[1]);
+  close(err[1]);
+  rank.global = global_rank;
+  rank.pid = pid;
+  rank.out = {out[0], stdout, {}};
+  rank.err = {err[0], stderr, {}};
+  return pid;
+}
+
+volatile sig_atomic_t g_forward_signal = 0;
+void on_signal(int sig) { g_forward_signal = sig; }
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "stopped with status " + std::to_string(status);
+}
+
+class Job {
+ public:
+  Job(const Config& config, int port) {
+    for (int local = 0; local < config.nproc_per_node; ++local) {
+      ranks_.emplace_back();
+      spawn(config, local, config.node_rank * config.nproc_per_node + local, port, ranks_.back());
+    }
+  }
+
+  // Returns hprun's exit code.
+  int run() {
+    std::optional<std::chrono::steady_clock::time_point> kill_at;
+    int exit_code = 0;
+    while (any_running()) {
+      pump_output(100);
+      if (g_forward_signal != 0) {
+        std::fprintf(stderr, "hprun: got signal %d, forwarding it to every rank\n", static_cast<int>(g_forward_signal));
+        signal_all(g_forward_signal);
+        g_forward_signal = 0;
+        if (!kill_at) kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+        if (exit_code == 0) exit_code = 130;
+      }
+      reap([&](Rank& r, int status) {
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (!failed || exit_code != 0) return;  // later failures are consequences of the first
+        std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
+                     describe_status(status).c_str());
+        exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+      });
+      if (kill_at && std::chrono::steady_clock::now() >= *kill_at && any_running()) {
+        std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
+                     static_cast<long long>(kGracePeriod.count()));
+        signal_all(SIGKILL);
+        kill_at.reset();
+      }
+    }
+    // Collect what the ranks printed last; a grandchild holding a pipe open must not keep us here.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (any_open() && std::chrono::steady_clock::now() < deadline) pump_output(50);
+    for (Rank& r : ranks_) {
+      if (r.out.fd >= 0) drain(r, r.out);
+      if (r.err.fd >= 0) drain(r, r.err);
+    }
+    return exit_code;
+  }
+
+ private:
+  bool any_running() const {
+    for (const Rank& r : ranks_)
+      if (r.running) return true;
+    return false;
+  }
+  bool any_open() const {
+    for (const Rank& r : ranks_)
+      if (r.out.fd >= 0 || r.err.fd >= 0) return true;
+    return false;
+  }
+
+  void signal_all(int sig) {
+    for (const Rank& r : ranks_)
+      if (r.running) kill(-r.pid, sig);
+  }
+
+  void pump_output(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, Stream*>> owners;
+    for (Rank& r : ranks_)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&r, s);
+        }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      return;
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    char buffer[65536];
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n > 0)
+        emit(*owners[i].first, *owners[i].second, buffer, static_cast<size_t>(n));
+      else if (n == 0 || errno != EINTR)
+        drain(*owners[i].first, *owners[i].second);
+    }
+  }
+
+  template <typename OnExit>
+  void reap(OnExit on_exit) {
+    for (Rank& r : ranks_) {
+      if (!r.running) continue;
+      int status = 0;
+      if (waitpid(r.pid, &status, WNOHANG) == r.pid) {
+        r.running = false;
+        on_exit(r, status);
+      }
+    }
+  }
+
+  std::vector<Rank> ranks_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<Config> config;
+  try {
+    config = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hprun: %s\n", e.what());
+    return 2;
+  }
+  if (!config) return 0;
+  try {
+    int port = config->master_port;
+    if (port == 0) port = config->nnodes == 1 ? pick_free_port() : 29500;
+    struct sigaction action{};
+    action.sa_handler = on_signal;
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    Job job(*config, port);
+    const int code = job.run();
+    if (code != 0) std::fprintf(stderr, "hprun: job failed (exit code %d)\n", code);
+    return code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hprun: %s\n", e.what());
+    return 1;
+  }
+}
