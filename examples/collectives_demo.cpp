@@ -1,7 +1,7 @@
 // The main job until the trainer exists: every collective on a 2x2 ("dp", "tp") mesh, each result
 // checked against the value computed locally. Run it with:
 //
-//   build/tools/hprun --nproc-per-node 4 build/examples/collectives_demo
+//   build/bin/hprun --nproc-per-node 4 build/bin/collectives_demo
 //
 // Exits non-zero if any result differs from the expectation.
 #include <hp/hp.h>

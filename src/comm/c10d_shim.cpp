@@ -65,7 +65,8 @@ bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op) {
 
 at::Tensor to_wire(const NativeGroup& group, const at::Tensor& t) {
   if (!is_gloo(group)) return t;
-  if (t.scalar_type() == at::kBFloat16) return t.view(at::kShort);
+  // Gloo 1.13 moves neither bf16 nor int16; fp16 has the same width and is only copied, never computed on.
+  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
   if (t.scalar_type() == at::kBool) return t.view(at::kByte);
   return t;
 }

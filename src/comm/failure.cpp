@@ -44,14 +44,17 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return out.str();
 }
 
-// Returns a sentence naming the world ranks that did not reach collective `site.seq`.
+// Returns sentences naming the world ranks that did not reach collective `site.seq`, and those
+// that issued a different collective as their number `seq` (a program-order bug).
 std::string describe_missing_ranks(const CollectiveSite& site) {
   GroupImpl& group = *site.group;
   const std::string prefix = "hp_reached/" + std::to_string(site.seq) + "/";
   const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(2), group.options.timeout);
   std::vector<int> missing;
+  std::ostringstream other_ops;
   try {
-    group.store->set(prefix + std::to_string(group.rank), std::vector<uint8_t>{1});
+    const std::string op(site.op);
+    group.store->set(prefix + std::to_string(group.rank), std::vector<uint8_t>(op.begin(), op.end()));
     const auto deadline = std::chrono::steady_clock::now() + window;
     for (;;) {
       missing.clear();
@@ -60,13 +63,22 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
       if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    for (int r = 0; r < group.size(); ++r) {
+      if (std::count(missing.begin(), missing.end(), group.ranks[r])) continue;
+      const std::vector<uint8_t> theirs = group.store->get(prefix + std::to_string(r));
+      if (std::string(theirs.begin(), theirs.end()) != op)
+        other_ops << " World rank " << group.ranks[r] << " issued " << std::string(theirs.begin(), theirs.end())
+                  << " as this collective instead: every member must issue collectives in the same order.";
+    }
   } catch (const std::exception& e) {
     return "Could not ask the rendezvous store which ranks arrived (" + first_line(e.what()) +
            "); the store is hosted by world rank 0, which may be the one that died.";
   }
-  if (missing.empty())
-    return "Every member reached this collective; the transport itself failed.";
-  return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + ".";
+  if (!missing.empty())
+    return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + "." +
+           other_ops.str();
+  if (other_ops.tellp() > 0) return other_ops.str().substr(1);
+  return "Every member reached this collective; the transport itself failed.";
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 //   reduce_scatter  always composed (Gloo has none): all_to_all, then tree_reduce.
 //   all_gather      native allgather into one buffer; uneven sizes are padded to the largest.
 //   all_to_all, broadcast, send/recv, barrier: native.
-// Data the backend cannot carry (bf16 on Gloo) travels as same-width integers (shim::to_wire).
+// Data the backend cannot carry (bf16 on Gloo) travels reinterpreted as a same-width dtype (shim::to_wire).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 

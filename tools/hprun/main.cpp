@@ -82,7 +82,7 @@ void print_help() {
     std::cout << left << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ') << f.help << "\n";
   }
   std::cout << "  -h, --help                this text\n\n"
-               "example: hprun --nproc-per-node 4 build/examples/collectives_demo\n";
+               "example: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
 }
 
 // Returns nullopt after printing help.
@@ -228,7 +228,8 @@ class Job {
 
   // Returns hprun's exit code.
   int run() {
-    std::optional<std::chrono::steady_clock::time_point> kill_at;
+    bool stopping = false;  // SIGTERM sent; SIGKILL follows at kill_at
+    std::chrono::steady_clock::time_point kill_at;
     int exit_code = 0;
     while (any_running()) {
       pump_output(100);
@@ -236,7 +237,8 @@ class Job {
         std::fprintf(stderr, "hprun: got signal %d, forwarding it to every rank\n", static_cast<int>(g_forward_signal));
         signal_all(g_forward_signal);
         g_forward_signal = 0;
-        if (!kill_at) kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+        if (!stopping) kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+        stopping = true;
         if (exit_code == 0) exit_code = 130;
       }
       reap([&](Rank& r, int status) {
@@ -246,13 +248,14 @@ class Job {
                      describe_status(status).c_str());
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         signal_all(SIGTERM);
+        stopping = true;
         kill_at = std::chrono::steady_clock::now() + kGracePeriod;
       });
-      if (kill_at && std::chrono::steady_clock::now() >= *kill_at && any_running()) {
+      if (stopping && std::chrono::steady_clock::now() >= kill_at && any_running()) {
         std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
                      static_cast<long long>(kGracePeriod.count()));
         signal_all(SIGKILL);
-        kill_at.reset();
+        stopping = false;
       }
     }
     // Collect what the ranks printed last; a grandchild holding a pipe open must not keep us here.

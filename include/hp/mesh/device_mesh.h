@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,10 @@ class DeviceMesh {
   // Sub-mesh over the named dims (in mesh order) that contains this rank.
   DeviceMesh operator[](const std::string& dim) const;
   DeviceMesh operator[](const std::vector<std::string>& dims) const;
+  // mesh[{"dp", "cp"}]: without this, {"dp", "cp"} would also match std::string's iterator-pair constructor.
+  DeviceMesh operator[](std::initializer_list<std::string> dims) const {
+    return (*this)[std::vector<std::string>(dims)];
+  }
 
   // A 1-D mesh over all ranks of this mesh (row-major), named `name` (default: dim names joined
   // by "_"). The name is registered on the root mesh, so root[name] works afterwards. Collective.

@@ -1,0 +1,95 @@
+// Real multi-process jobs through hprun: rendezvous over a real TCPStore, fail-fast on a dead
+// rank, and errors (not hangs) for collectives whose peer died or never came.
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+std::string bin_dir() {
+  char self[PATH_MAX] = {0};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string path(self, n > 0 ? n : 0);
+  return path.substr(0, path.rfind('/'));
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  double seconds = 0;
+};
+
+Result run_job(const std::string& args) {
+  const std::string cmd = bin_dir() + "/hprun " + args + " 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  Result result;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) result.output += buffer.data();
+  const int status = pclose(pipe);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string program(const std::string& scenario) { return bin_dir() + "/e2e_rank_program " + scenario; }
+
+// 4 processes rendezvous through TCPStore on a free port and all_reduce correctly; every output
+// line carries its rank.
+TEST(Hprun, FourRanksAllReduce) {
+  Result r = run_job("--nproc-per-node 4 " + program("allreduce"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] allreduce sum 40 ok"), std::string::npos) << r.output;
+}
+
+// A rank exiting with code 3 stops the job within 5 s; hprun names the rank and exits non-zero.
+TEST(Hprun, FailingRankStopsTheJob) {
+  Result r = run_job("--nproc-per-node 4 " + program("exit3"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("hprun: rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 3"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 5.0) << r.output;
+}
+
+// A collective whose peer process died fails with an error naming the collective and the dead rank.
+TEST(Hprun, PeerDiedIsAnErrorNotAHang) {
+  Result r = run_job("--nproc-per-node 2 " + program("peer_dies"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all_reduce on group 'world'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("never reached it (dead, or stuck elsewhere): [1]"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+}
+
+// A collective whose peer is alive but never arrives times out (3 s) with hp::TimeoutError.
+TEST(Hprun, PeerNeverArrivesTimesOut) {
+  Result r = run_job("--nproc-per-node 2 " + program("peer_hangs"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] TimeoutError: all_reduce on group 'world'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[1]"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+}
+
+// Usage errors and --help.
+TEST(Hprun, HelpAndUsageErrors) {
+  Result help = run_job("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port"})
+    EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
+  Result bad = run_job("--nproc-per-node zero true");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--nproc-per-node expects an integer"), std::string::npos) << bad.output;
+  Result missing = run_job("--nproc-per-node 2 /nonexistent/program");
+  EXPECT_EQ(missing.exit_code, 127) << missing.output;
+  EXPECT_NE(missing.output.find("could not start '/nonexistent/program'"), std::string::npos) << missing.output;
+}
+
+}  // namespace

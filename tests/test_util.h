@@ -1,0 +1,61 @@
+// Helpers shared by the in-process tests: reproducible per-rank data and comparisons that throw
+// (inside run_ranks a throw names the rank; an EXPECT in a rank thread would not).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hp/testing/run_ranks.h"
+
+namespace hp::test {
+
+// Rank `rank`'s input for a test: the same values in every thread that asks, so each rank can
+// compute the expected result of a collective locally. `salt` separates different tensors.
+inline at::Tensor rank_data(int rank, std::vector<int64_t> shape, at::ScalarType dtype, int salt = 0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * salt + rank + 1);
+  if (dtype == at::kLong) return at::randint(-50, 50, shape, gen, at::TensorOptions().dtype(at::kLong));
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+inline std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+// Throws with both tensors printed unless `got` equals `want` within tolerances chosen by dtype
+// (exact for integers; fp32 rtol 1e-5; bf16 rtol 1e-2), or bitwise if `bitwise`.
+inline void check_close(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise = false) {
+  std::ostringstream err;
+  if (!got.defined() || got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+    err << what << ": got " << (got.defined() ? got.sizes() : at::IntArrayRef{}) << " "
+        << (got.defined() ? dtype_name(got.scalar_type()) : "undefined") << ", want " << want.sizes() << " "
+        << dtype_name(want.scalar_type());
+    throw std::runtime_error(err.str());
+  }
+  bool ok;
+  if (bitwise || !want.is_floating_point()) {
+    ok = at::equal(got, want);
+  } else {
+    const double rtol = want.scalar_type() == at::kBFloat16 ? 1e-2 : 1e-5;
+    ok = at::allclose(got.to(at::kDouble), want.to(at::kDouble), rtol, rtol);
+  }
+  if (!ok) {
+    err << what << (bitwise ? " (bitwise)" : "") << ": values differ\ngot  " << got.flatten().slice(0, 0, 16)
+        << "\nwant " << want.flatten().slice(0, 0, 16);
+    throw std::runtime_error(err.str());
+  }
+}
+
+// Runs fn on `world` ranks and turns any rank's failure into a test failure naming the rank.
+inline void run(int world, const std::function<void(const comm::ProcessGroup&)>& fn,
+                testing::RunRanksOptions options = {}) {
+  try {
+    testing::run_ranks(world, fn, options);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}
+
+}  // namespace hp::test
