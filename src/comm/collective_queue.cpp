@@ -18,6 +18,23 @@ bool CollectiveQueue::issue_if_idle(const std::function<void()>& issue) {
   return true;
 }
 
+std::optional<at::Tensor> CollectiveQueue::run_if_idle(const std::function<at::Tensor()>& task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (busy_ || !tasks_.empty()) return std::nullopt;
+    busy_ = true;  // anything enqueued meanwhile waits for us
+  }
+  struct Release {
+    CollectiveQueue* queue;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(queue->mu_);
+      queue->busy_ = false;
+      queue->cv_.notify_all();
+    }
+  } release{this};
+  return task();
+}
+
 std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor()> task) {
   std::packaged_task<at::Tensor()> packaged(std::move(task));
   std::shared_future<at::Tensor> result = packaged.get_future().share();
@@ -33,8 +50,9 @@ std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor
 void CollectiveQueue::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    cv_.wait(lock, [this] { return stop_ || (!tasks_.empty() && !busy_); });
     if (tasks_.empty()) return;  // stop_ and nothing left to run
+    if (busy_) continue;         // a caller is running a task inline
     std::packaged_task<at::Tensor()> task = std::move(tasks_.front());
     tasks_.pop_front();
     busy_ = true;

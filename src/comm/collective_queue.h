@@ -5,8 +5,8 @@
 // all_gather) issues its later steps only after earlier ones finish. If those later steps were
 // issued from whichever thread happened to wait first, two ranks could issue native collectives in
 // different orders and mismatch. Here every rank issues in program order: composed collectives run
-// FIFO on the worker, and a single-step native collective is issued directly by the caller only
-// when the queue is idle (the fast path, no thread hop); otherwise it queues behind.
+// FIFO on the worker; when the queue is idle, a single-step native collective is issued directly by
+// the caller, and a blocking composed one runs in the caller (the fast paths, no thread hop).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace hp::comm::detail {
@@ -30,6 +31,10 @@ class CollectiveQueue {
   // Calls `issue` in the caller's thread if nothing is queued or running and returns true;
   // otherwise returns false and the caller must enqueue instead.
   bool issue_if_idle(const std::function<void()>& issue);
+
+  // Runs `task` in the caller's thread if nothing is queued or running (the blocking fast path: no
+  // thread hop) and returns its result; returns nullopt, running nothing, otherwise.
+  std::optional<at::Tensor> run_if_idle(const std::function<at::Tensor()>& task);
 
   // Runs `task` on the worker after everything queued before it.
   std::shared_future<at::Tensor> enqueue(std::function<at::Tensor()> task);

@@ -137,14 +137,19 @@ Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, Step step
   })));
 }
 
-Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op,
+Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
+
+enum class Wait { kAsync, kBlocking };
+
+Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, Wait wait,
                     std::function<at::Tensor(const CollectiveSite&)> run) {
   const CollectiveSite site{g.get(), op, g->next_seq++};
+  if (wait == Wait::kBlocking) {
+    if (auto done = g->queue.run_if_idle([&] { return run(site); })) return ready(*done);
+  }
   return Work(std::make_shared<detail::QueuedWorkState>(
       g->queue.enqueue([site, run = std::move(run), keep_alive = g] { return run(site); })));
 }
-
-Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
 // Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce.
 at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
@@ -156,6 +161,56 @@ at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
   std::vector<int64_t> stacked_shape{g.size()};
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
   return tree_reduce(received.view(stacked_shape), op);
+}
+
+Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, AllReduceOptions opts,
+                     Wait wait) {
+  GroupImpl& g = *impl;
+  check_tensor("all_reduce", tensor);
+  check_reducible("all_reduce", tensor, opts.op);
+  const int n = g.size();
+  if (n == 1) return ready(tensor);
+
+  const bool ordered_sum = g.options.deterministic && tensor.is_floating_point() &&
+                           (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
+  const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
+  if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
+    at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+    Step step;
+    step.start = [&g, buffer, native_op] { return shim::all_reduce(*g.native, buffer, native_op); };
+    step.finish = [tensor, buffer, op = opts.op, n] {
+      if (op == ReduceOp::kAvg) buffer.div_(n);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      return tensor;
+    };
+    return issue_native(impl, "all_reduce", std::move(step));
+  }
+  return issue_composed(impl, "all_reduce", wait, [tensor, op = opts.op](const CollectiveSite& site) {
+    GroupImpl& g = *site.group;
+    const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
+    at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
+    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces));
+    tensor.copy_(full.view(tensor.sizes()));
+    return tensor;
+  });
+}
+
+Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input,
+                         ReduceScatterOptions opts, Wait wait) {
+  GroupImpl& g = *impl;
+  check_tensor("reduce_scatter", input);
+  check_reducible("reduce_scatter", input, opts.op);
+  const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
+  std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(),
+           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(sum_of(sizes) == input.size(dim), "reduce_scatter: sizes add up to ", sum_of(sizes),
+           " but the input has size ", input.size(dim), " along dim ", dim);
+  if (g.size() == 1) return ready(input.clone());
+  at::Tensor x0 = to_dim0(input, dim);
+  return issue_composed(impl, "reduce_scatter", wait, [x0, sizes, dim, op = opts.op](const CollectiveSite& site) {
+    return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
+  });
 }
 
 }  // namespace
@@ -183,37 +238,6 @@ const std::string& ProcessGroup::name() const { return impl().name; }
 const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
 const ProcessGroupOptions& ProcessGroup::options() const { return impl().options; }
 
-Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, AllReduceOptions opts) const {
-  GroupImpl& g = impl();
-  check_tensor("all_reduce", tensor);
-  check_reducible("all_reduce", tensor, opts.op);
-  const int n = g.size();
-  if (n == 1) return ready(tensor);
-
-  const bool ordered_sum = g.options.deterministic && tensor.is_floating_point() &&
-                           (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
-  const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
-  if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
-    at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
-    Step step;
-    step.start = [&g, buffer, native_op] { return shim::all_reduce(*g.native, buffer, native_op); };
-    step.finish = [tensor, buffer, op = opts.op, n] {
-      if (op == ReduceOp::kAvg) buffer.div_(n);
-      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-      return tensor;
-    };
-    return issue_native(impl_, "all_reduce", std::move(step));
-  }
-  return issue_composed(impl_, "all_reduce", [tensor, op = opts.op](const CollectiveSite& site) {
-    GroupImpl& g = *site.group;
-    const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
-    at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
-    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces));
-    tensor.copy_(full.view(tensor.sizes()));
-    return tensor;
-  });
-}
-
 Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions opts) const {
   GroupImpl& g = impl();
   check_tensor("all_gather", input);
@@ -230,21 +254,17 @@ Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions op
   return issue_native(impl_, "all_gather", std::move(step));
 }
 
+Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, AllReduceOptions opts) const {
+  return all_reduce_impl(impl_, tensor, opts, Wait::kAsync);
+}
+at::Tensor ProcessGroup::all_reduce(const at::Tensor& tensor, AllReduceOptions opts) const {
+  return all_reduce_impl(impl_, tensor, opts, Wait::kBlocking).wait();
+}
 Work ProcessGroup::reduce_scatter_async(const at::Tensor& input, ReduceScatterOptions opts) const {
-  GroupImpl& g = impl();
-  check_tensor("reduce_scatter", input);
-  check_reducible("reduce_scatter", input, opts.op);
-  const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
-  std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
-  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(),
-           " entries but ", g.describe(), " has ", g.size(), " ranks");
-  HP_CHECK(sum_of(sizes) == input.size(dim), "reduce_scatter: sizes add up to ", sum_of(sizes),
-           " but the input has size ", input.size(dim), " along dim ", dim);
-  if (g.size() == 1) return ready(input.clone());
-  at::Tensor x0 = to_dim0(input, dim);
-  return issue_composed(impl_, "reduce_scatter", [x0, sizes, dim, op = opts.op](const CollectiveSite& site) {
-    return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
-  });
+  return reduce_scatter_impl(impl_, input, std::move(opts), Wait::kAsync);
+}
+at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& input, ReduceScatterOptions opts) const {
+  return reduce_scatter_impl(impl_, input, std::move(opts), Wait::kBlocking).wait();
 }
 
 Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opts) const {
@@ -324,9 +344,7 @@ Work ProcessGroup::barrier_async() const {
   return issue_native(impl_, "barrier", std::move(step));
 }
 
-at::Tensor ProcessGroup::all_reduce(const at::Tensor& t, AllReduceOptions o) const { return all_reduce_async(t, o).wait(); }
 at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const { return all_gather_async(t, std::move(o)).wait(); }
-at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& t, ReduceScatterOptions o) const { return reduce_scatter_async(t, std::move(o)).wait(); }
 at::Tensor ProcessGroup::all_to_all(const at::Tensor& t, AllToAllOptions o) const { return all_to_all_async(t, std::move(o)).wait(); }
 at::Tensor ProcessGroup::broadcast(const at::Tensor& t, int root) const { return broadcast_async(t, root).wait(); }
 void ProcessGroup::send(const at::Tensor& t, int peer, int tag) const { send_async(t, peer, tag).wait(); }

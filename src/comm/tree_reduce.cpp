@@ -30,7 +30,8 @@ at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op) {
     at::Tensor sums = level.slice(0, 0, paired, 2) + level.slice(0, 1, paired, 2);
     level = (n % 2 == 0) ? sums : at::cat({sums, level.slice(0, n - 1, n)});
   }
-  at::Tensor total = level.select(0, 0).clone();  // never alias the input
+  at::Tensor total = level.select(0, 0);
+  if (count == 1) total = total.clone();  // never alias the input
   if (op == ReduceOp::kAvg) total.div_(count);
   return total;
 }

@@ -1,0 +1,168 @@
+// bench/collectives: bus bandwidth of all_reduce, all_gather and reduce_scatter through the
+// hp::comm facade, side by side with the same data moved by raw c10d calls in the same run.
+//
+//   build/bin/bench_collectives [--quick] [--ranks 2,4] [--max-mb 64]      ranks as threads
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_collectives         ranks as processes
+//
+// Facade and raw calls alternate call by call, so drift and interference hit both alike; each
+// figure is rank 0's median time per call. Bus bandwidth follows nccl-tests:
+// all_reduce moves 2(n-1)/n of the data per rank, all_gather / reduce_scatter (n-1)/n.
+// Gloo (LibTorch 1.13) has no reduce_scatter, so "raw" there is the least raw c10d can do:
+// alltoall_base plus a local sum; the facade's version is the same algorithm in a fixed tree order.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/group_impl.h"
+#include "hp/comm/init.h"
+#include "hp/comm/process_group.h"
+#include "hp/testing/run_ranks.h"
+
+namespace {
+
+using hp::comm::ProcessGroup;
+using Clock = std::chrono::steady_clock;
+
+struct Row {
+  std::string collective;
+  int ranks;
+  int64_t bytes;
+  double facade_us, raw_us;
+  double bus_factor;  // bus bytes per data byte
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+
+// Seconds taken by one call of fn on this rank.
+double time_one(const std::function<void()>& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void wait_raw(const hp::comm::shim::NativeWork& w) { w->wait(); }
+
+struct Case {
+  const char* name;
+  double bus_factor;
+  std::function<void()> facade, raw;
+};
+
+std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
+  auto& impl = g.impl();
+  auto& native = *impl.native;
+  const int n = g.size();
+  const int64_t per_rank = numel / n;
+  at::Tensor buffer = at::randn({numel});
+  at::Tensor shard = at::randn({per_rank});
+  at::Tensor gathered = at::empty({per_rank * n});
+  at::Tensor received = at::empty({numel});
+  std::vector<at::Tensor> outputs = gathered.chunk(n);
+  std::vector<int64_t> splits(n, per_rank);
+  return {
+      {"all_reduce", 2.0 * (n - 1) / n, [=] { g.all_reduce(buffer); },
+       [=, &native] { wait_raw(hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum)); }},
+      {"all_gather", 1.0 * (n - 1) / n, [=] { g.all_gather(shard); },
+       [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); }},
+      {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter(buffer); },
+       [=, &native] {
+         wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits));
+         received.view({n, per_rank}).sum(0);
+       }},
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::vector<int> rank_counts = {2, 4};
+  int64_t max_bytes = int64_t{64} << 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+      max_bytes = 64 << 10;
+    } else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) {
+      rank_counts.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) rank_counts.push_back(std::stoi(item));
+    } else if (!std::strcmp(argv[i], "--max-mb") && i + 1 < argc) {
+      max_bytes = static_cast<int64_t>(std::stod(argv[++i]) * (1 << 20));
+    } else {
+      std::fprintf(stderr, "usage: bench_collectives [--quick] [--ranks 2,4] [--max-mb 64]\n");
+      return 2;
+    }
+  }
+  at::set_num_threads(1);  // the ranks share 2 cores; intra-op threads would only contend
+
+  std::vector<Row> rows;
+  std::mutex rows_mu;
+  auto measure = [&](const ProcessGroup& g) {
+      const int n = g.size();
+      for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+        const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
+        // Calls alternate facade / raw, each timed alone; the medians of the two lists are compared.
+        const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, quick ? 10 : 300));
+        for (Case& c : make_cases(g, numel)) {
+          c.facade();  // warm up both paths (buffers, Gloo algorithm caches)
+          c.raw();
+          std::vector<double> facade, raw;
+          for (int i = 0; i < calls; ++i) {
+            facade.push_back(time_one(c.facade));
+            raw.push_back(time_one(c.raw));
+          }
+          if (g.rank() == 0) {
+            std::lock_guard<std::mutex> lock(rows_mu);
+            rows.push_back({c.name, n, numel * 4, median(facade) * 1e6, median(raw) * 1e6, c.bus_factor});
+          }
+        }
+      }
+  };
+  const bool under_launcher = std::getenv("WORLD_SIZE") != nullptr;
+  if (under_launcher) {  // ranks are processes started by hprun
+    ProcessGroup world = hp::comm::init_process_group();
+    measure(world);
+    if (world.rank() != 0) return 0;
+  } else {  // ranks are threads of this process
+    for (int n : rank_counts) {
+      hp::testing::RunRanksOptions options;
+      options.watchdog = std::chrono::minutes(30);
+      hp::testing::run_ranks(n, measure, options);
+    }
+  }
+  std::printf("ranks are %s; each figure is rank 0's median time per call, facade and c10d calls alternating\n\n",
+              under_launcher ? "processes (hprun)" : "threads of one process");
+
+  std::printf("%-15s %5s %10s %12s %12s %11s %11s %9s\n", "collective", "ranks", "bytes", "hp us", "c10d us",
+              "hp GB/s", "c10d GB/s", "hp/c10d");
+  std::map<std::string, std::vector<double>> big_ratios;
+  std::map<std::string, double> small_overhead_us;
+  for (const Row& r : rows) {
+    const double busbw = [&](double us) { return r.bytes * r.bus_factor / (us * 1e-6) / 1e9; }(r.facade_us);
+    const double raw_busbw = r.bytes * r.bus_factor / (r.raw_us * 1e-6) / 1e9;
+    std::printf("%-15s %5d %10lld %12.1f %12.1f %11.3f %11.3f %9.3f\n", r.collective.c_str(), r.ranks,
+                static_cast<long long>(r.bytes), r.facade_us, r.raw_us, busbw, raw_busbw, r.facade_us / r.raw_us);
+    if (r.bytes >= (1 << 20)) big_ratios[r.collective].push_back(r.facade_us / r.raw_us);
+    if (r.bytes == 1024)
+      small_overhead_us[r.collective] = std::max(small_overhead_us[r.collective], r.facade_us - r.raw_us);
+  }
+  std::printf("\nfacade overhead at 1 KB (worst over rank counts, us):");
+  for (const auto& [name, us] : small_overhead_us) std::printf(" %s %+.1f", name.c_str(), us);
+  std::printf("\nratio hp/c10d time, median over sizes >= 1 MB:");
+  for (const auto& [name, ratios] : big_ratios) std::printf(" %s %.3f", name.c_str(), median(ratios));
+  std::printf("\n");
+  return 0;
+}
