@@ -9,6 +9,8 @@
 // all_reduce moves 2(n-1)/n of the data per rank, all_gather / reduce_scatter (n-1)/n.
 // Gloo (LibTorch 1.13) has no reduce_scatter, so "raw" there is the least raw c10d can do:
 // alltoall_base plus a local sum; the facade's version is the same algorithm in a fixed tree order.
+// Both sides write into preallocated outputs (all_gather_into_tensor, reduce_scatter_tensor), so
+// the ratio is the facade's overhead, not the cost of fresh memory.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -69,18 +71,21 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
   at::Tensor buffer = at::randn({numel});
   at::Tensor shard = at::randn({per_rank});
   at::Tensor gathered = at::empty({per_rank * n});
+  at::Tensor gathered_hp = at::empty({per_rank * n});
+  at::Tensor piece_hp = at::empty({per_rank});
   at::Tensor received = at::empty({numel});
   std::vector<at::Tensor> outputs = gathered.chunk(n);
   std::vector<int64_t> splits(n, per_rank);
   return {
       {"all_reduce", 2.0 * (n - 1) / n, [=] { g.all_reduce(buffer); },
        [=, &native] { wait_raw(hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum)); }},
-      {"all_gather", 1.0 * (n - 1) / n, [=] { g.all_gather(shard); },
+      {"all_gather", 1.0 * (n - 1) / n, [=] { g.all_gather_into_tensor(gathered_hp, shard); },
        [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); }},
-      {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter(buffer); },
+      {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter_tensor(piece_hp, buffer); },
        [=, &native] {
          wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits));
-         received.view({n, per_rank}).sum(0);
+         at::Tensor piece = piece_hp;  // the same preallocated output the facade writes
+         at::sum_out(piece, received.view({n, per_rank}), 0);
        }},
   };
 }

@@ -44,6 +44,14 @@ struct GroupImpl {
 
   int size() const { return static_cast<int>(ranks.size()); }
   std::string describe() const;  // "group 'tp' (world ranks [4, 5, 6, 7])"
+
+  // A receive buffer for composed collectives, reused from call to call so repeated collectives
+  // of one size do not pay fresh pages each time. Only composed collectives use it, and the queue
+  // runs those one at a time; nothing returned to a caller may alias it. Buffers above
+  // kMaxCachedScratchBytes are not kept.
+  at::Tensor scratch(at::IntArrayRef shape, at::ScalarType dtype);
+  static constexpr int64_t kMaxCachedScratchBytes = int64_t{256} << 20;
+  at::Tensor scratch_storage;  // bytes
 };
 
 // Where a failure happened, for the error message.

@@ -68,15 +68,17 @@ void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
            ": ReduceOp avg needs a floating-point dtype, got ", t.scalar_type());
 }
 
-// Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous).
-Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64_t>& sizes) {
+// Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous) into
+// `buffer` (contiguous, n * max(sizes) rows) or a new tensor.
+Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64_t>& sizes,
+                     at::Tensor buffer = {}) {
   const int n = g.size();
   const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
   const bool even = std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == widest; });
   at::Tensor padded = x0.size(0) == widest
                           ? x0
                           : at::cat({x0, at::zeros(with_dim0(x0, widest - x0.size(0)), x0.options())});
-  at::Tensor out = at::empty(with_dim0(x0, widest * n), x0.options());
+  at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(x0, widest * n), x0.options());
   Step step;
   if (out.numel() > 0) {
     step.start = [&g, out, padded, n] {
@@ -97,9 +99,9 @@ Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64
 }
 
 Step all_to_all_step(GroupImpl& g, const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                     const std::vector<int64_t>& in_splits) {
+                     const std::vector<int64_t>& in_splits, at::Tensor buffer = {}) {
   at::Tensor in = input.contiguous();
-  at::Tensor out = at::empty(with_dim0(in, sum_of(out_splits)), in.options());
+  at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(in, sum_of(out_splits)), in.options());
   Step step;
   step.start = [&g, in, out, out_splits, in_splits] {
     return shim::all_to_all(*g.native, shim::to_wire(*g.native, out), shim::to_wire(*g.native, in),
@@ -151,16 +153,17 @@ Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, Wait wa
       g->queue.enqueue([site, run = std::move(run), keep_alive = g] { return run(site); })));
 }
 
-// Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce.
-at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
-                               const std::vector<int64_t>& sizes, ReduceOp op) {
+// Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce, into
+// `out` when given.
+at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
+                               ReduceOp op, const at::Tensor& out = {}) {
   GroupImpl& g = *site.group;
   const int64_t mine = sizes[g.rank];
-  at::Tensor received =
-      run_step(site, all_to_all_step(g, x0, std::vector<int64_t>(g.size(), mine), sizes));
   std::vector<int64_t> stacked_shape{g.size()};
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
-  return tree_reduce(received.view(stacked_shape), op);
+  at::Tensor buffer = g.scratch(with_dim0(x0, g.size() * mine), x0.scalar_type());
+  at::Tensor received = run_step(site, all_to_all_step(g, x0, std::vector<int64_t>(g.size(), mine), sizes, buffer));
+  return tree_reduce(received.view(stacked_shape), op, out);
 }
 
 Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, AllReduceOptions opts,
@@ -189,14 +192,15 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     GroupImpl& g = *site.group;
     const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
     at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
-    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces));
-    tensor.copy_(full.view(tensor.sizes()));
+    at::Tensor gather_buffer = g.scratch({pieces[0] * g.size()}, tensor.scalar_type());  // pieces[0] is the widest
+    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces, gather_buffer));
+    tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
     return tensor;
   });
 }
 
 Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input,
-                         ReduceScatterOptions opts, Wait wait) {
+                         ReduceScatterOptions opts, Wait wait, const at::Tensor& out = {}) {
   GroupImpl& g = *impl;
   check_tensor("reduce_scatter", input);
   check_reducible("reduce_scatter", input, opts.op);
@@ -206,14 +210,72 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
            " entries but ", g.describe(), " has ", g.size(), " ranks");
   HP_CHECK(sum_of(sizes) == input.size(dim), "reduce_scatter: sizes add up to ", sum_of(sizes),
            " but the input has size ", input.size(dim), " along dim ", dim);
-  if (g.size() == 1) return ready(input.clone());
+  std::vector<int64_t> piece_shape(input.sizes().begin(), input.sizes().end());
+  piece_shape[dim] = sizes[g.rank];
+  if (out.defined()) {
+    check_tensor("reduce_scatter_tensor", out);
+    HP_CHECK(out.sizes() == at::IntArrayRef(piece_shape) && out.scalar_type() == input.scalar_type(),
+             "reduce_scatter_tensor: output is ", out.sizes(), " ", out.scalar_type(), " but this rank's piece is ",
+             at::IntArrayRef(piece_shape), " ", input.scalar_type());
+  }
+  if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
-  return issue_composed(impl, "reduce_scatter", wait, [x0, sizes, dim, op = opts.op](const CollectiveSite& site) {
+  return issue_composed(impl, "reduce_scatter", wait, [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
+    if (out.defined()) {
+      reduce_scatter_dim0(site, x0, sizes, op, dim == 0 ? out : out.movedim(dim, 0));
+      return out;
+    }
     return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
   });
 }
 
+Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts,
+                     const at::Tensor& out = {}) {
+  GroupImpl& g = *impl;
+  check_tensor("all_gather", input);
+  const int64_t dim = normalize_dim("all_gather", opts.dim, input);
+  std::vector<int64_t> sizes = opts.sizes;
+  if (sizes.empty()) sizes.assign(g.size(), input.size(dim));
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "all_gather: sizes has ", sizes.size(),
+           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(sizes[g.rank] == input.size(dim), "all_gather: sizes[", g.rank, "] = ", sizes[g.rank],
+           " but this rank's input has size ", input.size(dim), " along dim ", dim);
+  std::vector<int64_t> gathered_shape(input.sizes().begin(), input.sizes().end());
+  gathered_shape[dim] = sum_of(sizes);
+  const bool even = std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == sizes[0]; });
+  at::Tensor buffer;  // receive straight into `out` when its layout is the gather buffer's
+  if (out.defined()) {
+    check_tensor("all_gather_into_tensor", out);
+    HP_CHECK(out.sizes() == at::IntArrayRef(gathered_shape) && out.scalar_type() == input.scalar_type(),
+             "all_gather_into_tensor: output is ", out.sizes(), " ", out.scalar_type(), " but the gathered tensor is ",
+             at::IntArrayRef(gathered_shape), " ", input.scalar_type());
+    if (dim == 0 && even && out.is_contiguous()) buffer = out;
+  }
+  if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input);
+  Step step = all_gather_step(g, to_dim0(input, dim), sizes, buffer);
+  step.finish = [gathered = step.finish, dim, out, buffer] {
+    if (buffer.defined()) return gathered();
+    at::Tensor result = from_dim0(gathered(), dim);
+    return out.defined() ? out.copy_(result) : result;
+  };
+  return issue_native(impl, "all_gather", std::move(step));
+}
+
 }  // namespace
+
+namespace detail {
+
+at::Tensor GroupImpl::scratch(at::IntArrayRef shape, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  if (bytes > kMaxCachedScratchBytes) return at::empty(shape, at::TensorOptions().dtype(dtype));
+  if (!scratch_storage.defined() || scratch_storage.numel() < bytes)
+    scratch_storage = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  return scratch_storage.narrow(0, 0, bytes).view(dtype).view(shape);
+}
+
+}  // namespace detail
 
 // ---- Work ---------------------------------------------------------------------------------------
 
@@ -239,19 +301,16 @@ const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
 const ProcessGroupOptions& ProcessGroup::options() const { return impl().options; }
 
 Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions opts) const {
-  GroupImpl& g = impl();
-  check_tensor("all_gather", input);
-  const int64_t dim = normalize_dim("all_gather", opts.dim, input);
-  std::vector<int64_t> sizes = opts.sizes;
-  if (sizes.empty()) sizes.assign(g.size(), input.size(dim));
-  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "all_gather: sizes has ", sizes.size(),
-           " entries but ", g.describe(), " has ", g.size(), " ranks");
-  HP_CHECK(sizes[g.rank] == input.size(dim), "all_gather: sizes[", g.rank, "] = ", sizes[g.rank],
-           " but this rank's input has size ", input.size(dim), " along dim ", dim);
-  if (g.size() == 1) return ready(input);
-  Step step = all_gather_step(g, to_dim0(input, dim), sizes);
-  step.finish = [gathered = step.finish, dim] { return from_dim0(gathered(), dim); };
-  return issue_native(impl_, "all_gather", std::move(step));
+  return all_gather_impl(impl_, input, std::move(opts));
+}
+Work ProcessGroup::all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input,
+                                                AllGatherOptions opts) const {
+  HP_CHECK(output.defined(), "all_gather_into_tensor: got an undefined output tensor");
+  return all_gather_impl(impl_, input, std::move(opts), output);
+}
+at::Tensor ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                                AllGatherOptions opts) const {
+  return all_gather_into_tensor_async(output, input, std::move(opts)).wait();
 }
 
 Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, AllReduceOptions opts) const {
@@ -265,6 +324,16 @@ Work ProcessGroup::reduce_scatter_async(const at::Tensor& input, ReduceScatterOp
 }
 at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& input, ReduceScatterOptions opts) const {
   return reduce_scatter_impl(impl_, input, std::move(opts), Wait::kBlocking).wait();
+}
+Work ProcessGroup::reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input,
+                                               ReduceScatterOptions opts) const {
+  HP_CHECK(output.defined(), "reduce_scatter_tensor: got an undefined output tensor");
+  return reduce_scatter_impl(impl_, input, std::move(opts), Wait::kAsync, output);
+}
+at::Tensor ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                               ReduceScatterOptions opts) const {
+  HP_CHECK(output.defined(), "reduce_scatter_tensor: got an undefined output tensor");
+  return reduce_scatter_impl(impl_, input, std::move(opts), Wait::kBlocking, output).wait();
 }
 
 Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opts) const {

@@ -16,22 +16,35 @@ std::string to_string(ReduceOp op) {
   return "?";
 }
 
-at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op) {
+at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out) {
   HP_CHECK(stacked.dim() >= 1 && stacked.size(0) > 0,
            "tree_reduce: needs a non-empty dim 0 to reduce, got shape ", stacked.sizes());
+  HP_CHECK(!out.defined() || out.sizes() == stacked.sizes().slice(1), "tree_reduce: out has shape ",
+           out.sizes(), " but one slice of the input has shape ", stacked.sizes().slice(1));
   const int64_t count = stacked.size(0);
-  if (op == ReduceOp::kMax) return std::get<0>(stacked.max(0));
-  if (op == ReduceOp::kMin) return std::get<0>(stacked.min(0));
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
+    at::Tensor result = op == ReduceOp::kMax ? std::get<0>(stacked.max(0)) : std::get<0>(stacked.min(0));
+    return out.defined() ? out.copy_(result) : result;
+  }
 
+  // Pair adjacent slices level by level; an odd last slice is carried up unchanged.
   at::Tensor level = stacked;
-  while (level.size(0) > 1) {
+  at::Tensor total;
+  while (!total.defined()) {
     const int64_t n = level.size(0);
+    if (n == 1) {
+      total = out.defined() ? out.copy_(level[0]) : level[0].clone();  // never alias the input
+      break;
+    }
+    if (n == 2) {  // the root: write straight into `out` when there is one
+      at::Tensor target = out;
+      total = out.defined() ? at::add_out(target, level[0], level[1]) : level[0] + level[1];
+      break;
+    }
     const int64_t paired = n - n % 2;
     at::Tensor sums = level.slice(0, 0, paired, 2) + level.slice(0, 1, paired, 2);
     level = (n % 2 == 0) ? sums : at::cat({sums, level.slice(0, n - 1, n)});
   }
-  at::Tensor total = level.select(0, 0);
-  if (count == 1) total = total.clone();  // never alias the input
   if (op == ReduceOp::kAvg) total.div_(count);
   return total;
 }

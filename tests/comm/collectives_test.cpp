@@ -75,7 +75,18 @@ TEST_P(Collectives, AllGatherEvenAndUneven) {
         check_both("all_gather uneven dim " + std::to_string(dim) + " " + dtype_name(dtype), at::cat(pieces, dim),
                    [&] { return g.all_gather(pieces[g.rank()], {dim, sizes}); },
                    [&] { return g.all_gather_async(pieces[g.rank()], {dim, sizes}); });
+        at::Tensor out = at::full_like(at::cat(pieces, dim), 7);
+        check_close(g.all_gather_into_tensor(out, pieces[g.rank()], {dim, sizes}), at::cat(pieces, dim),
+                    "all_gather_into_tensor uneven dim " + std::to_string(dim));
+        check_close(out, at::cat(pieces, dim), "all_gather_into_tensor wrote its output");
       }
+      // Even dim-0 gather into a contiguous output receives in place and returns that output.
+      std::vector<at::Tensor> rows;
+      for (int r = 0; r < world; ++r) rows.push_back(rank_data(r, {3, 2}, dtype, 5));
+      at::Tensor out = at::empty({3 * world, 2}, at::TensorOptions().dtype(dtype));
+      at::Tensor got = g.all_gather_into_tensor_async(out, rows[g.rank()]).wait();
+      check_close(out, at::cat(rows), "all_gather_into_tensor even " + dtype_name(dtype));
+      if (!got.is_same(out)) throw std::runtime_error("all_gather_into_tensor did not return its output");
     }
   });
 }
@@ -99,6 +110,10 @@ TEST_P(Collectives, ReduceScatterEvenAndUneven) {
                                    dtype_name(dtype);
           check_both(what, want, [&] { return g.reduce_scatter(input, {op, dim}); },
                      [&] { return g.reduce_scatter_async(input, {op, dim}); });
+          at::Tensor out = at::full_like(want, 3);
+          check_both(what + " into tensor", want, [&] { return g.reduce_scatter_tensor(out, input, {op, dim}); },
+                     [&] { return g.reduce_scatter_tensor_async(out, input, {op, dim}); });
+          check_close(out, want, what + " wrote its output");
         }
       }
       // Explicit sizes: rank r keeps r+1 rows.

@@ -116,6 +116,10 @@ TEST(Failures, BadArgumentsAreClearErrors) {
     expect_error([&] { g.all_gather(at::ones({2}), {3}); }, {"all_gather", "dim 3 is out of range"});
     expect_error([&] { g.reduce_scatter(at::ones({4}), {comm::ReduceOp::kSum, 0, {1, 2}}); },
                  {"reduce_scatter", "add up to 3", "size 4"});
+    expect_error([&] { g.all_gather_into_tensor(at::empty({3}), at::ones({2})); },
+                 {"all_gather_into_tensor", "output is [3]", "gathered tensor is [4]"});
+    expect_error([&] { g.reduce_scatter_tensor(at::empty({2}, at::kLong), at::ones({4})); },
+                 {"reduce_scatter_tensor", "output is [2] Long", "piece is [2] Float"});
     expect_error([&] { g.all_to_all(at::ones({3})); }, {"all_to_all", "does not split evenly", "pass split sizes"});
     expect_error([&] { g.all_to_all(at::ones({2}), {{1, 1}, {}}); }, {"all_to_all", "give both"});
     expect_error([&] { g.all_reduce(at::ones({2}, at::kLong), {comm::ReduceOp::kAvg}); },

@@ -15,6 +15,8 @@
 
 namespace hp::comm {
 
-at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op);
+// Returns the reduction of dim 0; when `out` is given (shape of one slice) the result is written
+// into it and `out` is returned.
+at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out = {});
 
 }  // namespace hp::comm
