@@ -163,7 +163,7 @@ at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
   at::Tensor buffer = g.scratch(with_dim0(x0, g.size() * mine), x0.scalar_type());
   at::Tensor received = run_step(site, all_to_all_step(g, x0, std::vector<int64_t>(g.size(), mine), sizes, buffer));
-  return tree_reduce(received.view(stacked_shape), op, out);
+  return tree_reduce_(received.view(stacked_shape), op, out);  // `received` is our scratch
 }
 
 Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, AllReduceOptions opts,

@@ -17,35 +17,38 @@ std::string to_string(ReduceOp op) {
 }
 
 at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out) {
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) return tree_reduce_(stacked, op, out);  // never writes
+  return tree_reduce_(stacked.clone(), op, out);
+}
+
+at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out) {
   HP_CHECK(stacked.dim() >= 1 && stacked.size(0) > 0,
            "tree_reduce: needs a non-empty dim 0 to reduce, got shape ", stacked.sizes());
   HP_CHECK(!out.defined() || out.sizes() == stacked.sizes().slice(1), "tree_reduce: out has shape ",
            out.sizes(), " but one slice of the input has shape ", stacked.sizes().slice(1));
-  const int64_t count = stacked.size(0);
+  const int64_t n = stacked.size(0);
   if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
     at::Tensor result = op == ReduceOp::kMax ? std::get<0>(stacked.max(0)) : std::get<0>(stacked.min(0));
     return out.defined() ? out.copy_(result) : result;
   }
-
-  // Pair adjacent slices level by level; an odd last slice is carried up unchanged.
-  at::Tensor level = stacked;
+  // In place, by strides 1, 2, 4, ...: slot i (a multiple of 2s) absorbs slot i + s. That combines
+  // the blocks [i, i+s) and [i+s, i+2s) exactly as the level-by-level pairing does, with a short
+  // last block carried up until it finds its partner.
   at::Tensor total;
-  while (!total.defined()) {
-    const int64_t n = level.size(0);
-    if (n == 1) {
-      total = out.defined() ? out.copy_(level[0]) : level[0].clone();  // never alias the input
-      break;
+  if (n == 1) {
+    total = out.defined() ? out.copy_(stacked[0]) : stacked[0].clone();
+  } else {
+    for (int64_t s = 1;; s *= 2) {
+      const int64_t pairs = (n - s + 2 * s - 1) / (2 * s);  // slots i = 0, 2s, ... with i + s < n
+      if (s * 2 >= n) {  // the root: slot 0 absorbs slot s
+        at::Tensor target = out;
+        total = out.defined() ? at::add_out(target, stacked[0], stacked[s]) : stacked[0] + stacked[s];
+        break;
+      }
+      stacked.slice(0, 0, (pairs - 1) * 2 * s + 1, 2 * s).add_(stacked.slice(0, s, (pairs - 1) * 2 * s + s + 1, 2 * s));
     }
-    if (n == 2) {  // the root: write straight into `out` when there is one
-      at::Tensor target = out;
-      total = out.defined() ? at::add_out(target, level[0], level[1]) : level[0] + level[1];
-      break;
-    }
-    const int64_t paired = n - n % 2;
-    at::Tensor sums = level.slice(0, 0, paired, 2) + level.slice(0, 1, paired, 2);
-    level = (n % 2 == 0) ? sums : at::cat({sums, level.slice(0, n - 1, n)});
   }
-  if (op == ReduceOp::kAvg) total.div_(count);
+  if (op == ReduceOp::kAvg) total.div_(n);
   return total;
 }
 

@@ -19,6 +19,7 @@ namespace detail {
 struct MeshRoot {
   comm::ProcessGroup world;
   std::string device_type;
+  std::vector<std::string> dim_names;  // of the mesh everything was sliced from
   std::mutex mu;
   std::map<std::string, std::vector<std::string>> flattened;  // name -> the dims it merges
 };
@@ -108,6 +109,7 @@ DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type,
            ") for a ", shape_.size(), "-D mesh");
   HP_CHECK(std::set<std::string>(names_.begin(), names_.end()).size() == names_.size(),
            "DeviceMesh: dim names must be unique, got (", join(names_), ")");
+  root_->dim_names = names_;
 
   coordinate_ = coordinate_of(ranks_, shape_, get_rank());
   if (!coordinate_) return;  // not a member: no groups
@@ -216,6 +218,9 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
   coordinate_or_throw("DeviceMesh::flatten");
   const std::string flat_name = name.empty() ? join(names_, "_") : name;
   if (ndim() == 1 && names_[0] == flat_name) return *this;
+  const auto& root_names = root_->dim_names;
+  HP_CHECK(std::find(root_names.begin(), root_names.end(), flat_name) == root_names.end(),
+           "DeviceMesh::flatten: the name '", flat_name, "' is already a mesh dim of (", join(root_names), ")");
   {
     std::lock_guard<std::mutex> lock(root_->mu);
     auto it = root_->flattened.find(flat_name);
@@ -223,8 +228,6 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
              "' already names a flattening of (", it == root_->flattened.end() ? "" : join(it->second), ")");
     root_->flattened[flat_name] = names_;
   }
-  HP_CHECK(std::find(names_.begin(), names_.end(), flat_name) == names_.end() || ndim() == 1,
-           "DeviceMesh::flatten: the name '", flat_name, "' is already a mesh dim");
   comm::ProcessGroup group = root_->world.new_group(ranks_, flat_name);
   return DeviceMesh(root_, {size()}, ranks_, {flat_name}, {group});
 }

@@ -80,6 +80,7 @@ TEST(DeviceMesh, World8Shape2x2x2SliceAndFlatten) {
     expect_error([&] { mesh[{"dp_cp", "tp"}]; }, "cannot be mixed");
     expect_error([&] { mesh[{"dp", "dp_cp"}]; }, "cannot be mixed");
     expect_error([&] { mesh[{"tp", "dp"}]; }, "in mesh order");
+    expect_error([&] { mesh["tp"].flatten("dp"); }, "the name 'dp' is already a mesh dim of (dp, cp, tp)");
     // Non-adjacent dims flatten too.
     expect_eq(mesh[{"dp", "tp"}].flatten("dp_tp").ranks(),
               r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}), "dp_tp");

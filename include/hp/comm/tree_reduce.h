@@ -16,7 +16,10 @@
 namespace hp::comm {
 
 // Returns the reduction of dim 0; when `out` is given (shape of one slice) the result is written
-// into it and `out` is returned.
+// into it and `out` is returned. `stacked` is left unchanged.
 at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out = {});
+
+// The same, using `stacked` as its workspace (its contents are clobbered): no temporaries.
+at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out = {});
 
 }  // namespace hp::comm
