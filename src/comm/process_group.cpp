@@ -139,6 +139,23 @@ Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, Step step
   })));
 }
 
+// A native collective that fills `tensor` in place, through a contiguous copy when it is not.
+Step in_place_step(const at::Tensor& tensor, std::function<shim::NativeWork(const at::Tensor&)> start) {
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  Step step;
+  step.start = [start = std::move(start), buffer] { return start(buffer); };
+  step.finish = [tensor, buffer] {
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    return tensor;
+  };
+  return step;
+}
+
+void check_peer(const char* op, const GroupImpl& g, int peer) {
+  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank, op, ": peer ", peer, " must be another rank of ",
+           g.describe(), " (this is rank ", g.rank, ")");
+}
+
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
 enum class Wait { kAsync, kBlocking };
@@ -178,14 +195,10 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
                            (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
   const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
   if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
-    at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
-    Step step;
-    step.start = [&g, buffer, native_op] { return shim::all_reduce(*g.native, buffer, native_op); };
-    step.finish = [tensor, buffer, op = opts.op, n] {
-      if (op == ReduceOp::kAvg) buffer.div_(n);
-      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-      return tensor;
-    };
+    Step step = in_place_step(tensor, [&g, native_op](const at::Tensor& buffer) {
+      return shim::all_reduce(*g.native, buffer, native_op);
+    });
+    if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
     return issue_native(impl, "all_reduce", std::move(step));
   }
   return issue_composed(impl, "all_reduce", wait, [tensor, op = opts.op](const CollectiveSite& site) {
@@ -367,21 +380,16 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
   check_tensor("broadcast", tensor);
   HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
   if (g.size() == 1) return ready(tensor);
-  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  Step step;
-  step.start = [&g, buffer, root] { return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root); };
-  step.finish = [tensor, buffer] {
-    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-    return tensor;
-  };
+  Step step = in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
+    return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
+  });
   return issue_native(impl_, "broadcast", std::move(step));
 }
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
   GroupImpl& g = impl();
   check_tensor("send", tensor);
-  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank, "send: peer ", peer,
-           " must be another rank of ", g.describe(), " (this is rank ", g.rank, ")");
+  check_peer("send", g, peer);
   at::Tensor buffer = tensor.contiguous();
   Step step;
   step.start = [&g, buffer, peer, tag] { return shim::send(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
@@ -392,15 +400,10 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
   GroupImpl& g = impl();
   check_tensor("recv", tensor);
-  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank, "recv: peer ", peer,
-           " must be another rank of ", g.describe(), " (this is rank ", g.rank, ")");
-  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  Step step;
-  step.start = [&g, buffer, peer, tag] { return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
-  step.finish = [tensor, buffer] {
-    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-    return tensor;
-  };
+  check_peer("recv", g, peer);
+  Step step = in_place_step(tensor, [&g, peer, tag](const at::Tensor& buffer) {
+    return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag);
+  });
   return issue_native(impl_, "recv", std::move(step));
 }
 
