@@ -61,6 +61,9 @@ struct Case {
   const char* name;
   double bus_factor;
   std::function<void()> facade, raw;
+  // Issue only (the caller's CPU cost before any waiting); the result is waited on untimed.
+  std::function<hp::comm::Work()> facade_issue;
+  std::function<hp::comm::shim::NativeWork()> raw_issue;
 };
 
 std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
@@ -78,15 +81,21 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
   std::vector<int64_t> splits(n, per_rank);
   return {
       {"all_reduce", 2.0 * (n - 1) / n, [=] { g.all_reduce(buffer); },
-       [=, &native] { wait_raw(hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum)); }},
+       [=, &native] { wait_raw(hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum)); },
+       [=] { return g.all_reduce_async(buffer); },
+       [=, &native] { return hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum); }},
       {"all_gather", 1.0 * (n - 1) / n, [=] { g.all_gather_into_tensor(gathered_hp, shard); },
-       [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); }},
+       [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); },
+       [=] { return g.all_gather_into_tensor_async(gathered_hp, shard); },
+       [=, &native] { return hp::comm::shim::all_gather(native, outputs, shard); }},
       {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter_tensor(piece_hp, buffer); },
        [=, &native] {
          wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits));
          at::Tensor piece = piece_hp;  // the same preallocated output the facade writes
          at::sum_out(piece, received.view({n, per_rank}), 0);
-       }},
+       },
+       [=] { return g.reduce_scatter_tensor_async(piece_hp, buffer); },
+       [=, &native] { return hp::comm::shim::all_to_all(native, received, buffer, splits, splits); }},
   };
 }
 
@@ -114,6 +123,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);  // the ranks share 2 cores; intra-op threads would only contend
 
   std::vector<Row> rows;
+  std::map<std::string, std::pair<double, double>> issue_us;  // 1 KB: facade, raw median issue time
   std::mutex rows_mu;
   auto measure = [&](const ProcessGroup& g) {
       const int n = g.size();
@@ -133,6 +143,22 @@ int main(int argc, char** argv) {
           if (g.rank() == 0) {
             std::lock_guard<std::mutex> lock(rows_mu);
             rows.push_back({c.name, n, numel * 4, median(facade) * 1e6, median(raw) * 1e6, c.bus_factor});
+          }
+          if (bytes != 1024) continue;
+          // The facade's own CPU cost at 1 KB: time only the issuing call, then wait untimed.
+          std::vector<double> facade_issue, raw_issue;
+          for (int i = 0; i < calls; ++i) {
+            hp::comm::Work w;
+            facade_issue.push_back(time_one([&] { w = c.facade_issue(); }));
+            w.wait();
+            hp::comm::shim::NativeWork nw;
+            raw_issue.push_back(time_one([&] { nw = c.raw_issue(); }));
+            wait_raw(nw);
+          }
+          if (g.rank() == 0) {
+            std::lock_guard<std::mutex> lock(rows_mu);
+            issue_us[c.name + std::string(" ranks=") + std::to_string(n)] = {median(facade_issue) * 1e6,
+                                                                            median(raw_issue) * 1e6};
           }
         }
       }
@@ -165,7 +191,9 @@ int main(int argc, char** argv) {
     if (r.bytes == 1024)
       small_overhead_us[r.collective] = std::max(small_overhead_us[r.collective], r.facade_us - r.raw_us);
   }
-  std::printf("\nfacade overhead at 1 KB (worst over rank counts, us):");
+  std::printf("\nissue path at 1 KB, median us per call (facade / c10d):");
+  for (const auto& [name, us] : issue_us) std::printf("  %s %.1f / %.1f", name.c_str(), us.first, us.second);
+  std::printf("\nfacade overhead at 1 KB, whole call (worst over rank counts, us):");
   for (const auto& [name, us] : small_overhead_us) std::printf(" %s %+.1f", name.c_str(), us);
   std::printf("\nratio hp/c10d time, median over sizes >= 1 MB:");
   for (const auto& [name, ratios] : big_ratios) std::printf(" %s %.3f", name.c_str(), median(ratios));

@@ -5,9 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <string>
 
 namespace {
@@ -48,6 +53,31 @@ TEST(Hprun, FourRanksAllReduce) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] allreduce sum 40 ok"), std::string::npos) << r.output;
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Two "nodes" (two hprun invocations with --nnodes 2) form one 4-rank job: global ranks follow
+// node_rank * nproc + local rank, and the rendezvous spans both.
+TEST(Hprun, TwoNodesFormOneJob) {
+  const std::string common = "--nnodes 2 --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " ";
+  auto node1 = std::async(std::launch::async, [&] { return run_job(common + "--node-rank 1 " + program("allreduce")); });
+  Result node0 = run_job(common + "--node-rank 0 " + program("allreduce"));
+  Result other = node1.get();
+  EXPECT_EQ(node0.exit_code, 0) << node0.output;
+  EXPECT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(node0.output.find("[rank 1] allreduce sum 40 ok"), std::string::npos) << node0.output;
+  EXPECT_NE(other.output.find("[rank 3] allreduce sum 40 ok"), std::string::npos) << other.output;
 }
 
 // A rank exiting with code 3 stops the job within 5 s; hprun names the rank and exits non-zero.
