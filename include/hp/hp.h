@@ -9,4 +9,7 @@
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
+#include "hp/dtensor/placement.h"
+#include "hp/dtensor/redistribute.h"
+#include "hp/dtensor/spec.h"
 #include "hp/mesh/device_mesh.h"
