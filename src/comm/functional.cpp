@@ -1,10 +1,9 @@
-// Autograd for collectives: one small Node type whose backward is a collective given as a lambda.
+// Autograd for collectives: each backward is the transpose collective, recorded as a lambda.
 #include "hp/comm/functional.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/variable.h>
+
+#include "core/lambda_backward.h"
 
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
@@ -12,39 +11,13 @@
 namespace hp::comm::functional {
 namespace {
 
-using torch::autograd::variable_list;
-
-// Backward node: maps the output's gradient to the input's gradient with a collective.
-class CollectiveBackward final : public torch::autograd::Node {
- public:
-  CollectiveBackward(std::string name, std::function<at::Tensor(const at::Tensor&)> backward)
-      : name_(std::move(name)), backward_(std::move(backward)) {}
-
-  std::string name() const override { return name_; }
-
-  variable_list apply(variable_list&& grads) override {
-    at::Tensor grad = grads[0].defined() ? grads[0].contiguous() : grads[0];
-    HP_CHECK(grad.defined(), name_, ": backward got no gradient; every rank must take part in backward");
-    return {backward_(grad)};
-  }
-
- private:
-  std::string name_;
-  std::function<at::Tensor(const at::Tensor&)> backward_;
-};
-
-// Runs `forward` without recording, then, if `input` needs a gradient, records `backward`.
+// Runs `forward` on the detached input (the collective itself is not recorded), then records
+// `backward` as the step from input to output.
 at::Tensor differentiable(const char* name, const at::Tensor& input,
-                          const std::function<at::Tensor(const at::Tensor&)>& forward,
-                          std::function<at::Tensor(const at::Tensor&)> backward) {
-  at::Tensor output = forward(input.detach());  // detached: the collective itself is not recorded
-  if (input.requires_grad() && at::GradMode::is_enabled()) {
-    auto node = std::shared_ptr<CollectiveBackward>(new CollectiveBackward(name, std::move(backward)),
-                                                    torch::autograd::deleteNode);
-    node->set_next_edges(torch::autograd::collect_next_edges(input));
-    torch::autograd::set_history(output, node);
-  }
-  return output;
+                          const std::function<at::Tensor(const at::Tensor&)>& forward, hp::detail::BackwardFn backward) {
+  return hp::detail::record_backward(name, input, forward(input.detach()), [backward](const at::Tensor& grad) {
+    return backward(grad.contiguous());
+  });
 }
 
 void check_linear(const char* name, const at::Tensor& input, ReduceOp op) {

@@ -1,0 +1,48 @@
+// Sharding rules: how an ATen op maps input placements to output placements.
+//
+// A rule is a pure function of the call's DTensor input specs, its other arguments and its output
+// shapes (no process group inside). It returns the placements each DTensor input must have (the
+// dispatcher redistributes inputs that differ) and the placements of each tensor output. Rules are
+// registered per op name ("aten::add.Tensor") in C++; see docs/dtensor.md for the families.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hp/dtensor/spec.h"
+
+namespace hp {
+
+// One call of an op, as a rule sees it.
+struct OpCall {
+  std::string op;                       // "aten::add.Tensor"
+  std::vector<c10::IValue> args;        // all arguments; DTensor arguments are None here
+  std::vector<int> dtensor_arg;         // for each DTensor input: its argument index
+  std::vector<DTensorSpec> inputs;      // each DTensor input's spec, in argument order (lists flattened)
+  std::vector<std::vector<int64_t>> output_shapes;  // global shape of each tensor output
+  const DeviceMesh& mesh() const { return inputs.front().mesh(); }
+  int64_t mesh_ndim() const { return mesh().ndim(); }
+};
+
+struct OpSharding {
+  std::vector<Placements> inputs;   // required placements of each DTensor input (same order)
+  std::vector<Placements> outputs;  // placements of each tensor output
+  // Ops whose arguments spell the output's shape (view, expand, ...) must get this rank's local
+  // shape instead of the global one: the index of that int[] argument, and of a stride argument
+  // to fill with the local shape's contiguous strides; -1 for none.
+  int local_shape_arg = -1;
+  int local_stride_arg = -1;
+};
+
+using ShardingRule = std::function<OpSharding(const OpCall&)>;
+
+// Registers (or replaces) the rule for `op`, e.g. "aten::gelu" or "aten::add.Tensor".
+void register_sharding_rule(const std::string& op, ShardingRule rule);
+// nullptr when `op` has no rule.
+const ShardingRule* find_sharding_rule(const std::string& op);
+
+}  // namespace hp

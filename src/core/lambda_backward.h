@@ -1,0 +1,19 @@
+// Recording a one-input, one-output differentiable step whose backward is a C++ lambda. Used for
+// collectives (hp::comm::functional) and DTensor conversions (from_local, to_local, redistribute),
+// whose backward needs C++ state (groups, specs) that autograd::Function's IValue context cannot hold.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+
+namespace hp::detail {
+
+using BackwardFn = std::function<at::Tensor(const at::Tensor& grad_output)>;
+
+// If `input` requires grad (and grad mode is on), makes `output` depend on it through `backward`.
+// `output` must be a fresh tensor computed without recording. Returns `output`.
+at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward);
+
+}  // namespace hp::detail

@@ -1,0 +1,126 @@
+// Pointwise ops (with broadcasting), their in-place forms and their backward ops.
+//
+// Per mesh dim: if some input is sharded on a dim that is not broadcast, the output is sharded on
+// the matching output dim and every input follows (sharded on its matching dim, or replicated
+// where it broadcasts). Otherwise Partial inputs stay Partial only where the op is linear in them:
+//   kSumOfPartials  add/sub/lerp: every tensor operand Partial (sum or avg)
+//   kOnePartial     mul/div: exactly one Partial operand (the numerator for div), the rest Replicate
+//   kUnary          neg, clone, _to_copy, zero_: one operand, Partial stays Partial
+// and everything else is reduced to Replicate first. In-place ops keep self's placement: the other
+// operands follow self, and a change that would have to move self is an error.
+#include "dtensor/rules/rules.h"
+
+#include "hp/core/error.h"
+
+namespace hp::rules {
+namespace {
+
+enum class Linearity { kNone, kSumOfPartials, kOnePartial, kUnary };
+
+bool linear_partial(const Placement& p) {
+  return p.is_partial() && (p.reduce_op() == comm::ReduceOp::kSum || p.reduce_op() == comm::ReduceOp::kAvg);
+}
+
+OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
+  const auto& out_shape = call.output_shapes.at(0);
+  const int64_t out_ndim = static_cast<int64_t>(out_shape.size());
+  const size_t n_inputs = call.inputs.size();
+  OpSharding s;
+  s.inputs.assign(n_inputs, Placements(call.mesh_ndim(), Replicate()));
+  s.outputs.assign(call.output_shapes.size(), Placements(call.mesh_ndim(), Replicate()));
+  // Output dim of input k's dim d (right-aligned broadcasting), or -1 if d is broadcast.
+  auto out_dim_of = [&](size_t k, int64_t d) -> int64_t {
+    const auto& in_shape = call.inputs[k].shape();
+    const int64_t od = d + out_ndim - static_cast<int64_t>(in_shape.size());
+    return in_shape[d] == out_shape[od] ? od : -1;
+  };
+  auto in_dim_of = [&](size_t k, int64_t od) -> int64_t {
+    const auto& in_shape = call.inputs[k].shape();
+    const int64_t d = od - (out_ndim - static_cast<int64_t>(in_shape.size()));
+    return d >= 0 && in_shape[d] == out_shape[od] ? d : -1;
+  };
+
+  for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
+    auto at = [&](size_t k) { return call.inputs[k].placements()[i]; };
+    int64_t out_dim = -1;
+    // In place: self decides. Otherwise the first input sharded on a non-broadcast dim decides.
+    for (size_t k = 0; k < (in_place ? std::min<size_t>(1, n_inputs) : n_inputs) && out_dim < 0; ++k)
+      if (at(k).is_shard()) out_dim = out_dim_of(k, at(k).dim());
+    if (out_dim >= 0) {
+      for (size_t k = 0; k < n_inputs; ++k) {
+        const int64_t d = in_dim_of(k, out_dim);
+        s.inputs[k][i] = d >= 0 ? Shard(d) : Replicate();
+      }
+      for (auto& out : s.outputs) out[i] = Shard(out_dim);
+      continue;
+    }
+    size_t partials = 0;
+    for (size_t k = 0; k < n_inputs; ++k) partials += linear_partial(at(k)) ? 1 : 0;
+    bool same_op = true;
+    for (size_t k = 0; k < n_inputs; ++k)
+      if (at(k).is_partial() && at(k) != at(0)) same_op = false;
+    bool keep_partial = false;
+    if (linearity == Linearity::kSumOfPartials) keep_partial = partials == n_inputs && same_op;
+    if (linearity == Linearity::kUnary) keep_partial = n_inputs == 1 && partials == 1;
+    if (linearity == Linearity::kOnePartial) {
+      // div: only the numerator (input 0) may be Partial.
+      const bool numerator_only = call.op.rfind("aten::div", 0) != 0 || linear_partial(at(0));
+      keep_partial = partials == 1 && numerator_only;
+    }
+    if (in_place && at(0).is_partial() && !keep_partial)
+      throw Error(call.op + ": in-place op on a " + at(0).str() + " tensor would have to reduce it first; "
+                  "redistribute it to Replicate before the op");
+    if (keep_partial) {
+      for (size_t k = 0; k < n_inputs; ++k) s.inputs[k][i] = at(k).is_partial() ? at(k) : Replicate();
+      const Placement partial = linear_partial(at(0)) ? at(0) : [&] {
+        for (size_t k = 0; k < n_inputs; ++k)
+          if (at(k).is_partial()) return at(k);
+        return Replicate();
+      }();
+      for (auto& out : s.outputs) out[i] = partial;
+    }
+  }
+  if (in_place && s.inputs[0] != call.inputs[0].placements())
+    throw Error(call.op + ": in-place op on a tensor placed " + to_string(call.inputs[0].placements()) +
+                " would have to move it to " + to_string(s.inputs[0]) + "; redistribute the operands first");
+  return s;
+}
+
+void add_family(const Register& add, const std::vector<std::string>& ops, Linearity linearity) {
+  for (const std::string& op : ops) {
+    const bool in_place = op.find("_.") != std::string::npos || (op.back() == '_');
+    add(op, [linearity, in_place](const OpCall& call) { return pointwise(call, linearity, in_place); });
+  }
+}
+
+}  // namespace
+
+void register_pointwise_rules(const Register& add) {
+  add_family(add, {"aten::add.Tensor", "aten::sub.Tensor", "aten::add_.Tensor", "aten::sub_.Tensor",
+                   "aten::lerp.Scalar", "aten::lerp_.Scalar"},
+             Linearity::kSumOfPartials);
+  add_family(add, {"aten::mul.Tensor", "aten::mul.Scalar", "aten::div.Tensor", "aten::div.Scalar",
+                   "aten::mul_.Tensor", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Scalar"},
+             Linearity::kOnePartial);
+  add_family(add, {"aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy", "aten::zero_", "aten::alias",
+                   "aten::detach", "aten::lift_fresh"},
+             Linearity::kUnary);
+  add_family(add,
+             {"aten::add.Scalar", "aten::sub.Scalar", "aten::add_.Scalar", "aten::sub_.Scalar",
+              "aten::rsub.Scalar", "aten::rsub.Tensor",
+              "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Scalar",
+              "aten::sqrt", "aten::sqrt_", "aten::rsqrt", "aten::exp", "aten::exp_", "aten::log", "aten::abs",
+              "aten::tanh", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::relu", "aten::relu_",
+              "aten::reciprocal", "aten::sin", "aten::cos", "aten::erf", "aten::log1p", "aten::sign",
+              "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::maximum",
+              "aten::minimum", "aten::where.self", "aten::masked_fill.Scalar", "aten::masked_fill.Tensor",
+              "aten::masked_fill_.Scalar", "aten::eq.Tensor", "aten::eq.Scalar", "aten::ne.Tensor",
+              "aten::ne.Scalar", "aten::lt.Tensor", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Tensor",
+              "aten::gt.Scalar", "aten::ge.Scalar", "aten::logical_not", "aten::lerp.Tensor",
+              "aten::lerp_.Tensor", "aten::addcmul", "aten::addcmul_", "aten::addcdiv", "aten::addcdiv_",
+              "aten::fill_.Scalar", "aten::copy_", "aten::threshold_backward", "aten::gelu_backward",
+              "aten::silu_backward", "aten::sigmoid_backward", "aten::tanh_backward"},
+             Linearity::kNone);
+}
+
+}  // namespace hp::rules

@@ -1,0 +1,36 @@
+// Built-in sharding rule families, one file each, and the helpers they share.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/dtensor/sharding_rule.h"
+
+namespace hp::rules {
+
+using Register = std::function<void(const std::string& op, ShardingRule rule)>;
+
+void register_builtin_rules(const Register& add);
+void register_pointwise_rules(const Register& add);
+void register_reduction_rules(const Register& add);
+void register_matmul_rules(const Register& add);
+void register_shape_rules(const Register& add);
+void register_like_rules(const Register& add);
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+inline Placements replicated(int64_t mesh_ndim) { return Placements(mesh_ndim, Replicate()); }
+
+// A rule whose inputs and outputs all become Replicate (the safe answer for any op).
+OpSharding all_replicated(const OpCall& call, size_t outputs = 1);
+
+// Dims of a tensor of rank `ndim` named by an int[] argument (negative dims normalized); an
+// undefined or empty list means every dim.
+std::vector<int64_t> dims_arg(const c10::IValue& value, int64_t ndim);
+
+// True when the splits of `dim` up to and including `mesh_dim` are all even under `spec`
+// (torch.chunk gives equal pieces), independent of the mesh coordinate.
+bool evenly_split(const DTensorSpec& spec, int64_t dim, int64_t mesh_dim);
+
+}  // namespace hp::rules
