@@ -55,12 +55,13 @@ std::string describe_inputs(const std::vector<Input>& inputs) {
   return out;
 }
 
-// A plain tensor among DTensor arguments: a 0-dim one is a replicated scalar, anything else is a
-// mistake (it would be silently treated as this rank's piece).
+// A plain tensor among DTensor arguments is taken as replicated when that cannot be wrong: a 0-dim
+// scalar, or an all-zero tensor (autograd fills missing gradients with plain zeros, e.g. in
+// split's backward). Anything else is a mistake that would silently mix a piece with a whole.
 Input plain_input(const std::string& op, const at::Tensor& t, const DeviceMesh& mesh, size_t arg, int list_index) {
-  HP_CHECK(t.dim() == 0, "DTensor: ", op, " mixes a DTensor with a plain tensor of shape ", t.sizes(),
-           "; make it a DTensor first (hp::distribute_tensor or DTensor::from_local)");
-  return {arg, list_index, t, DTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), {})};
+  HP_CHECK(t.dim() == 0 || !at::any(t).item<bool>(), "DTensor: ", op, " mixes a DTensor with a plain tensor of shape ",
+           t.sizes(), "; make it a DTensor first (hp::distribute_tensor or DTensor::from_local)");
+  return {arg, list_index, t, DTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), t.sizes().vec())};
 }
 
 std::vector<Input> collect_inputs(const std::string& op, const std::vector<c10::IValue>& args) {
@@ -107,9 +108,12 @@ std::vector<c10::IValue> substitute(const std::vector<c10::IValue>& args, const 
   return out;
 }
 
-std::vector<std::vector<int64_t>> output_shapes_on_meta(const c10::OperatorHandle& op, const std::string& name,
-                                                        const std::vector<c10::IValue>& args,
-                                                        const std::vector<Input>& inputs) {
+// Output shapes from running the op on meta tensors of the global shapes; nullopt (with the
+// reason in `failure`) when the op has no meta kernel.
+std::optional<std::vector<std::vector<int64_t>>> output_shapes_on_meta(const c10::OperatorHandle& op,
+                                                                       const std::vector<c10::IValue>& args,
+                                                                       const std::vector<Input>& inputs,
+                                                                       std::string& failure) {
   torch::jit::Stack stack = substitute(args, inputs, [&](size_t k) {
     if (inputs[k].local.dim() == 0) return inputs[k].local;  // scalars may stay on the CPU
     return at::empty(inputs[k].spec.shape(), inputs[k].local.options().device(at::kMeta));
@@ -118,8 +122,8 @@ std::vector<std::vector<int64_t>> output_shapes_on_meta(const c10::OperatorHandl
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     op.callBoxed(&stack);
   } catch (const c10::Error& e) {
-    throw Error("DTensor: cannot infer the output shapes of " + name + " (its meta kernel failed: " +
-                std::string(e.what_without_backtrace()).substr(0, 200) + ")");
+    failure = std::string(e.what_without_backtrace()).substr(0, 160);
+    return std::nullopt;
   }
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& iv : stack) {
@@ -161,8 +165,15 @@ std::shared_ptr<const Decision> decide(const c10::OperatorHandle& op, const std:
     call.dtensor_arg.push_back(static_cast<int>(in.arg));
     call.inputs.push_back(in.spec);
   }
-  if (returns_tensors(op.schema())) call.output_shapes = output_shapes_on_meta(op, name, args, inputs);
+  std::string meta_failure;
+  const bool has_outputs = returns_tensors(op.schema());
+  if (has_outputs) {
+    if (auto shapes = output_shapes_on_meta(op, args, inputs, meta_failure)) call.output_shapes = *shapes;
+  }
   OpSharding sharding = (*rule)(call);
+  if (call.output_shapes.empty()) call.output_shapes = sharding.output_shapes;
+  HP_CHECK(!has_outputs || !call.output_shapes.empty(), "DTensor: cannot infer the output shapes of ", name,
+           ": it has no meta kernel (", meta_failure, ") and its sharding rule gives none");
   HP_CHECK(sharding.inputs.size() == inputs.size(), "DTensor: the rule for ", name, " gave placements for ",
            sharding.inputs.size(), " inputs, the call has ", inputs.size());
   HP_CHECK(sharding.outputs.size() == call.output_shapes.size(), "DTensor: the rule for ", name, " gave ",

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "dtensor/rules/rules.h"
+#include "hp/core/error.h"
 #include "hp/dtensor/sharding_rule.h"
 
 namespace hp {
@@ -26,6 +27,12 @@ Registry& registry() {
 }
 
 }  // namespace
+
+const std::vector<int64_t>& OpCall::output_shape(size_t i) const {
+  HP_CHECK(i < output_shapes.size(), "DTensor: the sharding rule for ", op, " needs the shape of output ", i,
+           ", which could not be inferred (no meta kernel); the rule must compute it");
+  return output_shapes[i];
+}
 
 void register_sharding_rule(const std::string& op, ShardingRule rule) {
   Registry& r = registry();

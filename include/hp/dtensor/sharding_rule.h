@@ -23,8 +23,12 @@ struct OpCall {
   std::vector<c10::IValue> args;        // all arguments; DTensor arguments are None here
   std::vector<int> dtensor_arg;         // for each DTensor input: its argument index
   std::vector<DTensorSpec> inputs;      // each DTensor input's spec, in argument order (lists flattened)
-  std::vector<std::vector<int64_t>> output_shapes;  // global shape of each tensor output
+  // Global shape of each tensor output, from running the op on meta tensors; empty when the op
+  // has no meta kernel (then the rule must fill OpSharding::output_shapes).
+  std::vector<std::vector<int64_t>> output_shapes;
   const DeviceMesh& mesh() const { return inputs.front().mesh(); }
+  // output_shapes[i], or an hp::Error saying the op has no meta kernel to infer it from.
+  const std::vector<int64_t>& output_shape(size_t i) const;
   int64_t mesh_ndim() const { return mesh().ndim(); }
 };
 
@@ -36,6 +40,8 @@ struct OpSharding {
   // to fill with the local shape's contiguous strides; -1 for none.
   int local_shape_arg = -1;
   int local_stride_arg = -1;
+  // Only for ops without a meta kernel: the global shape of each tensor output.
+  std::vector<std::vector<int64_t>> output_shapes;
 };
 
 using ShardingRule = std::function<OpSharding(const OpCall&)>;

@@ -64,6 +64,11 @@ void register_matmul_rules(const Register& add) {
     return choose(c, {{{bias_rows, Shard(0), R}, Shard(0)}, {{bias_cols, R, Shard(1)}, Shard(1)},
                       {{P, Shard(1), Shard(0)}, P}, {{P, P, R}, P}, {{P, R, P}, P}, {{R, R, R}, R}});
   });
+  // baddbmm(self [b, m, n], b1 [b, m, k], b2 [b, k, n]): self follows the output.
+  add("aten::baddbmm", [](const OpCall& c) {
+    return choose(c, {{{Shard(0), Shard(0), Shard(0)}, Shard(0)}, {{Shard(1), Shard(1), R}, Shard(1)},
+                      {{Shard(2), R, Shard(2)}, Shard(2)}, {{P, Shard(2), Shard(1)}, P}, {{R, R, R}, R}});
+  });
   add("aten::bmm", [](const OpCall& c) {
     return choose(c, {{{Shard(0), Shard(0)}, Shard(0)}, {{Shard(1), R}, Shard(1)}, {{R, Shard(2)}, Shard(2)},
                       {{Shard(2), Shard(1)}, P}, {{P, R}, P}, {{R, P}, P}, {{R, R}, R}});

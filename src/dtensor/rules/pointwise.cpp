@@ -10,6 +10,8 @@
 // operands follow self, and a change that would have to move self is an error.
 #include "dtensor/rules/rules.h"
 
+#include <ATen/ExpandUtils.h>
+
 #include "hp/core/error.h"
 
 namespace hp::rules {
@@ -21,13 +23,21 @@ bool linear_partial(const Placement& p) {
   return p.is_partial() && (p.reduce_op() == comm::ReduceOp::kSum || p.reduce_op() == comm::ReduceOp::kAvg);
 }
 
+// The broadcast shape of the inputs: the output shape of a pointwise op with no meta kernel.
+std::vector<int64_t> broadcast_shape(const OpCall& call) {
+  std::vector<int64_t> shape;
+  for (const DTensorSpec& in : call.inputs) shape = at::infer_size(shape, in.shape());
+  return shape;
+}
+
 OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
-  const auto& out_shape = call.output_shapes.at(0);
+  OpSharding s;
+  if (call.output_shapes.empty()) s.output_shapes = {in_place ? call.inputs[0].shape() : broadcast_shape(call)};
+  const auto& out_shape = call.output_shapes.empty() ? s.output_shapes[0] : call.output_shapes[0];
   const int64_t out_ndim = static_cast<int64_t>(out_shape.size());
   const size_t n_inputs = call.inputs.size();
-  OpSharding s;
   s.inputs.assign(n_inputs, Placements(call.mesh_ndim(), Replicate()));
-  s.outputs.assign(call.output_shapes.size(), Placements(call.mesh_ndim(), Replicate()));
+  s.outputs.assign(1, Placements(call.mesh_ndim(), Replicate()));
   // Output dim of input k's dim d (right-aligned broadcasting), or -1 if d is broadcast.
   auto out_dim_of = [&](size_t k, int64_t d) -> int64_t {
     const auto& in_shape = call.inputs[k].shape();

@@ -17,6 +17,7 @@ void register_reduction_rules(const Register& add);
 void register_matmul_rules(const Register& add);
 void register_shape_rules(const Register& add);
 void register_like_rules(const Register& add);
+void register_nn_rules(const Register& add);
 
 // ---- helpers ----------------------------------------------------------------------------------
 

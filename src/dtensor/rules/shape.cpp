@@ -37,7 +37,7 @@ int64_t norm(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
 OpSharding view_rule(const OpCall& call) {
   const DTensorSpec& in = call.inputs.at(0);
   const auto& a = in.shape();
-  const auto& b = call.output_shapes.at(0);
+  const auto& b = call.output_shape(0);
   std::vector<int64_t> out_of(a.size(), -1);
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
@@ -69,9 +69,39 @@ OpSharding view_rule(const OpCall& call) {
   return s;
 }
 
+// cat / stack: every operand must agree per mesh dim; a shard of a dim other than the joined
+// one survives, as does a common linear Partial; anything else is replicated.
+OpSharding join(const OpCall& call, int64_t dim, bool new_dim) {
+  OpSharding s = all_replicated(call, 1);
+  const int64_t ndim = call.inputs[0].ndim();
+  dim = norm(dim, new_dim ? ndim + 1 : ndim);
+  for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
+    const Placement lead = call.inputs[0].placements()[i];
+    bool same = true;
+    for (const auto& in : call.inputs) same = same && in.placements()[i] == lead && in.ndim() == ndim;
+    if (!same) continue;
+    if (lead.is_shard() && (new_dim || lead.dim() != dim)) {
+      for (auto& in : s.inputs) in[i] = lead;
+      s.outputs[0][i] = new_dim && lead.dim() >= dim ? Shard(lead.dim() + 1) : lead;
+    } else if (lead.is_partial() && lead.reduce_op() == comm::ReduceOp::kSum) {
+      for (auto& in : s.inputs) in[i] = lead;
+      s.outputs[0][i] = lead;
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 void register_shape_rules(const Register& add) {
+  add("aten::cat", [](const OpCall& c) { return join(c, c.args[1].toInt(), false); });
+  add("aten::stack", [](const OpCall& c) { return join(c, c.args[1].toInt(), true); });
+  for (const char* op : {"aten::split.Tensor", "aten::split_with_sizes"}) {
+    add(op, [](const OpCall& c) {
+      const int64_t cut = norm(c.args[2].toInt(), c.inputs[0].ndim());
+      return follow_dims(c, [=](int64_t d) { return d == cut ? -1 : d; });
+    });
+  }
   add("aten::t", [](const OpCall& c) {
     return follow_dims(c, [&](int64_t d) { return c.inputs[0].ndim() < 2 ? d : 1 - d; });
   });
@@ -101,7 +131,7 @@ void register_shape_rules(const Register& add) {
   });
   add("aten::expand", [](const OpCall& c) {
     const auto& in_shape = c.inputs[0].shape();
-    const auto& out_shape = c.output_shapes[0];
+    const auto& out_shape = c.output_shape(0);
     const int64_t offset = static_cast<int64_t>(out_shape.size() - in_shape.size());
     OpSharding s = follow_dims(c, [&](int64_t d) { return in_shape[d] == out_shape[d + offset] ? d + offset : -1; });
     s.local_shape_arg = 1;  // expand(self, size)
