@@ -11,6 +11,7 @@
 #include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/placement.h"
+#include "hp/dtensor/random.h"
 #include "hp/dtensor/redistribute.h"
 #include "hp/dtensor/sharding_rule.h"
 #include "hp/dtensor/spec.h"

@@ -29,6 +29,7 @@ struct Decision {
   std::vector<std::vector<int64_t>> output_shapes;
   int local_shape_arg = -1;
   int local_stride_arg = -1;
+  std::function<c10::IValue(const std::vector<c10::IValue>&, const DTensorSpec&)> local_kernel;
 };
 
 // One DTensor (or replicated scalar) input: where it sits in the argument list.
@@ -179,7 +180,8 @@ std::shared_ptr<const Decision> decide(const c10::OperatorHandle& op, const std:
   HP_CHECK(sharding.outputs.size() == call.output_shapes.size(), "DTensor: the rule for ", name, " gave ",
            sharding.outputs.size(), " output placements, the op has ", call.output_shapes.size(), " tensor outputs");
   auto decision = std::make_shared<Decision>(Decision{sharding.inputs, sharding.outputs, call.output_shapes,
-                                                      sharding.local_shape_arg, sharding.local_stride_arg});
+                                                      sharding.local_shape_arg, sharding.local_stride_arg,
+                                                      sharding.local_kernel});
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace(key.str(), decision);
   return decision;
@@ -220,22 +222,25 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   }
   std::vector<c10::IValue> local_args = substitute(args, inputs, [&](size_t k) { return locals[k]; });
   if (decision->local_shape_arg >= 0) {  // the op spells its output shape: give it this rank's piece's
-    const DeviceMesh& mesh = inputs.front().spec.mesh();
-    const std::vector<int64_t> shape = DTensorSpec(mesh, decision->outputs[0], decision->output_shapes[0]).local_shape();
+    const std::vector<int64_t> shape =
+        DTensorSpec(inputs.front().spec.mesh(), decision->outputs[0], decision->output_shapes[0]).local_shape();
     local_args[decision->local_shape_arg] = shape;
     if (decision->local_stride_arg >= 0) {
       const auto strides = c10::contiguous_strides(shape);
       local_args[decision->local_stride_arg] = std::vector<int64_t>(strides.begin(), strides.end());
     }
   }
+  const DeviceMesh& mesh = inputs.front().spec.mesh();
   torch::jit::drop(*stack, nargs);
-  for (auto& iv : local_args) stack->push_back(std::move(iv));
-  {
+  if (decision->local_kernel) {
+    stack->push_back(
+        decision->local_kernel(local_args, DTensorSpec(mesh, decision->outputs[0], decision->output_shapes[0])));
+  } else {
+    for (auto& iv : local_args) stack->push_back(std::move(iv));
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     op.callBoxed(stack);
   }
 
-  const DeviceMesh& mesh = inputs.front().spec.mesh();
   const size_t nret = schema.returns().size();
   size_t output = 0;
   for (size_t r = 0; r < nret; ++r) {

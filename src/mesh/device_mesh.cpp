@@ -22,6 +22,10 @@ struct MeshRoot {
   std::vector<std::string> dim_names;  // of the mesh everything was sliced from
   std::mutex mu;
   std::map<std::string, std::vector<std::string>> flattened;  // name -> the dims it merges
+  // Distributed RNG (see hp/dtensor/random.h): every random op on a DTensor of this mesh takes
+  // the next stream; all ranks run the same ops, so their streams agree.
+  uint64_t rng_seed = 0;
+  uint64_t rng_next_stream = 0;
 };
 
 }  // namespace detail
@@ -230,6 +234,17 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
   }
   comm::ProcessGroup group = root_->world.new_group(ranks_, flat_name);
   return DeviceMesh(root_, {size()}, ranks_, {flat_name}, {group});
+}
+
+void DeviceMesh::manual_seed(uint64_t seed) const {
+  std::lock_guard<std::mutex> lock(root_->mu);
+  root_->rng_seed = seed;
+  root_->rng_next_stream = 0;
+}
+
+std::pair<uint64_t, uint64_t> DeviceMesh::claim_random_stream() const {
+  std::lock_guard<std::mutex> lock(root_->mu);
+  return {root_->rng_seed, root_->rng_next_stream++};
 }
 
 std::string DeviceMesh::str() const {

@@ -42,6 +42,9 @@ struct OpSharding {
   int local_stride_arg = -1;
   // Only for ops without a meta kernel: the global shape of each tensor output.
   std::vector<std::vector<int64_t>> output_shapes;
+  // For ops whose local result depends on where the piece sits (random fills): computes this
+  // rank's single result from the local arguments and output 0's spec, instead of running the op.
+  std::function<c10::IValue(const std::vector<c10::IValue>& local_args, const DTensorSpec& output)> local_kernel;
 };
 
 using ShardingRule = std::function<OpSharding(const OpCall&)>;

@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,11 @@ class DeviceMesh {
   int64_t get_local_rank(const std::string& dim) const;
   const comm::ProcessGroup& get_group(int64_t dim) const;
   const comm::ProcessGroup& get_group(const std::string& dim) const;
+
+  // The distributed RNG's state, shared by this mesh and every mesh sliced or flattened from the
+  // same root (see hp/dtensor/random.h). The seed defaults to 0: never an unseeded source.
+  void manual_seed(uint64_t seed) const;
+  std::pair<uint64_t, uint64_t> claim_random_stream() const;  // (seed, stream); advances the stream
 
   std::string str() const;  // DeviceMesh(cpu, (dp=2, tp=2), ranks=[0, 1, 2, 3])
   bool operator==(const DeviceMesh& other) const;

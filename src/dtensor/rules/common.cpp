@@ -9,6 +9,7 @@ void register_builtin_rules(const Register& add) {
   register_shape_rules(add);
   register_like_rules(add);
   register_nn_rules(add);
+  register_random_rules(add);
 }
 
 OpSharding all_replicated(const OpCall& call, size_t outputs) {

@@ -18,6 +18,7 @@ void register_matmul_rules(const Register& add);
 void register_shape_rules(const Register& add);
 void register_like_rules(const Register& add);
 void register_nn_rules(const Register& add);
+void register_random_rules(const Register& add);
 
 // ---- helpers ----------------------------------------------------------------------------------
 

@@ -1,0 +1,27 @@
+// Distributed RNG: random values that do not depend on how a tensor is sharded.
+//
+// Random ops on DTensors (uniform_, normal_, bernoulli_, and through them dropout and the
+// initializers) draw element i of the *global* tensor from a counter-based generator (Philox-4x32-10)
+// keyed by the mesh's seed, with the counter (global linear index i, stream). Each op takes the next
+// stream of the mesh's RNG state. So a sharded DTensor gets exactly its shard of the values the same
+// op gives the whole tensor, and replicated DTensors get identical values on every rank.
+//
+// The state lives on the DeviceMesh (shared with its sub-meshes), never in a process global. Every
+// rank must run the same random ops in the same order, like any op on DTensors.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/dtensor/dtensor.h"
+
+namespace hp {
+
+// Seeds the RNG of `mesh` (and of every mesh sliced from the same root) and resets its stream.
+void manual_seed(const DeviceMesh& mesh, uint64_t seed);
+
+// New DTensors of random values (uniform in [0, 1) / standard normal), laid out by `placements`.
+DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);
+DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);
+
+}  // namespace hp
