@@ -8,6 +8,7 @@
 //   5. wrap each tensor result as a DTensor; in-place and out= results return the original DTensor
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/TensorUtils.h>
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
@@ -29,6 +30,7 @@ struct Decision {
   std::vector<std::vector<int64_t>> output_shapes;
   int local_shape_arg = -1;
   int local_stride_arg = -1;
+  bool strides_view_input = false;
   std::function<c10::IValue(const std::vector<c10::IValue>&, const DTensorSpec&)> local_kernel;
 };
 
@@ -181,7 +183,7 @@ std::shared_ptr<const Decision> decide(const c10::OperatorHandle& op, const std:
            sharding.outputs.size(), " output placements, the op has ", call.output_shapes.size(), " tensor outputs");
   auto decision = std::make_shared<Decision>(Decision{sharding.inputs, sharding.outputs, call.output_shapes,
                                                       sharding.local_shape_arg, sharding.local_stride_arg,
-                                                      sharding.local_kernel});
+                                                      sharding.strides_view_input, sharding.local_kernel});
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace(key.str(), decision);
   return decision;
@@ -226,8 +228,16 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
         DTensorSpec(inputs.front().spec.mesh(), decision->outputs[0], decision->output_shapes[0]).local_shape();
     local_args[decision->local_shape_arg] = shape;
     if (decision->local_stride_arg >= 0) {
-      const auto strides = c10::contiguous_strides(shape);
-      local_args[decision->local_stride_arg] = std::vector<int64_t>(strides.begin(), strides.end());
+      std::optional<std::vector<int64_t>> strides;
+      if (decision->strides_view_input) {  // a view: its strides follow the input's (which may be expanded)
+        if (auto s = at::detail::computeStride(locals[0].sizes(), locals[0].strides(), at::IntArrayRef(shape))) strides = *s;
+        if (!strides) local_args[0] = locals[0].contiguous();  // not viewable as that shape: view a copy
+      }
+      if (!strides) {
+        const auto contiguous = c10::contiguous_strides(shape);
+        strides = std::vector<int64_t>(contiguous.begin(), contiguous.end());
+      }
+      local_args[decision->local_stride_arg] = *strides;
     }
   }
   const DeviceMesh& mesh = inputs.front().spec.mesh();

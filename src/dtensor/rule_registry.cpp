@@ -13,6 +13,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, ShardingRule> rules;
+  std::map<std::string, int64_t> lookups;  // rule -> times a decision needed it (cache misses)
 };
 
 Registry& registry() {
@@ -44,7 +45,23 @@ const ShardingRule* find_sharding_rule(const std::string& op) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.rules.find(op);
-  return it == r.rules.end() ? nullptr : &it->second;  // map nodes are stable
+  if (it == r.rules.end()) return nullptr;
+  ++r.lookups[op];
+  return &it->second;  // map nodes are stable
+}
+
+std::map<std::string, int64_t> sharding_rule_lookups() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.lookups;
+}
+
+std::vector<std::string> registered_sharding_rules() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, _] : r.rules) names.push_back(name);
+  return names;
 }
 
 }  // namespace hp

@@ -9,6 +9,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,9 +38,11 @@ struct OpSharding {
   std::vector<Placements> outputs;  // placements of each tensor output
   // Ops whose arguments spell the output's shape (view, expand, ...) must get this rank's local
   // shape instead of the global one: the index of that int[] argument, and of a stride argument
-  // to fill with the local shape's contiguous strides; -1 for none.
+  // to fill in (-1 for none): with the strides a view of input 0 in the local shape has
+  // (`strides_view_input`, for _reshape_alias), else with contiguous strides (new allocations).
   int local_shape_arg = -1;
   int local_stride_arg = -1;
+  bool strides_view_input = false;
   // Only for ops without a meta kernel: the global shape of each tensor output.
   std::vector<std::vector<int64_t>> output_shapes;
   // For ops whose local result depends on where the piece sits (random fills): computes this
@@ -53,5 +56,10 @@ using ShardingRule = std::function<OpSharding(const OpCall&)>;
 void register_sharding_rule(const std::string& op, ShardingRule rule);
 // nullptr when `op` has no rule.
 const ShardingRule* find_sharding_rule(const std::string& op);
+// The names of every op with a rule, sorted.
+std::vector<std::string> registered_sharding_rules();
+// How often each rule was consulted (decision cache misses) in this process: lets a test prove it
+// exercised every rule.
+std::map<std::string, int64_t> sharding_rule_lookups();
 
 }  // namespace hp

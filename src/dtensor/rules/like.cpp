@@ -18,6 +18,20 @@ void register_like_rules(const Register& add) {
       return s;
     });
   }
+  // new_empty_strided(self, size, stride, ...): autograd's buffers. Shaped like self, it takes
+  // self's shards (and this rank's local size and strides); otherwise it is replicated.
+  add("aten::new_empty_strided", [](const OpCall& c) {
+    OpSharding s;
+    const bool like_self = c.output_shape(0) == c.inputs[0].shape();
+    Placements out = like_self ? c.inputs[0].placements() : replicated(c.mesh_ndim());
+    for (Placement& p : out)
+      if (p.is_partial()) p = Replicate();
+    s.inputs = {c.inputs[0].placements()};
+    s.outputs = {out};
+    s.local_shape_arg = 1;
+    s.local_stride_arg = 2;
+    return s;
+  });
   // item(): every rank reads the whole (one-element) value.
   add("aten::_local_scalar_dense", [](const OpCall& c) { return all_replicated(c, 0); });
 }

@@ -77,6 +77,8 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
       const bool numerator_only = call.op.rfind("aten::div", 0) != 0 || linear_partial(at(0));
       keep_partial = partials == 1 && numerator_only;
     }
+    // In place, self keeps its placement: a replicated self must not turn Partial (R * P is P).
+    if (in_place && !at(0).is_partial()) keep_partial = false;
     if (in_place && at(0).is_partial() && !keep_partial)
       throw Error(call.op + ": in-place op on a " + at(0).str() + " tensor would have to reduce it first; "
                   "redistribute it to Replicate before the op");
@@ -113,7 +115,7 @@ void register_pointwise_rules(const Register& add) {
                    "aten::mul_.Tensor", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Scalar"},
              Linearity::kOnePartial);
   add_family(add, {"aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy", "aten::zero_", "aten::alias",
-                   "aten::detach", "aten::lift_fresh"},
+                   "aten::detach"},
              Linearity::kUnary);
   add_family(add,
              {"aten::add.Scalar", "aten::sub.Scalar", "aten::add_.Scalar", "aten::sub_.Scalar",
@@ -121,15 +123,16 @@ void register_pointwise_rules(const Register& add) {
               "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Scalar",
               "aten::sqrt", "aten::sqrt_", "aten::rsqrt", "aten::exp", "aten::exp_", "aten::log", "aten::abs",
               "aten::tanh", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::relu", "aten::relu_",
-              "aten::reciprocal", "aten::sin", "aten::cos", "aten::erf", "aten::log1p", "aten::sign",
+              "aten::reciprocal", "aten::sin", "aten::cos", "aten::erf", "aten::log1p", "aten::sign", "aten::sgn",
               "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::maximum",
               "aten::minimum", "aten::where.self", "aten::masked_fill.Scalar", "aten::masked_fill.Tensor",
               "aten::masked_fill_.Scalar", "aten::eq.Tensor", "aten::eq.Scalar", "aten::ne.Tensor",
               "aten::ne.Scalar", "aten::lt.Tensor", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Tensor",
-              "aten::gt.Scalar", "aten::ge.Scalar", "aten::logical_not", "aten::lerp.Tensor",
+              "aten::gt.Scalar", "aten::ge.Scalar", "aten::logical_not", "aten::logical_and", "aten::logical_and_",
+              "aten::logical_or", "aten::logical_or_", "aten::lerp.Tensor",
               "aten::lerp_.Tensor", "aten::addcmul", "aten::addcmul_", "aten::addcdiv", "aten::addcdiv_",
               "aten::fill_.Scalar", "aten::copy_", "aten::threshold_backward", "aten::gelu_backward",
-              "aten::silu_backward", "aten::sigmoid_backward", "aten::tanh_backward"},
+              "aten::sigmoid_backward", "aten::tanh_backward"},
              Linearity::kNone);
 }
 

@@ -1,8 +1,8 @@
 // Reductions: sum, mean, amax/amin over some or all dims.
 //
 // Per mesh dim: a shard of a reduced dim makes the output Partial (sum -> P(sum), amax -> P(max),
-// mean -> P(avg), the last only when every split is even, since the mean of uneven pieces is not
-// the average of their means); a shard of a kept dim stays a shard of the matching output dim;
+// mean -> P(avg); mean and amax/amin only when every split is even, since the mean of uneven
+// pieces is not the average of their means and an empty piece has no maximum); a shard of a kept dim stays a shard of the matching output dim;
 // Partial inputs stay Partial where the reduction is linear in them (sum/mean of P(sum|avg),
 // amax of P(max)); everything else is reduced to Replicate first.
 #include "dtensor/rules/rules.h"
@@ -35,7 +35,8 @@ OpSharding reduce(const OpCall& call, Reduction kind, int dims_arg_index, int ke
         if (!keepdim)
           for (int64_t r : reduced) out_d -= r < d ? 1 : 0;
         s.outputs[0][i] = Shard(out_d);
-      } else if (kind != Reduction::kMean || evenly_split(in, d, i)) {
+      } else if (kind == Reduction::kSum || evenly_split(in, d, i)) {
+        // mean needs equal pieces; amax/amin need non-empty ones (an empty piece has no maximum)
         s.outputs[0][i] = Partial(partial_op);
       } else {
         s.inputs[0][i] = Replicate();

@@ -65,7 +65,10 @@ OpSharding view_rule(const OpCall& call) {
     return b[j0] % parts == 0 ? j0 : -1;
   });
   s.local_shape_arg = 1;                                           // view(self, size), _reshape_alias(self, size, stride)
-  if (call.op == "aten::_reshape_alias") s.local_stride_arg = 2;
+  if (call.op == "aten::_reshape_alias") {
+    s.local_stride_arg = 2;
+    s.strides_view_input = true;
+  }
   return s;
 }
 
@@ -137,11 +140,25 @@ void register_shape_rules(const Register& add) {
     s.local_shape_arg = 1;  // expand(self, size)
     return s;
   });
-  for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias"})
+  for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"})  // reshape decomposes into these
     add(op, view_rule);
   add("aten::slice.Tensor", [](const OpCall& c) {
     const int64_t cut = norm(c.args[1].toInt(), c.inputs[0].ndim());
     return follow_dims(c, [=](int64_t d) { return d == cut ? -1 : d; });
+  });
+  // slice_backward(grad, input_sizes, dim, ...) / select_backward(grad, input_sizes, dim, index):
+  // the grad is scattered into zeros of the input's shape; shards of other dims carry over.
+  add("aten::slice_backward", [](const OpCall& c) {
+    const int64_t cut = norm(c.args[2].toInt(), c.inputs[0].ndim());
+    OpSharding s = follow_dims(c, [=](int64_t d) { return d == cut ? -1 : d; });
+    s.local_shape_arg = 1;
+    return s;
+  });
+  add("aten::select_backward", [](const OpCall& c) {
+    const int64_t cut = norm(c.args[2].toInt(), c.inputs[0].ndim() + 1);
+    OpSharding s = follow_dims(c, [=](int64_t d) { return d >= cut ? d + 1 : d; });
+    s.local_shape_arg = 1;
+    return s;
   });
   add("aten::select.int", [](const OpCall& c) {
     const int64_t cut = norm(c.args[1].toInt(), c.inputs[0].ndim());
