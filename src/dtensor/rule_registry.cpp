@@ -14,6 +14,7 @@ struct Registry {
   std::mutex mu;
   std::map<std::string, ShardingRule> rules;
   std::map<std::string, int64_t> lookups;  // rule -> times a decision needed it (cache misses)
+  std::vector<std::string> builtin;        // the rules the library itself registered
 };
 
 Registry& registry() {
@@ -22,12 +23,18 @@ Registry& registry() {
     rules::register_builtin_rules([created](const std::string& op, ShardingRule rule) {
       created->rules[op] = std::move(rule);
     });
+    for (const auto& [name, _] : created->rules) created->builtin.push_back(name);
     return created;
   }();
   return *r;
 }
 
 }  // namespace
+
+void load_sharding_rules(const std::string& dir) {
+  rules::register_yaml_rules([](const std::string& op, ShardingRule rule) { register_sharding_rule(op, std::move(rule)); },
+                             dir);
+}
 
 const std::vector<int64_t>& OpCall::output_shape(size_t i) const {
   HP_CHECK(i < output_shapes.size(), "DTensor: the sharding rule for ", op, " needs the shape of output ", i,
@@ -56,9 +63,10 @@ std::map<std::string, int64_t> sharding_rule_lookups() {
   return r.lookups;
 }
 
-std::vector<std::string> registered_sharding_rules() {
+std::vector<std::string> registered_sharding_rules(bool builtin_only) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  if (builtin_only) return r.builtin;
   std::vector<std::string> names;
   for (const auto& [name, _] : r.rules) names.push_back(name);
   return names;

@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <string>
 
@@ -106,6 +107,19 @@ TEST(Hprun, PeerNeverArrivesTimesOut) {
   EXPECT_NE(r.output.find("[rank 0] TimeoutError: all_reduce on group 'world'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[1]"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 10.0) << r.output;
+}
+
+// HP_OPS_YAML_DIR adds the user's rule files to the library's own at start-up.
+TEST(Hprun, UserRuleFilesFromTheEnvironment) {
+  const std::string dir = "/tmp/hp_e2e_user_rules_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir + " && printf 'pointwise:\\n  nonlinear: [aten::frac]\\n' > " + dir +
+                         "/user.yaml").c_str()), 0);
+  Result r = run_job("--nproc-per-node 2 env HP_OPS_YAML_DIR=" + dir + " " + program("user_yaml"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] frac through a user rule ok"), std::string::npos) << r.output;
+  Result without = run_job("--nproc-per-node 2 " + program("user_yaml"));
+  EXPECT_NE(without.exit_code, 0) << without.output;
+  EXPECT_NE(without.output.find("no sharding rule for aten::frac"), std::string::npos) << without.output;
 }
 
 // Usage errors and --help.

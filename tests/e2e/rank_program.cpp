@@ -3,6 +3,7 @@
 //   exit3       rank 1 exits with code 3 after rendezvous; the others wait in a barrier forever
 //   peer_dies   rank 1 exits (code 0) after rendezvous; rank 0 then all_reduces with it
 //   peer_hangs  rank 1 sleeps; rank 0 all_reduces with a 3 s timeout
+//   user_yaml   runs at::frac on a DTensor, which only a rule file in $HP_OPS_YAML_DIR declares
 #include <hp/hp.h>
 #include <unistd.h>
 
@@ -42,6 +43,14 @@ int main(int argc, char** argv) try {
     world.all_reduce(at::ones({16}));
     std::cout << "all_reduce unexpectedly completed" << std::endl;
     return 0;
+  }
+  if (scenario == "user_yaml") {
+    hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {n}, {"x"});
+    const at::Tensor full = at::arange(12, at::kFloat).div(5.0).view({4, 3});
+    const at::Tensor got = hp::DTensor(at::frac(hp::distribute_tensor(full, mesh, {hp::Shard(0)}))).full_tensor();
+    const bool ok = at::equal(got, at::frac(full));
+    std::cout << "frac through a user rule " << (ok ? "ok" : "WRONG") << std::endl;
+    return ok ? 0 : 1;
   }
   std::cerr << "unknown scenario '" << scenario << "'" << std::endl;
   return 2;

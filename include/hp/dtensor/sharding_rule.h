@@ -54,10 +54,16 @@ using ShardingRule = std::function<OpSharding(const OpCall&)>;
 
 // Registers (or replaces) the rule for `op`, e.g. "aten::gelu" or "aten::add.Tensor".
 void register_sharding_rule(const std::string& op, ShardingRule rule);
+
+// Registers the rules declared in every *.yaml file of `dir` (format: the library's ops/*.yaml).
+// The library loads its own ops/ directory and then $HP_OPS_YAML_DIR, if set, on first use; call
+// this for more. Unknown families, keys or op names are hp::Errors naming the file.
+void load_sharding_rules(const std::string& dir);
 // nullptr when `op` has no rule.
 const ShardingRule* find_sharding_rule(const std::string& op);
-// The names of every op with a rule, sorted.
-std::vector<std::string> registered_sharding_rules();
+// The names of every op with a rule, sorted; with `builtin_only`, those the library itself declared
+// (its C++ families, ops/*.yaml and $HP_OPS_YAML_DIR at start-up).
+std::vector<std::string> registered_sharding_rules(bool builtin_only = false);
 // How often each rule was consulted (decision cache misses) in this process: lets a test prove it
 // exercised every rule.
 std::map<std::string, int64_t> sharding_rule_lookups();

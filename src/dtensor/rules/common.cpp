@@ -1,10 +1,16 @@
 #include "dtensor/rules/rules.h"
 
+#include <cstdlib>
+
+#include "hp_build_paths.h"
+
 namespace hp::rules {
 
 void register_builtin_rules(const Register& add) {
-  register_pointwise_rules(add);
-  register_reduction_rules(add);
+  // Families declared as data first: the library's own YAML, then the user's (which may override).
+  register_yaml_rules(add, HP_BUILTIN_OPS_DIR);
+  if (const char* user = std::getenv("HP_OPS_YAML_DIR"); user != nullptr && *user != '\0')
+    register_yaml_rules(add, user);
   register_matmul_rules(add);
   register_shape_rules(add);
   register_like_rules(add);

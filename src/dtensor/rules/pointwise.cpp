@@ -1,4 +1,5 @@
-// Pointwise ops (with broadcasting), their in-place forms and their backward ops.
+// The pointwise rule (ops/pointwise.yaml lists the ops): pointwise ops with broadcasting, their
+// in-place forms and their backward ops.
 //
 // Per mesh dim: if some input is sharded on a dim that is not broadcast, the output is sharded on
 // the matching output dim and every input follows (sharded on its matching dim, or replicated
@@ -16,8 +17,6 @@
 
 namespace hp::rules {
 namespace {
-
-enum class Linearity { kNone, kSumOfPartials, kOnePartial, kUnary };
 
 bool linear_partial(const Placement& p) {
   return p.is_partial() && (p.reduce_op() == comm::ReduceOp::kSum || p.reduce_op() == comm::ReduceOp::kAvg);
@@ -98,42 +97,11 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
   return s;
 }
 
-void add_family(const Register& add, const std::vector<std::string>& ops, Linearity linearity) {
-  for (const std::string& op : ops) {
-    const bool in_place = op.find("_.") != std::string::npos || (op.back() == '_');
-    add(op, [linearity, in_place](const OpCall& call) { return pointwise(call, linearity, in_place); });
-  }
-}
-
 }  // namespace
 
-void register_pointwise_rules(const Register& add) {
-  add_family(add, {"aten::add.Tensor", "aten::sub.Tensor", "aten::add_.Tensor", "aten::sub_.Tensor",
-                   "aten::lerp.Scalar", "aten::lerp_.Scalar"},
-             Linearity::kSumOfPartials);
-  add_family(add, {"aten::mul.Tensor", "aten::mul.Scalar", "aten::div.Tensor", "aten::div.Scalar",
-                   "aten::mul_.Tensor", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Scalar"},
-             Linearity::kOnePartial);
-  add_family(add, {"aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy", "aten::zero_", "aten::alias",
-                   "aten::detach"},
-             Linearity::kUnary);
-  add_family(add,
-             {"aten::add.Scalar", "aten::sub.Scalar", "aten::add_.Scalar", "aten::sub_.Scalar",
-              "aten::rsub.Scalar", "aten::rsub.Tensor",
-              "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Scalar",
-              "aten::sqrt", "aten::sqrt_", "aten::rsqrt", "aten::exp", "aten::exp_", "aten::log", "aten::abs",
-              "aten::tanh", "aten::sigmoid", "aten::silu", "aten::gelu", "aten::relu", "aten::relu_",
-              "aten::reciprocal", "aten::sin", "aten::cos", "aten::erf", "aten::log1p", "aten::sign", "aten::sgn",
-              "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::maximum",
-              "aten::minimum", "aten::where.self", "aten::masked_fill.Scalar", "aten::masked_fill.Tensor",
-              "aten::masked_fill_.Scalar", "aten::eq.Tensor", "aten::eq.Scalar", "aten::ne.Tensor",
-              "aten::ne.Scalar", "aten::lt.Tensor", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Tensor",
-              "aten::gt.Scalar", "aten::ge.Scalar", "aten::logical_not", "aten::logical_and", "aten::logical_and_",
-              "aten::logical_or", "aten::logical_or_", "aten::lerp.Tensor",
-              "aten::lerp_.Tensor", "aten::addcmul", "aten::addcmul_", "aten::addcdiv", "aten::addcdiv_",
-              "aten::fill_.Scalar", "aten::copy_", "aten::threshold_backward", "aten::gelu_backward",
-              "aten::sigmoid_backward", "aten::tanh_backward"},
-             Linearity::kNone);
+ShardingRule pointwise_rule(const std::string& op, Linearity linearity) {
+  const bool in_place = op.find("_.") != std::string::npos || op.back() == '_';
+  return [linearity, in_place](const OpCall& call) { return pointwise(call, linearity, in_place); };
 }
 
 }  // namespace hp::rules

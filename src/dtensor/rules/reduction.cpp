@@ -1,4 +1,4 @@
-// Reductions: sum, mean, amax/amin over some or all dims.
+// The reduction rule (ops/reduction.yaml lists the ops): sum, mean, amax/amin over some or all dims.
 //
 // Per mesh dim: a shard of a reduced dim makes the output Partial (sum -> P(sum), amax -> P(max),
 // mean -> P(avg); mean and amax/amin only when every split is even, since the mean of uneven
@@ -9,8 +9,6 @@
 
 namespace hp::rules {
 namespace {
-
-enum class Reduction { kSum, kMean, kMax, kMin };
 
 OpSharding reduce(const OpCall& call, Reduction kind, int dims_arg_index, int keepdim_arg_index) {
   const DTensorSpec& in = call.inputs.at(0);
@@ -54,14 +52,8 @@ OpSharding reduce(const OpCall& call, Reduction kind, int dims_arg_index, int ke
 
 }  // namespace
 
-void register_reduction_rules(const Register& add) {
-  // (self, dims?, keepdim, ...) overloads and the all-dims ones.
-  add("aten::sum", [](const OpCall& c) { return reduce(c, Reduction::kSum, -1, -1); });
-  add("aten::sum.dim_IntList", [](const OpCall& c) { return reduce(c, Reduction::kSum, 1, 2); });
-  add("aten::mean", [](const OpCall& c) { return reduce(c, Reduction::kMean, -1, -1); });
-  add("aten::mean.dim", [](const OpCall& c) { return reduce(c, Reduction::kMean, 1, 2); });
-  add("aten::amax", [](const OpCall& c) { return reduce(c, Reduction::kMax, 1, 2); });
-  add("aten::amin", [](const OpCall& c) { return reduce(c, Reduction::kMin, 1, 2); });
+ShardingRule reduction_rule(Reduction kind, int dims_arg_index, int keepdim_arg_index) {
+  return [=](const OpCall& call) { return reduce(call, kind, dims_arg_index, keepdim_arg_index); };
 }
 
 }  // namespace hp::rules

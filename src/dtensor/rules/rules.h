@@ -12,13 +12,19 @@ namespace hp::rules {
 using Register = std::function<void(const std::string& op, ShardingRule rule)>;
 
 void register_builtin_rules(const Register& add);
-void register_pointwise_rules(const Register& add);
-void register_reduction_rules(const Register& add);
 void register_matmul_rules(const Register& add);
 void register_shape_rules(const Register& add);
 void register_like_rules(const Register& add);
 void register_nn_rules(const Register& add);
 void register_random_rules(const Register& add);
+
+// Families declared in YAML (ops/*.yaml, HP_OPS_YAML_DIR): rule factories and the loader.
+enum class Linearity { kNone, kSumOfPartials, kOnePartial, kUnary };
+ShardingRule pointwise_rule(const std::string& op, Linearity linearity);
+enum class Reduction { kSum, kMean, kMax, kMin };
+ShardingRule reduction_rule(Reduction kind, int dims_arg_index, int keepdim_arg_index);
+// Registers the rules declared in every *.yaml file of `dir` (sorted by name).
+void register_yaml_rules(const Register& add, const std::string& dir);
 
 // ---- helpers ----------------------------------------------------------------------------------
 
