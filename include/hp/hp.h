@@ -9,6 +9,7 @@
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
+#include "hp/dtensor/custom.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/placement.h"
 #include "hp/dtensor/random.h"

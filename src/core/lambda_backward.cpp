@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+
 #include "hp/core/error.h"
 
 namespace hp::detail {
@@ -12,27 +14,36 @@ namespace {
 
 class LambdaBackward final : public torch::autograd::Node {
  public:
-  LambdaBackward(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  LambdaBackward(std::string name, MultiBackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     HP_CHECK(grads[0].defined(), name_, ": backward got no gradient; every rank must take part in backward");
-    return {backward_(grads[0])};
+    return backward_(grads[0]);
   }
 
  private:
   std::string name_;
-  BackwardFn backward_;
+  MultiBackwardFn backward_;
 };
 
 }  // namespace
 
-at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {
-  if (!input.requires_grad() || !at::GradMode::is_enabled()) return output;
+at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                           MultiBackwardFn backward) {
+  const bool needed = std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!needed || !at::GradMode::is_enabled()) return output;
   auto node = std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward)),
                                               torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(output, node);
   return output;
+}
+
+at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {
+  return record_backward(name, std::vector<at::Tensor>{input}, std::move(output),
+                         [backward = std::move(backward)](const at::Tensor& grad) {
+                           return std::vector<at::Tensor>{backward(grad)};
+                         });
 }
 
 }  // namespace hp::detail

@@ -16,4 +16,9 @@ using BackwardFn = std::function<at::Tensor(const at::Tensor& grad_output)>;
 // `output` must be a fresh tensor computed without recording. Returns `output`.
 at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward);
 
+// The same for several inputs: `backward` returns one gradient per input (undefined = none).
+using MultiBackwardFn = std::function<std::vector<at::Tensor>(const at::Tensor& grad_output)>;
+at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                           MultiBackwardFn backward);
+
 }  // namespace hp::detail

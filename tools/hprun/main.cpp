@@ -229,7 +229,8 @@ class Job {
   // Returns hprun's exit code.
   int run() {
     bool stopping = false;  // SIGTERM sent; SIGKILL follows at kill_at
-    std::chrono::steady_clock::time_point kill_at;
+    std::chrono::steady_clock::time_point kill_at, failed_at;
+    int failed_rank = -1;
     int exit_code = 0;
     while (any_running()) {
       pump_output(100);
@@ -247,6 +248,8 @@ class Job {
         std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
                      describe_status(status).c_str());
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        failed_rank = r.global;
+        failed_at = std::chrono::steady_clock::now();
         signal_all(SIGTERM);
         stopping = true;
         kill_at = std::chrono::steady_clock::now() + kGracePeriod;
@@ -258,6 +261,9 @@ class Job {
         stopping = false;
       }
     }
+    if (failed_rank >= 0)
+      std::fprintf(stderr, "hprun: every rank stopped %.2f s after rank %d failed\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), failed_rank);
     // Collect what the ranks printed last; a grandchild holding a pipe open must not keep us here.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (any_open() && std::chrono::steady_clock::now() < deadline) pump_output(50);
