@@ -3,6 +3,7 @@
 // 7x5 tensor, compared bitwise with the piece cut from the global tensor. Values are small
 // integers in fp32, so sums are exact in any order.
 #include <hp/core/error.h>
+#include <hp/dtensor/dtensor.h>
 #include <hp/dtensor/redistribute.h>
 
 #include "test_util.h"
@@ -89,6 +90,44 @@ TEST(Redistribute, RejectsALocalTensorOfTheWrongShape) {
     }
     throw std::runtime_error("a full-size local tensor was accepted as a S(0) piece");
   });
+}
+
+}  // namespace
+}  // namespace hp::test
+
+namespace hp::test {
+namespace {
+
+// DTensor::redistribute is differentiable for every pair: the input's gradient is the output's
+// gradient moved back (Partial inputs get it Replicate), checked as full tensors on 1-D meshes of
+// 1..4 ranks and on (2, 2).
+TEST(Redistribute, BackwardOfEveryPair) {
+  for (int world : {1, 2, 3, 4}) {
+    run(world, [world](const comm::ProcessGroup& g) {
+      std::vector<DeviceMesh> meshes = {init_device_mesh(g, "cpu", {world}, {"x"})};
+      if (world == 4) meshes.push_back(init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}));
+      const at::Tensor full = integers(3), w = integers(4);
+      for (const DeviceMesh& mesh : meshes) {
+        std::vector<Placements> layouts;
+        for (const Placement& p : kChoices) {
+          if (mesh.ndim() == 1) layouts.push_back({p});
+          else
+            for (const Placement& q : kChoices) layouts.push_back({p, q});
+        }
+        for (const Placements& src : layouts) {
+          for (const Placements& dst : layouts) {
+            const DTensorSpec spec(mesh, src, kShape);
+            DTensor x = DTensor::from_local(local_input(full, integers(5), spec, *mesh.get_coordinate()), mesh, src, kShape);
+            x.requires_grad_(true);
+            at::Tensor y = x.redistribute(mesh, dst).full_tensor();
+            check_close(y, full, "value " + to_string(src) + " -> " + to_string(dst), true);
+            (y * w).sum().backward();
+            check_close(DTensor(x.grad()).full_tensor(), w, "grad " + to_string(src) + " -> " + to_string(dst), true);
+          }
+        }
+      }
+    });
+  }
 }
 
 }  // namespace
