@@ -144,6 +144,8 @@ const std::string& DeviceMesh::device_type() const { return root_->device_type; 
 
 int DeviceMesh::get_rank() const { return root_->world.ranks()[root_->world.rank()]; }
 
+const comm::ProcessGroup& DeviceMesh::world() const { return root_->world; }
+
 int64_t DeviceMesh::dim_index(const std::string& name) const {
   auto it = std::find(names_.begin(), names_.end(), name);
   if (it != names_.end()) return it - names_.begin();

@@ -43,4 +43,15 @@ std::vector<RedistributeStep> plan_redistribute(const Placements& src, const Pla
 // DTensor layer differentiates redistribute at the global level).
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst);
 
+// Moves a tensor between meshes (other ranks, other shapes, other placements) by point-to-point
+// transfers: every rank of the destination receives exactly its piece, from the one source rank
+// that holds each part (along replicated source mesh dims, the copy at coordinate 0).
+// `local` is this rank's piece under `src` (undefined on ranks outside the source mesh). Returns
+// this rank's piece under (dst_mesh, dst_placements), undefined on ranks outside the destination
+// mesh. `dtype` is the tensor's (ranks outside the source mesh have no piece to read it from).
+// Collective over the meshes' common world group: every world rank calls it. The source may not be
+// Partial (reduce it first). Not recorded by autograd.
+at::Tensor redistribute_across_meshes(const at::Tensor& local, const DTensorSpec& src, const DeviceMesh& dst_mesh,
+                                      const Placements& dst_placements, at::ScalarType dtype = at::kFloat);
+
 }  // namespace hp

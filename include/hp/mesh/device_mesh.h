@@ -66,6 +66,7 @@ class DeviceMesh {
   DeviceMesh flatten(const std::string& name = "") const;
 
   int get_rank() const;  // this process's world rank
+  const comm::ProcessGroup& world() const;  // the world group the mesh was built from
   std::optional<std::vector<int64_t>> get_coordinate() const;  // nullopt if not in the mesh
   int64_t get_local_rank(int64_t dim) const;
   int64_t get_local_rank(const std::string& dim) const;
