@@ -31,7 +31,7 @@ struct Decision {
   int local_shape_arg = -1;
   int local_stride_arg = -1;
   bool strides_view_input = false;
-  std::function<c10::IValue(const std::vector<c10::IValue>&, const DTensorSpec&)> local_kernel;
+  OpSharding::LocalKernel local_kernel;
 };
 
 // One DTensor (or replicated scalar) input: where it sits in the argument list.
@@ -130,7 +130,7 @@ std::optional<std::vector<std::vector<int64_t>>> output_shapes_on_meta(const c10
   }
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& iv : stack) {
-    if (iv.isTensor()) shapes.emplace_back(iv.toTensor().sizes().vec());
+    if (iv.isTensor()) shapes.emplace_back(iv.toTensor().defined() ? iv.toTensor().sizes().vec() : std::vector<int64_t>{});
     if (iv.isTensorList())
       for (const at::Tensor& t : iv.toTensorList().vec()) shapes.emplace_back(t.sizes().vec());
   }
@@ -243,8 +243,10 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   const DeviceMesh& mesh = inputs.front().spec.mesh();
   torch::jit::drop(*stack, nargs);
   if (decision->local_kernel) {
-    stack->push_back(
-        decision->local_kernel(local_args, DTensorSpec(mesh, decision->outputs[0], decision->output_shapes[0])));
+    std::vector<DTensorSpec> placed;
+    for (size_t k = 0; k < inputs.size(); ++k) placed.push_back(inputs[k].spec.with_placements(decision->inputs[k]));
+    stack->push_back(decision->local_kernel(
+        local_args, DTensorSpec(mesh, decision->outputs[0], decision->output_shapes[0]), placed));
   } else {
     for (auto& iv : local_args) stack->push_back(std::move(iv));
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
@@ -258,11 +260,15 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     const int aliased = aliased_argument(schema, r);
     if (aliased >= 0 && iv.isTensor()) {
       DTensorImpl* self = dtensor_impl(args[aliased].toTensor());
+      HP_CHECK(self != nullptr, "DTensor: ", name, " writes in place into a plain tensor with DTensor operands; the "
+               "result cannot become a DTensor (LibTorch 1.13's max/min(dim) backward does this: use amax/amin "
+               "for differentiable maxima)");
       self->set_local(iv.toTensor(), DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output]));
       iv = args[aliased];
       ++output;
     } else if (iv.isTensor()) {
-      iv = make_dtensor(iv.toTensor(), DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output]));
+      if (iv.toTensor().defined())  // optional outputs (e.g. a layer norm gradient not asked for) stay undefined
+        iv = make_dtensor(iv.toTensor(), DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output]));
       ++output;
     } else if (iv.isTensorList()) {
       std::vector<at::Tensor> wrapped;

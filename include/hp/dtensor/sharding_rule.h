@@ -45,9 +45,12 @@ struct OpSharding {
   bool strides_view_input = false;
   // Only for ops without a meta kernel: the global shape of each tensor output.
   std::vector<std::vector<int64_t>> output_shapes;
-  // For ops whose local result depends on where the piece sits (random fills): computes this
-  // rank's single result from the local arguments and output 0's spec, instead of running the op.
-  std::function<c10::IValue(const std::vector<c10::IValue>& local_args, const DTensorSpec& output)> local_kernel;
+  // For ops whose local result depends on where the piece sits (random fills, vocab-sharded
+  // embedding): computes this rank's single result from the local arguments, output 0's spec and
+  // the DTensor inputs' specs (as redistributed), instead of running the op.
+  using LocalKernel = std::function<c10::IValue(const std::vector<c10::IValue>& local_args, const DTensorSpec& output,
+                                                const std::vector<DTensorSpec>& inputs)>;
+  LocalKernel local_kernel;
 };
 
 using ShardingRule = std::function<OpSharding(const OpCall&)>;

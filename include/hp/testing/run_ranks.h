@@ -18,10 +18,14 @@ struct RunRanksOptions {
   // After this long, run_ranks gives up on ranks still running, names them and throws
   // hp::TimeoutError instead of hanging (their threads are detached).
   std::chrono::milliseconds watchdog{std::chrono::seconds(120)};
+  // Ranks that return normally meet in a world barrier before tearing down their groups, so a rank
+  // that finishes early never closes connections a peer still uses. Tests whose ranks diverge on
+  // purpose (a rank that never arrives) turn it off.
+  bool barrier_at_exit = true;
 };
 
 // Runs fn(world) on `world_size` threads; world.rank() is the thread's rank. Returns when every
-// rank has returned. If any rank throws, throws hp::Error naming each failed rank and its message,
+// rank has returned (see RunRanksOptions::barrier_at_exit). If any rank throws, throws hp::Error naming each failed rank and its message,
 // the first to fail first. A rank that throws tears down its groups, so peers blocked on it fail
 // promptly instead of waiting for the timeout.
 void run_ranks(int world_size, const std::function<void(const comm::ProcessGroup& world)>& fn,

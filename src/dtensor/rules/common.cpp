@@ -16,6 +16,7 @@ void register_builtin_rules(const Register& add) {
   register_like_rules(add);
   register_nn_rules(add);
   register_random_rules(add);
+  register_indexed_reduction_rules(add);
 }
 
 OpSharding all_replicated(const OpCall& call, size_t outputs) {

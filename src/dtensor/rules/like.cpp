@@ -32,6 +32,16 @@ void register_like_rules(const Register& add) {
     s.local_stride_arg = 2;
     return s;
   });
+  // new_zeros / new_ones / new_full(self, size, ...): a tensor of any shape, replicated (each rank
+  // makes its full-size local copy).
+  for (const char* op : {"aten::new_zeros", "aten::new_ones", "aten::new_full", "aten::new_empty"}) {
+    add(op, [](const OpCall& c) {
+      OpSharding s = all_replicated(c, 1);
+      s.inputs = {c.inputs[0].placements()};  // self only gives dtype and device: never moved
+      s.local_shape_arg = 1;
+      return s;
+    });
+  }
   // item(): every rank reads the whole (one-element) value.
   add("aten::_local_scalar_dense", [](const OpCall& c) { return all_replicated(c, 0); });
 }

@@ -8,7 +8,10 @@
 //                  targets of all ranks) and class shards are replicated first
 //   embedding      a replicated table follows the indices' shards; a table sharded on its
 //                  embedding dim (S(1)) gives output sharded on the last dim; a vocab-sharded
-//                  table (S(0)) is gathered first (loss-parallel embedding lands with TP)
+//                  table (S(0)) with replicated indices gives a Partial(sum) output: each rank
+//                  looks up the rows it holds and zeros the rest (its backward is replicated)
+//   layer norm     the normalized (trailing) dims must be whole; shards of leading dims stay, and
+//                  the weight/bias gradients of a row-sharded input are Partial(sum)
 #include "dtensor/rules/rules.h"
 
 namespace hp::rules {
@@ -66,6 +69,19 @@ OpSharding nll_loss_backward(const OpCall& call) {
   return s;
 }
 
+// This rank's rows of a vocab-sharded table: indices outside [lo, lo + rows) look up nothing.
+c10::IValue vocab_sharded_lookup(const std::vector<c10::IValue>& args, const DTensorSpec&,
+                                 const std::vector<DTensorSpec>& inputs) {
+  const at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
+  const auto [rows, offset] = inputs[0].local_shape_and_offset(*inputs[0].mesh().get_coordinate());
+  const at::Tensor outside = (indices < offset[0]).logical_or(indices >= offset[0] + rows[0]);
+  std::vector<int64_t> out_shape = indices.sizes().vec();
+  out_shape.push_back(weight.size(1));
+  if (rows[0] == 0) return at::zeros(out_shape, weight.options());
+  at::Tensor out = at::embedding(weight, (indices - offset[0]).masked_fill(outside, 0));
+  return out.masked_fill_(outside.unsqueeze(-1), 0);
+}
+
 OpSharding embedding(const OpCall& call) {
   // (weight [V, D], indices, padding_idx, scale_grad_by_freq, sparse) -> [*indices, D]
   std::vector<int64_t> out_shape = call.inputs[1].shape();
@@ -78,6 +94,10 @@ OpSharding embedding(const OpCall& call) {
     if (weight.is_shard(1)) {  // embedding-dim shard: every rank looks up all indices
       s.inputs[0][i] = weight;
       s.outputs[0][i] = Shard(out_last);
+    } else if (weight.is_shard(0) && call.args[2].toInt() < 0) {  // vocab shard (no padding_idx)
+      s.inputs[0][i] = weight;
+      s.outputs[0][i] = Partial();
+      s.local_kernel = vocab_sharded_lookup;
     } else if (indices.is_shard()) {  // replicated table, sharded indices
       s.inputs[1][i] = indices;
       s.outputs[0][i] = indices;
@@ -108,9 +128,51 @@ OpSharding embedding_backward(const OpCall& call) {
   return s;
 }
 
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+OpSharding layer_norm(const OpCall& call) {
+  const int64_t normalized = static_cast<int64_t>(call.args[1].toIntVector().size());
+  const int64_t lead = call.inputs[0].ndim() - normalized;  // dims before the normalized ones
+  OpSharding s = all_replicated(call, 3);
+  std::vector<int64_t> stats = call.inputs[0].shape();  // mean and rstd: [*lead, 1, ..., 1]
+  std::fill(stats.begin() + lead, stats.end(), 1);
+  s.output_shapes = {call.inputs[0].shape(), stats, stats};  // no meta kernel in LibTorch 1.13
+  for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
+    const Placement p = call.inputs[0].placements()[i];
+    if (!p.is_shard() || p.dim() >= lead) continue;
+    s.inputs[0][i] = p;
+    for (auto& out : s.outputs) out[i] = p;
+  }
+  return s;
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, mask)
+//   -> (grad_input, grad_weight, grad_bias)
+OpSharding layer_norm_backward(const OpCall& call) {
+  const int64_t normalized = static_cast<int64_t>(call.args[2].toIntVector().size());
+  const int64_t lead = call.inputs[1].ndim() - normalized;
+  OpSharding s = all_replicated(call, 3);
+  const std::vector<int64_t> params = call.args[2].toIntVector();
+  s.output_shapes = {call.inputs[1].shape(), params, params};
+  for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
+    const Placement p = call.inputs[1].placements()[i];
+    if (!p.is_shard() || p.dim() >= lead) continue;
+    for (size_t k = 0; k < 4; ++k) s.inputs[k][i] = p;  // grad_out, input, mean, rstd share the rows
+    s.outputs[0][i] = p;
+    s.outputs[1][i] = Partial();  // sums over rows, each rank over its own
+    s.outputs[2][i] = Partial();
+  }
+  return s;
+}
+
 }  // namespace
 
 void register_nn_rules(const Register& add) {
+  add("aten::native_layer_norm", layer_norm);
+  // gather / scatter along `dim`: that dim must be whole.
+  add("aten::gather", [](const OpCall& c) { return softmax_like(c, c.args[1].toInt()); });
+  for (const char* op : {"aten::scatter.src", "aten::scatter_add", "aten::scatter_add_"})  // scatter_add_: gather's backward
+    add(op, [](const OpCall& c) { return softmax_like(c, c.args[1].toInt()); });
+  add("aten::native_layer_norm_backward", layer_norm_backward);
   for (const char* op : {"aten::_softmax", "aten::_log_softmax"})
     add(op, [](const OpCall& c) { return softmax_like(c, c.args[1].toInt()); });
   for (const char* op : {"aten::_softmax_backward_data", "aten::_log_softmax_backward_data"})

@@ -67,7 +67,8 @@ OpSharding random_fill(const OpCall& call, Fill kind, int generator_arg) {
   s.inputs = {self.placements()};
   s.outputs = {self.placements()};
   const bool two_params = kind != Fill::kBernoulli;
-  s.local_kernel = [kind, two_params](const std::vector<c10::IValue>& args, const DTensorSpec& out) {
+  s.local_kernel = [kind, two_params](const std::vector<c10::IValue>& args, const DTensorSpec& out,
+                                      const std::vector<DTensorSpec>&) {
     fill_piece(args[0].toTensor(), out, kind, args[1].toDouble(), two_params ? args[2].toDouble() : 0.0);
     return args[0];
   };

@@ -50,7 +50,29 @@ OpSharding reduce(const OpCall& call, Reduction kind, int dims_arg_index, int ke
   return s;
 }
 
+// max.dim / min.dim (self, dim, keepdim) -> (values, indices): indices are positions in the whole
+// dim, so a shard of the reduced dim is gathered first; shards of other dims stay.
+OpSharding reduce_with_indices(const OpCall& call) {
+  const DTensorSpec& in = call.inputs.at(0);
+  const int64_t dim = dims_arg(call.args.at(1), in.ndim()).at(0);
+  const bool keepdim = call.args.at(2).toBool();
+  OpSharding s = all_replicated(call, 2);
+  for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
+    const Placement p = in.placements()[i];
+    if (!p.is_shard() || p.dim() == dim) continue;
+    s.inputs[0][i] = p;
+    const Placement out = Shard(!keepdim && p.dim() > dim ? p.dim() - 1 : p.dim());
+    for (auto& o : s.outputs) o[i] = out;
+  }
+  return s;
+}
+
 }  // namespace
+
+void register_indexed_reduction_rules(const Register& add) {
+  add("aten::max.dim", reduce_with_indices);
+  add("aten::min.dim", reduce_with_indices);
+}
 
 ShardingRule reduction_rule(Reduction kind, int dims_arg_index, int keepdim_arg_index) {
   return [=](const OpCall& call) { return reduce(call, kind, dims_arg_index, keepdim_arg_index); };

@@ -17,6 +17,7 @@ void register_shape_rules(const Register& add);
 void register_like_rules(const Register& add);
 void register_nn_rules(const Register& add);
 void register_random_rules(const Register& add);
+void register_indexed_reduction_rules(const Register& add);
 
 // Families declared in YAML (ops/*.yaml, HP_OPS_YAML_DIR): rule factories and the loader.
 enum class Linearity { kNone, kSumOfPartials, kOnePartial, kUnary };
