@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "comm/group_impl.h"
 #include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
@@ -32,8 +33,6 @@
 namespace {
 
 using hp::comm::ProcessGroup;
-using Clock = std::chrono::steady_clock;
-
 struct Row {
   std::string collective;
   int ranks;
@@ -42,18 +41,8 @@ struct Row {
   double bus_factor;  // bus bytes per data byte
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-
-// Seconds taken by one call of fn on this rank.
-double time_one(const std::function<void()>& fn) {
-  const auto start = Clock::now();
-  fn();
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using hp::bench::median;
+const auto time_one = hp::bench::seconds;
 
 void wait_raw(const hp::comm::shim::NativeWork& w) { w->wait(); }
 

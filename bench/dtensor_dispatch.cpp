@@ -17,23 +17,14 @@
 #include <mutex>
 #include <vector>
 
+#include "bench/timing.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/testing/run_ranks.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double seconds(const std::function<void()>& fn) {
-  const auto start = Clock::now();
-  fn();
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using hp::bench::median;
+using hp::bench::seconds;
 
 // Median seconds per call of a and of b, timed in alternating batches of `batch` calls.
 std::pair<double, double> compare(const std::function<void()>& a, const std::function<void()>& b, int rounds, int batch) {
