@@ -5,11 +5,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "hp/core/error.h"
 #include "hp/testing/run_ranks.h"
 
 namespace hp::test {
@@ -46,6 +49,26 @@ inline void check_close(const at::Tensor& got, const at::Tensor& want, const std
         << "\nwant " << want.flatten().slice(0, 0, 16);
     throw std::runtime_error(err.str());
   }
+}
+
+// Throws unless fn throws an E (hp::Error by default) whose message contains every one of `needles`.
+template <typename E = Error>
+void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> needle_list) {
+  const std::vector<std::string> needles(needle_list);
+  try {
+    fn();
+  } catch (const E& e) {
+    for (const auto& n : needles)
+      if (std::string(e.what()).find(n) == std::string::npos)
+        throw std::runtime_error("error message lacks '" + n + "': " + e.what());
+    return;
+  }
+  throw std::runtime_error("expected an error mentioning '" + needles.at(0) + "'");
+}
+
+template <typename E = Error>
+void expect_error(const std::function<void()>& fn, const std::string& needle) {
+  expect_error<E>(fn, {needle});
 }
 
 // Runs fn on `world` ranks and turns any rank's failure into a test failure naming the rank.

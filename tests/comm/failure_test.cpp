@@ -18,20 +18,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Throws unless fn throws an hp::Error whose message contains every one of `needles`.
-template <typename E = Error>
-void expect_error(const std::function<void()>& fn, std::vector<std::string> needles) {
-  try {
-    fn();
-  } catch (const E& e) {
-    for (const auto& n : needles)
-      if (std::string(e.what()).find(n) == std::string::npos)
-        throw std::runtime_error("error message lacks '" + n + "': " + e.what());
-    return;
-  }
-  throw std::runtime_error("expected an error mentioning '" + needles.at(0) + "'");
-}
-
 // A peer that is alive but never calls the collective: the others get hp::TimeoutError naming
 // the collective, the group and the missing rank, shortly after the group timeout.
 TEST(Failures, MissingPeerIsATimeoutNamingIt) {

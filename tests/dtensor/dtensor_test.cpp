@@ -17,17 +17,6 @@ at::Tensor global_data(std::vector<int64_t> shape, int seed) {
 
 at::Tensor full(const at::Tensor& t) { return DTensor(t).full_tensor(); }
 
-void expect_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    if (std::string(e.what()).find(needle) == std::string::npos)
-      throw std::runtime_error("error lacks '" + needle + "': " + e.what());
-    return;
-  }
-  throw std::runtime_error("expected an error mentioning '" + needle + "'");
-}
-
 // distribute_tensor then full_tensor gives the tensor back bitwise, for uneven shapes too, and
 // the local piece has the spec's local shape.
 TEST(DTensor, DistributeAndFullTensorRoundTrip) {

@@ -27,17 +27,6 @@ void expect_value(const T& got, const T& want, const std::string& what) {
   if (!(got == want)) throw std::runtime_error(what + ": unexpected value");
 }
 
-void expect_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(needle) == std::string::npos)
-      throw std::runtime_error("error lacks '" + needle + "': " + e.what());
-    return;
-  }
-  throw std::runtime_error("expected an error mentioning '" + needle + "'");
-}
-
 // World 8, shape (2, 4) named (dp, tp): coordinates, sub-meshes and working per-dim groups.
 TEST(DeviceMesh, World8Shape2x4) {
   run(8, [](const ProcessGroup& world) {
