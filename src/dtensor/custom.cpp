@@ -25,12 +25,6 @@ std::vector<DTensor> to_placements(const char* what, const DeviceMesh& mesh, con
   return out;
 }
 
-Placements partial_as_replicate(Placements p) {
-  for (auto& q : p)
-    if (q.is_partial()) q = Replicate();
-  return p;
-}
-
 }  // namespace
 
 at::Tensor custom_shard(const LocalFn& fn, const DeviceMesh& mesh, Placements out_placements,
@@ -62,9 +56,7 @@ at::Tensor DFunction::apply(const std::vector<at::Tensor>& inputs, std::optional
   const std::string fn_name = name;
   const Placements grad_placements = partial_as_replicate(output_placements);
   return detail::record_backward(name, recorded, out, [=](const at::Tensor& grad) {
-    DTensor g(grad);
-    if (g.placements() != grad_placements) g = DTensor(detail::make_dtensor(
-        redistribute_local(detail::dtensor_impl(g)->local(), g.spec(), grad_placements), g.spec().with_placements(grad_placements)));
+    const at::Tensor g = detail::redistribute_untracked(grad, grad_placements);
     std::vector<at::Tensor> local_grads = backward_fn(detail::dtensor_impl(g)->local(), locals);
     HP_CHECK(local_grads.size() == in_specs.size(), fn_name, ": backward returned ", local_grads.size(),
              " gradients for ", in_specs.size(), " inputs");

@@ -16,19 +16,9 @@ namespace {
 using detail::dtensor_impl;
 using detail::make_dtensor;
 
-Placements partial_as_replicate(Placements placements) {
-  for (Placement& p : placements)
-    if (p.is_partial()) p = Replicate();
-  return placements;
-}
-
 // A DTensor gradient in the placements its input had (Partial taken as Replicate).
 at::Tensor grad_in_placements(const at::Tensor& grad, const Placements& placements) {
-  const detail::DTensorImpl* g = dtensor_impl(grad);
-  HP_CHECK(g != nullptr, "DTensor backward: expected a DTensor gradient");
-  const Placements target = partial_as_replicate(placements);
-  if (g->spec().placements() == target) return grad;
-  return make_dtensor(redistribute_local(g->local(), g->spec(), target), g->spec().with_placements(target));
+  return detail::redistribute_untracked(grad, partial_as_replicate(placements));
 }
 
 // The global shape of pieces `local` laid out by `placements`: sizes along sharded mesh dims are

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/core/error.h"
+#include "hp/dtensor/redistribute.h"
 
 namespace hp::detail {
 
@@ -63,6 +64,13 @@ at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
   ensure_dtensor_kernel_registered();
   HP_CHECK(dtensor_impl(local) == nullptr, "DTensor: the local piece must be a plain tensor, not a DTensor");
   return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
+}
+
+at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& placements) {
+  const DTensorImpl* impl = dtensor_impl(dtensor);
+  HP_CHECK(impl != nullptr, "redistribute: expected a DTensor, got a plain tensor");
+  if (impl->spec().placements() == placements) return dtensor;
+  return make_dtensor(redistribute_local(impl->local(), impl->spec(), placements), impl->spec().with_placements(placements));
 }
 
 }  // namespace hp::detail

@@ -23,6 +23,12 @@ std::string Placement::str() const {
   return "?";
 }
 
+Placements partial_as_replicate(Placements placements) {
+  for (Placement& p : placements)
+    if (p.is_partial()) p = Replicate();
+  return placements;
+}
+
 std::string to_string(const Placements& placements) {
   std::string out = "[";
   for (size_t i = 0; i < placements.size(); ++i) out += (i ? ", " : "") + placements[i].str();

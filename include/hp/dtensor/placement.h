@@ -51,6 +51,11 @@ inline Placement Partial(comm::ReduceOp op = comm::ReduceOp::kSum) { return Plac
 using Placements = std::vector<Placement>;
 std::string to_string(const Placements& placements);  // "[S(0), R]"
 
+// The placements with every Partial replaced by Replicate: a gradient's placements for an input
+// placed `placements` (a partial value's gradient is the same on every rank), and the placements
+// of a fresh tensor made "like" a Partial one.
+Placements partial_as_replicate(Placements placements);
+
 }  // namespace hp
 
 template <>

@@ -11,10 +11,7 @@ void register_like_rules(const Register& add) {
     add(op, [](const OpCall& c) {
       OpSharding s;
       s.inputs = {c.inputs[0].placements()};
-      Placements out = c.inputs[0].placements();
-      for (Placement& p : out)
-        if (p.is_partial()) p = Replicate();
-      s.outputs = {out};
+      s.outputs = {partial_as_replicate(c.inputs[0].placements())};
       return s;
     });
   }
@@ -23,11 +20,8 @@ void register_like_rules(const Register& add) {
   add("aten::new_empty_strided", [](const OpCall& c) {
     OpSharding s;
     const bool like_self = c.output_shape(0) == c.inputs[0].shape();
-    Placements out = like_self ? c.inputs[0].placements() : replicated(c.mesh_ndim());
-    for (Placement& p : out)
-      if (p.is_partial()) p = Replicate();
     s.inputs = {c.inputs[0].placements()};
-    s.outputs = {out};
+    s.outputs = {like_self ? partial_as_replicate(c.inputs[0].placements()) : replicated(c.mesh_ndim())};
     s.local_shape_arg = 1;
     s.local_stride_arg = 2;
     return s;
