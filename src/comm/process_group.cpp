@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "comm/group_impl.h"
+#include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
@@ -127,8 +128,15 @@ shim::NativeWork start_or_explain(const CollectiveSite& site, const Step& step) 
   }
 }
 
+// Every collective takes the group's next sequence number (failure reports match ranks by it)
+// and is counted by the caller's CommDebugMode.
+CollectiveSite new_site(GroupImpl& g, const char* op) {
+  note_collective(op);
+  return CollectiveSite{&g, op, g.next_seq++};
+}
+
 Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, Step step) {
-  const CollectiveSite site{g.get(), op, g->next_seq++};
+  const CollectiveSite site = new_site(*g, op);
   auto state = std::make_shared<detail::NativeWorkState>(site, step.finish);
   state->keep_alive = g;
   if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
@@ -162,7 +170,7 @@ enum class Wait { kAsync, kBlocking };
 
 Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, Wait wait,
                     std::function<at::Tensor(const CollectiveSite&)> run) {
-  const CollectiveSite site{g.get(), op, g->next_seq++};
+  const CollectiveSite site = new_site(*g, op);
   if (wait == Wait::kBlocking) {
     if (auto done = g->queue.run_if_idle([&] { return run(site); })) return ready(*done);
   }

@@ -289,6 +289,9 @@ void ensure_dtensor_kernel_registered() {
     // Registered as an impl of every ATen op that has no CompositeImplicitAutograd kernel (those
     // decompose above us into ops we do see). A backend fallback would lose to
     // CompositeExplicitAutograd kernels, which is why this is not a fallback (see the spike).
+    // A few ops have both a decomposition and a fused CPU kernel (silu_backward): plain CPU
+    // tensors run the fused kernel, so we take the op too and run that same kernel on the local
+    // pieces; the decomposition rounds differently and would cost bitwise equality.
     static auto* library =
         new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);  // lives for the process
     auto& dispatcher = c10::Dispatcher::singleton();
@@ -296,7 +299,9 @@ void ensure_dtensor_kernel_registered() {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto handle = dispatcher.findOp(name);
       if (!handle || !handle->hasSchema()) continue;
-      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+          !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU))
+        continue;
       const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       try {
         library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
