@@ -3,8 +3,11 @@
 // on any rank.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace hp::detail {
 
@@ -19,5 +22,14 @@ inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::
   }
   return counter;
 }
+
+enum class RandomFill { kUniform, kNormal, kBernoulli };
+
+// Fills `piece` (shape `piece_shape`, at `offset` within a tensor of `global_shape`) with its part
+// of the values that (seed, stream) gives the whole tensor: element at global linear index i is
+// drawn from philox4x32(counter = (i, stream), key = seed). Uniform in [a, b), normal(mean a,
+// std b), bernoulli(p = a).
+void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
+                 uint64_t seed, uint64_t stream, RandomFill kind, double a, double b);
 
 }  // namespace hp::detail

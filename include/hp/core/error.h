@@ -38,3 +38,6 @@ std::string str_cat(const Args&... args) {
   do {                                                        \
     if (!(cond)) throw ::hp::Error(::hp::detail::str_cat(__VA_ARGS__)); \
   } while (0)
+
+// HP_FAIL(parts...) throws hp::Error(parts...).
+#define HP_FAIL(...) throw ::hp::Error(::hp::detail::str_cat(__VA_ARGS__))

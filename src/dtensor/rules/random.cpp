@@ -13,29 +13,28 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/random.h"
 
-namespace hp::rules {
+namespace hp::detail {
+
 namespace {
-
-enum class Fill { kUniform, kNormal, kBernoulli };
-
 constexpr double kTwoPow32 = 4294967296.0;
 
-double draw(Fill kind, const std::array<uint32_t, 4>& r, double a, double b) {
+double draw(RandomFill kind, const std::array<uint32_t, 4>& r, double a, double b) {
   switch (kind) {
-    case Fill::kUniform: return a + (b - a) * (r[0] / kTwoPow32);
-    case Fill::kNormal: {
+    case RandomFill::kUniform: return a + (b - a) * (r[0] / kTwoPow32);
+    case RandomFill::kNormal: {
       const double u1 = (r[0] + 1.0) / kTwoPow32, u2 = r[1] / kTwoPow32;  // u1 in (0, 1]: log is finite
       return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
     }
-    case Fill::kBernoulli: return r[0] / kTwoPow32 < a ? 1.0 : 0.0;
+    case RandomFill::kBernoulli: return r[0] / kTwoPow32 < a ? 1.0 : 0.0;
   }
   return 0;
 }
+}  // namespace
 
-void fill_piece(const at::Tensor& local, const DTensorSpec& spec, Fill kind, double a, double b) {
-  const auto [seed, stream] = spec.mesh().claim_random_stream();
-  const auto [shape, offset] = spec.local_shape_and_offset(*spec.mesh().get_coordinate());
-  const auto global_strides = c10::contiguous_strides(spec.shape());
+void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
+                 uint64_t seed, uint64_t stream, RandomFill kind, double a, double b) {
+  const std::vector<int64_t> shape = piece.sizes().vec();
+  const auto global_strides = c10::contiguous_strides(global_shape);
   at::Tensor values = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
   double* out = values.data_ptr<double>();
   const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
@@ -43,16 +42,30 @@ void fill_piece(const at::Tensor& local, const DTensorSpec& spec, Fill kind, dou
   for (int64_t n = 0; n < values.numel(); ++n) {
     int64_t global = 0;
     for (size_t d = 0; d < shape.size(); ++d) global += (offset[d] + index[d]) * global_strides[d];
-    const auto r = detail::philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
-                                       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-                                      key);
+    const auto r = philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
+                               static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                              key);
     out[n] = draw(kind, r, a, b);
     for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {  // odometer
       if (++index[d] < shape[d]) break;
       index[d] = 0;
     }
   }
-  local.copy_(values);
+  piece.copy_(values);
+}
+
+}  // namespace hp::detail
+
+namespace hp::rules {
+namespace {
+
+using detail::RandomFill;
+using Fill = RandomFill;
+
+void fill_piece(const at::Tensor& local, const DTensorSpec& spec, Fill kind, double a, double b) {
+  const auto [seed, stream] = spec.mesh().claim_random_stream();
+  const auto offset = spec.local_shape_and_offset(*spec.mesh().get_coordinate()).second;
+  detail::philox_fill(local, offset, spec.shape(), seed, stream, kind, a, b);
 }
 
 // (self, a, b?, generator?) -> self, in place.

@@ -1,0 +1,24 @@
+// Deferred, sharding-invariant parameter initialization.
+//
+//   auto model = std::make_shared<MyModel>(config);   // parameters have shapes, no storage
+//   hp::parallelize_module(*model, tp_mesh, plan);     // still no storage: only placements
+//   hp::nn::init_parameters(*model, /*seed=*/42);      // each rank allocates and fills its shards
+//
+// Parameter k (in named_parameters order) draws element i of the whole parameter from a
+// counter-based generator at (seed, stream k, i) as its Init says, so every local shard equals the
+// matching slice of a single-device initialization with the same seed, whatever the plan.
+#pragma once
+
+#include <cstdint>
+
+#include "hp/nn/module.h"
+
+namespace hp::nn {
+
+// Allocates (where needed) and fills every parameter of `model`. Not collective: no communication.
+void init_parameters(Module& model, uint64_t seed);
+
+// Bytes of parameter storage this rank holds (local shards of DTensors, whole plain tensors).
+int64_t local_parameter_bytes(Module& model);
+
+}  // namespace hp::nn

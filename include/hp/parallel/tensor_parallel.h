@@ -1,0 +1,141 @@
+// Declarative tensor parallelism (PyTorch's parallelize_module and parallel styles).
+//
+//   hp::parallelize_module(*model, tp_mesh, {
+//       {"layers.*.attn.q_proj", hp::ColwiseParallel()},
+//       {"layers.*.attn.o_proj", hp::RowwiseParallel()},
+//       {"output", hp::ColwiseParallel().set_output_layouts(hp::Shard(-1)).set_use_local_output(false)},
+//   });
+//
+// A style turns the matched module's parameters into DTensors on the (1-D) mesh and registers
+// hooks that lay out its inputs and outputs; the model code is not touched. Plain-tensor inputs are
+// read as this rank's piece laid out by `input_layouts`; outputs are redistributed to
+// `output_layouts` and, with use_local_output, handed on as local tensors (so the next module,
+// e.g. attention that reshapes heads with -1, computes on local shards without DTensor dispatch).
+//
+// Plans are checked before anything changes: a pattern that matches nothing, a style on a module
+// type it does not support, or a sharded dim not divisible by the mesh size is an hp::Error.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hp/dtensor/placement.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/module.h"
+
+namespace hp {
+
+class ParallelStyleBase {
+ public:
+  virtual ~ParallelStyleBase() = default;
+  virtual std::string name() const = 0;
+  // Throws hp::Error when the style cannot apply to `module` on `mesh`; changes nothing.
+  virtual void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const = 0;
+  virtual void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const = 0;
+};
+
+// Linear: weight (and bias) Shard(0), i.e. output features split. Embedding: weight Shard(1).
+// Defaults: input_layouts Replicate, output_layouts Shard(-1), use_local_output true.
+class ColwiseParallel : public ParallelStyleBase {
+ public:
+  ColwiseParallel& set_input_layouts(Placement p) { input_layout_ = p; return *this; }
+  ColwiseParallel& set_output_layouts(Placement p) { output_layout_ = p; return *this; }
+  ColwiseParallel& set_use_local_output(bool b) { use_local_output_ = b; return *this; }
+  std::string name() const override { return "ColwiseParallel"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  Placement input_layout_ = Replicate();
+  Placement output_layout_ = Shard(-1);
+  bool use_local_output_ = true;
+};
+
+// Linear: weight Shard(1) (input features split), bias Replicate; the product is Partial and is
+// reduced to output_layouts (all_reduce to Replicate, reduce_scatter to Shard). Embedding: weight
+// Shard(0) (vocabulary split; rows owned elsewhere contribute zeros to the Partial sum).
+// Defaults: input_layouts Shard(-1) for Linear / Replicate for Embedding, output_layouts
+// Replicate, use_local_output true.
+class RowwiseParallel : public ParallelStyleBase {
+ public:
+  RowwiseParallel& set_input_layouts(Placement p) { input_layout_ = p; return *this; }
+  RowwiseParallel& set_output_layouts(Placement p) { output_layout_ = p; return *this; }
+  RowwiseParallel& set_use_local_output(bool b) { use_local_output_ = b; return *this; }
+  std::string name() const override { return "RowwiseParallel"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  std::optional<Placement> input_layout_;
+  Placement output_layout_ = Replicate();
+  bool use_local_output_ = true;
+};
+
+// For norms (and dropout) between a Rowwise and a Colwise layer: parameters Replicate, the input
+// (and output) sharded on the sequence dim. A plain input is this rank's sequence piece; the output
+// stays a DTensor (use_local_output false) so the next style can gather it.
+class SequenceParallel : public ParallelStyleBase {
+ public:
+  explicit SequenceParallel(int64_t sequence_dim = 1, bool use_local_output = false)
+      : sequence_dim_(sequence_dim), use_local_output_(use_local_output) {}
+  std::string name() const override { return "SequenceParallel"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  int64_t sequence_dim_;
+  bool use_local_output_;
+};
+
+// Lays out a module's inputs: input i (a plain tensor read as a piece laid out by
+// input_layouts[i], or a DTensor) is redistributed to desired_input_layouts[i]. nullopt entries
+// leave that input alone (PyTorch's None).
+class PrepareModuleInput : public ParallelStyleBase {
+ public:
+  PrepareModuleInput(std::vector<std::optional<Placement>> input_layouts,
+                     std::vector<std::optional<Placement>> desired_input_layouts, bool use_local_output = false);
+  std::string name() const override { return "PrepareModuleInput"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  std::vector<std::optional<Placement>> input_layouts_, desired_;
+  bool use_local_output_;
+};
+
+// Lays out a module's output: read as output_layouts (if plain), redistributed to desired.
+class PrepareModuleOutput : public ParallelStyleBase {
+ public:
+  PrepareModuleOutput(Placement output_layouts, Placement desired_output_layouts, bool use_local_output = true)
+      : layout_(output_layouts), desired_(desired_output_layouts), use_local_output_(use_local_output) {}
+  std::string name() const override { return "PrepareModuleOutput"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  Placement layout_, desired_;
+  bool use_local_output_;
+};
+
+// Any style, held by value so plans read as initializer lists.
+class ParallelStyle {
+ public:
+  template <typename S, typename = std::enable_if_t<std::is_base_of_v<ParallelStyleBase, S>>>
+  ParallelStyle(S style) : impl_(std::make_shared<S>(std::move(style))) {}  // NOLINT: implicit by design
+  const ParallelStyleBase& operator*() const { return *impl_; }
+  const ParallelStyleBase* operator->() const { return impl_.get(); }
+
+ private:
+  std::shared_ptr<const ParallelStyleBase> impl_;
+};
+
+using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
+
+// Applies each (FQN pattern, style) to every module the pattern matches, in plan order, on a 1-D
+// mesh. Every entry is checked before any is applied.
+void parallelize_module(nn::Module& model, const DeviceMesh& mesh, const ParallelizePlan& plan);
+
+}  // namespace hp

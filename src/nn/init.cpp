@@ -1,0 +1,80 @@
+#include "hp/nn/init.h"
+
+#include <ATen/ATen.h>
+
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/philox.h"
+#include "hp/core/error.h"
+#include "hp/nn/layers.h"
+
+namespace hp::nn {
+namespace {
+
+// Parameter streams start here; stream k + kFirstStream belongs to parameter k. Dropout modules
+// get seeds derived from the same seed, in a disjoint range.
+constexpr uint64_t kDropoutSeedSalt = 0x9E3779B97F4A7C15ull;
+
+// Fills `piece`, which sits at `offset` in a parameter of `global_shape`, as `init` says.
+void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
+          const Init& init, uint64_t seed, uint64_t stream) {
+  at::NoGradGuard no_grad;
+  switch (init.kind) {
+    case Init::Kind::kConstant: piece.fill_(init.a); return;
+    case Init::Kind::kNormal:
+      detail::philox_fill(piece, offset, global_shape, seed, stream, detail::RandomFill::kNormal, init.a, init.b);
+      return;
+    case Init::Kind::kUniform:
+      detail::philox_fill(piece, offset, global_shape, seed, stream, detail::RandomFill::kUniform, init.a, init.b);
+      return;
+  }
+}
+
+// The parameter with storage for its values: a fresh tensor if it had none (meta), else itself.
+at::Tensor materialize(const at::Tensor& p) {
+  if (detail::DTensorImpl* impl = detail::dtensor_impl(p)) {
+    const at::Tensor& local = impl->local();
+    if (!local.is_meta()) return p;
+    at::Tensor real = at::empty(local.sizes(), local.options().device(at::kCPU));
+    return detail::make_dtensor(real, impl->spec()).set_requires_grad(p.requires_grad());
+  }
+  if (!p.is_meta()) return p;
+  return at::empty(p.sizes(), p.options().device(at::kCPU)).set_requires_grad(p.requires_grad());
+}
+
+}  // namespace
+
+void init_parameters(Module& model, uint64_t seed) {
+  uint64_t stream = 0;
+  for (auto& [prefix, module] : model.named_modules_fqn()) {
+    if (auto* dropout = dynamic_cast<Dropout*>(module)) dropout->seed(seed ^ (kDropoutSeedSalt * (stream + 1)));
+    for (const auto& item : module->named_parameters(/*recurse=*/false)) {
+      at::Tensor p = materialize(item.value());
+      const Init& init = module->param_init(item.key());
+      if (const detail::DTensorImpl* impl = detail::dtensor_impl(p)) {
+        const DTensorSpec& spec = impl->spec();
+        for (const Placement& placement : spec.placements())
+          HP_CHECK(!placement.is_partial(), prefix, ".", item.key(), ": cannot initialize a ",
+                   to_string(spec.placements()), " parameter");
+        const auto offset = spec.local_shape_and_offset(*spec.mesh().get_coordinate()).second;
+        fill(impl->local(), offset, spec.shape(), init, seed, stream);
+      } else {
+        fill(p, std::vector<int64_t>(p.dim(), 0), p.sizes().vec(), init, seed, stream);
+      }
+      module->set_param(item.key(), p);
+      ++stream;
+    }
+  }
+}
+
+int64_t local_parameter_bytes(Module& model) {
+  int64_t bytes = 0;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& p = item.value();
+    const detail::DTensorImpl* impl = detail::dtensor_impl(p);
+    const at::Tensor& storage = impl ? impl->local() : p;
+    bytes += storage.numel() * static_cast<int64_t>(storage.element_size());
+  }
+  return bytes;
+}
+
+}  // namespace hp::nn

@@ -1,0 +1,58 @@
+#include "parallel/layout.h"
+
+#include <ATen/ATen.h>
+
+#include "dtensor/dtensor_impl.h"
+#include "hp/core/error.h"
+
+namespace hp::parallel {
+
+Placement normalized(Placement p, int64_t ndim) {
+  if (p.is_shard() && p.dim() < 0) return Shard(p.dim() + ndim);
+  return p;
+}
+
+Placements normalized(Placements ps, int64_t ndim) {
+  for (auto& p : ps) p = normalized(p, ndim);
+  return ps;
+}
+
+at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where) {
+  if (is_dtensor(x)) {
+    HP_CHECK(DTensor(x).device_mesh() == mesh, where, ": the input is a DTensor on ", DTensor(x).device_mesh().str(),
+             " but the plan's mesh is ", mesh.str());
+    return x;
+  }
+  return DTensor::from_local(x, mesh, normalized(layout, x.dim()));
+}
+
+at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local) {
+  DTensor d(x);
+  const Placements want = normalized(desired, d.dim());
+  at::Tensor out = d.placements() == want ? x : d.redistribute(d.device_mesh(), want);
+  return use_local ? DTensor(out).to_local() : out;
+}
+
+void distribute_parameter(nn::Module& module, const std::string& name, const DeviceMesh& mesh,
+                          const Placements& placements, const std::string& fqn) {
+  const at::Tensor p = module.param(name);
+  HP_CHECK(!is_dtensor(p), fqn, ".", name, " is already a DTensor on ", DTensor(p).device_mesh().str(),
+           "; each parameter can be placed by one plan");
+  const Placements want = normalized(placements, p.dim());
+  at::Tensor placed;
+  if (p.is_meta()) {
+    const DTensorSpec spec(mesh, want, p.sizes().vec());
+    placed = detail::make_dtensor(at::empty(spec.local_shape(), p.options()), spec);
+  } else {
+    placed = distribute_tensor(p.detach(), mesh, want);
+  }
+  placed.set_requires_grad(p.requires_grad());
+  module.set_param(name, placed);
+}
+
+void check_divisible(const std::string& what, int64_t size, int64_t ranks, const std::string& style) {
+  HP_CHECK(size % ranks == 0, style, ": ", what, " has size ", size, ", which does not split evenly over ", ranks,
+           " ranks; choose a tensor-parallel degree that divides it");
+}
+
+}  // namespace hp::parallel

@@ -1,0 +1,34 @@
+// Laying out module parameters and activations on a mesh: the steps every plan (parallel styles,
+// shard_module) is made of.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "hp/dtensor/dtensor.h"
+#include "hp/nn/module.h"
+
+namespace hp::parallel {
+
+// `p` with a negative Shard dim counted from the end of a tensor of rank `ndim`.
+Placement normalized(Placement p, int64_t ndim);
+Placements normalized(Placements p, int64_t ndim);
+
+// An activation as a DTensor: a DTensor stays as it is (it must live on `mesh`); a plain tensor is
+// read as this rank's piece laid out by `layout` (a collective when `layout` shards it).
+at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where);
+
+// `x` (DTensor) redistributed to `desired`, then handed on as its local piece if `use_local`.
+at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local);
+
+// Replaces parameter `name` of `module` by a DTensor placed by `placements`. A parameter without
+// storage yet stays without storage (only its local shape is decided); one with values is split
+// locally, no communication (every rank holds the same values after init_parameters).
+void distribute_parameter(nn::Module& module, const std::string& name, const DeviceMesh& mesh,
+                          const Placements& placements, const std::string& fqn);
+
+// Checks that dim `dim` of a parameter or activation of size `size` divides over `ranks`.
+void check_divisible(const std::string& what, int64_t size, int64_t ranks, const std::string& style);
+
+}  // namespace hp::parallel

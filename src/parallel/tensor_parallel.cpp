@@ -1,0 +1,168 @@
+// The parallel styles: each places the parameters of one module type and lays out its inputs and
+// outputs through forward hooks (hp/parallel/tensor_parallel.h).
+#include "hp/parallel/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+#include "hp/nn/layers.h"
+#include "parallel/layout.h"
+
+namespace hp {
+namespace {
+
+using parallel::as_dtensor;
+using parallel::check_divisible;
+using parallel::distribute_parameter;
+using parallel::lay_out;
+
+std::string where(const ParallelStyleBase& style, const std::string& fqn) {
+  return style.name() + " on '" + fqn + "'";
+}
+
+void check_one_dim(const ParallelStyleBase& style, const std::string& fqn, const DeviceMesh& mesh) {
+  HP_CHECK(mesh.ndim() == 1, where(style, fqn), ": tensor-parallel styles take a 1-D mesh, got ", mesh.str(),
+           "; slice it, e.g. mesh[\"tp\"]");
+}
+
+[[noreturn]] void unsupported(const ParallelStyleBase& style, const std::string& fqn, const nn::Module& module,
+                              const char* supported) {
+  HP_FAIL(where(style, fqn), ": cannot apply to a ", module.name(), " module; it supports ", supported);
+}
+
+// Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor).
+void lay_out_input(nn::Module& module, const DeviceMesh& mesh, Placement layout, Placement desired, std::string w) {
+  module.register_forward_pre_hook([mesh, layout, desired, w](nn::Module&, nn::Inputs& in) {
+    in.at(0) = lay_out(as_dtensor(in.at(0), mesh, {layout}, w), {desired}, /*use_local=*/false);
+  });
+}
+
+// Post-hook: the output redistributed to `desired`, local if asked.
+void lay_out_output(nn::Module& module, Placement desired, bool use_local) {
+  module.register_forward_hook([desired, use_local](nn::Module&, const nn::Inputs&, at::Tensor& out) {
+    out = lay_out(out, {desired}, use_local);
+  });
+}
+
+}  // namespace
+
+// ---- ColwiseParallel ----------------------------------------------------------------------------
+
+void ColwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
+    check_divisible(fqn + ".weight dim 0 (out_features)", linear->out_features, mesh.size(), where(*this, fqn));
+  } else if (auto* embedding = dynamic_cast<nn::Embedding*>(&module)) {
+    check_divisible(fqn + ".weight dim 1 (embedding_dim)", embedding->embedding_dim, mesh.size(), where(*this, fqn));
+  } else {
+    unsupported(*this, fqn, module, "Linear and Embedding");
+  }
+}
+
+void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
+    distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
+    if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Shard(0)}, fqn);
+  } else {
+    distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
+  }
+  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn));
+  lay_out_output(module, output_layout_, use_local_output_);
+}
+
+// ---- RowwiseParallel ----------------------------------------------------------------------------
+
+void RowwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
+    check_divisible(fqn + ".weight dim 1 (in_features)", linear->in_features, mesh.size(), where(*this, fqn));
+  } else if (auto* embedding = dynamic_cast<nn::Embedding*>(&module)) {
+    check_divisible(fqn + ".weight dim 0 (num_embeddings)", embedding->num_embeddings, mesh.size(), where(*this, fqn));
+  } else {
+    unsupported(*this, fqn, module, "Linear and Embedding");
+  }
+}
+
+void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
+    distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
+    if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Replicate()}, fqn);
+    lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn));
+  } else {
+    distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
+    lay_out_input(module, mesh, input_layout_.value_or(Replicate()), Replicate(), where(*this, fqn));
+  }
+  lay_out_output(module, output_layout_, use_local_output_);
+}
+
+// ---- SequenceParallel ---------------------------------------------------------------------------
+
+void SequenceParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+  const bool supported = dynamic_cast<nn::RMSNorm*>(&module) || dynamic_cast<nn::LayerNorm*>(&module) ||
+                         dynamic_cast<nn::Dropout*>(&module);
+  if (!supported) unsupported(*this, fqn, module, "RMSNorm, LayerNorm and Dropout");
+}
+
+void SequenceParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  for (const auto& item : module.named_parameters(/*recurse=*/false))
+    distribute_parameter(module, item.key(), mesh, {Replicate()}, fqn);
+  const Placement seq = Shard(sequence_dim_);
+  lay_out_input(module, mesh, seq, seq, where(*this, fqn));
+  lay_out_output(module, seq, use_local_output_);
+}
+
+// ---- PrepareModuleInput / PrepareModuleOutput ---------------------------------------------------
+
+PrepareModuleInput::PrepareModuleInput(std::vector<std::optional<Placement>> input_layouts,
+                                       std::vector<std::optional<Placement>> desired_input_layouts, bool use_local_output)
+    : input_layouts_(std::move(input_layouts)), desired_(std::move(desired_input_layouts)), use_local_output_(use_local_output) {
+  HP_CHECK(input_layouts_.size() == desired_.size(), "PrepareModuleInput: ", input_layouts_.size(),
+           " input_layouts but ", desired_.size(), " desired_input_layouts; give one of each per input");
+  for (size_t i = 0; i < desired_.size(); ++i)
+    HP_CHECK(input_layouts_[i].has_value() == desired_[i].has_value(), "PrepareModuleInput: input ", i,
+             " has a layout but no desired layout or the other way round");
+}
+
+void PrepareModuleInput::check(nn::Module&, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+}
+
+void PrepareModuleInput::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  module.register_forward_pre_hook([mesh, layouts = input_layouts_, desired = desired_, local = use_local_output_,
+                                    w = where(*this, fqn)](nn::Module&, nn::Inputs& in) {
+    HP_CHECK(in.size() == layouts.size(), w, ": the plan describes ", layouts.size(), " inputs but the module got ",
+             in.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      if (layouts[i]) in[i] = lay_out(as_dtensor(in[i], mesh, {*layouts[i]}, w), {*desired[i]}, local);
+  });
+}
+
+void PrepareModuleOutput::check(nn::Module&, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+}
+
+void PrepareModuleOutput::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  module.register_forward_hook([mesh, layout = layout_, desired = desired_, local = use_local_output_,
+                                w = where(*this, fqn)](nn::Module&, const nn::Inputs&, at::Tensor& out) {
+    out = lay_out(as_dtensor(out, mesh, {layout}, w), {desired}, local);
+  });
+}
+
+// ---- parallelize_module -------------------------------------------------------------------------
+
+void parallelize_module(nn::Module& model, const DeviceMesh& mesh, const ParallelizePlan& plan) {
+  std::vector<std::vector<std::pair<std::string, nn::Module*>>> targets;
+  for (const auto& [pattern, style] : plan) {
+    auto matched = nn::match_modules(model, pattern);
+    HP_CHECK(!matched.empty(), "parallelize_module: the pattern '", pattern, "' (", style->name(),
+             ") matches no module of the model");
+    for (auto& [fqn, module] : matched) style->check(*module, fqn, mesh);
+    targets.push_back(std::move(matched));
+  }
+  for (size_t i = 0; i < plan.size(); ++i)
+    for (auto& [fqn, module] : targets[i]) plan[i].second->apply(*module, fqn, mesh);
+}
+
+}  // namespace hp

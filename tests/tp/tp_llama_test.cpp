@@ -1,0 +1,153 @@
+// Tensor parallelism on the test Llama against the same model on one device: loss and every
+// parameter gradient within 1e-5 relative (fp32) over 3 AdamW steps, for TP = 2 and 4, with and
+// without sequence parallel and loss parallel. Plus: the model file holds no parallel code, and
+// per-rank parameter bytes are total / TP plus the replicated norms.
+#include <hp/dtensor/dtensor.h>
+#include <hp/nn/init.h>
+#include <hp/parallel/loss_parallel.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "hp_build_paths.h"
+#include "test_util.h"
+#include "tp/llama_model.h"
+#include "tp/llama_plan.h"
+
+namespace hp::test {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+constexpr int kSteps = 3;
+constexpr double kRtol = 1e-5;
+
+LlamaConfig config() { return LlamaConfig{}; }
+
+// Fixed tokens [batch 2, seq 8]; targets are the next tokens.
+std::pair<at::Tensor, at::Tensor> batch(int step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+  const at::Tensor seq = at::randint(0, config().vocab, {2, 9}, gen, at::TensorOptions().dtype(at::kLong));
+  return {seq.narrow(1, 0, 8).contiguous(), seq.narrow(1, 1, 8).contiguous()};
+}
+
+at::Tensor full(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
+
+// Loss and every parameter gradient (by FQN) at each step.
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::map<std::string, at::Tensor>> grads;
+};
+
+Trace train(nn::Module& model) {
+  torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2));
+  Trace trace;
+  for (int step = 0; step < kSteps; ++step) {
+    auto [tokens, targets] = batch(step);
+    optimizer.zero_grad();
+    at::Tensor loss = cross_entropy(model(tokens), targets);
+    loss.backward();
+    trace.losses.push_back(full(loss).item<double>());
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& item : model.named_parameters()) grads[item.key()] = full(item.value().grad()).clone();
+    trace.grads.push_back(std::move(grads));
+    optimizer.step();
+  }
+  return trace;
+}
+
+const Trace& single_device() {
+  static const Trace trace = [] {
+    Llama model(config());
+    nn::init_parameters(model, kSeed);
+    return train(model);
+  }();
+  return trace;
+}
+
+// |got - want| <= rtol * (|want| + max |want|): relative to each element and to the tensor's scale,
+// so gradients that are nearly zero somewhere are not held to an absolute 1e-5.
+void check_relative(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  if (got.sizes() != want.sizes()) throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
+  const double worst = ((g - w).abs() / (w.abs() + scale + 1e-30)).max().item<double>();
+  if (!(worst <= kRtol)) throw std::runtime_error(what + ": relative difference " + std::to_string(worst) + " > 1e-5");
+}
+
+void expect_same_training(const Trace& got, const std::string& what) {
+  const Trace& want = single_device();
+  for (int step = 0; step < kSteps; ++step) {
+    const std::string at_step = what + ", step " + std::to_string(step);
+    check_relative(at::scalar_tensor(got.losses[step]), at::scalar_tensor(want.losses[step]), "loss, " + at_step);
+    ASSERT_EQ(got.grads[step].size(), want.grads[step].size());
+    for (const auto& [fqn, grad] : want.grads[step])
+      check_relative(got.grads[step].at(fqn), grad, "grad of " + fqn + ", " + at_step);
+  }
+}
+
+struct TpCase {
+  int tp;
+  TpOptions options;
+};
+
+class TpLlama : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(TpLlama, MatchesSingleDevice) {
+  const TpCase c = GetParam();
+  single_device();  // computed once, outside the rank threads
+  run(c.tp, [&](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {c.tp}, {"tp"});
+    Llama model(config());
+    parallelize_module(model, mesh, llama_tp_plan(c.options));
+    nn::init_parameters(model, kSeed);
+    // The LM head hands loss parallel vocabulary-sharded logits, and plain local ones otherwise.
+    const at::Tensor logits = model(batch(0).first);
+    EXPECT_EQ(is_dtensor(logits), c.options.loss_parallel);
+    if (c.options.loss_parallel) EXPECT_EQ(DTensor(logits).placements(), Placements{Shard(2)});
+    expect_same_training(train(model), "TP=" + std::to_string(c.tp));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, TpLlama,
+                         ::testing::Values(TpCase{2, {false, false}}, TpCase{2, {true, false}}, TpCase{2, {false, true}},
+                                           TpCase{2, {true, true}}, TpCase{4, {false, false}}, TpCase{4, {true, true}}),
+                         [](const auto& info) {
+                           const TpCase& c = info.param;
+                           return "tp" + std::to_string(c.tp) + (c.options.sequence_parallel ? "_sp" : "") +
+                                  (c.options.loss_parallel ? "_loss_parallel" : "");
+                         });
+
+// Each rank holds 1/TP of every sharded parameter and all of the replicated norms.
+TEST(TensorParallelLlama, ParameterBytesAreTotalOverTpPlusNorms) {
+  Llama reference(config());
+  nn::init_parameters(reference, kSeed);
+  int64_t total = 0, norms = 0;
+  for (const auto& item : reference.named_parameters()) {
+    const int64_t bytes = item.value().numel() * 4;
+    total += bytes;
+    if (item.key().find("norm") != std::string::npos) norms += bytes;
+  }
+  for (int tp : {2, 4}) {
+    run(tp, [&](const comm::ProcessGroup& g) {
+      Llama model(config());
+      parallelize_module(model, init_device_mesh(g, "cpu", {tp}, {"tp"}), llama_tp_plan({true, true}));
+      nn::init_parameters(model, kSeed);
+      EXPECT_EQ(nn::local_parameter_bytes(model), (total - norms) / tp + norms) << "TP=" << tp;
+    });
+  }
+}
+
+// The model file is parallelism-free: plans are applied from outside.
+TEST(TensorParallelLlama, ModelFileHasNoParallelCode) {
+  std::ifstream in(std::string(HP_SOURCE_DIR) + "/tests/tp/llama_model.h");
+  ASSERT_TRUE(in.good());
+  std::string text, line;
+  while (std::getline(in, line)) text += line.substr(0, line.find("//")) + "\n";  // code, not comments
+  for (const char* word : {"mesh", "Mesh", "Shard", "Replicate", "Partial", "Placement", "rank", "DTensor", "parallel"})
+    EXPECT_EQ(text.find(word), std::string::npos) << "tests/tp/llama_model.h mentions '" << word << "'";
+}
+
+}  // namespace
+}  // namespace hp::test
