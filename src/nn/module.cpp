@@ -144,6 +144,8 @@ Module& find_module(Module& root, const std::string& fqn) {
   return *at;
 }
 
+bool fqn_matches(const std::string& pattern, const std::string& fqn) { return matches(split_fqn(pattern), split_fqn(fqn)); }
+
 std::vector<std::pair<std::string, Module*>> match_modules(Module& root, const std::string& pattern) {
   const auto wanted = split_fqn(pattern);
   std::vector<std::pair<std::string, Module*>> out;

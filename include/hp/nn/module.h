@@ -93,6 +93,8 @@ class Module : public torch::nn::Module {
 
 // The hp::nn module at `fqn` ("" = root); an error names the missing segment.
 Module& find_module(Module& root, const std::string& fqn);
+// Whether `fqn` matches `pattern`: same number of segments, '*' matching any one segment.
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
 // Every module whose FQN matches `pattern` ('*' matches one whole segment), in model order.
 std::vector<std::pair<std::string, Module*>> match_modules(Module& root, const std::string& pattern);
 // Splits "a.b.weight" into the owning module and the parameter name, and replaces it.
