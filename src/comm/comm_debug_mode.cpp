@@ -12,24 +12,39 @@ CommDebugMode::CommDebugMode() : outer_(innermost) { innermost = this; }
 CommDebugMode::~CommDebugMode() { innermost = outer_; }
 
 int64_t CommDebugMode::count(const std::string& op) const {
-  auto it = counts_.find(op);
-  return it == counts_.end() ? 0 : it->second;
+  auto it = tallies_.find(op);
+  return it == tallies_.end() ? 0 : it->second.count;
+}
+
+int64_t CommDebugMode::bytes(const std::string& op) const {
+  auto it = tallies_.find(op);
+  return it == tallies_.end() ? 0 : it->second.bytes;
 }
 
 int64_t CommDebugMode::total() const {
   int64_t n = 0;
-  for (const auto& [op, k] : counts_) n += k;
+  for (const auto& [op, t] : tallies_) n += t.count;
+  return n;
+}
+
+int64_t CommDebugMode::total_bytes() const {
+  int64_t n = 0;
+  for (const auto& [op, t] : tallies_) n += t.bytes;
   return n;
 }
 
 std::string CommDebugMode::str() const {
   std::ostringstream out;
-  for (const auto& [op, k] : counts_) out << (out.tellp() > 0 ? ", " : "") << op << " x" << k;
+  for (const auto& [op, t] : tallies_) out << (out.tellp() > 0 ? ", " : "") << op << " x" << t.count << " (" << t.bytes << " B)";
   return out.str();
 }
 
-void note_collective(const char* op) {
-  for (CommDebugMode* mode = innermost; mode != nullptr; mode = mode->outer_) ++mode->counts_[op];
+void note_collective(const char* op, int64_t bytes) {
+  for (CommDebugMode* mode = innermost; mode != nullptr; mode = mode->outer_) {
+    CommDebugMode::Tally& t = mode->tallies_[op];
+    ++t.count;
+    t.bytes += bytes;
+  }
 }
 
 }  // namespace hp::comm

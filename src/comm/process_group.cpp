@@ -129,14 +129,14 @@ shim::NativeWork start_or_explain(const CollectiveSite& site, const Step& step) 
 }
 
 // Every collective takes the group's next sequence number (failure reports match ranks by it)
-// and is counted by the caller's CommDebugMode.
-CollectiveSite new_site(GroupImpl& g, const char* op) {
-  note_collective(op);
+// and is counted by the caller's CommDebugMode, with the bytes this rank puts in.
+CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes) {
+  note_collective(op, bytes);
   return CollectiveSite{&g, op, g.next_seq++};
 }
 
-Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, Step step) {
-  const CollectiveSite site = new_site(*g, op);
+Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t bytes, Step step) {
+  const CollectiveSite site = new_site(*g, op, bytes);
   auto state = std::make_shared<detail::NativeWorkState>(site, step.finish);
   state->keep_alive = g;
   if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
@@ -168,9 +168,9 @@ Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(
 
 enum class Wait { kAsync, kBlocking };
 
-Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, Wait wait,
+Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t bytes, Wait wait,
                     std::function<at::Tensor(const CollectiveSite&)> run) {
-  const CollectiveSite site = new_site(*g, op);
+  const CollectiveSite site = new_site(*g, op, bytes);
   if (wait == Wait::kBlocking) {
     if (auto done = g->queue.run_if_idle([&] { return run(site); })) return ready(*done);
   }
@@ -207,9 +207,9 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
       return shim::all_reduce(*g.native, buffer, native_op);
     });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
-    return issue_native(impl, "all_reduce", std::move(step));
+    return issue_native(impl, "all_reduce", tensor.nbytes(), std::move(step));
   }
-  return issue_composed(impl, "all_reduce", wait, [tensor, op = opts.op](const CollectiveSite& site) {
+  return issue_composed(impl, "all_reduce", tensor.nbytes(), wait, [tensor, op = opts.op](const CollectiveSite& site) {
     GroupImpl& g = *site.group;
     const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
     at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
@@ -241,7 +241,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
-  return issue_composed(impl, "reduce_scatter", wait, [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
+  return issue_composed(impl, "reduce_scatter", input.nbytes(), wait, [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
     if (out.defined()) {
       reduce_scatter_dim0(site, x0, sizes, op, dim == 0 ? out : out.movedim(dim, 0));
       return out;
@@ -279,7 +279,7 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
     at::Tensor result = from_dim0(gathered(), dim);
     return out.defined() ? out.copy_(result) : result;
   };
-  return issue_native(impl, "all_gather", std::move(step));
+  return issue_native(impl, "all_gather", input.nbytes(), std::move(step));
 }
 
 }  // namespace
@@ -379,7 +379,7 @@ Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opt
   HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
            sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
   if (n == 1) return ready(input.clone());
-  return issue_native(impl_, "all_to_all",
+  return issue_native(impl_, "all_to_all", input.nbytes(),
                       all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
 }
 
@@ -391,7 +391,7 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
   Step step = in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
     return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
   });
-  return issue_native(impl_, "broadcast", std::move(step));
+  return issue_native(impl_, "broadcast", tensor.nbytes(), std::move(step));
 }
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
@@ -402,7 +402,7 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
   Step step;
   step.start = [&g, buffer, peer, tag] { return shim::send(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
   step.finish = [tensor] { return tensor; };
-  return issue_native(impl_, "send", std::move(step));
+  return issue_native(impl_, "send", tensor.nbytes(), std::move(step));
 }
 
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
@@ -412,7 +412,7 @@ Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const
   Step step = in_place_step(tensor, [&g, peer, tag](const at::Tensor& buffer) {
     return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag);
   });
-  return issue_native(impl_, "recv", std::move(step));
+  return issue_native(impl_, "recv", tensor.nbytes(), std::move(step));
 }
 
 Work ProcessGroup::barrier_async() const {
@@ -421,7 +421,7 @@ Work ProcessGroup::barrier_async() const {
   Step step;
   step.start = [&g] { return shim::barrier(*g.native); };
   step.finish = [] { return at::Tensor(); };
-  return issue_native(impl_, "barrier", std::move(step));
+  return issue_native(impl_, "barrier", 0, std::move(step));
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const { return all_gather_async(t, std::move(o)).wait(); }

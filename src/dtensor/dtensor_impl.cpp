@@ -28,6 +28,7 @@ void DTensorImpl::refresh_metadata() {
 }
 
 void DTensorImpl::set_local(at::Tensor local, DTensorSpec spec) {
+  device_opt_ = local.device();  // a deferred (meta) parameter gets its real storage this way
   local_ = std::move(local);
   spec_ = std::move(spec);
   refresh_metadata();

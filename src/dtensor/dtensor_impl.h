@@ -20,7 +20,8 @@ class DTensorImpl final : public c10::TensorImpl {
   const at::Tensor& local() const { return local_; }
   const DTensorSpec& spec() const { return spec_; }
 
-  // After an in-place op replaced or resized the local piece.
+  // After an in-place op replaced or resized the local piece, or init_parameters allocated a
+  // deferred one (the tensor keeps its identity: hooks and autograd metadata stay).
   void set_local(at::Tensor local, DTensorSpec spec);
 
   // Autograd saves and detaches tensors through these; without them saved DTensors come back

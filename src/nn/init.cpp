@@ -29,13 +29,13 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
   }
 }
 
-// The parameter with storage for its values: a fresh tensor if it had none (meta), else itself.
+// The parameter with storage for its values. A DTensor gets its local piece in place, keeping its
+// identity (gradient hooks that plans registered stay); a plain meta tensor is replaced.
 at::Tensor materialize(const at::Tensor& p) {
   if (detail::DTensorImpl* impl = detail::dtensor_impl(p)) {
     const at::Tensor& local = impl->local();
-    if (!local.is_meta()) return p;
-    at::Tensor real = at::empty(local.sizes(), local.options().device(at::kCPU));
-    return detail::make_dtensor(real, impl->spec()).set_requires_grad(p.requires_grad());
+    if (local.is_meta()) impl->set_local(at::empty(local.sizes(), local.options().device(at::kCPU)), impl->spec());
+    return p;
   }
   if (!p.is_meta()) return p;
   return at::empty(p.sizes(), p.options().device(at::kCPU)).set_requires_grad(p.requires_grad());

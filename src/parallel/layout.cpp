@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "dtensor/dtensor_impl.h"
+#include "hp/core/chunking.h"
 #include "hp/core/error.h"
 
 namespace hp::parallel {
@@ -17,13 +18,22 @@ Placements normalized(Placements ps, int64_t ndim) {
   return ps;
 }
 
-at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where) {
+at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where,
+                      std::optional<int64_t> global_last_dim) {
   if (is_dtensor(x)) {
     HP_CHECK(DTensor(x).device_mesh() == mesh, where, ": the input is a DTensor on ", DTensor(x).device_mesh().str(),
              " but the plan's mesh is ", mesh.str());
     return x;
   }
-  return DTensor::from_local(x, mesh, normalized(layout, x.dim()));
+  const Placements placements = normalized(layout, x.dim());
+  const bool last_dim_sharded = mesh.ndim() == 1 && x.dim() > 0 && placements[0].is_shard(x.dim() - 1);
+  if (!global_last_dim || !last_dim_sharded) return DTensor::from_local(x, mesh, placements);
+  const int64_t piece = chunk_sizes(*global_last_dim, mesh.size(0))[mesh.get_local_rank(0)];
+  HP_CHECK(x.size(-1) == piece, where, ": the input's last dim is ", x.size(-1), " here, but this rank's piece of ",
+           *global_last_dim, " features split over ", mesh.size(0), " ranks is ", piece);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = *global_last_dim;
+  return DTensor::from_local(x, mesh, placements, shape);
 }
 
 at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local) {
@@ -47,6 +57,15 @@ void distribute_parameter(nn::Module& module, const std::string& name, const Dev
     placed = distribute_tensor(p.detach(), mesh, want);
   }
   placed.set_requires_grad(p.requires_grad());
+  if (p.requires_grad()) {
+    // The gradient is laid out like the parameter. A replicated parameter used on sharded
+    // activations (sequence-parallel norms) gets a Partial gradient: reduced once here, instead of
+    // again by every optimizer op that reads it.
+    placed.register_hook([want](const at::Tensor& grad) -> at::Tensor {
+      if (!is_dtensor(grad) || DTensor(grad).placements() == want) return grad;
+      return DTensor(grad).redistribute(DTensor(grad).device_mesh(), want);
+    });
+  }
   module.set_param(name, placed);
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 #include "hp/dtensor/dtensor.h"
@@ -16,8 +17,12 @@ Placement normalized(Placement p, int64_t ndim);
 Placements normalized(Placements p, int64_t ndim);
 
 // An activation as a DTensor: a DTensor stays as it is (it must live on `mesh`); a plain tensor is
-// read as this rank's piece laid out by `layout` (a collective when `layout` shards it).
-at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where);
+// read as this rank's piece laid out by `layout`. When `layout` shards it, the global shape comes
+// from `global_last_dim` if the caller knows it (e.g. a Linear's in_features: the local size is
+// then checked against this rank's torch.chunk piece), else from a small collective exchanging
+// the local sizes.
+at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placements& layout, const std::string& where,
+                      std::optional<int64_t> global_last_dim = std::nullopt);
 
 // `x` (DTensor) redistributed to `desired`, then handed on as its local piece if `use_local`.
 at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local);

@@ -31,10 +31,12 @@ void check_one_dim(const ParallelStyleBase& style, const std::string& fqn, const
   HP_FAIL(where(style, fqn), ": cannot apply to a ", module.name(), " module; it supports ", supported);
 }
 
-// Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor).
-void lay_out_input(nn::Module& module, const DeviceMesh& mesh, Placement layout, Placement desired, std::string w) {
-  module.register_forward_pre_hook([mesh, layout, desired, w](nn::Module&, nn::Inputs& in) {
-    in.at(0) = lay_out(as_dtensor(in.at(0), mesh, {layout}, w), {desired}, /*use_local=*/false);
+// Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor). `features`:
+// the input's global last dim when the module knows it (a Linear's in_features).
+void lay_out_input(nn::Module& module, const DeviceMesh& mesh, Placement layout, Placement desired, std::string w,
+                   std::optional<int64_t> features = std::nullopt) {
+  module.register_forward_pre_hook([mesh, layout, desired, w, features](nn::Module&, nn::Inputs& in) {
+    in.at(0) = lay_out(as_dtensor(in.at(0), mesh, {layout}, w, features), {desired}, /*use_local=*/false);
   });
 }
 
@@ -67,7 +69,9 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
   }
-  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn));
+  const auto* linear = dynamic_cast<nn::Linear*>(&module);
+  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn),
+                linear ? std::optional<int64_t>(linear->in_features) : std::nullopt);
   lay_out_output(module, output_layout_, use_local_output_);
 }
 
@@ -88,7 +92,7 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
     if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Replicate()}, fqn);
-    lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn));
+    lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn), linear->in_features);
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
     lay_out_input(module, mesh, input_layout_.value_or(Replicate()), Replicate(), where(*this, fqn));

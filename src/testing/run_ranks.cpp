@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <sstream>
@@ -9,6 +10,7 @@
 
 #include "comm/c10d_shim.h"
 #include "comm/world.h"
+#include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 
@@ -40,6 +42,9 @@ std::string message_of(std::exception_ptr e) {
 void run_ranks(int world_size, const std::function<void(const comm::ProcessGroup& world)>& fn,
                RunRanksOptions options) {
   HP_CHECK(world_size > 0, "run_ranks: world size must be positive, got ", world_size);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CpuThreadsGuard threads_guard(options.cpu_threads_per_rank > 0 ? options.cpu_threads_per_rank
+                                                                 : std::max(1, cores / world_size));
   auto state = std::make_shared<RunState>();
   state->done.assign(world_size, false);
   auto store = comm::shim::make_hash_store();

@@ -22,7 +22,9 @@ TEST(CommDebugMode, CountsEachCollectiveOnceAndNests) {
       EXPECT_EQ(inner.count("all_reduce"), 1);
       EXPECT_EQ(inner.count("all_to_all"), 0);
       EXPECT_EQ(inner.total(), 3);
-      EXPECT_EQ(inner.str(), "all_gather x1, all_reduce x1, reduce_scatter x1");
+      EXPECT_EQ(inner.bytes("all_gather"), 4 * 3 * 4);  // what this rank put in
+      EXPECT_EQ(inner.total_bytes(), 3 * 4 * 3 * 4);
+      EXPECT_EQ(inner.str(), "all_gather x1 (48 B), all_reduce x1 (48 B), reduce_scatter x1 (48 B)");
     }
     EXPECT_EQ(outer.count("all_reduce"), 2);
     EXPECT_EQ(outer.total(), 4);

@@ -27,11 +27,12 @@ inline ParallelizePlan llama_tp_plan(TpOptions o) {
                      .set_output_layouts(o.loss_parallel ? Shard(-1) : Replicate())
                      .set_use_local_output(!o.loss_parallel)},
   };
-  if (o.sequence_parallel) {
+  if (o.sequence_parallel)
     for (const char* norm : {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"}) plan.push_back({norm, SequenceParallel()});
-    for (const char* input : {"layers.*.attn", "layers.*.mlp"})
-      plan.push_back({input, PrepareModuleInput({Shard(1)}, {Replicate()})});
-  }
+  // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
+  // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
+  for (const char* input : {"layers.*.attn", "layers.*.mlp"})
+    plan.push_back({input, PrepareModuleInput({between}, {Replicate()})});
   return plan;
 }
 

@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -188,6 +190,11 @@ pid_t spawn(const Config& c, int local_rank, int global_rank, int port, Rank& ra
     setenv("GROUP_RANK", std::to_string(c.node_rank).c_str(), 1);
     setenv("MASTER_ADDR", c.master_addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    // Ranks on one node share its cores: without a limit every rank's BLAS and OpenMP pools would
+    // start one thread per core and fight over them. The user's own settings win.
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const std::string per_rank = std::to_string(std::max(1L, cores / c.nproc_per_node));
+    for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) setenv(var, per_rank.c_str(), /*overwrite=*/0);
     std::vector<char*> args;
     for (const std::string& a : c.command) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

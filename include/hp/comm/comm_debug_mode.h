@@ -27,16 +27,21 @@ class CommDebugMode {
   // "send", "recv", "barrier").
   int64_t count(const std::string& op) const;
   int64_t total() const;
-  const std::map<std::string, int64_t>& counts() const { return counts_; }
-  std::string str() const;  // e.g. "all_gather x2, all_reduce x1"
+  // Bytes this rank put into collectives named `op` (the input tensors' sizes).
+  int64_t bytes(const std::string& op) const;
+  int64_t total_bytes() const;
+  std::string str() const;  // e.g. "all_gather x2 (4096 B), all_reduce x1 (512 B)"
 
  private:
-  friend void note_collective(const char* op);
-  std::map<std::string, int64_t> counts_;
+  struct Tally {
+    int64_t count = 0, bytes = 0;
+  };
+  friend void note_collective(const char* op, int64_t bytes);
+  std::map<std::string, Tally> tallies_;
   CommDebugMode* outer_;
 };
 
 // Called by the process group for every collective it issues.
-void note_collective(const char* op);
+void note_collective(const char* op, int64_t bytes);
 
 }  // namespace hp::comm

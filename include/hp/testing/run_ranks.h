@@ -22,6 +22,9 @@ struct RunRanksOptions {
   // that finishes early never closes connections a peer still uses. Tests whose ranks diverge on
   // purpose (a rank that never arrives) turn it off.
   bool barrier_at_exit = true;
+  // CPU threads (ATen and OpenBLAS pools, shared by all ranks of the process) while the ranks run;
+  // 0 = the machine's cores split over the ranks, at least 1.
+  int cpu_threads_per_rank = 0;
 };
 
 // Runs fn(world) on `world_size` threads; world.rank() is the thread's rank. Returns when every

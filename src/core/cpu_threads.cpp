@@ -1,0 +1,27 @@
+#include "hp/core/cpu_threads.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include "hp/core/error.h"
+
+namespace hp {
+namespace {
+
+// OpenBLAS is reached through the BLAS alternative LibTorch links, so its functions are looked up
+// at run time; with another BLAS they are absent and only ATen's pool is set.
+using SetThreads = void (*)(int);
+
+SetThreads openblas_set() { return reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")); }
+
+}  // namespace
+
+int cpu_threads() { return at::get_num_threads(); }
+
+void set_cpu_threads(int threads) {
+  HP_CHECK(threads > 0, "set_cpu_threads: need at least one thread, got ", threads);
+  at::set_num_threads(threads);
+  if (SetThreads set = openblas_set()) set(threads);
+}
+
+}  // namespace hp
