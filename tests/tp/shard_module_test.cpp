@@ -56,6 +56,37 @@ TEST(ShardModule, TwoDimensionalPlanMatchesSingleDevice) {
   });
 }
 
+// 2-D tensor parallelism: each weight split over both mesh dims (output features over one, input
+// features over the other), the input's features split to match; the partial products are
+// reduced by the DTensor rules.
+TEST(ShardModule, TwoDimensionalTensorParallelMatchesSingleDevice) {
+  TwoLayers reference;
+  nn::init_parameters(reference, 12);
+  const at::Tensor want = reference(input());
+  (want * want).sum().backward();
+
+  run(4, [&](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"a", "b"});
+    TwoLayers model;
+    ShardingPlan plan;
+    plan.plan = {{"fc1.weight", {Shard(0), Shard(1)}}, {"fc1.bias", {Shard(0), Replicate()}},
+                 {"fc2.weight", {Shard(1), Shard(0)}}, {"fc2.bias", {Replicate(), Shard(0)}}};
+    plan.input_plan = {{"", {Placements{Replicate(), Shard(1)}}}};  // features split like fc1's inputs
+    plan.output_plan = {{"", {Replicate(), Replicate()}}};
+    shard_module(model, mesh, plan);
+    nn::init_parameters(model, 12);
+    const auto coordinate = *mesh.get_coordinate();  // each rank holds one block of each weight
+    EXPECT_EQ(DTensor(model.fc1->param("weight")).to_local().sizes(), (std::vector<int64_t>{4, 3}));
+    EXPECT_EQ(DTensor(model.fc2->param("weight")).to_local().sizes(), (std::vector<int64_t>{coordinate[1] == 0 ? 3 : 2, 4}));
+    const at::Tensor out = model(input());
+    check_close(DTensor(out).full_tensor(), want.detach(), "output");
+    (out * out).sum().backward();
+    for (const auto& item : reference.named_parameters())
+      check_close(DTensor(model.named_parameters()[item.key()].grad()).full_tensor(), item.value().grad(),
+                  "grad of " + item.key());
+  });
+}
+
 TEST(ShardModule, BadPlansAreClearErrors) {
   run(4, [](const comm::ProcessGroup& g) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"dp", "tp"});

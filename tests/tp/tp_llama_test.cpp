@@ -112,7 +112,8 @@ TEST_P(TpLlama, MatchesSingleDevice) {
 
 INSTANTIATE_TEST_SUITE_P(Plans, TpLlama,
                          ::testing::Values(TpCase{2, {false, false}}, TpCase{2, {true, false}}, TpCase{2, {false, true}},
-                                           TpCase{2, {true, true}}, TpCase{4, {false, false}}, TpCase{4, {true, true}}),
+                                           TpCase{2, {true, true}}, TpCase{4, {false, false}}, TpCase{4, {true, false}},
+                                           TpCase{4, {false, true}}, TpCase{4, {true, true}}),
                          [](const auto& info) {
                            const TpCase& c = info.param;
                            return "tp" + std::to_string(c.tp) + (c.options.sequence_parallel ? "_sp" : "") +
