@@ -10,8 +10,8 @@
 namespace hp::nn {
 namespace {
 
-// Parameter streams start here; stream k + kFirstStream belongs to parameter k. Dropout modules
-// get seeds derived from the same seed, in a disjoint range.
+// Parameter k draws from stream k of `seed`. Dropout modules get their own seeds, derived from
+// `seed` and their position so that two dropouts never share a mask stream.
 constexpr uint64_t kDropoutSeedSalt = 0x9E3779B97F4A7C15ull;
 
 // Fills `piece`, which sits at `offset` in a parameter of `global_shape`, as `init` says.
