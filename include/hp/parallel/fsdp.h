@@ -1,0 +1,60 @@
+// Fully sharded data parallelism (PyTorch FSDP2's fully_shard), applied per unit from outside:
+//
+//   for (auto& [fqn, block] : hp::nn::match_modules(model, "layers.*")) hp::fully_shard(*block, dp_mesh);
+//   hp::fully_shard(model, dp_mesh);                 // the root takes the remaining parameters
+//   hp::nn::init_parameters(model, seed);            // each rank allocates 1/N of every parameter
+//
+// Each unit's parameters become DTensors Shard(0) on the data-parallel mesh (a 2-D mesh
+// (replicate, shard) gives HSDP: [Replicate, Shard(0)]); uneven first dims are allowed (torch.chunk
+// pieces, padded internally). Calling the unit all-gathers its parameters into plain tensors (one
+// collective per unit), runs forward on them, and puts the sharded DTensors back. Backward
+// gathers them again where the forward freed them, and the gradient of the gather is a
+// reduce-scatter: each rank receives its shard of the gradient, averaged (or summed) over the
+// data-parallel ranks, as the sharded parameter's .grad. Optimizers and checkpoints only ever see
+// the sharded DTensors.
+#pragma once
+
+#include <memory>
+
+#include "hp/comm/types.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/module.h"
+
+namespace hp {
+
+struct FullyShardOptions {
+  // Free the gathered parameters after forward and gather them again for backward (ZeRO-3). Off:
+  // keep them from forward to backward (more memory, one all_gather less per step).
+  bool reshard_after_forward = true;
+  // How gradients combine across data-parallel ranks: kAvg (the mean over ranks, for a loss that is
+  // a mean over each rank's batch) or kSum.
+  comm::ReduceOp reduce_op = comm::ReduceOp::kAvg;
+};
+
+namespace detail {
+struct FsdpUnit;
+}
+
+// The handle of one fully_shard unit.
+class FSDPModule {
+ public:
+  explicit FSDPModule(std::shared_ptr<detail::FsdpUnit> unit) : unit_(std::move(unit)) {}
+
+  // Gathers the parameters now (e.g. to run the module outside forward) / puts the shards back.
+  void unshard();
+  void reshard();
+  // False: backward keeps accumulating the gathered (unsharded) gradients locally without any
+  // communication (gradient accumulation); the next backward with sync on reduce-scatters the sum.
+  void set_requires_gradient_sync(bool sync);
+  void set_reduce_op(comm::ReduceOp op);
+  // Multiplies gradients before they are reduced (e.g. 1 / accumulation steps).
+  void set_gradient_scaling_factor(double factor);
+
+ private:
+  std::shared_ptr<detail::FsdpUnit> unit_;
+};
+
+// Shards the parameters of `module` that no inner unit took. Apply to inner units first.
+FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});
+
+}  // namespace hp

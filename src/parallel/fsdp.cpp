@@ -1,0 +1,284 @@
+// fully_shard (hp/parallel/fsdp.h).
+//
+// Layout: every rank packs its shards of the unit's parameters into one flat buffer of L elements,
+// parameter i at offset[i] with room for ceil(dim0 / n) rows (the widest torch.chunk piece), zero
+// padded. One all_gather gives [n, L]; parameter i is the concatenation over ranks r of row r's
+// piece. The gather is recorded for autograd with a reduce-scatter of the [n, L] gradient as its
+// backward, so the sharded parameters receive their gradient shards through ordinary autograd.
+//
+// Memory: with reshard_after_forward, the gathered parameters' storage is released after forward
+// (autograd still holds the tensors, now empty) and refilled by a hook on the unit's output when
+// backward reaches the unit; the backward of the gather releases it again.
+#include "hp/parallel/fsdp.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <map>
+#include <mutex>
+
+#include "core/lambda_backward.h"
+#include "dtensor/dtensor_impl.h"
+#include "hp/comm/process_group.h"
+#include "hp/core/chunking.h"
+#include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+#include "parallel/layout.h"
+
+namespace hp {
+namespace detail {
+
+struct ManagedParam {
+  nn::Module* owner;
+  std::string name, fqn;
+  at::Tensor sharded;               // the DTensor users and optimizers see
+  std::vector<int64_t> shape;       // global
+  std::vector<int64_t> rows;        // rows of dim 0 on each shard rank (torch.chunk)
+  int64_t row_numel = 1, offset = 0;  // elements per row; where the padded slot starts
+};
+
+// The parameters one forward call gathered; backward refills and releases them.
+struct Gathered {
+  std::vector<at::Tensor> params;  // one per ManagedParam, plain, full shape
+  bool released = false;
+};
+
+struct FsdpUnit {
+  nn::Module* module = nullptr;
+  std::string name;
+  FullyShardOptions options;
+  comm::ProcessGroup shard_group;
+  std::optional<comm::ProcessGroup> replicate_group;
+  int n = 1, rank = 0;
+  std::vector<ManagedParam> params;
+  int64_t flat = 0;  // L
+  bool sync = true;
+  double scale = 1.0;
+  at::Tensor pending;  // [n, L] gradients accumulated while sync is off
+
+  // This rank's shards packed into [1, L].
+  at::Tensor pack_shards() const {
+    at::Tensor buffer = at::zeros({1, flat});
+    for (const ManagedParam& p : params) {
+      const at::Tensor& local = dtensor_impl(p.sharded)->local();
+      buffer[0].narrow(0, p.offset, local.numel()).copy_(local.reshape({-1}));
+    }
+    return buffer;
+  }
+
+  // Parameter i's full value from the gathered [n, L] buffer (differentiable when `gathered` is).
+  at::Tensor unpack(const at::Tensor& gathered, const ManagedParam& p) const {
+    std::vector<at::Tensor> pieces;
+    std::vector<int64_t> piece_shape = p.shape;
+    for (int r = 0; r < n; ++r) {
+      piece_shape[0] = p.rows[r];
+      pieces.push_back(gathered[r].narrow(0, p.offset, p.rows[r] * p.row_numel).view(piece_shape));
+    }
+    return at::cat(pieces, 0);
+  }
+
+  at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
+
+  // [n, L] gradient -> this rank's shard of each parameter's gradient (DTensors; undefined = none).
+  std::vector<at::Tensor> reduce_gradients(at::Tensor grad) {
+    if (scale != 1.0) grad = grad * scale;
+    if (!sync) {
+      pending = pending.defined() ? pending + grad : grad.clone();
+      return std::vector<at::Tensor>(params.size());
+    }
+    if (pending.defined()) grad = grad + pending, pending = at::Tensor();
+    comm::ReduceScatterOptions rs;
+    rs.op = options.reduce_op;
+    at::Tensor mine = shard_group.reduce_scatter(grad.contiguous(), rs);  // [1, L]
+    if (replicate_group) mine = replicate_group->all_reduce(mine, {options.reduce_op});
+    std::vector<at::Tensor> grads;
+    for (const ManagedParam& p : params) {
+      if (!p.sharded.requires_grad()) {
+        grads.emplace_back();
+        continue;
+      }
+      const at::Tensor& local = dtensor_impl(p.sharded)->local();
+      at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).clone();
+      grads.push_back(make_dtensor(g, dtensor_impl(p.sharded)->spec()));
+    }
+    return grads;
+  }
+
+  void set_params(const std::vector<at::Tensor>& values) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].owner->set_param(params[i].name, values[i]);
+  }
+  void put_shards_back() {
+    for (const ManagedParam& p : params) p.owner->set_param(p.name, p.sharded);
+  }
+};
+
+namespace {
+
+// Releases / refills the storage of a gathered parameter while autograd keeps the tensor itself.
+void release(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void refill(const at::Tensor& t, const at::Tensor& values) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = values.numel() * values.element_size();
+  s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+  at::NoGradGuard no_grad;
+  at::Tensor alias = at::empty({0}, values.options());  // writes without bumping t's version
+  alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  alias.copy_(values);
+}
+
+// Which modules are units (for "fully_shard twice" and for outer units skipping inner ones).
+std::mutex registry_mu;
+std::map<const nn::Module*, std::weak_ptr<FsdpUnit>>& registry() {
+  static auto* r = new std::map<const nn::Module*, std::weak_ptr<FsdpUnit>>();
+  return *r;
+}
+
+bool is_unit(const nn::Module* m) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = registry().find(m);
+  return it != registry().end() && !it->second.expired();
+}
+
+// Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
+std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
+  auto gathered_params = std::make_shared<Gathered>();
+  at::Tensor gathered = unit->all_gather();
+  std::vector<at::Tensor> inputs;
+  for (const ManagedParam& p : unit->params) inputs.push_back(p.sharded);
+  const bool reshard = unit->options.reshard_after_forward;
+  std::weak_ptr<FsdpUnit> weak = unit;
+  std::weak_ptr<Gathered> weak_call = gathered_params;
+  gathered = record_backward("fsdp_all_gather(" + unit->name + ")", inputs, gathered,
+                             [weak, weak_call, reshard](const at::Tensor& grad) {
+                               auto u = weak.lock();
+                               HP_CHECK(u != nullptr, "fully_shard: the unit was destroyed before its backward");
+                               if (auto call = weak_call.lock(); call && reshard) {
+                                 for (const at::Tensor& t : call->params) release(t);  // backward is done with them
+                                 call->released = true;
+                               }
+                               return u->reduce_gradients(grad);
+                             });
+  for (const ManagedParam& p : unit->params) gathered_params->params.push_back(unit->unpack(gathered, p));
+  return gathered_params;
+}
+
+}  // namespace
+}  // namespace detail
+
+using detail::FsdpUnit;
+using detail::Gathered;
+using detail::ManagedParam;
+
+FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options) {
+  HP_CHECK(!detail::is_unit(&module), "fully_shard: ", module.name(), " is already a fully_shard unit");
+  HP_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2, "fully_shard: the mesh must be 1-D (FSDP) or 2-D (replicate, shard) "
+           "for HSDP, got ", mesh.str());
+  HP_CHECK(mesh.get_coordinate().has_value(), "fully_shard: this rank (", mesh.get_rank(), ") is not in ", mesh.str());
+  auto unit = std::make_shared<FsdpUnit>();
+  unit->module = &module;
+  unit->name = module.name();
+  unit->options = options;
+  const int64_t shard_dim = mesh.ndim() - 1;
+  unit->shard_group = mesh.get_group(shard_dim);
+  if (mesh.ndim() == 2) unit->replicate_group = mesh.get_group(0);
+  unit->n = unit->shard_group.size();
+  unit->rank = unit->shard_group.rank();
+
+  // The parameters of this module and of submodules that are not units themselves.
+  std::vector<std::pair<std::string, nn::Module*>> owned;
+  std::vector<std::string> skipped;
+  for (auto& [fqn, m] : module.named_modules_fqn()) {
+    bool inside_unit = false;
+    for (const std::string& s : skipped) inside_unit = inside_unit || fqn.rfind(s + ".", 0) == 0 || fqn == s;
+    if (inside_unit) continue;
+    if (!fqn.empty() && detail::is_unit(m)) {
+      skipped.push_back(fqn);
+      continue;
+    }
+    owned.emplace_back(fqn, m);
+  }
+  Placements placements(mesh.ndim(), Replicate());
+  placements.back() = Shard(0);
+  for (auto& [prefix, m] : owned) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = item.value();
+      const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
+      HP_CHECK(!is_dtensor(p), "fully_shard: ", fqn, " is already a DTensor (", to_string(DTensor(p).placements()),
+               "); FSDP on tensor-parallel parameters is not supported yet");
+      HP_CHECK(p.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards dim 0");
+      HP_CHECK(p.size(0) >= unit->n, "fully_shard: ", fqn, " has ", p.size(0), " rows in dim 0, fewer than the ",
+               unit->n, " ranks it would be split over; leave it to an outer unit on fewer ranks or replicate it");
+      ManagedParam mp{m, item.key(), fqn, {}, p.sizes().vec(), chunk_sizes(p.size(0), unit->n)};
+      for (size_t d = 1; d < mp.shape.size(); ++d) mp.row_numel *= mp.shape[d];
+      mp.offset = unit->flat;
+      unit->flat += mp.rows[0] * mp.row_numel;  // rows[0] is the widest piece
+      unit->params.push_back(std::move(mp));
+    }
+  }
+  for (ManagedParam& mp : unit->params) {
+    parallel::distribute_parameter(*mp.owner, mp.name, mesh, placements, mp.fqn);
+    mp.sharded = mp.owner->param(mp.name);
+  }
+  {
+    std::lock_guard<std::mutex> lock(detail::registry_mu);
+    detail::registry()[&module] = unit;
+  }
+  if (unit->params.empty()) {
+    module.register_forward_pre_hook([unit](nn::Module&, nn::Inputs&) {});  // keeps the unit alive
+    return FSDPModule(unit);
+  }
+
+  // Per forward call: the gathered parameters of that call, for the post-hook and backward.
+  auto current = std::make_shared<std::shared_ptr<Gathered>>();
+  std::weak_ptr<FsdpUnit> weak = unit;
+  // The module's hooks own the unit: it lives exactly as long as the module.
+  module.register_forward_pre_hook([unit, current](nn::Module&, nn::Inputs&) {
+    *current = detail::gather_for_forward(unit);
+    unit->set_params((*current)->params);
+  });
+  module.register_forward_hook([weak, current](nn::Module&, const nn::Inputs&, at::Tensor& output) {
+    auto u = weak.lock();
+    std::shared_ptr<Gathered> call = std::move(*current);
+    u->put_shards_back();
+    if (!u->options.reshard_after_forward || !output.requires_grad()) return;
+    for (const at::Tensor& t : call->params) detail::release(t);
+    call->released = true;
+    // Backward reaches this unit once its output's gradient is complete: gather again first.
+    output.register_hook([weak, call](const at::Tensor& grad) {
+      auto unit = weak.lock();
+      if (unit && call->released) {
+        const at::Tensor gathered = unit->all_gather();
+        for (size_t i = 0; i < call->params.size(); ++i)
+          detail::refill(call->params[i], unit->unpack(gathered, unit->params[i]));
+        call->released = false;
+      }
+      return grad;
+    });
+  });
+  return FSDPModule(unit);
+}
+
+void FSDPModule::unshard() {
+  at::NoGradGuard no_grad;
+  const at::Tensor gathered = unit_->all_gather();
+  std::vector<at::Tensor> full;
+  for (const ManagedParam& p : unit_->params) full.push_back(unit_->unpack(gathered, p));
+  unit_->set_params(full);
+}
+
+void FSDPModule::reshard() { unit_->put_shards_back(); }
+void FSDPModule::set_requires_gradient_sync(bool sync) { unit_->sync = sync; }
+void FSDPModule::set_reduce_op(comm::ReduceOp op) {
+  HP_CHECK(op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg, "set_reduce_op: gradients reduce by sum or avg, got ",
+           comm::to_string(op));
+  unit_->options.reduce_op = op;
+}
+void FSDPModule::set_gradient_scaling_factor(double factor) { unit_->scale = factor; }
+
+}  // namespace hp
