@@ -32,9 +32,10 @@ struct ManagedParam {
   nn::Module* owner;
   std::string name, fqn;
   at::Tensor sharded;               // the DTensor users and optimizers see
-  std::vector<int64_t> shape;       // global
+  std::vector<int64_t> shape;       // what FSDP shards: the parameter, or its tensor-parallel piece
   std::vector<int64_t> rows;        // rows of dim 0 on each shard rank (torch.chunk)
   int64_t row_numel = 1, offset = 0;  // elements per row; where the padded slot starts
+  std::optional<DTensorSpec> tp;    // set when the parameter was a tensor-parallel DTensor
 };
 
 // The parameters one forward call gathered; backward refills and releases them.
@@ -79,6 +80,13 @@ struct FsdpUnit {
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
 
+  // What the module computes with: the gathered tensor, or for a tensor-parallel parameter the
+  // gathered tensor-parallel piece as a DTensor on its tensor-parallel mesh (differentiable).
+  static at::Tensor as_module_param(const ManagedParam& p, const at::Tensor& gathered_piece) {
+    if (!p.tp) return gathered_piece;
+    return DTensor::from_local(gathered_piece, p.tp->mesh(), p.tp->placements(), p.tp->shape());
+  }
+
   // [n, L] gradient -> this rank's shard of each parameter's gradient (DTensors; undefined = none).
   std::vector<at::Tensor> reduce_gradients(at::Tensor grad) {
     if (scale != 1.0) grad = grad * scale;
@@ -104,8 +112,9 @@ struct FsdpUnit {
     return grads;
   }
 
-  void set_params(const std::vector<at::Tensor>& values) {
-    for (size_t i = 0; i < params.size(); ++i) params[i].owner->set_param(params[i].name, values[i]);
+  void set_params(const std::vector<at::Tensor>& gathered_pieces) {
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].owner->set_param(params[i].name, as_module_param(params[i], gathered_pieces[i]));
   }
   void put_shards_back() {
     for (const ManagedParam& p : params) p.owner->set_param(p.name, p.sharded);
@@ -144,6 +153,18 @@ bool is_unit(const nn::Module* m) {
   auto it = registry().find(m);
   return it != registry().end() && !it->second.expired();
 }
+
+}  // namespace
+
+// The (tp, dp) mesh: entry [t][d] is the rank with tensor-parallel index t in the data-parallel
+// group's member d (found by gathering every member's tensor-parallel ranks). Collective over dp.
+DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
+  const std::vector<int64_t> mine(tp.ranks().begin(), tp.ranks().end());
+  const at::Tensor all = dp.get_group(0).all_gather(at::tensor(mine, at::kLong).view({1, -1}));  // [dp, tp]
+  return DeviceMesh(dp.world(), dp.device_type(), all.t().contiguous(), {tp.dim_names()[0], dp.dim_names()[0]});
+}
+
+namespace {
 
 // Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
 std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
@@ -203,26 +224,55 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     }
     owned.emplace_back(fqn, m);
   }
-  Placements placements(mesh.ndim(), Replicate());
-  placements.back() = Shard(0);
+  // Tensor-parallel parameters (DTensors on a 1-D mesh): FSDP shards their local piece's dim 0 over
+  // the data-parallel ranks; their sharded form lives on the (tp, dp) mesh.
+  std::optional<DeviceMesh> tp_mesh;
   for (auto& [prefix, m] : owned) {
     for (const auto& item : m->named_parameters(/*recurse=*/false)) {
       const at::Tensor& p = item.value();
       const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
-      HP_CHECK(!is_dtensor(p), "fully_shard: ", fqn, " is already a DTensor (", to_string(DTensor(p).placements()),
-               "); FSDP on tensor-parallel parameters is not supported yet");
-      HP_CHECK(p.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards dim 0");
-      HP_CHECK(p.size(0) >= unit->n, "fully_shard: ", fqn, " has ", p.size(0), " rows in dim 0, fewer than the ",
-               unit->n, " ranks it would be split over; leave it to an outer unit on fewer ranks or replicate it");
-      ManagedParam mp{m, item.key(), fqn, {}, p.sizes().vec(), chunk_sizes(p.size(0), unit->n)};
+      std::optional<DTensorSpec> tp;
+      at::Tensor piece = p;
+      if (is_dtensor(p)) {
+        tp = DTensor(p).spec();
+        HP_CHECK(mesh.ndim() == 1 && tp->mesh().ndim() == 1, "fully_shard: ", fqn, " is a DTensor on ", tp->mesh().str(),
+                 "; FSDP composes with tensor parallelism on a 1-D data-parallel mesh and a 1-D tensor-parallel mesh");
+        for (const Placement& pl : tp->placements())
+          HP_CHECK(!pl.is_partial(), "fully_shard: ", fqn, " is ", to_string(tp->placements()), "; cannot shard a Partial parameter");
+        HP_CHECK(!tp_mesh || *tp_mesh == tp->mesh(), "fully_shard: the parameters of one unit must share one "
+                 "tensor-parallel mesh; ", fqn, " is on ", tp->mesh().str(), ", others on ", tp_mesh->str());
+        tp_mesh = tp->mesh();
+        piece = detail::dtensor_impl(p)->local();
+      }
+      HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards dim 0");
+      HP_CHECK(piece.size(0) >= unit->n, "fully_shard: ", fqn, " has ", piece.size(0), " rows in dim 0",
+               tp ? " (of its tensor-parallel piece)" : "", ", fewer than the ", unit->n,
+               " ranks it would be split over; leave it to an outer unit on fewer ranks or replicate it");
+      ManagedParam mp{m, item.key(), fqn, {}, piece.sizes().vec(), chunk_sizes(piece.size(0), unit->n)};
       for (size_t d = 1; d < mp.shape.size(); ++d) mp.row_numel *= mp.shape[d];
       mp.offset = unit->flat;
+      mp.tp = tp;
       unit->flat += mp.rows[0] * mp.row_numel;  // rows[0] is the widest piece
       unit->params.push_back(std::move(mp));
     }
   }
+  const std::optional<DeviceMesh> combined =
+      tp_mesh ? std::optional<DeviceMesh>(detail::tp_dp_mesh(*tp_mesh, mesh)) : std::nullopt;
   for (ManagedParam& mp : unit->params) {
-    parallel::distribute_parameter(*mp.owner, mp.name, mesh, placements, mp.fqn);
+    if (!combined) {
+      Placements placements(mesh.ndim(), Replicate());
+      placements.back() = Shard(0);
+      parallel::distribute_parameter(*mp.owner, mp.name, mesh, placements, mp.fqn);
+    } else {
+      const at::Tensor p = mp.owner->param(mp.name);
+      const Placement tp_placement = mp.tp ? mp.tp->placements()[0] : Replicate();
+      const DTensorSpec spec(*combined, {tp_placement, Shard(0)}, p.sizes().vec());
+      const at::Tensor piece = mp.tp ? detail::dtensor_impl(p)->local() : p;
+      at::Tensor local = piece.is_meta() ? at::empty(spec.local_shape(), piece.options())
+                                         : piece.detach().narrow(0, chunk_offset(piece.size(0), unit->n, unit->rank),
+                                                                 mp.rows[unit->rank]).clone();
+      parallel::set_placed_parameter(*mp.owner, mp.name, detail::make_dtensor(local, spec));
+    }
     mp.sharded = mp.owner->param(mp.name);
   }
   {

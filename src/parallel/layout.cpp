@@ -49,18 +49,22 @@ void distribute_parameter(nn::Module& module, const std::string& name, const Dev
   HP_CHECK(!is_dtensor(p), fqn, ".", name, " is already a DTensor on ", DTensor(p).device_mesh().str(),
            "; each parameter can be placed by one plan");
   const Placements want = normalized(placements, p.dim());
-  at::Tensor placed;
   if (p.is_meta()) {
     const DTensorSpec spec(mesh, want, p.sizes().vec());
-    placed = detail::make_dtensor(at::empty(spec.local_shape(), p.options()), spec);
+    set_placed_parameter(module, name, detail::make_dtensor(at::empty(spec.local_shape(), p.options()), spec));
   } else {
-    placed = distribute_tensor(p.detach(), mesh, want);
+    set_placed_parameter(module, name, distribute_tensor(p.detach(), mesh, want));
   }
-  placed.set_requires_grad(p.requires_grad());
-  if (p.requires_grad()) {
+}
+
+void set_placed_parameter(nn::Module& module, const std::string& name, at::Tensor placed) {
+  const bool requires_grad = module.param(name).requires_grad();
+  placed.set_requires_grad(requires_grad);
+  if (requires_grad) {
     // The gradient is laid out like the parameter. A replicated parameter used on sharded
     // activations (sequence-parallel norms) gets a Partial gradient: reduced once here, instead of
     // again by every optimizer op that reads it.
+    const Placements want = DTensor(placed).placements();
     placed.register_hook([want](const at::Tensor& grad) -> at::Tensor {
       if (!is_dtensor(grad) || DTensor(grad).placements() == want) return grad;
       return DTensor(grad).redistribute(DTensor(grad).device_mesh(), want);

@@ -33,6 +33,10 @@ at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_loca
 void distribute_parameter(nn::Module& module, const std::string& name, const DeviceMesh& mesh,
                           const Placements& placements, const std::string& fqn);
 
+// Replaces parameter `name` by `placed` (a DTensor of the same global shape), keeping requires_grad
+// and laying out its gradients like it.
+void set_placed_parameter(nn::Module& module, const std::string& name, at::Tensor placed);
+
 // Checks that dim `dim` of a parameter or activation of size `size` divides over `ranks`.
 void check_divisible(const std::string& what, int64_t size, int64_t ranks, const std::string& style);
 
