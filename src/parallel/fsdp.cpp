@@ -55,7 +55,39 @@ struct FsdpUnit {
   int64_t flat = 0;  // L
   bool sync = true;
   double scale = 1.0;
-  at::Tensor pending;  // [n, L] gradients accumulated while sync is off
+  // [n, L] gradients of backward passes run with sync off, as partial sums of a binary tree over
+  // micro-batches: (level, sum). Deterministic groups fold them in that tree order, the same
+  // association the deterministic collective continues across ranks (docs/fsdp.md).
+  std::vector<std::pair<int, at::Tensor>> pending;
+  bool tree_order = false;
+
+  void push_pending(at::Tensor grad) {
+    if (!tree_order) {
+      if (pending.empty()) pending.emplace_back(0, grad.clone());
+      else pending[0].second.add_(grad);
+      return;
+    }
+    pending.emplace_back(0, std::move(grad));
+    while (pending.size() >= 2 && pending[pending.size() - 1].first == pending[pending.size() - 2].first) {
+      auto right = std::move(pending.back());
+      pending.pop_back();
+      pending.back().second = pending.back().second + right.second;
+      ++pending.back().first;
+    }
+  }
+
+  // The sum of everything pending and `grad`, folded right to left (a left-complete tree).
+  at::Tensor fold_pending(at::Tensor grad) {
+    if (pending.empty()) return grad;
+    push_pending(std::move(grad));
+    at::Tensor sum = std::move(pending.back().second);
+    pending.pop_back();
+    while (!pending.empty()) {
+      sum = pending.back().second + sum;
+      pending.pop_back();
+    }
+    return sum;
+  }
 
   // This rank's shards packed into [1, L].
   at::Tensor pack_shards() const {
@@ -91,10 +123,10 @@ struct FsdpUnit {
   std::vector<at::Tensor> reduce_gradients(at::Tensor grad) {
     if (scale != 1.0) grad = grad * scale;
     if (!sync) {
-      pending = pending.defined() ? pending + grad : grad.clone();
+      push_pending(grad);
       return std::vector<at::Tensor>(params.size());
     }
-    if (pending.defined()) grad = grad + pending, pending = at::Tensor();
+    grad = fold_pending(grad);
     comm::ReduceScatterOptions rs;
     rs.op = options.reduce_op;
     at::Tensor mine = shard_group.reduce_scatter(grad.contiguous(), rs);  // [1, L]
@@ -210,6 +242,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   if (mesh.ndim() == 2) unit->replicate_group = mesh.get_group(0);
   unit->n = unit->shard_group.size();
   unit->rank = unit->shard_group.rank();
+  unit->tree_order = unit->shard_group.options().deterministic;
 
   // The parameters of this module and of submodules that are not units themselves.
   std::vector<std::pair<std::string, nn::Module*>> owned;
