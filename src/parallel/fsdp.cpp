@@ -90,8 +90,11 @@ struct FsdpUnit {
   }
 
   // This rank's shards packed into [1, L].
+  // The dtype parameters are gathered and computed in.
+  at::ScalarType compute_dtype() const { return options.mixed_precision.param_dtype.value_or(at::kFloat); }
+
   at::Tensor pack_shards() const {
-    at::Tensor buffer = at::zeros({1, flat});
+    at::Tensor buffer = at::zeros({1, flat}, at::TensorOptions().dtype(compute_dtype()));
     for (const ManagedParam& p : params) {
       const at::Tensor& local = dtensor_impl(p.sharded)->local();
       buffer[0].narrow(0, p.offset, local.numel()).copy_(local.reshape({-1}));
@@ -121,6 +124,8 @@ struct FsdpUnit {
 
   // [n, L] gradient -> this rank's shard of each parameter's gradient (DTensors; undefined = none).
   std::vector<at::Tensor> reduce_gradients(at::Tensor grad) {
+    const auto& mp = options.mixed_precision;
+    grad = grad.to(mp.reduce_dtype.value_or(mp.param_dtype.value_or(grad.scalar_type())));
     if (scale != 1.0) grad = grad * scale;
     if (!sync) {
       push_pending(grad);
@@ -138,7 +143,8 @@ struct FsdpUnit {
         continue;
       }
       const at::Tensor& local = dtensor_impl(p.sharded)->local();
-      at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).clone();
+      at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).to(local.scalar_type(),
+                                                                                    /*non_blocking=*/false, /*copy=*/true);
       grads.push_back(make_dtensor(g, dtensor_impl(p.sharded)->spec()));
     }
     return grads;
@@ -321,7 +327,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   auto current = std::make_shared<std::shared_ptr<Gathered>>();
   std::weak_ptr<FsdpUnit> weak = unit;
   // The module's hooks own the unit: it lives exactly as long as the module.
-  module.register_forward_pre_hook([unit, current](nn::Module&, nn::Inputs&) {
+  module.register_forward_pre_hook([unit, current](nn::Module&, nn::Inputs& inputs) {
+    if (const auto dtype = unit->options.mixed_precision.param_dtype)  // compute in one dtype throughout
+      for (at::Tensor& x : inputs)
+        if (x.defined() && x.is_floating_point()) x = x.to(*dtype);
     *current = detail::gather_for_forward(unit);
     unit->set_params((*current)->params);
   });
@@ -329,6 +338,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     auto u = weak.lock();
     std::shared_ptr<Gathered> call = std::move(*current);
     u->put_shards_back();
+    if (const auto dtype = u->options.mixed_precision.output_dtype; dtype && output.is_floating_point())
+      output = output.to(*dtype);
     if (!u->options.reshard_after_forward || !output.requires_grad()) return;
     for (const at::Tensor& t : call->params) detail::release(t);
     call->released = true;

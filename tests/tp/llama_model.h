@@ -62,8 +62,9 @@ class Attention : public nn::Module {
  private:
   at::Tensor rotate(const at::Tensor& t) const {  // t: [b, s, heads, head_dim]
     const int64_t s = t.size(1), half = head_dim_ / 2;
-    const at::Tensor cos = cos_.narrow(0, 0, s).view({1, s, 1, head_dim_});
-    const at::Tensor sin = sin_.narrow(0, 0, s).view({1, s, 1, head_dim_});
+    // In t's dtype, so that bf16 activations stay bf16.
+    const at::Tensor cos = cos_.narrow(0, 0, s).view({1, s, 1, head_dim_}).to(t.scalar_type());
+    const at::Tensor sin = sin_.narrow(0, 0, s).view({1, s, 1, head_dim_}).to(t.scalar_type());
     const at::Tensor rotated = at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
     return t * cos + rotated * sin;
   }

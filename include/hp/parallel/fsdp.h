@@ -14,13 +14,28 @@
 // the sharded DTensors.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <memory>
+#include <optional>
 
 #include "hp/comm/types.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
 
 namespace hp {
+
+// Mixed precision (FSDP2's MixedPrecisionPolicy). Unset fields keep the parameters' dtype.
+struct MixedPrecisionPolicy {
+  // Forward and backward compute with parameters in this dtype; shards are cast before the
+  // all_gather, so communication shrinks too, and the unit's floating-point inputs are cast to it.
+  // The sharded parameters and the optimizer stay fp32.
+  std::optional<at::ScalarType> param_dtype;
+  // Gradients are reduced in this dtype (default: param_dtype), then cast to the shards' dtype.
+  std::optional<at::ScalarType> reduce_dtype;
+  // The unit's output is cast to this dtype (e.g. fp32 logits for the loss).
+  std::optional<at::ScalarType> output_dtype;
+};
 
 struct FullyShardOptions {
   // Free the gathered parameters after forward and gather them again for backward (ZeRO-3). Off:
@@ -29,6 +44,7 @@ struct FullyShardOptions {
   // How gradients combine across data-parallel ranks: kAvg (the mean over ranks, for a loss that is
   // a mean over each rank's batch) or kSum.
   comm::ReduceOp reduce_op = comm::ReduceOp::kAvg;
+  MixedPrecisionPolicy mixed_precision;
 };
 
 namespace detail {
