@@ -23,6 +23,7 @@
 #include "hp/nn/init.h"
 #include "hp/nn/layers.h"
 #include "hp/nn/module.h"
+#include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/parallel/shard_module.h"
 #include "hp/parallel/tensor_parallel.h"
