@@ -26,17 +26,43 @@ class LambdaBackward final : public torch::autograd::Node {
   MultiBackwardFn backward_;
 };
 
+class ManyToManyBackward final : public torch::autograd::Node {
+ public:
+  ManyToManyBackward(std::string name, ManyToManyBackwardFn backward)
+      : name_(std::move(name)), backward_(std::move(backward)) {}
+  std::string name() const override { return name_; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override { return backward_(std::move(grads)); }
+
+ private:
+  std::string name_;
+  ManyToManyBackwardFn backward_;
+};
+
+bool any_requires_grad(const std::vector<at::Tensor>& inputs) {
+  return at::GradMode::is_enabled() &&
+         std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+}
+
 }  // namespace
 
 at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
                            MultiBackwardFn backward) {
-  const bool needed = std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-  if (!needed || !at::GradMode::is_enabled()) return output;
+  if (!any_requires_grad(inputs)) return output;
   auto node = std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward)),
                                               torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(output, node);
   return output;
+}
+
+std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                        std::vector<at::Tensor> outputs, ManyToManyBackwardFn backward) {
+  if (!any_requires_grad(inputs)) return outputs;
+  auto node = std::shared_ptr<ManyToManyBackward>(new ManyToManyBackward(name, std::move(backward)),
+                                                  torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(outputs, node);
+  return outputs;
 }
 
 at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {

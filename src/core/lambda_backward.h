@@ -21,4 +21,12 @@ using MultiBackwardFn = std::function<std::vector<at::Tensor>(const at::Tensor& 
 at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
                            MultiBackwardFn backward);
 
+// Several outputs from several inputs: `backward` gets one gradient per output (undefined where
+// an output received none; it owns them, so it can free each as soon as it is used) and returns one
+// per input. The outputs must be fresh tensors computed
+// without recording; returns them.
+using ManyToManyBackwardFn = std::function<std::vector<at::Tensor>(std::vector<at::Tensor> grad_outputs)>;
+std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                        std::vector<at::Tensor> outputs, ManyToManyBackwardFn backward);
+
 }  // namespace hp::detail

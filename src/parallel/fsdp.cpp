@@ -115,6 +115,24 @@ struct FsdpUnit {
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
 
+  // The inverse of unpack for gradients: each parameter's full gradient into its slots of an [n, L]
+  // buffer (zeros where a parameter got no gradient, and in the padding).
+  at::Tensor pack_gradients(std::vector<at::Tensor> grads) const {
+    at::Tensor buffer;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      if (!buffer.defined()) buffer = at::zeros({n, flat}, grads[i].options());
+      const ManagedParam& p = params[i];
+      int64_t row = 0;
+      for (int r = 0; r < n; ++r) {
+        buffer[r].narrow(0, p.offset, p.rows[r] * p.row_numel).copy_(grads[i].narrow(0, row, p.rows[r]).reshape({-1}));
+        row += p.rows[r];
+      }
+      grads[i].reset();  // packed: free it now, not after the whole unit
+    }
+    return buffer.defined() ? buffer : at::zeros({n, flat}, at::TensorOptions().dtype(compute_dtype()));
+  }
+
   // What the module computes with: the gathered tensor, or for a tensor-parallel parameter the
   // gathered tensor-parallel piece as a DTensor on its tensor-parallel mesh (differentiable).
   static at::Tensor as_module_param(const ManagedParam& p, const at::Tensor& gathered_piece) {
@@ -206,25 +224,29 @@ namespace {
 
 // Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
 std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
-  auto gathered_params = std::make_shared<Gathered>();
-  at::Tensor gathered = unit->all_gather();
+  auto call = std::make_shared<Gathered>();
+  std::vector<at::Tensor> full;
+  {
+    at::NoGradGuard no_grad;  // recorded below as one node: gather forward, reduce-scatter backward
+    const at::Tensor gathered = unit->all_gather();
+    for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
+  }  // the [n, L] buffer is freed here
   std::vector<at::Tensor> inputs;
   for (const ManagedParam& p : unit->params) inputs.push_back(p.sharded);
   const bool reshard = unit->options.reshard_after_forward;
   std::weak_ptr<FsdpUnit> weak = unit;
-  std::weak_ptr<Gathered> weak_call = gathered_params;
-  gathered = record_backward("fsdp_all_gather(" + unit->name + ")", inputs, gathered,
-                             [weak, weak_call, reshard](const at::Tensor& grad) {
-                               auto u = weak.lock();
-                               HP_CHECK(u != nullptr, "fully_shard: the unit was destroyed before its backward");
-                               if (auto call = weak_call.lock(); call && reshard) {
-                                 for (const at::Tensor& t : call->params) release(t);  // backward is done with them
-                                 call->released = true;
-                               }
-                               return u->reduce_gradients(grad);
-                             });
-  for (const ManagedParam& p : unit->params) gathered_params->params.push_back(unit->unpack(gathered, p));
-  return gathered_params;
+  std::weak_ptr<Gathered> weak_call = call;
+  call->params = record_backward("fsdp_all_gather(" + unit->name + ")", inputs, std::move(full),
+                                 [weak, weak_call, reshard](std::vector<at::Tensor> grads) {
+                                   auto u = weak.lock();
+                                   HP_CHECK(u != nullptr, "fully_shard: the unit was destroyed before its backward");
+                                   if (auto c = weak_call.lock(); c && reshard) {
+                                     for (const at::Tensor& t : c->params) release(t);  // backward is done with them
+                                     c->released = true;
+                                   }
+                                   return u->reduce_gradients(u->pack_gradients(std::move(grads)));
+                                 });
+  return call;
 }
 
 }  // namespace

@@ -1,0 +1,79 @@
+// Per-rank peak memory of an FSDP training step (allocator counters) stays within
+// 1.15 x (16 bytes x parameters / N + the unsharded parameters of the two largest units +
+// activations), printed next to the no-FSDP peak. Activations are measured: the no-FSDP peak minus
+// its 16 bytes per parameter (fp32 parameter, gradient, and AdamW's two moments).
+#include <hp/core/memory_tracker.h>
+#include <hp/nn/init.h>
+#include <hp/parallel/fsdp.h>
+#include <hp/parallel/loss_parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+
+#include "test_util.h"
+#include "tp/llama_model.h"
+
+namespace hp::test {
+namespace {
+
+LlamaConfig config() {
+  LlamaConfig c;
+  c.vocab = 512;
+  c.dim = 64;
+  c.layers = 4;
+  c.ffn_hidden = 192;
+  return c;
+}
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+// Peak bytes this rank allocates from building the model through 3 training steps.
+int64_t peak_of_training(const DeviceMesh* dp) {
+  MemoryTracker tracker;
+  Llama model(config());
+  if (dp)  // torchtitan's units: each block, the embedding, the LM head, then the root (final norm)
+    for (const char* unit : {"layers.*", "embed", "output", ""})
+      for (auto& [fqn, m] : nn::match_modules(model, unit)) fully_shard(*m, *dp);
+  nn::init_parameters(model, 1);
+  torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
+  const at::Tensor seq = at::randint(0, config().vocab, {kBatch, kSeq + 1}, at::make_generator<at::CPUGeneratorImpl>(2),
+                                     at::TensorOptions().dtype(at::kLong));
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    cross_entropy(model(seq.narrow(1, 0, kSeq)), seq.narrow(1, 1, kSeq)).backward();
+    optimizer.step();
+  }
+  return tracker.peak();
+}
+
+TEST(FsdpMemory, PeakWithinTheBound) {
+  Llama reference(config());
+  int64_t params = 0;
+  std::map<std::string, int64_t> units;  // unit -> parameters (blocks, embed, output, root = norm)
+  for (const auto& item : reference.named_parameters()) {
+    params += item.value().numel();
+    const std::string& fqn = item.key();
+    units[fqn.rfind("layers.", 0) == 0 ? fqn.substr(0, fqn.find('.', 7)) : fqn.substr(0, fqn.find('.'))] += item.value().numel();
+  }
+  std::vector<int64_t> sizes;
+  for (const auto& [unit, n] : units) sizes.push_back(n);
+  std::sort(sizes.rbegin(), sizes.rend());
+  const int64_t two_largest_units = 4 * (sizes[0] + sizes[1]);
+  const int64_t no_fsdp = peak_of_training(nullptr);
+  const int64_t activations = no_fsdp - 16 * params;
+  std::printf("%-8s %14s %14s %8s\n", "ranks", "peak bytes", "bound", "ratio");
+  std::printf("%-8s %14ld %14s %8s   (activations %ld B, parameters %ld)\n", "no FSDP", no_fsdp, "-", "-", activations, params);
+  for (int n : {2, 4}) {
+    run(n, [&](const comm::ProcessGroup& g) {
+      DeviceMesh dp = init_device_mesh(g, "cpu", {n}, {"dp"});
+      const int64_t peak = peak_of_training(&dp);
+      const double bound = 1.15 * (16.0 * params / n + two_largest_units + activations);
+      if (g.rank() == 0) std::printf("%-8d %14ld %14.0f %8.2f\n", n, peak, bound, peak / bound);
+      EXPECT_LE(peak, bound) << "rank " << g.rank() << " of " << n;
+    });
+  }
+}
+
+}  // namespace
+}  // namespace hp::test
