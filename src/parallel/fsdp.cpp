@@ -60,6 +60,9 @@ struct FsdpUnit {
   // association the deterministic collective continues across ranks (docs/fsdp.md).
   std::vector<std::pair<int, at::Tensor>> pending;
   bool tree_order = false;
+  // Prefetching: the units whose gather this unit issues early, and a gather issued for this unit.
+  std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch, backward_prefetch;
+  std::optional<comm::Work> prefetched_forward, prefetched_backward;
 
   void push_pending(at::Tensor grad) {
     if (!tree_order) {
@@ -114,6 +117,20 @@ struct FsdpUnit {
   }
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
+
+  // The gathered [n, L] buffer: from a prefetch issued earlier if there is one.
+  at::Tensor take_gathered(std::optional<comm::Work>& prefetched) const {
+    if (!prefetched) return all_gather();
+    at::Tensor gathered = prefetched->wait();
+    prefetched.reset();
+    return gathered;
+  }
+
+  // Issues the gathers of `units` now, asynchronously, so they overlap this unit's compute.
+  static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<comm::Work> FsdpUnit::*slot) {
+    for (const auto& weak : units)
+      if (auto u = weak.lock(); u && !((*u).*slot)) (*u).*slot = u->shard_group.all_gather_async(u->pack_shards());
+  }
 
   // The inverse of unpack for gradients: each parameter's full gradient into its slots of an [n, L]
   // buffer (zeros where a parameter got no gradient, and in the padding).
@@ -228,7 +245,8 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
   std::vector<at::Tensor> full;
   {
     at::NoGradGuard no_grad;  // recorded below as one node: gather forward, reduce-scatter backward
-    const at::Tensor gathered = unit->all_gather();
+    const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
+    FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
     for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
   }  // the [n, L] buffer is freed here
   std::vector<at::Tensor> inputs;
@@ -369,7 +387,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     output.register_hook([weak, call](const at::Tensor& grad) {
       auto unit = weak.lock();
       if (unit && call->released) {
-        const at::Tensor gathered = unit->all_gather();
+        const at::Tensor gathered = unit->take_gathered(unit->prefetched_backward);
+        FsdpUnit::prefetch(unit->backward_prefetch, &FsdpUnit::prefetched_backward);
         for (size_t i = 0; i < call->params.size(); ++i)
           detail::refill(call->params[i], unit->unpack(gathered, unit->params[i]));
         call->released = false;
@@ -396,5 +415,15 @@ void FSDPModule::set_reduce_op(comm::ReduceOp op) {
   unit_->options.reduce_op = op;
 }
 void FSDPModule::set_gradient_scaling_factor(double factor) { unit_->scale = factor; }
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  unit_->forward_prefetch.clear();
+  for (const FSDPModule& m : modules) unit_->forward_prefetch.push_back(m.unit_);
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  unit_->backward_prefetch.clear();
+  for (const FSDPModule& m : modules) unit_->backward_prefetch.push_back(m.unit_);
+}
 
 }  // namespace hp

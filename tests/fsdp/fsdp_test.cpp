@@ -75,20 +75,27 @@ void check_relative(const at::Tensor& got, const at::Tensor& want, const std::st
 
 // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
 // root only: blocks hand their outputs on in the compute dtype.
-void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {}) {
+// With `prefetch`, each block's forward prefetches the next block and its backward the previous one.
+void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {}, bool prefetch = false) {
   FullyShardOptions block_options = options;
   block_options.mixed_precision.output_dtype.reset();
-  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) fully_shard(*block, mesh, block_options);
+  std::vector<FSDPModule> blocks;
+  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) blocks.push_back(fully_shard(*block, mesh, block_options));
   fully_shard(model, mesh, options);
+  if (!prefetch) return;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i + 1 < blocks.size()) blocks[i].set_modules_to_forward_prefetch({blocks[i + 1]});
+    if (i > 0) blocks[i].set_modules_to_backward_prefetch({blocks[i - 1]});
+  }
 }
 
 // Trains on `dp` data-parallel ranks of `mesh` (this rank is number dp_rank) and compares within
 // `rtol`. `tp`: a tensor-parallel mesh to apply the TP plan on first.
 void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::string& what, FullyShardOptions options = {},
-                       const DeviceMesh* tp = nullptr, TpOptions tp_options = {}, double rtol = 1e-6) {
+                       const DeviceMesh* tp = nullptr, TpOptions tp_options = {}, double rtol = 1e-6, bool prefetch = false) {
   Llama model(config());
   if (tp) parallelize_module(model, *tp, llama_tp_plan(tp_options));
-  shard_llama(model, mesh, options);
+  shard_llama(model, mesh, options, prefetch);
   nn::init_parameters(model, kSeed);
   torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(kLr));
   const int64_t per_rank = kGlobalBatch / dp;
@@ -178,6 +185,13 @@ TEST(FsdpOptions, MixedPrecisionFollowsFp32) {
   EXPECT_LE(worst, 2e-2);
   EXPECT_GT(worst, 0.0);  // bf16 really ran
   EXPECT_LT(fp32.back(), fp32.front());
+}
+
+TEST(FsdpOptions, PrefetchingGivesTheSameNumbers) {
+  single_device();
+  run(2, [&](const comm::ProcessGroup& g) {
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "prefetch", {}, nullptr, {}, 1e-6, /*prefetch=*/true);
+  });
 }
 
 TEST(FsdpOptions, KeepingParametersAfterForwardGivesTheSameNumbers) {

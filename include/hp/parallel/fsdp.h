@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "hp/comm/types.h"
 #include "hp/mesh/device_mesh.h"
@@ -65,6 +66,12 @@ class FSDPModule {
   void set_reduce_op(comm::ReduceOp op);
   // Multiplies gradients before they are reduced (e.g. 1 / accumulation steps).
   void set_gradient_scaling_factor(double factor);
+  // Prefetching: when this unit gathers its parameters for forward (for backward), it also issues,
+  // asynchronously, the gathers of `modules`, so their communication overlaps this unit's compute.
+  // Name units that run next, once per step, in the same order on every rank (e.g. forward: the
+  // next block; backward: the previous block).
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
  private:
   std::shared_ptr<detail::FsdpUnit> unit_;
