@@ -63,6 +63,20 @@ struct FsdpUnit {
   // Prefetching: the units whose gather this unit issues early, and a gather issued for this unit.
   std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch, backward_prefetch;
   std::optional<comm::Work> prefetched_forward, prefetched_backward;
+  // Levels 1 and 2: the gathered parameters kept between steps, valid while the shards' versions
+  // are unchanged; level 1 also keeps the whole reduced gradient.
+  std::vector<at::Tensor> kept;
+  int64_t kept_version = -1;
+  at::Tensor whole_gradient;
+
+  bool keeps_parameters() const { return options.level != ShardingLevel::kParameters; }
+
+  // Changes whenever any shard is written (an optimizer step, a checkpoint load, init_parameters).
+  int64_t shards_version() const {
+    int64_t v = 0;
+    for (const ManagedParam& p : params) v += p.sharded._version() + dtensor_impl(p.sharded)->local()._version();
+    return v;
+  }
 
   void push_pending(at::Tensor grad) {
     if (!tree_order) {
@@ -167,9 +181,16 @@ struct FsdpUnit {
       return std::vector<at::Tensor>(params.size());
     }
     grad = fold_pending(grad);
-    comm::ReduceScatterOptions rs;
-    rs.op = options.reduce_op;
-    at::Tensor mine = shard_group.reduce_scatter(grad.contiguous(), rs);  // [1, L]
+    at::Tensor mine;  // [1, L]: this rank's slots
+    if (options.level == ShardingLevel::kOptimizer) {
+      // ZeRO-1: every rank keeps the whole reduced gradient; its own slots feed the optimizer.
+      whole_gradient = shard_group.all_reduce(grad.contiguous(), {options.reduce_op});
+      mine = whole_gradient.narrow(0, rank, 1);
+    } else {
+      comm::ReduceScatterOptions rs;
+      rs.op = options.reduce_op;
+      mine = shard_group.reduce_scatter(grad.contiguous(), rs);
+    }
     if (replicate_group) mine = replicate_group->all_reduce(mine, {options.reduce_op});
     std::vector<at::Tensor> grads;
     for (const ManagedParam& p : params) {
@@ -201,6 +222,13 @@ void release(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
+}
+
+// A new tensor on the same storage (each forward's outputs must be fresh for autograd).
+at::Tensor alias_of(const at::Tensor& t) {
+  at::Tensor alias = at::empty({0}, t.options());
+  alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return alias;
 }
 
 void refill(const at::Tensor& t, const at::Tensor& values) {
@@ -245,13 +273,22 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
   std::vector<at::Tensor> full;
   {
     at::NoGradGuard no_grad;  // recorded below as one node: gather forward, reduce-scatter backward
-    const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
-    FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
-    for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
+    if (unit->keeps_parameters() && unit->kept_version == unit->shards_version()) {
+      for (const at::Tensor& k : unit->kept) full.push_back(alias_of(k));  // no communication
+    } else {
+      const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
+      FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
+      for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
+      if (unit->keeps_parameters()) {
+        unit->kept = full;
+        for (at::Tensor& f : full) f = alias_of(f);
+        unit->kept_version = unit->shards_version();
+      }
+    }
   }  // the [n, L] buffer is freed here
   std::vector<at::Tensor> inputs;
   for (const ManagedParam& p : unit->params) inputs.push_back(p.sharded);
-  const bool reshard = unit->options.reshard_after_forward;
+  const bool reshard = unit->options.reshard_after_forward && !unit->keeps_parameters();
   std::weak_ptr<FsdpUnit> weak = unit;
   std::weak_ptr<Gathered> weak_call = call;
   call->params = record_backward("fsdp_all_gather(" + unit->name + ")", inputs, std::move(full),
@@ -380,7 +417,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     u->put_shards_back();
     if (const auto dtype = u->options.mixed_precision.output_dtype; dtype && output.is_floating_point())
       output = output.to(*dtype);
-    if (!u->options.reshard_after_forward || !output.requires_grad()) return;
+    if (!u->options.reshard_after_forward || u->keeps_parameters() || !output.requires_grad()) return;
     for (const at::Tensor& t : call->params) detail::release(t);
     call->released = true;
     // Backward reaches this unit once its output's gradient is complete: gather again first.

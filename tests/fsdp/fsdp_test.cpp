@@ -187,6 +187,21 @@ TEST(FsdpOptions, MixedPrecisionFollowsFp32) {
   EXPECT_LT(fp32.back(), fp32.front());
 }
 
+class FsdpLevels : public ::testing::TestWithParam<ShardingLevel> {};
+
+// ZeRO-1 and ZeRO-2 change memory and communication, not the numbers.
+TEST_P(FsdpLevels, MatchSingleDevice) {
+  single_device();
+  run(2, [&](const comm::ProcessGroup& g) {
+    FullyShardOptions options;
+    options.level = GetParam();
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "level " + std::to_string(static_cast<int>(GetParam())), options);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, FsdpLevels, ::testing::Values(ShardingLevel::kOptimizer, ShardingLevel::kGradients),
+                         [](const auto& info) { return "zero" + std::to_string(static_cast<int>(info.param)); });
+
 TEST(FsdpOptions, PrefetchingGivesTheSameNumbers) {
   single_device();
   run(2, [&](const comm::ProcessGroup& g) {

@@ -29,12 +29,12 @@ LlamaConfig config() {
 constexpr int64_t kBatch = 2, kSeq = 16;
 
 // Peak bytes this rank allocates from building the model through 3 training steps.
-int64_t peak_of_training(const DeviceMesh* dp) {
+int64_t peak_of_training(const DeviceMesh* dp, FullyShardOptions options = {}) {
   MemoryTracker tracker;
   Llama model(config());
   if (dp)  // torchtitan's units: each block, the embedding, the LM head, then the root (final norm)
     for (const char* unit : {"layers.*", "embed", "output", ""})
-      for (auto& [fqn, m] : nn::match_modules(model, unit)) fully_shard(*m, *dp);
+      for (auto& [fqn, m] : nn::match_modules(model, unit)) fully_shard(*m, *dp, options);
   nn::init_parameters(model, 1);
   torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
   const at::Tensor seq = at::randint(0, config().vocab, {kBatch, kSeq + 1}, at::make_generator<at::CPUGeneratorImpl>(2),
@@ -73,6 +73,24 @@ TEST(FsdpMemory, PeakWithinTheBound) {
       EXPECT_LE(peak, bound) << "rank " << g.rank() << " of " << n;
     });
   }
+}
+
+// ZeRO-1 keeps whole parameters and gradients, ZeRO-2 whole parameters, ZeRO-3 neither: measured
+// per-rank peaks order accordingly.
+TEST(FsdpMemory, LevelsOrderZero1AboveZero2AboveZero3) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh dp = init_device_mesh(g, "cpu", {2}, {"dp"});
+    std::vector<int64_t> peaks;
+    for (ShardingLevel level : {ShardingLevel::kOptimizer, ShardingLevel::kGradients, ShardingLevel::kParameters}) {
+      FullyShardOptions options;
+      options.level = level;
+      peaks.push_back(peak_of_training(&dp, options));
+    }
+    if (g.rank() == 0)
+      std::printf("peak bytes per rank on 2 ranks: ZeRO-1 %ld, ZeRO-2 %ld, ZeRO-3 %ld\n", peaks[0], peaks[1], peaks[2]);
+    EXPECT_GT(peaks[0], peaks[1]);
+    EXPECT_GT(peaks[1], peaks[2]);
+  });
 }
 
 }  // namespace

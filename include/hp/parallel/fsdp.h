@@ -38,6 +38,15 @@ struct MixedPrecisionPolicy {
   std::optional<at::ScalarType> output_dtype;
 };
 
+// How much is sharded (ZeRO stages). Every level keeps the optimizer's view the same: sharded
+// DTensor parameters with sharded gradients, so levels change memory and communication only.
+enum class ShardingLevel {
+  kOptimizer = 1,   // ZeRO-1: parameters stay gathered between steps (re-gathered only after the
+                    // shards change); gradients are all-reduced and kept whole on every rank
+  kGradients = 2,   // ZeRO-2: parameters stay gathered; gradients are reduce-scattered
+  kParameters = 3,  // ZeRO-3 / FSDP: parameters are gathered per use and released after
+};
+
 struct FullyShardOptions {
   // Free the gathered parameters after forward and gather them again for backward (ZeRO-3). Off:
   // keep them from forward to backward (more memory, one all_gather less per step).
@@ -46,6 +55,7 @@ struct FullyShardOptions {
   // a mean over each rank's batch) or kSum.
   comm::ReduceOp reduce_op = comm::ReduceOp::kAvg;
   MixedPrecisionPolicy mixed_precision;
+  ShardingLevel level = ShardingLevel::kParameters;
 };
 
 namespace detail {
