@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -33,8 +34,9 @@ struct ManagedParam {
   std::string name, fqn;
   at::Tensor sharded;               // the DTensor users and optimizers see
   std::vector<int64_t> shape;       // what FSDP shards: the parameter, or its tensor-parallel piece
-  std::vector<int64_t> rows;        // rows of dim 0 on each shard rank (torch.chunk)
-  int64_t row_numel = 1, offset = 0;  // elements per row; where the padded slot starts
+  int64_t dim = 0;                  // the dim FSDP splits (shard_placement_fn; default 0)
+  std::vector<int64_t> rows;        // size along `dim` on each shard rank (torch.chunk)
+  int64_t row_numel = 1, offset = 0;  // elements per index of `dim`; where the padded slot starts
   std::optional<DTensorSpec> tp;    // set when the parameter was a tensor-parallel DTensor
 };
 
@@ -124,10 +126,10 @@ struct FsdpUnit {
     std::vector<at::Tensor> pieces;
     std::vector<int64_t> piece_shape = p.shape;
     for (int r = 0; r < n; ++r) {
-      piece_shape[0] = p.rows[r];
+      piece_shape[p.dim] = p.rows[r];
       pieces.push_back(gathered[r].narrow(0, p.offset, p.rows[r] * p.row_numel).view(piece_shape));
     }
-    return at::cat(pieces, 0);
+    return at::cat(pieces, p.dim);
   }
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
@@ -156,7 +158,7 @@ struct FsdpUnit {
       const ManagedParam& p = params[i];
       int64_t row = 0;
       for (int r = 0; r < n; ++r) {
-        buffer[r].narrow(0, p.offset, p.rows[r] * p.row_numel).copy_(grads[i].narrow(0, row, p.rows[r]).reshape({-1}));
+        buffer[r].narrow(0, p.offset, p.rows[r] * p.row_numel).copy_(grads[i].narrow(p.dim, row, p.rows[r]).reshape({-1}));
         row += p.rows[r];
       }
       grads[i].reset();  // packed: free it now, not after the whole unit
@@ -267,6 +269,11 @@ DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
 
 namespace {
 
+bool ignored(const FullyShardOptions& options, const std::string& fqn) {
+  return std::any_of(options.ignored_params.begin(), options.ignored_params.end(),
+                     [&](const std::string& pattern) { return nn::fqn_matches(pattern, fqn); });
+}
+
 // Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
 std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
   auto call = std::make_shared<Gathered>();
@@ -360,12 +367,17 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
         tp_mesh = tp->mesh();
         piece = detail::dtensor_impl(p)->local();
       }
-      HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards dim 0");
-      HP_CHECK(piece.size(0) >= unit->n, "fully_shard: ", fqn, " has ", piece.size(0), " rows in dim 0",
+      if (detail::ignored(options, fqn)) continue;
+      HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards a dim of it (list it in ignored_params)");
+      int64_t dim = 0;
+      if (options.shard_placement_fn)
+        if (const auto chosen = options.shard_placement_fn(fqn, p)) dim = parallel::normalized(*chosen, piece.dim()).dim();
+      HP_CHECK(dim >= 0 && dim < piece.dim(), "fully_shard: ", fqn, " has ", piece.dim(), " dims; shard_placement_fn chose dim ", dim);
+      HP_CHECK(piece.size(dim) >= unit->n, "fully_shard: ", fqn, " has ", piece.size(dim), " rows in dim ", dim,
                tp ? " (of its tensor-parallel piece)" : "", ", fewer than the ", unit->n,
                " ranks it would be split over; leave it to an outer unit on fewer ranks or replicate it");
-      ManagedParam mp{m, item.key(), fqn, {}, piece.sizes().vec(), chunk_sizes(piece.size(0), unit->n)};
-      for (size_t d = 1; d < mp.shape.size(); ++d) mp.row_numel *= mp.shape[d];
+      ManagedParam mp{m, item.key(), fqn, {}, piece.sizes().vec(), dim, chunk_sizes(piece.size(dim), unit->n)};
+      mp.row_numel = piece.numel() / std::max<int64_t>(piece.size(dim), 1);
       mp.offset = unit->flat;
       mp.tp = tp;
       unit->flat += mp.rows[0] * mp.row_numel;  // rows[0] is the widest piece
@@ -377,15 +389,15 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   for (ManagedParam& mp : unit->params) {
     if (!combined) {
       Placements placements(mesh.ndim(), Replicate());
-      placements.back() = Shard(0);
+      placements.back() = Shard(mp.dim);
       parallel::distribute_parameter(*mp.owner, mp.name, mesh, placements, mp.fqn);
     } else {
       const at::Tensor p = mp.owner->param(mp.name);
       const Placement tp_placement = mp.tp ? mp.tp->placements()[0] : Replicate();
-      const DTensorSpec spec(*combined, {tp_placement, Shard(0)}, p.sizes().vec());
+      const DTensorSpec spec(*combined, {tp_placement, Shard(mp.dim)}, p.sizes().vec());
       const at::Tensor piece = mp.tp ? detail::dtensor_impl(p)->local() : p;
       at::Tensor local = piece.is_meta() ? at::empty(spec.local_shape(), piece.options())
-                                         : piece.detach().narrow(0, chunk_offset(piece.size(0), unit->n, unit->rank),
+                                         : piece.detach().narrow(mp.dim, chunk_offset(piece.size(mp.dim), unit->n, unit->rank),
                                                                  mp.rows[unit->rank]).clone();
       parallel::set_placed_parameter(*mp.owner, mp.name, detail::make_dtensor(local, spec));
     }

@@ -202,6 +202,37 @@ TEST_P(FsdpLevels, MatchSingleDevice) {
 INSTANTIATE_TEST_SUITE_P(Zero, FsdpLevels, ::testing::Values(ShardingLevel::kOptimizer, ShardingLevel::kGradients),
                          [](const auto& info) { return "zero" + std::to_string(static_cast<int>(info.param)); });
 
+// shard_placement_fn: 2-D weights split on dim 1 instead of dim 0, same numbers.
+TEST(FsdpOptions, ShardPlacementFnSplitsTheChosenDim) {
+  single_device();
+  run(2, [&](const comm::ProcessGroup& g) {
+    FullyShardOptions options;
+    options.shard_placement_fn = [](const std::string&, const at::Tensor& p) -> std::optional<Placement> {
+      return p.dim() == 2 ? std::optional<Placement>(Shard(1)) : std::nullopt;
+    };
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "shard_placement_fn", options);
+  });
+}
+
+// Ignored parameters stay plain tensors with their local gradient; the others are sharded.
+TEST(FsdpOptions, IgnoredParametersAreLeftAlone) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"dp"});
+    Llama model(config());
+    FullyShardOptions options;
+    options.ignored_params = {"layers.*.attn_norm.weight", "norm.weight"};
+    fully_shard(model, mesh, options);
+    nn::init_parameters(model, kSeed);
+    auto [tokens, targets] = batch(0, g.rank() * 2, 2);
+    cross_entropy(model(tokens), targets).backward();
+    for (const auto& item : model.named_parameters()) {
+      const bool is_ignored = item.key() == "norm.weight" || item.key().find("attn_norm") != std::string::npos;
+      EXPECT_EQ(is_dtensor(item.value()), !is_ignored) << item.key();
+      EXPECT_TRUE(item.value().grad().defined()) << item.key();
+    }
+  });
+}
+
 TEST(FsdpOptions, PrefetchingGivesTheSameNumbers) {
   single_device();
   run(2, [&](const comm::ProcessGroup& g) {

@@ -16,11 +16,14 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "hp/comm/types.h"
+#include "hp/dtensor/placement.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
 
@@ -56,6 +59,12 @@ struct FullyShardOptions {
   comm::ReduceOp reduce_op = comm::ReduceOp::kAvg;
   MixedPrecisionPolicy mixed_precision;
   ShardingLevel level = ShardingLevel::kParameters;
+  // Which dim to split each parameter on (FSDP2's shard_placement_fn): return Shard(d), or nullopt
+  // for the default Shard(0). Called with the parameter's FQN relative to the unit.
+  std::function<std::optional<Placement>(const std::string& fqn, const at::Tensor& param)> shard_placement_fn;
+  // Parameters (FQN patterns relative to the unit, '*' = one segment) the unit leaves alone: not
+  // sharded, not gathered, gradients not reduced.
+  std::vector<std::string> ignored_params;
 };
 
 namespace detail {
