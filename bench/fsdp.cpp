@@ -1,6 +1,7 @@
 // bench/fsdp: fully_shard on the test Llama, measured side by side in one run.
 //
 //   build/bin/bench_fsdp [--quick]
+//   bench/fsdp_vs_ddp      (this program under hprun against PyTorch's Python DDP)
 //
 // Step time (forward, backward, AdamW) of FSDP on 2 ranks (threads, one CPU thread each) with
 // prefetching off and on (each block's forward gathers the next block early, its backward the
@@ -10,10 +11,12 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "bench/timing.h"
 #include "hp/core/cpu_threads.h"
+#include "hp/comm/init.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/fsdp.h"
@@ -44,16 +47,16 @@ struct Run {
 };
 
 // Trains `steps` timed steps (after one warm-up) on this rank; world size 1 = no FSDP.
-Run train(const hp::comm::ProcessGroup* world, bool quick, bool prefetch, int steps) {
+Run train(const hp::comm::ProcessGroup* world, bool quick, bool prefetch, int steps, hp::FullyShardOptions options = {}) {
   Run run;
   hp::MemoryTracker tracker;
   Llama model(config(quick));
   if (world) {
     hp::DeviceMesh dp = hp::init_device_mesh(*world, "cpu", {world->size()}, {"dp"});
     std::vector<hp::FSDPModule> blocks;
-    for (auto& [fqn, m] : hp::nn::match_modules(model, "layers.*")) blocks.push_back(hp::fully_shard(*m, dp));
+    for (auto& [fqn, m] : hp::nn::match_modules(model, "layers.*")) blocks.push_back(hp::fully_shard(*m, dp, options));
     for (const char* unit : {"embed", "output", ""})
-      for (auto& [fqn, m] : hp::nn::match_modules(model, unit)) hp::fully_shard(*m, dp);
+      for (auto& [fqn, m] : hp::nn::match_modules(model, unit)) hp::fully_shard(*m, dp, options);
     for (size_t i = 0; prefetch && i < blocks.size(); ++i) {
       if (i + 1 < blocks.size()) blocks[i].set_modules_to_forward_prefetch({blocks[i + 1]});
       if (i > 0) blocks[i].set_modules_to_backward_prefetch({blocks[i - 1]});
@@ -90,6 +93,14 @@ Run fsdp(bool quick, bool prefetch, int steps) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && !std::strcmp(argv[1], "--quick");
   hp::set_cpu_threads(1);
+  if (argc > 1 && !std::strcmp(argv[1], "--processes")) {  // under hprun: ranks as processes (bench/fsdp_vs_ddp)
+    hp::comm::ProcessGroup world = hp::comm::init_process_group();
+    hp::FullyShardOptions options;
+    options.reshard_after_forward = std::getenv("HP_BENCH_RESHARD") != nullptr;
+    const Run r = train(&world, /*quick=*/false, /*prefetch=*/true, /*steps=*/5, options);
+    if (world.rank() == 0) std::printf("fsdp_step_ms %.2f\n", median(r.step_seconds) * 1e3);
+    return 0;
+  }
   const int rounds = quick ? 1 : 5, steps = quick ? 2 : 5;
   const LlamaConfig c = config(quick);
   std::printf("model: %ld layers, dim %ld, ffn %ld, vocabulary %ld; per rank batch %d x %d; fp32; 2 ranks as threads\n",

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
 #include <map>
@@ -174,38 +175,42 @@ struct FsdpUnit {
   }
 
   // [n, L] gradient -> this rank's shard of each parameter's gradient (DTensors; undefined = none).
-  std::vector<at::Tensor> reduce_gradients(at::Tensor grad) {
+  // Starts reducing the unit's [n, L] gradient (asynchronously, so backward goes on computing the
+  // next units meanwhile); nullopt while sync is off (the gradient is kept for later).
+  std::optional<comm::Work> start_reduction(at::Tensor grad) {
     const auto& mp = options.mixed_precision;
     grad = grad.to(mp.reduce_dtype.value_or(mp.param_dtype.value_or(grad.scalar_type())));
     if (scale != 1.0) grad = grad * scale;
     if (!sync) {
       push_pending(grad);
-      return std::vector<at::Tensor>(params.size());
+      return std::nullopt;
     }
-    grad = fold_pending(grad);
-    at::Tensor mine;  // [1, L]: this rank's slots
+    grad = fold_pending(grad).contiguous();
+    if (options.level == ShardingLevel::kOptimizer) return shard_group.all_reduce_async(grad, {options.reduce_op});
+    comm::ReduceScatterOptions rs;
+    rs.op = options.reduce_op;
+    return shard_group.reduce_scatter_async(grad, rs);
+  }
+
+  // Waits for a reduction started by start_reduction and adds each shard of it to the sharded
+  // parameter's .grad (FSDP2 sets gradients itself rather than through autograd's accumulation).
+  void finish_reduction(comm::Work& work) {
+    at::Tensor mine = work.wait();  // [1, L], or [n, L] for ZeRO-1
     if (options.level == ShardingLevel::kOptimizer) {
-      // ZeRO-1: every rank keeps the whole reduced gradient; its own slots feed the optimizer.
-      whole_gradient = shard_group.all_reduce(grad.contiguous(), {options.reduce_op});
+      whole_gradient = mine;  // ZeRO-1: every rank keeps the whole reduced gradient
       mine = whole_gradient.narrow(0, rank, 1);
-    } else {
-      comm::ReduceScatterOptions rs;
-      rs.op = options.reduce_op;
-      mine = shard_group.reduce_scatter(grad.contiguous(), rs);
     }
     if (replicate_group) mine = replicate_group->all_reduce(mine, {options.reduce_op});
-    std::vector<at::Tensor> grads;
+    at::NoGradGuard no_grad;
     for (const ManagedParam& p : params) {
-      if (!p.sharded.requires_grad()) {
-        grads.emplace_back();
-        continue;
-      }
+      if (!p.sharded.requires_grad()) continue;
       const at::Tensor& local = dtensor_impl(p.sharded)->local();
       at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).to(local.scalar_type(),
                                                                                     /*non_blocking=*/false, /*copy=*/true);
-      grads.push_back(make_dtensor(g, dtensor_impl(p.sharded)->spec()));
+      at::Tensor& slot = p.sharded.mutable_grad();
+      if (slot.defined()) detail::dtensor_impl(slot)->local().add_(g);
+      else slot = make_dtensor(g, dtensor_impl(p.sharded)->spec());
     }
-    return grads;
   }
 
   void set_params(const std::vector<at::Tensor>& gathered_pieces) {
@@ -269,6 +274,24 @@ DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
 
 namespace {
 
+// The reductions started during the current backward pass, finished in order by one callback
+// that the autograd engine runs when the pass ends (before anyone can read a gradient).
+struct PendingReductions {
+  std::vector<std::pair<std::shared_ptr<FsdpUnit>, comm::Work>> items;
+};
+thread_local std::shared_ptr<PendingReductions> this_backward;
+
+void finish_at_end_of_backward(std::shared_ptr<FsdpUnit> unit, comm::Work work) {
+  if (!this_backward) {
+    this_backward = std::make_shared<PendingReductions>();
+    torch::autograd::Engine::get_default_engine().queue_callback([pending = this_backward] {
+      this_backward.reset();
+      for (auto& [u, w] : pending->items) u->finish_reduction(w);
+    });
+  }
+  this_backward->items.emplace_back(std::move(unit), std::move(work));
+}
+
 bool ignored(const FullyShardOptions& options, const std::string& fqn) {
   return std::any_of(options.ignored_params.begin(), options.ignored_params.end(),
                      [&](const std::string& pattern) { return nn::fqn_matches(pattern, fqn); });
@@ -306,7 +329,9 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
                                      for (const at::Tensor& t : c->params) release(t);  // backward is done with them
                                      c->released = true;
                                    }
-                                   return u->reduce_gradients(u->pack_gradients(std::move(grads)));
+                                   if (auto work = u->start_reduction(u->pack_gradients(std::move(grads))))
+                                     finish_at_end_of_backward(u, std::move(*work));
+                                   return std::vector<at::Tensor>(u->params.size());  // set by finish_reduction
                                  });
   return call;
 }
