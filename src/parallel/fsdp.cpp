@@ -275,21 +275,26 @@ DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
 namespace {
 
 // The reductions started during the current backward pass, finished in order by one callback
-// that the autograd engine runs when the pass ends (before anyone can read a gradient).
+// that the autograd engine runs when the pass ends (before anyone can read a gradient). Only the
+// queued callback owns the list: when a pass fails, the engine drops its callbacks, the list
+// expires, and the next pass starts a fresh one instead of appending to a list nobody finishes.
 struct PendingReductions {
   std::vector<std::pair<std::shared_ptr<FsdpUnit>, comm::Work>> items;
 };
-thread_local std::shared_ptr<PendingReductions> this_backward;
+thread_local std::weak_ptr<PendingReductions> this_backward;
 
 void finish_at_end_of_backward(std::shared_ptr<FsdpUnit> unit, comm::Work work) {
-  if (!this_backward) {
-    this_backward = std::make_shared<PendingReductions>();
-    torch::autograd::Engine::get_default_engine().queue_callback([pending = this_backward] {
-      this_backward.reset();
+  std::shared_ptr<PendingReductions> pending = this_backward.lock();
+  if (!pending) {
+    pending = std::make_shared<PendingReductions>();
+    this_backward = pending;
+    torch::autograd::Engine::get_default_engine().queue_callback([pending] {
+      this_backward.reset();  // this pass is done: the next one starts its own list
       for (auto& [u, w] : pending->items) u->finish_reduction(w);
+      pending->items.clear();
     });
   }
-  this_backward->items.emplace_back(std::move(unit), std::move(work));
+  pending->items.emplace_back(std::move(unit), std::move(work));
 }
 
 bool ignored(const FullyShardOptions& options, const std::string& fqn) {
