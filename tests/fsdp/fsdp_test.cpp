@@ -298,6 +298,36 @@ TEST(FsdpOptions, AccumulatingWithoutSyncEqualsOneBigBatch) {
   });
 }
 
+// A backward pass that fails half way leaves no stale reductions behind: the next pass's
+// gradients equal those of a model that never saw the failure.
+TEST(FsdpErrors, AFailedBackwardDoesNotCorruptTheNextOne) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"dp"});
+    auto grads_after = [&](bool fail_first) {
+      Llama model(config());
+      shard_llama(model, mesh);
+      nn::init_parameters(model, kSeed);
+      auto [tokens, targets] = batch(0, g.rank() * 2, 2);
+      if (fail_first) {
+        // Fails when backward reaches block 0: block 1's reduce-scatter is already on its way.
+        bool armed = true;
+        model.layers->items()[0]->register_forward_hook([&armed](nn::Module&, const nn::Inputs&, at::Tensor& out) {
+          if (armed) out.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected"); });
+        });
+        EXPECT_THROW(cross_entropy(model(tokens), targets).backward(), std::exception);
+        armed = false;
+        for (const auto& item : model.named_parameters()) item.value().mutable_grad().reset();
+      }
+      cross_entropy(model(tokens), targets).backward();
+      std::map<std::string, at::Tensor> grads;
+      for (const auto& item : model.named_parameters()) grads[item.key()] = full(item.value().grad());
+      return grads;
+    };
+    const auto after_failure = grads_after(true), clean = grads_after(false);
+    for (const auto& [fqn, grad] : clean) check_close(after_failure.at(fqn), grad, "grad of " + fqn, /*bitwise=*/true);
+  });
+}
+
 TEST(FsdpErrors, BadInputIsAClearError) {
   run(2, [](const comm::ProcessGroup& g) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"dp"});
