@@ -1,14 +1,15 @@
 // fully_shard (hp/parallel/fsdp.h).
 //
 // Layout: every rank packs its shards of the unit's parameters into one flat buffer of L elements,
-// parameter i at offset[i] with room for ceil(dim0 / n) rows (the widest torch.chunk piece), zero
-// padded. One all_gather gives [n, L]; parameter i is the concatenation over ranks r of row r's
-// piece. The gather is recorded for autograd with a reduce-scatter of the [n, L] gradient as its
-// backward, so the sharded parameters receive their gradient shards through ordinary autograd.
+// parameter i at offset[i] with room for its widest torch.chunk piece, zero padded. One all_gather
+// gives [n, L]; parameter i is the concatenation over ranks r of row r's piece (along its shard
+// dim). The gather is recorded for autograd as one node whose backward packs the parameters'
+// gradients into [n, L] and starts an asynchronous reduce-scatter; a callback at the end of the
+// backward pass waits for it and adds each shard to the sharded parameter's .grad.
 //
 // Memory: with reshard_after_forward, the gathered parameters' storage is released after forward
 // (autograd still holds the tensors, now empty) and refilled by a hook on the unit's output when
-// backward reaches the unit; the backward of the gather releases it again.
+// backward reaches the unit; the backward of the gather releases it again. ZeRO-1/2 keep them.
 #include "hp/parallel/fsdp.h"
 
 #include <ATen/ATen.h>
