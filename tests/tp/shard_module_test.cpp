@@ -24,6 +24,19 @@ class TwoLayers : public nn::Module {
 
 at::Tensor input() { return at::randn({7, 6}, at::make_generator<at::CPUGeneratorImpl>(3)); }
 
+// Runs the sharded model on input() and checks output and parameter gradients (loss = sum of
+// squared outputs) against the single-device `reference`, whose output was `want` and whose
+// backward already ran. Returns the output.
+at::Tensor expect_matches(TwoLayers& model, TwoLayers& reference, const at::Tensor& want) {
+  const at::Tensor out = model(input());
+  check_close(DTensor(out).full_tensor(), want.detach(), "output");
+  (out * out).sum().backward();
+  for (const auto& item : reference.named_parameters())
+    check_close(DTensor(model.named_parameters()[item.key()].grad()).full_tensor(), item.value().grad(),
+                "grad of " + item.key());
+  return out;
+}
+
 ShardingPlan megatron_style_plan() {
   ShardingPlan plan;
   plan.plan = {{"fc1.*", {Replicate(), Shard(0)}}, {"fc2.weight", {Replicate(), Shard(1)}}};
@@ -46,13 +59,7 @@ TEST(ShardModule, TwoDimensionalPlanMatchesSingleDevice) {
     EXPECT_EQ(DTensor(model.fc1->param("bias")).placements(), (Placements{Replicate(), Shard(0)}));
     EXPECT_EQ(DTensor(model.fc2->param("bias")).placements(), (Placements{Replicate(), Replicate()}));  // unplanned
 
-    const at::Tensor out = model(input());
-    EXPECT_EQ(DTensor(out).placements(), (Placements{Replicate(), Replicate()}));
-    check_close(DTensor(out).full_tensor(), want.detach(), "output");
-    (out * out).sum().backward();
-    for (const auto& item : reference.named_parameters())
-      check_close(DTensor(model.named_parameters()[item.key()].grad()).full_tensor(), item.value().grad(),
-                  "grad of " + item.key());
+    EXPECT_EQ(DTensor(expect_matches(model, reference, want)).placements(), (Placements{Replicate(), Replicate()}));
   });
 }
 
@@ -78,12 +85,7 @@ TEST(ShardModule, TwoDimensionalTensorParallelMatchesSingleDevice) {
     const auto coordinate = *mesh.get_coordinate();  // each rank holds one block of each weight
     EXPECT_EQ(DTensor(model.fc1->param("weight")).to_local().sizes(), (std::vector<int64_t>{4, 3}));
     EXPECT_EQ(DTensor(model.fc2->param("weight")).to_local().sizes(), (std::vector<int64_t>{coordinate[1] == 0 ? 3 : 2, 4}));
-    const at::Tensor out = model(input());
-    check_close(DTensor(out).full_tensor(), want.detach(), "output");
-    (out * out).sum().backward();
-    for (const auto& item : reference.named_parameters())
-      check_close(DTensor(model.named_parameters()[item.key()].grad()).full_tensor(), item.value().grad(),
-                  "grad of " + item.key());
+    expect_matches(model, reference, want);
   });
 }
 
