@@ -23,6 +23,8 @@
 #include "hp/nn/init.h"
 #include "hp/nn/layers.h"
 #include "hp/nn/module.h"
+#include "hp/optim/clip_grad.h"
+#include "hp/optim/lr_scheduler.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/parallel/shard_module.h"

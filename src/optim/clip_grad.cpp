@@ -1,0 +1,64 @@
+#include "hp/optim/clip_grad.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "dtensor/dtensor_impl.h"
+#include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+
+namespace hp {
+namespace {
+
+// Whether this rank's piece of `grad` is the one that counts: the first copy along every mesh
+// dim that replicates it.
+bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
+  const detail::DTensorImpl* impl = detail::dtensor_impl(grad);
+  if (impl == nullptr) return world.rank() == 0;
+  const DTensorSpec& spec = impl->spec();
+  const auto coordinate = spec.mesh().get_coordinate();
+  if (!coordinate) return false;
+  for (int64_t d = 0; d < spec.mesh().ndim(); ++d) {
+    const Placement& p = spec.placements()[d];
+    HP_CHECK(!p.is_partial(), "clip_grad_norm_: a gradient is ", to_string(spec.placements()),
+             "; reduce Partial gradients first (plans and fully_shard do)");
+    if (p.is_replicate() && (*coordinate)[d] != 0) return false;
+  }
+  return true;
+}
+
+const at::Tensor& local_of(const at::Tensor& t) {
+  const detail::DTensorImpl* impl = detail::dtensor_impl(t);
+  return impl ? impl->local() : t;
+}
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
+                       double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  HP_CHECK(inf || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2 or infinity, got ", norm_type);
+  HP_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be non-negative, got ", max_norm);
+  // Accumulated in double: the sum runs over millions of squares.
+  at::Tensor total = at::zeros({1}, at::kDouble);
+  for (const at::Tensor& p : params) {
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined() || !counts_here(grad, world)) continue;
+    const at::Tensor g = local_of(grad).to(at::kDouble);
+    if (g.numel() == 0) continue;
+    total = inf ? at::maximum(total, g.abs().max().view({1})) : total + g.pow(2).sum().view({1});
+  }
+  total = world.all_reduce(total, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum});
+  const double norm = inf ? total.item<double>() : std::sqrt(total.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& p : params)
+      if (p.grad().defined()) local_of(p.grad()).mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace hp

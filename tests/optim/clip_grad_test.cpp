@@ -1,0 +1,84 @@
+// clip_grad_norm_ over sharded gradients equals the single-device norm (within 1e-6 relative) for
+// tensor-parallel (plain replicated norms; with SP replicated DTensors), FSDP and FSDP x TP
+// placements, and clipping brings the global norm to max_norm.
+#include <hp/dtensor/dtensor.h>
+#include <hp/nn/init.h>
+#include <hp/optim/clip_grad.h>
+#include <hp/parallel/fsdp.h>
+#include <hp/parallel/loss_parallel.h>
+#include <torch/torch.h>
+
+#include "test_util.h"
+#include "tp/llama_model.h"
+#include "tp/llama_plan.h"
+
+namespace hp::test {
+namespace {
+
+std::pair<at::Tensor, at::Tensor> batch(int64_t first, int64_t count) {
+  const at::Tensor all = at::randint(0, LlamaConfig{}.vocab, {4, 9}, at::make_generator<at::CPUGeneratorImpl>(8),
+                                     at::TensorOptions().dtype(at::kLong));
+  const at::Tensor mine = all.narrow(0, first, count);
+  return {mine.narrow(1, 0, 8).contiguous(), mine.narrow(1, 1, 8).contiguous()};
+}
+
+double single_device_norm() {
+  static const double norm = [] {
+    double n = 0;
+    run(1, [&](const comm::ProcessGroup& g) {
+      Llama model(LlamaConfig{});
+      nn::init_parameters(model, 4);
+      auto [tokens, targets] = batch(0, 4);
+      cross_entropy(model(tokens), targets).backward();
+      n = clip_grad_norm_(model.parameters(), 1e9, g);
+    });
+    return n;
+  }();
+  return norm;
+}
+
+struct Layout {
+  std::string name;
+  int tp = 1, dp = 1;
+  bool sequence_parallel = false;
+};
+
+class ClipGradNorm : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ClipGradNorm, EqualsSingleDeviceAndClips) {
+  const Layout l = GetParam();
+  const double want = single_device_norm();
+  run(l.tp * l.dp, [&](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {l.dp, l.tp}, {"dp", "tp"});
+    Llama model(LlamaConfig{});
+    if (l.tp > 1) parallelize_module(model, mesh["tp"], llama_tp_plan({l.sequence_parallel, false}));
+    if (l.dp > 1) {
+      for (const char* unit : {"layers.*", ""})
+        for (auto& [fqn, m] : nn::match_modules(model, unit)) fully_shard(*m, mesh["dp"]);
+    }
+    nn::init_parameters(model, 4);
+    const int64_t per_rank = 4 / l.dp;
+    auto [tokens, targets] = batch(mesh.get_local_rank("dp") * per_rank, per_rank);
+    cross_entropy(model(tokens), targets).backward();
+    const double got = clip_grad_norm_(model.parameters(), want / 2, g);
+    EXPECT_NEAR(got, want, 1e-6 * want) << l.name;
+    const double after = clip_grad_norm_(model.parameters(), 1e9, g);
+    EXPECT_NEAR(after, want / 2, 1e-6 * want) << l.name << ": clipped norm";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClipGradNorm,
+                         ::testing::Values(Layout{"tp2", 2, 1, false}, Layout{"tp2_sp", 2, 1, true}, Layout{"fsdp2", 1, 2},
+                                           Layout{"fsdp4", 1, 4}, Layout{"fsdp2_tp2", 2, 2, true}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ClipGradNormErrors, BadArguments) {
+  run(1, [](const comm::ProcessGroup& g) {
+    std::vector<at::Tensor> none;
+    expect_error([&] { clip_grad_norm_(none, 1.0, g, 1.0); }, "norm_type must be 2 or infinity");
+    expect_error([&] { clip_grad_norm_(none, -1.0, g); }, "max_norm must be non-negative");
+  });
+}
+
+}  // namespace
+}  // namespace hp::test
