@@ -25,6 +25,7 @@
 #include "hp/nn/module.h"
 #include "hp/optim/clip_grad.h"
 #include "hp/optim/lr_scheduler.h"
+#include "hp/optim/muon.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/parallel/shard_module.h"
