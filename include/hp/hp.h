@@ -23,6 +23,7 @@
 #include "hp/nn/init.h"
 #include "hp/nn/layers.h"
 #include "hp/nn/module.h"
+#include "hp/optim/chained.h"
 #include "hp/optim/clip_grad.h"
 #include "hp/optim/lr_scheduler.h"
 #include "hp/optim/muon.h"
