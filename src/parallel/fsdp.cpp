@@ -66,7 +66,13 @@ struct FsdpUnit {
   bool tree_order = false;
   // Prefetching: the units whose gather this unit issues early, and a gather issued for this unit.
   std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch, backward_prefetch;
-  std::optional<comm::Work> prefetched_forward, prefetched_backward;
+  struct Prefetched {
+    comm::Work work;
+    int64_t version;  // the shards' version when issued: stale data is never used
+  };
+  std::optional<Prefetched> prefetched_forward, prefetched_backward;
+  std::weak_ptr<Gathered> last_call;  // the latest forward's gathered parameters
+  int64_t forward_index = -1;         // position in this thread's last forward order
   // Levels 1 and 2: the gathered parameters kept between steps, valid while the shards' versions
   // are unchanged; level 1 also keeps the whole reduced gradient.
   std::vector<at::Tensor> kept;
@@ -136,18 +142,34 @@ struct FsdpUnit {
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
 
-  // The gathered [n, L] buffer: from a prefetch issued earlier if there is one.
-  at::Tensor take_gathered(std::optional<comm::Work>& prefetched) const {
+  // The gathered [n, L] buffer: from a prefetch issued earlier if there is one and the shards have
+  // not changed since (e.g. by an optimizer step), else gathered now.
+  at::Tensor take_gathered(std::optional<Prefetched>& prefetched) const {
     if (!prefetched) return all_gather();
-    at::Tensor gathered = prefetched->wait();
+    at::Tensor gathered = prefetched->work.wait();  // waited on either way: every rank issued it
+    const bool fresh = prefetched->version == shards_version();
     prefetched.reset();
-    return gathered;
+    return fresh ? gathered : all_gather();
   }
 
   // Issues the gathers of `units` now, asynchronously, so they overlap this unit's compute.
-  static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<comm::Work> FsdpUnit::*slot) {
+  static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<Prefetched> FsdpUnit::*slot) {
     for (const auto& weak : units)
-      if (auto u = weak.lock(); u && !((*u).*slot)) (*u).*slot = u->shard_group.all_gather_async(u->pack_shards());
+      if (auto u = weak.lock(); u && !((*u).*slot))
+        (*u).*slot = Prefetched{u->shard_group.all_gather_async(u->pack_shards()), u->shards_version()};
+  }
+
+  // Backward: the units whose gathers to issue early — the explicit list, else the unit that ran
+  // before this one in forward — if they will need a gather (their parameters were released).
+  std::vector<std::weak_ptr<FsdpUnit>> backward_prefetch_targets(const std::vector<std::weak_ptr<FsdpUnit>>& order) const {
+    std::vector<std::weak_ptr<FsdpUnit>> targets = backward_prefetch;
+    if (targets.empty() && forward_index > 0 && forward_index <= static_cast<int64_t>(order.size()))
+      targets.push_back(order[forward_index - 1]);
+    std::vector<std::weak_ptr<FsdpUnit>> needed;
+    for (const auto& weak : targets)
+      if (auto u = weak.lock())
+        if (auto call = u->last_call.lock(); call && call->released) needed.push_back(u);
+    return needed;
   }
 
   // The inverse of unpack for gradients: each parameter's full gradient into its slots of an [n, L]
@@ -303,6 +325,11 @@ bool ignored(const FullyShardOptions& options, const std::string& fqn) {
                      [&](const std::string& pattern) { return nn::fqn_matches(pattern, fqn); });
 }
 
+// This thread's forward order of units (reset when an outermost unit starts), for implicit
+// backward prefetch.
+thread_local std::vector<std::weak_ptr<FsdpUnit>> forward_order;
+thread_local int unit_depth = 0;
+
 // Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
 std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
   auto call = std::make_shared<Gathered>();
@@ -448,15 +475,20 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   std::weak_ptr<FsdpUnit> weak = unit;
   // The module's hooks own the unit: it lives exactly as long as the module.
   module.register_forward_pre_hook([unit, current](nn::Module&, nn::Inputs& inputs) {
+    if (detail::unit_depth++ == 0) detail::forward_order.clear();
+    unit->forward_index = static_cast<int64_t>(detail::forward_order.size());
+    detail::forward_order.push_back(unit);
     if (const auto dtype = unit->options.mixed_precision.param_dtype)  // compute in one dtype throughout
       for (at::Tensor& x : inputs)
         if (x.defined() && x.is_floating_point()) x = x.to(*dtype);
     *current = detail::gather_for_forward(unit);
+    unit->last_call = *current;
     unit->set_params((*current)->params);
   });
   module.register_forward_hook([weak, current](nn::Module&, const nn::Inputs&, at::Tensor& output) {
     auto u = weak.lock();
     std::shared_ptr<Gathered> call = std::move(*current);
+    detail::unit_depth = std::max(0, detail::unit_depth - 1);
     u->put_shards_back();
     if (const auto dtype = u->options.mixed_precision.output_dtype; dtype && output.is_floating_point())
       output = output.to(*dtype);
@@ -468,7 +500,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       auto unit = weak.lock();
       if (unit && call->released) {
         const at::Tensor gathered = unit->take_gathered(unit->prefetched_backward);
-        FsdpUnit::prefetch(unit->backward_prefetch, &FsdpUnit::prefetched_backward);
+        FsdpUnit::prefetch(unit->backward_prefetch_targets(detail::forward_order), &FsdpUnit::prefetched_backward);
         for (size_t i = 0; i < call->params.size(); ++i)
           detail::refill(call->params[i], unit->unpack(gathered, unit->params[i]));
         call->released = false;
