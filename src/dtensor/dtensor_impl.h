@@ -40,6 +40,11 @@ class DTensorImpl final : public c10::TensorImpl {
 
 // nullptr when `t` is not a DTensor.
 DTensorImpl* dtensor_impl(const at::Tensor& t);
+// This rank's storage of `t`: a DTensor's local piece (not recorded by autograd), else `t`.
+inline const at::Tensor& local_or_self(const at::Tensor& t) {
+  const DTensorImpl* impl = dtensor_impl(t);
+  return impl ? impl->local() : t;
+}
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
 
 // `dtensor` with other placements on its mesh, not recorded by autograd (the building block of

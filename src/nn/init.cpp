@@ -69,9 +69,7 @@ void init_parameters(Module& model, uint64_t seed) {
 int64_t local_parameter_bytes(Module& model) {
   int64_t bytes = 0;
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor& p = item.value();
-    const detail::DTensorImpl* impl = detail::dtensor_impl(p);
-    const at::Tensor& storage = impl ? impl->local() : p;
+    const at::Tensor& storage = detail::local_or_self(item.value());
     bytes += storage.numel() * static_cast<int64_t>(storage.element_size());
   }
   return bytes;

@@ -157,13 +157,11 @@ std::vector<std::pair<std::string, Module*>> match_modules(Module& root, const s
 void replace_parameter(Module& root, const std::string& fqn, at::Tensor value) {
   const auto dot = fqn.rfind('.');
   Module& owner = find_module(root, dot == std::string::npos ? "" : fqn.substr(0, dot));
-  const std::string name = dot == std::string::npos ? fqn : fqn.substr(dot + 1);
-  const auto own = owner.named_parameters(/*recurse=*/false);
-  const at::Tensor* current = own.find(name);
-  HP_CHECK(current != nullptr, "replace_parameter: ", fqn, ": ", owner.name(), " has no parameter '", name, "'");
-  HP_CHECK(value.sizes() == current->sizes(), "replace_parameter: ", fqn, ": the replacement has shape ", value.sizes(),
-           " but the parameter has shape ", current->sizes());
-  owner.set_param(name, std::move(value));
+  try {
+    owner.set_param(dot == std::string::npos ? fqn : fqn.substr(dot + 1), std::move(value));
+  } catch (const Error& e) {  // set_param knows the module's type, not where it sits in the model
+    HP_FAIL("replace_parameter: ", fqn, ": ", e.what());
+  }
 }
 
 }  // namespace hp::nn

@@ -29,11 +29,6 @@ bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
   return true;
 }
 
-const at::Tensor& local_of(const at::Tensor& t) {
-  const detail::DTensorImpl* impl = detail::dtensor_impl(t);
-  return impl ? impl->local() : t;
-}
-
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
@@ -46,7 +41,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   for (const at::Tensor& p : params) {
     const at::Tensor& grad = p.grad();
     if (!grad.defined() || !counts_here(grad, world)) continue;
-    const at::Tensor g = local_of(grad).to(at::kDouble);
+    const at::Tensor g = detail::local_or_self(grad).to(at::kDouble);
     if (g.numel() == 0) continue;
     total = inf ? at::maximum(total, g.abs().max().view({1})) : total + g.pow(2).sum().view({1});
   }
@@ -56,7 +51,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   if (coef < 1.0) {
     at::NoGradGuard no_grad;
     for (const at::Tensor& p : params)
-      if (p.grad().defined()) local_of(p.grad()).mul_(coef);
+      if (p.grad().defined()) detail::local_or_self(p.grad()).mul_(coef);
   }
   return norm;
 }

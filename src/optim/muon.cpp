@@ -174,8 +174,7 @@ at::Tensor Muon::step(LossClosure closure) {
       at::Tensor& buffer = static_cast<MuonParamState&>(*slot).momentum_buffer();
       buffer.lerp_(p.grad(), 1.0 - o.momentum());
       const at::Tensor update = o.nesterov() ? p.grad().lerp(buffer, o.momentum()) : buffer;
-      const detail::DTensorImpl* impl = detail::dtensor_impl(update);
-      pending.push_back({p, impl ? impl->local() : update, at::Tensor()});
+      pending.push_back({p, detail::local_or_self(update), at::Tensor()});
     }
     // Orthogonalize: plain and replicated updates here; sharded ones by mesh, on their owners.
     std::map<std::string, std::vector<Pending*>> by_mesh;
@@ -193,8 +192,7 @@ at::Tensor Muon::step(LossClosure closure) {
     }
     for (auto& [mesh, items] : by_mesh) orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
     for (Pending& item : pending) {
-      const detail::DTensorImpl* impl = detail::dtensor_impl(item.param);
-      const at::Tensor& local = impl ? impl->local() : item.param;
+      const at::Tensor& local = detail::local_or_self(item.param);
       if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());
       local.add_(item.result.to(local.scalar_type()), -o.lr());
     }

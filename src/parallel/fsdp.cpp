@@ -49,7 +49,6 @@ struct Gathered {
 };
 
 struct FsdpUnit {
-  nn::Module* module = nullptr;
   std::string name;
   FullyShardOptions options;
   comm::ProcessGroup shard_group;
@@ -267,9 +266,7 @@ void refill(const at::Tensor& t, const at::Tensor& values) {
   s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
   at::NoGradGuard no_grad;
-  at::Tensor alias = at::empty({0}, values.options());  // writes without bumping t's version
-  alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
-  alias.copy_(values);
+  alias_of(t).copy_(values);  // through an alias: t's version (checked by autograd) stays
 }
 
 // Which modules are units (for "fully_shard twice" and for outer units skipping inner ones).
@@ -382,7 +379,6 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
            "for HSDP, got ", mesh.str());
   HP_CHECK(mesh.get_coordinate().has_value(), "fully_shard: this rank (", mesh.get_rank(), ") is not in ", mesh.str());
   auto unit = std::make_shared<FsdpUnit>();
-  unit->module = &module;
   unit->name = module.name();
   unit->options = options;
   const int64_t shard_dim = mesh.ndim() - 1;

@@ -31,6 +31,20 @@ void check_one_dim(const ParallelStyleBase& style, const std::string& fqn, const
   HP_FAIL(where(style, fqn), ": cannot apply to a ", module.name(), " module; it supports ", supported);
 }
 
+// Colwise and Rowwise split one dim of a Linear's or an Embedding's weight ([out, in] and
+// [num_embeddings, embedding_dim]); the mesh size must divide it.
+void check_weight_split(const ParallelStyleBase& style, nn::Module& module, const std::string& fqn,
+                        const DeviceMesh& mesh, int64_t linear_dim, int64_t embedding_dim) {
+  check_one_dim(style, fqn, mesh);
+  static const char* const kLinearDims[] = {"out_features", "in_features"};
+  static const char* const kEmbeddingDims[] = {"num_embeddings", "embedding_dim"};
+  const bool linear = dynamic_cast<nn::Linear*>(&module) != nullptr;
+  if (!linear && dynamic_cast<nn::Embedding*>(&module) == nullptr) unsupported(style, fqn, module, "Linear and Embedding");
+  const int64_t dim = linear ? linear_dim : embedding_dim;
+  check_divisible(fqn + ".weight dim " + std::to_string(dim) + " (" + (linear ? kLinearDims : kEmbeddingDims)[dim] + ")",
+                  module.param("weight").size(dim), mesh.size(), where(style, fqn));
+}
+
 // Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor). `features`:
 // the input's global last dim when the module knows it (a Linear's in_features).
 void lay_out_input(nn::Module& module, const DeviceMesh& mesh, Placement layout, Placement desired, std::string w,
@@ -52,24 +66,17 @@ void lay_out_output(nn::Module& module, Placement desired, bool use_local) {
 // ---- ColwiseParallel ----------------------------------------------------------------------------
 
 void ColwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_one_dim(*this, fqn, mesh);
-  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
-    check_divisible(fqn + ".weight dim 0 (out_features)", linear->out_features, mesh.size(), where(*this, fqn));
-  } else if (auto* embedding = dynamic_cast<nn::Embedding*>(&module)) {
-    check_divisible(fqn + ".weight dim 1 (embedding_dim)", embedding->embedding_dim, mesh.size(), where(*this, fqn));
-  } else {
-    unsupported(*this, fqn, module, "Linear and Embedding");
-  }
+  check_weight_split(*this, module, fqn, mesh, /*linear_dim=*/0, /*embedding_dim=*/1);
 }
 
 void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
+  const auto* linear = dynamic_cast<nn::Linear*>(&module);
+  if (linear) {
     distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
     if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Shard(0)}, fqn);
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
   }
-  const auto* linear = dynamic_cast<nn::Linear*>(&module);
   lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn),
                 linear ? std::optional<int64_t>(linear->in_features) : std::nullopt);
   lay_out_output(module, output_layout_, use_local_output_);
@@ -78,14 +85,7 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
 // ---- RowwiseParallel ----------------------------------------------------------------------------
 
 void RowwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  check_one_dim(*this, fqn, mesh);
-  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
-    check_divisible(fqn + ".weight dim 1 (in_features)", linear->in_features, mesh.size(), where(*this, fqn));
-  } else if (auto* embedding = dynamic_cast<nn::Embedding*>(&module)) {
-    check_divisible(fqn + ".weight dim 0 (num_embeddings)", embedding->num_embeddings, mesh.size(), where(*this, fqn));
-  } else {
-    unsupported(*this, fqn, module, "Linear and Embedding");
-  }
+  check_weight_split(*this, module, fqn, mesh, /*linear_dim=*/1, /*embedding_dim=*/0);
 }
 
 void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
