@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
 #include "hp/testing/run_ranks.h"
 
 namespace hp::test {
@@ -50,6 +51,22 @@ inline void check_close(const at::Tensor& got, const at::Tensor& want, const std
     throw std::runtime_error(err.str());
   }
 }
+
+// Throws unless |got - want| <= rtol * (|want| + max |want|) everywhere: relative to each element
+// and to the tensor's scale, so values that are nearly zero somewhere are not held to an absolute
+// tolerance.
+inline void check_relative(const at::Tensor& got, const at::Tensor& want, const std::string& what, double rtol) {
+  if (got.sizes() != want.sizes())
+    throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
+  const double worst = w.numel() ? ((g - w).abs() / (w.abs() + scale + 1e-30)).max().item<double>() : 0.0;
+  if (!(worst <= rtol))
+    throw std::runtime_error(what + ": relative difference " + std::to_string(worst) + " > " + std::to_string(rtol));
+}
+
+// The whole value of a DTensor (gathered), a plain tensor as it is.
+inline at::Tensor whole(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
 
 // Throws unless fn throws an E (hp::Error by default) whose message contains every one of `needles`.
 template <typename E = Error>

@@ -10,8 +10,6 @@
 namespace hp::test {
 namespace {
 
-at::Tensor full(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
-
 // Runs `make()` on one device and under `style` on `tp` ranks with input `x`; compares the output
 // (gathered as `gather` says) and every parameter gradient.
 void check_style(const std::function<std::shared_ptr<nn::Module>()>& make, const ParallelStyle& style, const at::Tensor& x,
@@ -26,11 +24,11 @@ void check_style(const std::function<std::shared_ptr<nn::Module>()>& make, const
     parallelize_module(*module, mesh, {{"", style}});
     nn::init_parameters(*module, 5);
     const at::Tensor out = (*module)(x);
-    const at::Tensor got = full(out);
+    const at::Tensor got = whole(out);
     check_close(got, want.detach(), what + ": output");
     (out * out).sum().backward();
     for (const auto& item : reference->named_parameters())
-      check_close(full(module->named_parameters()[item.key()].grad()), item.value().grad(), what + ": grad of " + item.key());
+      check_close(whole(module->named_parameters()[item.key()].grad()), item.value().grad(), what + ": grad of " + item.key());
   });
 }
 

@@ -32,8 +32,6 @@ std::pair<at::Tensor, at::Tensor> batch(int step) {
   return {seq.narrow(1, 0, 8).contiguous(), seq.narrow(1, 1, 8).contiguous()};
 }
 
-at::Tensor full(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
-
 // Loss and every parameter gradient (by FQN) at each step.
 struct Trace {
   std::vector<double> losses;
@@ -48,9 +46,9 @@ Trace train(nn::Module& model) {
     optimizer.zero_grad();
     at::Tensor loss = cross_entropy(model(tokens), targets);
     loss.backward();
-    trace.losses.push_back(full(loss).item<double>());
+    trace.losses.push_back(whole(loss).item<double>());
     std::map<std::string, at::Tensor> grads;
-    for (const auto& item : model.named_parameters()) grads[item.key()] = full(item.value().grad()).clone();
+    for (const auto& item : model.named_parameters()) grads[item.key()] = whole(item.value().grad()).clone();
     trace.grads.push_back(std::move(grads));
     optimizer.step();
   }
@@ -66,24 +64,14 @@ const Trace& single_device() {
   return trace;
 }
 
-// |got - want| <= rtol * (|want| + max |want|): relative to each element and to the tensor's scale,
-// so gradients that are nearly zero somewhere are not held to an absolute 1e-5.
-void check_relative(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  if (got.sizes() != want.sizes()) throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  const double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
-  const double worst = ((g - w).abs() / (w.abs() + scale + 1e-30)).max().item<double>();
-  if (!(worst <= kRtol)) throw std::runtime_error(what + ": relative difference " + std::to_string(worst) + " > 1e-5");
-}
-
 void expect_same_training(const Trace& got, const std::string& what) {
   const Trace& want = single_device();
   for (int step = 0; step < kSteps; ++step) {
     const std::string at_step = what + ", step " + std::to_string(step);
-    check_relative(at::scalar_tensor(got.losses[step]), at::scalar_tensor(want.losses[step]), "loss, " + at_step);
+    check_relative(at::scalar_tensor(got.losses[step]), at::scalar_tensor(want.losses[step]), "loss, " + at_step, kRtol);
     ASSERT_EQ(got.grads[step].size(), want.grads[step].size());
     for (const auto& [fqn, grad] : want.grads[step])
-      check_relative(got.grads[step].at(fqn), grad, "grad of " + fqn + ", " + at_step);
+      check_relative(got.grads[step].at(fqn), grad, "grad of " + fqn + ", " + at_step, kRtol);
   }
 }
 
@@ -105,7 +93,9 @@ TEST_P(TpLlama, MatchesSingleDevice) {
     // The LM head hands loss parallel vocabulary-sharded logits, and plain local ones otherwise.
     const at::Tensor logits = model(batch(0).first);
     EXPECT_EQ(is_dtensor(logits), c.options.loss_parallel);
-    if (c.options.loss_parallel) EXPECT_EQ(DTensor(logits).placements(), Placements{Shard(2)});
+    if (c.options.loss_parallel) {
+      EXPECT_EQ(DTensor(logits).placements(), Placements{Shard(2)});
+    }
     expect_same_training(train(model), "TP=" + std::to_string(c.tp));
   });
 }
