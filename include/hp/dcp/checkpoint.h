@@ -1,0 +1,90 @@
+// hp::dcp: distributed checkpoints that any layout can load.
+//
+// A checkpoint is a directory:
+//   metadata.json             per tensor: global shape, dtype, and every chunk (global offsets and
+//                             sizes, file, byte offset, XXH64 checksum of each block); plus `values`
+//   rank-00000.safetensors    each rank's chunks, one safetensors file per rank that holds any
+// Each rank writes the pieces it holds; a piece replicated over mesh dims is written once (by the
+// rank at coordinate 0 of those dims); plain tensors are written by rank 0. Loading reads, for each
+// tensor of the target state dict, exactly the chunks that overlap this rank's piece, whatever mesh,
+// world size or placements saved them (resharding on load), and checks every block it reads.
+//
+// Saving is atomic: files go to `<dir>.tmp`, which is renamed to `<dir>` only after every rank has
+// written and synced; an interrupted save leaves the previous checkpoints untouched. See
+// docs/checkpoint.md for the format.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "hp/comm/process_group.h"
+
+namespace hp::dcp {
+
+// What a checkpoint holds. `tensors` are DTensors or plain tensors (plain = the same on every rank);
+// load() copies into them in place. `values` carries everything else (step, data position, RNG
+// seeds, scheduler state) as JSON; it is saved from rank 0 and load() replaces it.
+struct StateDict {
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json values = nlohmann::json::object();
+};
+
+struct SaveOptions {
+  // CPU memory an async save may hold in staged copies at once; staging waits for the writer when
+  // it is full (a single larger tensor is staged alone).
+  size_t max_staging_bytes = size_t{256} << 20;
+  // Granularity of checksums (and so of the smallest read a load does).
+  size_t checksum_block_bytes = size_t{1} << 20;
+  // After the commit, write the checkpoint's directory name into `<parent>/latest` (atomically).
+  bool update_latest = false;
+};
+
+// A save in flight: the tensors are already copied, a background thread writes them. wait() is
+// collective (every rank of the save's group calls it): it finishes the files, checks that every rank
+// succeeded and commits. Dropping an AsyncSave without wait() abandons the save (nothing is
+// committed; the next save to the same directory clears the leftovers).
+class AsyncSave {
+ public:
+  AsyncSave() = default;
+  AsyncSave(AsyncSave&&) noexcept = default;
+  AsyncSave& operator=(AsyncSave&&) noexcept;
+  ~AsyncSave();
+  void wait();
+  bool pending() const { return state_ != nullptr; }
+
+  struct State;  // defined in src/dcp/save.cpp
+
+ private:
+  explicit AsyncSave(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  friend AsyncSave save_async(const StateDict&, const std::string&, const comm::ProcessGroup&, SaveOptions);
+  std::shared_ptr<State> state_;
+};
+
+// Collective over `group` (every rank that holds any tensor of the state dict). Returns once the
+// state dict's tensors are staged, so the caller may change them right away.
+AsyncSave save_async(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group,
+                     SaveOptions options = {});
+// save_async(...).wait().
+void save(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, SaveOptions options = {});
+
+// Not collective. Fills every tensor of `state` from the checkpoint in `dir` (each at its own layout)
+// and replaces `state.values`. Errors name the directory, the tensor and, for damaged data, the file.
+// Tensors the checkpoint has but `state` lacks are ignored.
+void load(StateDict& state, const std::string& dir);
+
+// The checkpoint `<root>/<name in root/latest>`, if root/latest exists and names a directory.
+std::optional<std::string> latest_checkpoint(const std::string& root);
+
+struct VerifyReport {
+  int64_t tensors = 0, chunks = 0, bytes = 0;
+};
+// Reads every chunk of the checkpoint and checks its checksums; throws naming the first damage.
+VerifyReport verify(const std::string& dir);
+
+}  // namespace hp::dcp

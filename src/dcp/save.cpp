@@ -1,0 +1,304 @@
+// Saving: the calling thread decides which pieces this rank writes and stages copies of them; a
+// writer thread streams them into this rank's safetensors file with per-block checksums; wait()
+// agrees on success across ranks, and rank 0 merges the per-rank indexes into metadata.json and
+// commits by renaming the temporary directory.
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "dcp/file_io.h"
+#include "dcp/metadata.h"
+#include "dcp/safetensors.h"
+#include "dcp/xxhash64.h"
+#include "hp/core/error.h"
+#include "hp/dcp/checkpoint.h"
+#include "hp/dtensor/dtensor.h"
+
+namespace hp::dcp {
+namespace fs = std::filesystem;
+namespace {
+
+std::string rank_name(int rank, const char* suffix) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d%s", rank, suffix);
+  return buf;
+}
+
+struct WriteItem {
+  detail::SafetensorsEntry entry;  // name, dtype, local shape; begin/end once the header is laid out
+  std::vector<int64_t> offsets;    // global offsets of the piece
+  at::Tensor staged;               // contiguous CPU copy, set by the staging thread
+  bool ready = false;
+};
+
+// The piece of `t` this rank writes and its global offsets, or nullopt when another rank writes it
+// (replicas are written by coordinate 0 of every non-shard mesh dim; plain tensors by rank 0).
+// Partial DTensors are reduced first (a collective over their mesh).
+std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const at::Tensor& t, int rank) {
+  if (!is_dtensor(t)) {
+    if (rank != 0) return std::nullopt;
+    return std::make_pair(t, std::vector<int64_t>(t.dim(), 0));
+  }
+  DTensor d(t);
+  bool partial = false;
+  for (const auto& p : d.placements()) partial |= p.is_partial();
+  if (partial) d = d.redistribute(d.device_mesh(), partial_as_replicate(d.placements()));
+  const auto coordinate = d.device_mesh().get_coordinate();
+  if (!coordinate) return std::nullopt;
+  for (size_t i = 0; i < coordinate->size(); ++i)
+    if (!d.placements()[i].is_shard() && (*coordinate)[i] != 0) return std::nullopt;
+  return std::make_pair(d.to_local(), d.spec().local_shape_and_offset(*coordinate).second);
+}
+
+}  // namespace
+
+struct AsyncSave::State {
+  std::string dir, tmp;
+  comm::ProcessGroup group;
+  SaveOptions options;
+  nlohmann::json tensors = nlohmann::json::object();  // name -> {dtype, shape} of every tensor this rank has
+  nlohmann::json values;
+  std::vector<WriteItem> items;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t staged_bytes = 0;
+  bool stop = false;  // the writer failed or the save was abandoned
+  std::exception_ptr error;
+  std::thread writer;
+
+  // Waits for items[i] to be staged; false when the save stops instead.
+  bool wait_ready(size_t i) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return items[i].ready || stop; });
+    return items[i].ready;
+  }
+  void release(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    staged_bytes -= items[i].entry.end - items[i].entry.begin;
+    items[i].staged = at::Tensor();
+    cv.notify_all();
+  }
+  // Waits for room for `bytes` in the staging budget; false when the save stops instead.
+  bool reserve(size_t bytes) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stop || staged_bytes == 0 || staged_bytes + bytes <= options.max_staging_bytes; });
+    if (stop) return false;
+    staged_bytes += bytes;
+    return true;
+  }
+  void halt() {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+    cv.notify_all();
+  }
+
+  void write_files() {
+    const int rank = group.rank();
+    nlohmann::json chunks = nlohmann::json::array();
+    if (!items.empty()) {
+      std::vector<detail::SafetensorsEntry> entries;
+      for (const auto& item : items) entries.push_back(item.entry);
+      const std::string header = detail::safetensors_header(entries, {{"format", detail::kFormat}});
+      for (size_t i = 0; i < items.size(); ++i) items[i].entry = entries[i];
+      const std::string file = rank_name(rank, ".safetensors");
+      detail::FileWriter out((fs::path(tmp) / file).string());
+      out.write(header.data(), header.size());
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (!wait_ready(i)) return;
+        detail::ChunkRecord chunk;
+        chunk.offsets = items[i].offsets;
+        chunk.sizes = items[i].entry.shape;
+        chunk.file = file;
+        chunk.byte_offset = out.position();
+        chunk.nbytes = items[i].entry.end - items[i].entry.begin;
+        const auto* bytes = static_cast<const char*>(items[i].staged.data_ptr());
+        for (uint64_t at = 0; at < chunk.nbytes; at += options.checksum_block_bytes)
+          chunk.checksums.push_back(
+              detail::xxhash64(bytes + at, std::min<uint64_t>(options.checksum_block_bytes, chunk.nbytes - at)));
+        out.write(bytes, chunk.nbytes);
+        release(i);
+        nlohmann::json record = detail::chunk_to_json(chunk);
+        record["name"] = items[i].entry.name;
+        chunks.push_back(std::move(record));
+      }
+      out.sync_and_close();
+    }
+    nlohmann::json index = {{"tensors", tensors}, {"chunks", chunks}};
+    if (rank == 0) index["values"] = values;
+    detail::write_file_atomically((fs::path(tmp) / rank_name(rank, ".json")).string(), index.dump());
+  }
+
+  // Rank 0, after every rank wrote: metadata.json from the per-rank indexes, then the renames.
+  void commit() {
+    detail::Metadata m;
+    m.world_size = group.size();
+    m.checksum_block_bytes = options.checksum_block_bytes;
+    for (int r = 0; r < group.size(); ++r) {
+      const std::string path = (fs::path(tmp) / rank_name(r, ".json")).string();
+      const nlohmann::json index = nlohmann::json::parse(detail::read_file(path));
+      for (const auto& [name, info] : index.at("tensors").items()) {
+        auto [it, fresh] = m.tensors.try_emplace(name);
+        if (fresh) {
+          it->second.dtype = info.at("dtype").get<std::string>();
+          it->second.shape = info.at("shape").get<std::vector<int64_t>>();
+        }
+        HP_CHECK(it->second.dtype == info.at("dtype").get<std::string>() &&
+                     it->second.shape == info.at("shape").get<std::vector<int64_t>>(),
+                 "dcp.save: ranks disagree on the dtype or shape of '", name, "'");
+      }
+      for (const auto& chunk : index.at("chunks"))
+        m.tensors.at(chunk.at("name").get<std::string>()).chunks.push_back(detail::chunk_from_json(chunk));
+      if (r == 0) m.values = index.at("values");
+      fs::remove(path);
+    }
+    // Parsing what we are about to commit checks it exactly as a load will (coverage, no overlaps).
+    const nlohmann::json metadata = detail::to_json(m);
+    detail::metadata_from_json(metadata, "the metadata being saved for " + dir);
+    detail::write_file_atomically((fs::path(tmp) / detail::kMetadataFile).string(), metadata.dump(1));
+    detail::fsync_directory(tmp);
+
+    const fs::path final_dir(dir), old_dir(dir + ".old");
+    if (fs::exists(final_dir)) {
+      fs::remove_all(old_dir);
+      fs::rename(final_dir, old_dir);
+    }
+    fs::rename(tmp, final_dir);
+    const std::string parent = fs::absolute(final_dir).parent_path().string();
+    detail::fsync_directory(parent);
+    fs::remove_all(old_dir);
+    if (options.update_latest)
+      detail::write_file_atomically((fs::path(parent) / "latest").string(),
+                                    fs::absolute(final_dir).filename().string() + "\n");
+  }
+};
+
+AsyncSave save_async(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group,
+                     SaveOptions options) {
+  HP_CHECK(!dir.empty(), "dcp.save: empty directory name");
+  HP_CHECK(options.checksum_block_bytes >= 8 && options.checksum_block_bytes % 8 == 0,
+           "dcp.save: checksum_block_bytes must be a positive multiple of 8, got ", options.checksum_block_bytes);
+  auto s = std::make_shared<AsyncSave::State>();
+  s->dir = fs::path(dir).lexically_normal().string();
+  if (s->dir.size() > 1 && s->dir.back() == '/') s->dir.pop_back();
+  s->tmp = s->dir + ".tmp";
+  s->group = group;
+  s->options = options;
+  s->values = state.values;
+  const int rank = group.rank();
+  if (rank == 0) {
+    fs::remove_all(s->tmp);  // leftovers of an interrupted save
+    fs::create_directories(s->tmp);
+  }
+  group.barrier();
+
+  std::vector<at::Tensor> locals;
+  for (const auto& [name, t] : state.tensors) {
+    HP_CHECK(t.defined(), "dcp.save: tensor '", name, "' is undefined");
+    s->tensors[name] = {{"dtype", detail::safetensors_dtype(t.scalar_type())}, {"shape", t.sizes().vec()}};
+    auto piece = piece_to_write(t, rank);
+    if (!piece || piece->first.numel() == 0) continue;
+    WriteItem item;
+    item.entry.name = name;
+    item.entry.dtype = detail::safetensors_dtype(t.scalar_type());
+    item.entry.shape = piece->first.sizes().vec();
+    item.offsets = std::move(piece->second);
+    s->items.push_back(std::move(item));
+    locals.push_back(piece->first);
+  }
+
+  s->writer = std::thread([s] {
+    try {
+      s->write_files();
+    } catch (...) {
+      s->error = std::current_exception();
+      s->halt();
+    }
+  });
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(locals[i].numel()) * locals[i].element_size();
+    if (!s->reserve(bytes)) break;
+    at::Tensor staged = locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous);
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->items[i].staged = std::move(staged);
+    s->items[i].ready = true;
+    s->cv.notify_all();
+  }
+  return AsyncSave(std::move(s));
+}
+
+void AsyncSave::wait() {
+  if (!state_) return;
+  const std::shared_ptr<State> s = std::move(state_);
+  s->writer.join();
+  const comm::ProcessGroup& group = s->group;
+  const int rank = group.rank();
+
+  // Every rank learns which ranks failed, so all of them throw and none commits.
+  const auto agree = [&](const std::string& stage, const std::string& own_error) {
+    at::Tensor failed = at::zeros({group.size()}, at::kInt);
+    if (!own_error.empty()) failed[rank] = 1;
+    group.all_reduce(failed);
+    std::string ranks;
+    for (int r = 0; r < group.size(); ++r)
+      if (failed[r].item<int>()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (!own_error.empty()) HP_FAIL("dcp.save to ", s->dir, " failed while ", stage, ": ", own_error);
+    HP_CHECK(ranks.empty(), "dcp.save to ", s->dir, " failed while ", stage, " on rank(s) ", ranks,
+             "; nothing was committed");
+  };
+  std::string error;
+  if (s->error) {
+    try {
+      std::rethrow_exception(s->error);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree("writing", error);
+  if (rank == 0) {
+    try {
+      s->commit();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree("committing", error);
+}
+
+AsyncSave& AsyncSave::operator=(AsyncSave&& other) noexcept {
+  if (this != &other) {
+    this->~AsyncSave();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+AsyncSave::~AsyncSave() {
+  if (!state_) return;
+  state_->halt();
+  if (state_->writer.joinable()) state_->writer.join();
+  state_.reset();
+}
+
+void save(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, SaveOptions options) {
+  save_async(state, dir, group, options).wait();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  const fs::path pointer = fs::path(root) / "latest";
+  if (!fs::exists(pointer)) return std::nullopt;
+  std::string name = detail::read_file(pointer.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  HP_CHECK(!name.empty() && name.find('/') == std::string::npos, "dcp: ", pointer.string(), " names '", name,
+           "', not a checkpoint directory");
+  const fs::path dir = fs::path(root) / name;
+  if (!fs::is_directory(dir)) return std::nullopt;
+  return dir.string();
+}
+
+}  // namespace hp::dcp

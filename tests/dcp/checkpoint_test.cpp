@@ -1,0 +1,298 @@
+// hp::dcp: save under one layout, load under any other (exact), damage detection, atomic commit,
+// async save and optimizer state.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dcp/xxhash64.h"
+#include "hp/dcp/checkpoint.h"
+#include "hp/dcp/state_dict.h"
+#include "hp/mesh/device_mesh.h"
+#include "test_util.h"
+
+namespace hp {
+namespace {
+namespace fs = std::filesystem;
+using test::run;
+
+// A fresh directory per test (ctest runs tests in parallel processes).
+std::string scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::temp_directory_path() /
+                 ("hp_dcp_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// The layouts of the reshard matrix: a mesh shape and placements (an empty mesh = a plain tensor).
+struct Layout {
+  std::vector<int64_t> mesh;
+  Placements placements;
+  std::string name() const {
+    if (mesh.empty()) return "plain";
+    std::string s = "mesh";
+    for (int64_t m : mesh) s += "_" + std::to_string(m);
+    return s + "_" + to_string(placements);
+  }
+  int world() const {
+    int w = 1;
+    for (int64_t m : mesh) w *= static_cast<int>(m);
+    return w;
+  }
+};
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> all = {{{}, {}}};
+  for (int64_t w : {1, 2, 4})
+    for (const Placement& p : {Shard(0), Shard(1), Replicate()}) all.push_back({{w}, {p}});
+  for (const Placements& p : std::vector<Placements>{{Shard(0), Shard(1)}, {Shard(0), Shard(0)}, {Shard(1), Replicate()},
+                                                     {Replicate(), Shard(0)}, {Replicate(), Replicate()}})
+    all.push_back({{2, 2}, p});
+  return all;
+}
+
+// The tensors of the matrix: uneven shapes (empty pieces on 4 ranks) and three dtypes.
+std::map<std::string, at::Tensor> globals() {
+  return {{"f32", test::rank_data(0, {7, 5}, at::kFloat, 1)},
+          {"i64", test::rank_data(0, {5, 9}, at::kLong, 2)},
+          {"bf16", test::rank_data(0, {9, 3}, at::kBFloat16, 3)}};
+}
+
+at::Tensor place(const at::Tensor& global, const comm::ProcessGroup& world, const Layout& layout) {
+  if (layout.mesh.empty()) return global.clone();
+  return distribute_tensor(global, init_device_mesh(world, "cpu", layout.mesh), layout.placements);
+}
+
+TEST(Xxhash64, KnownVectors) {
+  EXPECT_EQ(dcp::detail::xxhash64("", 0), 0xEF46DB3751D8E999ULL);
+  EXPECT_EQ(dcp::detail::xxhash64("abc", 3), 0x44BC2CF5AD770999ULL);
+}
+
+// Every layout saves; every layout loads every save; the loaded whole tensor equals the original bitwise.
+TEST(Checkpoint, ReshardMatrixIsExact) {
+  const std::string root = scratch_dir();
+  const auto all = layouts();
+  dcp::SaveOptions options;
+  options.checksum_block_bytes = 16;  // many blocks: loads read partial block ranges
+  for (int world : {1, 2, 4})
+    run(world, [&](const comm::ProcessGroup& group) {
+      for (const Layout& a : all) {
+        if (a.world() != world) continue;
+        dcp::StateDict state;
+        for (const auto& [name, g] : globals()) state.tensors[name] = place(g, group, a);
+        state.values["layout"] = a.name();
+        dcp::save(state, root + "/" + a.name(), group, options);
+      }
+    });
+  int loads = 0;
+  for (int world : {1, 2, 4}) {
+    run(world, [&](const comm::ProcessGroup& group) {
+      for (const Layout& a : all)
+        for (const Layout& b : all) {
+          if (b.world() != world) continue;
+          dcp::StateDict state;
+          for (const auto& [name, g] : globals()) state.tensors[name] = place(at::zeros_like(g), group, b);
+          dcp::load(state, root + "/" + a.name());
+          if (state.values.at("layout") != a.name()) throw std::runtime_error("values were not loaded");
+          for (const auto& [name, g] : globals())
+            test::check_close(test::whole(state.tensors.at(name)), g, a.name() + " -> " + b.name() + " " + name,
+                              /*bitwise=*/true);
+        }
+    });
+    for (const Layout& b : all) loads += b.world() == world ? static_cast<int>(all.size()) : 0;
+  }
+  EXPECT_EQ(loads, static_cast<int>(all.size() * all.size()));  // 15 x 15 pairs
+}
+
+TEST(Checkpoint, ReplicatedDataIsWrittenOnce) {
+  const std::string dir = scratch_dir() + "/ckpt";
+  run(4, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["r"] = place(at::ones({64, 64}), group, {{2, 2}, {Replicate(), Shard(0)}});
+    state.tensors["plain"] = at::ones({64});
+    dcp::save(state, dir, group);
+  });
+  uint64_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") bytes += fs::file_size(entry.path());
+  const uint64_t payload = (64 * 64 + 64) * 4;
+  EXPECT_GE(bytes, payload);
+  EXPECT_LT(bytes, payload + 2048) << "replicas written more than once";
+  // Ranks 2 and 3 hold replicas of ranks 0 and 1 (plain tensors: rank 0 writes).
+  EXPECT_TRUE(fs::exists(dir + "/rank-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/rank-00002.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/rank-00003.safetensors"));
+  EXPECT_EQ(dcp::verify(dir).chunks, 3);
+}
+
+// Flip one byte of tensor data: loading fails and names the file and the tensor.
+TEST(Checkpoint, DamageIsDetected) {
+  const std::string root = scratch_dir();
+  const std::string dir = root + "/ckpt";
+  run(2, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["w"] = place(test::rank_data(0, {6, 4}, at::kFloat, 7), group, {{2}, {Shard(0)}});
+    dcp::save(state, dir, group);
+  });
+  const auto load_into_fresh = [&](const std::string& from) {
+    dcp::StateDict state;
+    state.tensors["w"] = at::zeros({6, 4});
+    dcp::load(state, from);
+  };
+  load_into_fresh(dir);  // intact
+
+  fs::copy(dir, root + "/flipped", fs::copy_options::recursive);
+  {
+    std::fstream f(root + "/flipped/rank-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char c;
+    f.get(c);
+    f.seekp(-5, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  test::expect_error([&] { load_into_fresh(root + "/flipped"); },
+                     {"checksum mismatch", "rank-00001.safetensors", "tensor 'w'"});
+  test::expect_error([&] { dcp::verify(root + "/flipped"); }, {"checksum mismatch", "rank-00001.safetensors"});
+
+  fs::copy(dir, root + "/truncated_data", fs::copy_options::recursive);
+  fs::resize_file(root + "/truncated_data/rank-00001.safetensors",
+                  fs::file_size(root + "/truncated_data/rank-00001.safetensors") - 8);
+  test::expect_error([&] { load_into_fresh(root + "/truncated_data"); }, {"truncated", "tensor 'w'"});
+
+  fs::copy(dir, root + "/truncated_meta", fs::copy_options::recursive);
+  fs::resize_file(root + "/truncated_meta/metadata.json", fs::file_size(root + "/truncated_meta/metadata.json") / 2);
+  test::expect_error([&] { load_into_fresh(root + "/truncated_meta"); }, {"metadata.json", "damaged"});
+
+  fs::copy(dir, root + "/no_meta", fs::copy_options::recursive);
+  fs::remove(root + "/no_meta/metadata.json");
+  test::expect_error([&] { load_into_fresh(root + "/no_meta"); }, {"has no metadata.json"});
+
+  test::expect_error([&] {
+    dcp::StateDict state;
+    state.tensors["w"] = at::zeros({4, 6});
+    dcp::load(state, dir);
+  }, {"tensor 'w' has shape [4, 6]", "[6, 4]"});
+  test::expect_error([&] {
+    dcp::StateDict state;
+    state.tensors["v"] = at::zeros({6, 4});
+    dcp::load(state, dir);
+  }, {"has no tensor 'v'"});
+}
+
+// An abandoned save never touches the committed checkpoint; the next save clears its leftovers.
+TEST(Checkpoint, InterruptedSaveLeavesPreviousCheckpoint) {
+  const std::string root = scratch_dir();
+  const std::string dir = root + "/step-1";
+  run(2, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["w"] = place(at::full({8, 8}, 1.0), group, {{2}, {Shard(0)}});
+    dcp::SaveOptions options;
+    options.update_latest = true;
+    dcp::save(state, dir, group, options);
+    state.tensors["w"] = place(at::full({8, 8}, 2.0), group, {{2}, {Shard(0)}});
+    { dcp::AsyncSave abandoned = dcp::save_async(state, dir, group, options); }  // dropped without wait()
+  });
+  EXPECT_TRUE(fs::exists(dir + ".tmp"));
+  ASSERT_EQ(dcp::latest_checkpoint(root).value_or(""), dir);
+  dcp::StateDict state;
+  state.tensors["w"] = at::zeros({8, 8});
+  dcp::load(state, dir);
+  test::check_close(state.tensors["w"], at::full({8, 8}, 1.0), "previous checkpoint", true);
+  dcp::verify(dir);
+
+  run(2, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["w"] = place(at::full({8, 8}, 3.0), group, {{2}, {Shard(0)}});
+    dcp::save(state, dir, group);
+  });
+  EXPECT_FALSE(fs::exists(dir + ".tmp"));
+  dcp::load(state, dir);
+  test::check_close(state.tensors["w"], at::full({8, 8}, 3.0), "overwritten checkpoint", true);
+}
+
+// The caller may change its tensors as soon as save_async returns, even with a staging budget far
+// smaller than the state (staging then waits for the writer).
+TEST(Checkpoint, AsyncSaveStagesBeforeReturning) {
+  const std::string dir = scratch_dir() + "/ckpt";
+  const at::Tensor a = test::rank_data(0, {64, 32}, at::kFloat, 4), b = test::rank_data(0, {32, 64}, at::kFloat, 5);
+  run(2, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["a"] = place(a, group, {{2}, {Shard(0)}});
+    state.tensors["b"] = place(b, group, {{2}, {Shard(1)}});
+    state.values["step"] = 5;
+    dcp::SaveOptions options;
+    options.max_staging_bytes = 1024;
+    dcp::AsyncSave pending = dcp::save_async(state, dir, group, options);
+    for (auto& [name, t] : state.tensors) DTensor(t).to_local().fill_(-1.0f);
+    pending.wait();
+  });
+  dcp::StateDict state;
+  state.tensors["a"] = at::zeros_like(a);
+  state.tensors["b"] = at::zeros_like(b);
+  dcp::load(state, dir);
+  test::check_close(state.tensors["a"], a, "a", true);
+  test::check_close(state.tensors["b"], b, "b", true);
+  EXPECT_EQ(state.values.at("step").get<int>(), 5);
+}
+
+struct OneWeight : torch::nn::Module {
+  explicit OneWeight(const at::Tensor& w) { weight = register_parameter("weight", w); }
+  at::Tensor weight;
+};
+
+// AdamW state saved by FSDP-style S(0) on 4 ranks loads into S(1) on 2 ranks exactly, and the next
+// step continues from it.
+TEST(Checkpoint, AdamWStateReshards) {
+  const std::string dir = scratch_dir() + "/ckpt";
+  const at::Tensor init = test::rank_data(0, {7, 6}, at::kFloat, 9);
+  const auto train = [&](const at::Tensor& w, torch::optim::AdamW& opt, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      test::whole((w * w * w).sum()).backward();
+      opt.step();
+    }
+  };
+  at::Tensor want_exp_avg, want_w;
+  run(4, [&](const comm::ProcessGroup& group) {
+    auto model = std::make_shared<OneWeight>(place(init, group, {{4}, {Shard(0)}}).set_requires_grad(true));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.1));
+    train(model->weight, opt, 2);
+    auto state = dcp::model_state_dict(*model);
+    dcp::add_optimizer_state(state, opt, *model);
+    dcp::save(state, dir, group);
+    const at::Tensor exp_avg = test::whole(state.tensors.at("optim.weight.exp_avg"));
+    train(model->weight, opt, 1);
+    const at::Tensor w = test::whole(model->weight.detach());
+    if (group.rank() == 0) want_exp_avg = exp_avg, want_w = w;
+  });
+  run(2, [&](const comm::ProcessGroup& group) {
+    auto model =
+        std::make_shared<OneWeight>(place(at::zeros_like(init), group, {{2}, {Shard(1)}}).set_requires_grad(true));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.1));
+    auto state = dcp::model_state_dict(*model);
+    dcp::add_optimizer_state(state, opt, *model);
+    dcp::load(state, dir);
+    dcp::restore_optimizer_values(state, opt, *model);
+    test::check_close(test::whole(state.tensors.at("optim.weight.exp_avg")), want_exp_avg, "exp_avg", true);
+    train(model->weight, opt, 1);
+    test::check_relative(test::whole(model->weight.detach()), want_w, "weight after the resumed step", 1e-6);
+  });
+}
+
+TEST(Checkpoint, BadSaveInputIsRefused) {
+  const std::string dir = scratch_dir();
+  run(1, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["u"] = at::Tensor();
+    test::expect_error([&] { dcp::save(state, dir + "/x", group); }, {"tensor 'u' is undefined"});
+  });
+}
+
+}  // namespace
+}  // namespace hp
