@@ -1,0 +1,92 @@
+// The training configuration: one YAML file plus `key=value` overrides. Every key is known (an
+// unknown one is an error naming it), and validate() refuses inconsistent settings with a message
+// that says what to change, before any work starts. docs/training.md is the reference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/models/llama.h"
+#include "hp/models/parallelize.h"
+
+namespace hp::train {
+
+struct TrainConfig {
+  std::string run_dir = "runs/default";  // metrics.jsonl, loss.svg, checkpoints/
+  uint64_t seed = 0;
+
+  std::string model_family = "llama";  // "llama" (Llama / Qwen3 dense); MoE and MLA come next
+  models::LlamaConfig model{256, 128, 2, 4, 2, 384, 128};
+
+  models::ParallelDims parallel;
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
+  bool reshard_after_forward = true;
+
+  struct Data {
+    std::vector<std::string> sources = {"/usr/share/games/fortunes"};
+    std::string cache_dir = "data/fortunes";
+    double eval_fraction = 0.05;
+    int64_t seq_len = 128;
+  } data;
+
+  struct Train {
+    int64_t steps = 100;
+    int64_t global_batch = 16;  // sequences per optimizer step, over all data-parallel ranks
+    int64_t micro_batch = 16;   // sequences per forward/backward on one rank (gradient accumulation below it)
+    double max_grad_norm = 1.0; // 0 = no clipping
+    bool deterministic = true;
+  } train;
+
+  struct Optimizer {
+    std::string name = "adamw";  // "adamw", or "muon" (Muon for block matrices + AdamW for the rest)
+    double lr = 1e-3, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    double muon_lr = 0.02, muon_momentum = 0.95;
+  } optimizer;
+
+  struct Schedule {
+    std::string decay = "cosine";  // cosine | linear | wsd | constant
+    int64_t warmup_steps = 0;
+    double min_lr_ratio = 0.1;
+    double decay_fraction = 0.1;   // wsd only
+  } schedule;
+
+  struct Checkpoint {
+    int64_t interval = 0;  // steps between checkpoints; 0 = only none
+    bool async = true;
+    int64_t keep = 2;      // most recent checkpoints kept
+  } checkpoint;
+
+  struct Eval {
+    int64_t interval = 0;  // 0 = only at the end
+    int64_t batches = 2;
+  } eval;
+
+  struct Log {
+    int64_t interval = 1;
+  } log;
+
+  struct Sample {
+    std::string prompt = "The ";
+    int64_t tokens = 0;  // greedy-generated at the end; 0 = none
+  } sample;
+
+  std::string checkpoint_dir() const { return run_dir + "/checkpoints"; }
+  int64_t per_rank_batch() const { return train.global_batch / parallel.dp(); }
+  int64_t micro_batches() const { return per_rank_batch() / train.micro_batch; }
+};
+
+// Parses `yaml` (`source` names it in errors), then applies each "dotted.key=value" override.
+TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>& overrides,
+                         const std::string& source = "<config>");
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Throws hp::Error with the documented message for the first problem found (world size, divisibility,
+// batch split, sequence length, vocabulary, unknown names).
+void validate(const TrainConfig& config, int64_t world_size);
+
+// The whole configuration as a JSON string (every key, defaults included).
+std::string to_json(const TrainConfig& config);
+
+}  // namespace hp::train

@@ -1,0 +1,43 @@
+// The trainer: builds the mesh from the config's parallel dims, the model with its plans, the
+// optimizer and LR schedule; trains with gradient accumulation and clipping, evaluates on the
+// held-out split, checkpoints (async, atomic) and resumes; logs a progress line and JSONL metrics.
+//
+// Collective: every rank of `world` calls train() with the same config.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/comm/process_group.h"
+#include "hp/train/config.h"
+
+namespace hp::train {
+
+struct TrainOptions {
+  bool resume = false;    // continue from the latest checkpoint of the run, when there is one
+  bool dry_run = false;   // print the plan (mesh, each rank's parameters, estimated memory) and stop
+  bool progress = true;   // a progress line on rank 0 (on a terminal; plain log lines otherwise)
+  // Called on every rank after each optimizer step (tests use it to stop a run part-way).
+  std::function<void(int64_t step)> after_step;
+};
+
+struct TrainResult {
+  int64_t first_step = 0;         // 0, or the step resumed from
+  std::vector<double> losses;     // global training loss of each step run here
+  std::vector<double> grad_norms;
+  double eval_loss = 0.0;         // at the end
+  double unigram_entropy = 0.0;   // of the corpus, in nats: the no-context baseline
+  double tokens_per_s = 0.0;      // mean over the steps after the first
+  double mfu = 0.0;
+  std::string sample;             // greedy continuation of config.sample.prompt
+};
+
+TrainResult train(const TrainConfig& config, const comm::ProcessGroup& world, const TrainOptions& options = {});
+
+// FLOP/s of this machine for fp32 matmul, measured once with a large matmul on all cores and
+// cached in ~/.cache/hyperparallel/peak_flops.json (HP_PEAK_FLOPS overrides).
+double machine_peak_flops();
+
+}  // namespace hp::train

@@ -1,0 +1,217 @@
+#include "hp/train/config.h"
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "hp/core/error.h"
+#include "hp/data/text_data.h"
+#include "hp/optim/lr_scheduler.h"
+
+namespace hp::train {
+namespace {
+
+template <typename T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else return "a list of strings";
+}
+
+template <typename T>
+T convert(const YAML::Node& node, const std::string& key) {
+  try {
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      if (node.IsScalar()) return {node.as<std::string>()};
+    } else {
+      HP_CHECK(node.IsScalar(), "config: ", key, ": expected ", type_name<T>());
+    }
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    HP_FAIL("config: ", key, ": expected ", type_name<T>(), ", got '", YAML::Dump(node), "'");
+  }
+}
+
+// One row per key: how to set it from YAML and read it back as JSON.
+struct Field {
+  std::string key;
+  std::function<void(TrainConfig&, const YAML::Node&)> set;
+  std::function<nlohmann::json(const TrainConfig&)> get;
+};
+
+#define HP_CONFIG_FIELD(key, member)                                                                        \
+  Field {                                                                                                   \
+    key, [](TrainConfig& c, const YAML::Node& n) { c.member = convert<decltype(c.member)>(n, key); },      \
+        [](const TrainConfig& c) { return nlohmann::json(c.member); }                                       \
+  }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> all = {
+      HP_CONFIG_FIELD("run_dir", run_dir),
+      HP_CONFIG_FIELD("seed", seed),
+      HP_CONFIG_FIELD("model.family", model_family),
+      HP_CONFIG_FIELD("model.vocab", model.vocab),
+      HP_CONFIG_FIELD("model.dim", model.dim),
+      HP_CONFIG_FIELD("model.layers", model.layers),
+      HP_CONFIG_FIELD("model.heads", model.heads),
+      HP_CONFIG_FIELD("model.kv_heads", model.kv_heads),
+      HP_CONFIG_FIELD("model.ffn_hidden", model.ffn_hidden),
+      HP_CONFIG_FIELD("model.max_seq", model.max_seq),
+      HP_CONFIG_FIELD("model.rope_theta", model.rope_theta),
+      HP_CONFIG_FIELD("model.norm_eps", model.norm_eps),
+      HP_CONFIG_FIELD("model.qk_norm", model.qk_norm),
+      HP_CONFIG_FIELD("model.tie_embeddings", model.tie_embeddings),
+      HP_CONFIG_FIELD("parallel.dp_replicate", parallel.dp_replicate),
+      HP_CONFIG_FIELD("parallel.dp_shard", parallel.dp_shard),
+      HP_CONFIG_FIELD("parallel.tp", parallel.tp),
+      HP_CONFIG_FIELD("parallel.pp", parallel.pp),
+      HP_CONFIG_FIELD("parallel.cp", parallel.cp),
+      HP_CONFIG_FIELD("parallel.ep", parallel.ep),
+      HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
+      HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
+      HP_CONFIG_FIELD("parallel.reshard_after_forward", reshard_after_forward),
+      HP_CONFIG_FIELD("data.sources", data.sources),
+      HP_CONFIG_FIELD("data.cache_dir", data.cache_dir),
+      HP_CONFIG_FIELD("data.eval_fraction", data.eval_fraction),
+      HP_CONFIG_FIELD("data.seq_len", data.seq_len),
+      HP_CONFIG_FIELD("train.steps", train.steps),
+      HP_CONFIG_FIELD("train.global_batch", train.global_batch),
+      HP_CONFIG_FIELD("train.micro_batch", train.micro_batch),
+      HP_CONFIG_FIELD("train.max_grad_norm", train.max_grad_norm),
+      HP_CONFIG_FIELD("train.deterministic", train.deterministic),
+      HP_CONFIG_FIELD("optimizer.name", optimizer.name),
+      HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
+      HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
+      HP_CONFIG_FIELD("optimizer.beta1", optimizer.beta1),
+      HP_CONFIG_FIELD("optimizer.beta2", optimizer.beta2),
+      HP_CONFIG_FIELD("optimizer.eps", optimizer.eps),
+      HP_CONFIG_FIELD("optimizer.muon_lr", optimizer.muon_lr),
+      HP_CONFIG_FIELD("optimizer.muon_momentum", optimizer.muon_momentum),
+      HP_CONFIG_FIELD("schedule.decay", schedule.decay),
+      HP_CONFIG_FIELD("schedule.warmup_steps", schedule.warmup_steps),
+      HP_CONFIG_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
+      HP_CONFIG_FIELD("schedule.decay_fraction", schedule.decay_fraction),
+      HP_CONFIG_FIELD("checkpoint.interval", checkpoint.interval),
+      HP_CONFIG_FIELD("checkpoint.async", checkpoint.async),
+      HP_CONFIG_FIELD("checkpoint.keep", checkpoint.keep),
+      HP_CONFIG_FIELD("eval.interval", eval.interval),
+      HP_CONFIG_FIELD("eval.batches", eval.batches),
+      HP_CONFIG_FIELD("log.interval", log.interval),
+      HP_CONFIG_FIELD("sample.prompt", sample.prompt),
+      HP_CONFIG_FIELD("sample.tokens", sample.tokens),
+  };
+  return all;
+}
+#undef HP_CONFIG_FIELD
+
+const Field* find_field(const std::string& key) {
+  for (const auto& f : fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+std::string known_keys_under(const std::string& section) {
+  std::string out;
+  for (const auto& f : fields())
+    if (section.empty() ? f.key.find('.') == std::string::npos : f.key.rfind(section + ".", 0) == 0)
+      out += (out.empty() ? "" : ", ") + f.key;
+  return out;
+}
+
+void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, const std::string& source) {
+  const Field* field = find_field(key);
+  if (!field) {
+    const auto dot = key.find('.');
+    const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+    HP_FAIL("config: unknown key '", key, "' in ", source, " (known", section.empty() ? "" : " under " + section,
+            ": ", known_keys_under(section).empty() ? known_keys_under("") : known_keys_under(section), ")");
+  }
+  field->set(config, node);
+}
+
+// Applies every leaf of `node` (a mapping), keys joined with dots.
+void apply_tree(TrainConfig& config, const YAML::Node& node, const std::string& prefix, const std::string& source) {
+  for (const auto& item : node) {
+    const std::string key = prefix + item.first.as<std::string>();
+    if (item.second.IsMap() && !find_field(key)) apply_tree(config, item.second, key + ".", source);
+    else apply(config, key, item.second, source);
+  }
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>& overrides, const std::string& source) {
+  TrainConfig config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    HP_FAIL("config: ", source, " is not valid YAML: ", e.what());
+  }
+  if (root && !root.IsNull()) {
+    HP_CHECK(root.IsMap(), "config: ", source, " must be a mapping of sections (model:, parallel:, train:, ...)");
+    apply_tree(config, root, "", source);
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    HP_CHECK(eq != std::string::npos && eq > 0, "config: override '", o, "' is not key=value");
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      HP_FAIL("config: override '", o, "': ", e.what());
+    }
+    apply(config, o.substr(0, eq), value, "--set");
+  }
+  return config;
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  HP_CHECK(in, "config: cannot read ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), overrides, path);
+}
+
+void validate(const TrainConfig& c, int64_t world_size) {
+  HP_CHECK(c.model_family == "llama", "model.family '", c.model_family, "' is unknown (available: llama)");
+  c.model.validate();
+  c.parallel.validate(world_size, c.model);
+  HP_CHECK(c.model.vocab >= data::ByteTokenizer::kVocab, "model.vocab (", c.model.vocab,
+           ") is smaller than the byte tokenizer's ", data::ByteTokenizer::kVocab, " tokens");
+  HP_CHECK(c.data.seq_len > 0 && c.data.seq_len <= c.model.max_seq, "data.seq_len (", c.data.seq_len,
+           ") must be in 1..model.max_seq (", c.model.max_seq, ")");
+  HP_CHECK(c.train.steps > 0, "train.steps must be positive, got ", c.train.steps);
+  HP_CHECK(c.train.micro_batch > 0 && c.train.global_batch > 0, "train.global_batch and train.micro_batch must be positive");
+  HP_CHECK(c.train.global_batch % c.parallel.dp() == 0, "train.global_batch (", c.train.global_batch,
+           ") must be divisible by the data-parallel degree dp_replicate x dp_shard (", c.parallel.dp(), ")");
+  HP_CHECK(c.per_rank_batch() % c.train.micro_batch == 0, "train.micro_batch (", c.train.micro_batch,
+           ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
+  HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
+  HP_CHECK(!c.sequence_parallel || c.data.seq_len % c.parallel.tp == 0, "data.seq_len (", c.data.seq_len,
+           ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
+  HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,
+           "' is unknown (available: adamw, muon)");
+  HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);
+  parse_decay(c.schedule.decay);  // names the valid decays on error
+  HP_CHECK(c.schedule.warmup_steps >= 0 && c.schedule.warmup_steps <= c.train.steps, "schedule.warmup_steps (",
+           c.schedule.warmup_steps, ") must be in 0..train.steps (", c.train.steps, ")");
+  HP_CHECK(c.checkpoint.interval >= 0 && c.eval.interval >= 0 && c.log.interval > 0 && c.checkpoint.keep > 0,
+           "checkpoint.interval and eval.interval must be >= 0, log.interval and checkpoint.keep > 0");
+  HP_CHECK(c.data.eval_fraction > 0 && c.data.eval_fraction < 0.5, "data.eval_fraction must be in (0, 0.5), got ",
+           c.data.eval_fraction);
+}
+
+std::string to_json(const TrainConfig& config) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& f : fields()) out[f.key] = f.get(config);
+  return out.dump();
+}
+
+}  // namespace hp::train

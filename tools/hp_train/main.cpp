@@ -1,0 +1,123 @@
+// hp-train: train a model from a YAML config, on as many ranks as hprun starts.
+//
+//   hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml [--set train.steps=50] [--resume auto]
+#include <hp/core/error.h>
+#include <hp/comm/init.h>
+#include <hp/train/trainer.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+void usage(std::ostream& out) {
+  out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run] [--no-progress]\n\n"
+         "  --config FILE        the run's YAML config (docs/training.md lists every key)\n"
+         "  --set KEY=VALUE      override one key, e.g. --set train.steps=20 --set parallel.tp=2\n"
+         "  --resume auto        continue from the run's latest checkpoint if there is one (default: never)\n"
+         "  --dry-run            print the plan (mesh, each rank's parameters, estimated memory) and exit\n"
+         "  --no-progress        no progress lines (metrics still go to RUN_DIR/metrics.jsonl)\n\n"
+         "Start several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
+}
+
+// Test hook: HP_TRAIN_FAULT="RANK:STEP" makes that rank SIGKILL itself after that step, like a crashed node.
+std::function<void(int64_t)> fault_hook(int rank) {
+  const char* spec = std::getenv("HP_TRAIN_FAULT");
+  if (!spec) return {};
+  const std::string s(spec);
+  const auto colon = s.find(':');
+  HP_CHECK(colon != std::string::npos, "HP_TRAIN_FAULT must be RANK:STEP, got '", s, "'");
+  const int fault_rank = std::stoi(s.substr(0, colon));
+  const int64_t fault_step = std::stoll(s.substr(colon + 1));
+  if (fault_rank != rank) return {};
+  return [fault_step](int64_t step) {
+    if (step == fault_step) ::kill(::getpid(), SIGKILL);
+  };
+}
+
+// Draws the loss curve with hp-plot, which is installed next to this program.
+void plot(const std::string& run_dir) {
+  const auto self = std::filesystem::read_symlink("/proc/self/exe");
+  const auto plotter = self.parent_path() / "hp-plot";
+  if (!std::filesystem::exists(plotter)) return;
+  const std::string command = "'" + plotter.string() + "' '" + run_dir + "' > /dev/null";
+  if (std::system(command.c_str()) != 0) std::cerr << "hp-train: warning: hp-plot failed for " << run_dir << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  hp::train::TrainOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "hp-train: " << arg << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") {
+      usage(std::cout);
+      return 0;
+    } else if (arg == "--config") {
+      config_path = value();
+    } else if (arg == "--set") {
+      overrides.push_back(value());
+    } else if (arg == "--resume") {
+      const std::string mode = value();
+      if (mode != "auto" && mode != "never") {
+        std::cerr << "hp-train: --resume takes auto or never, got '" << mode << "'\n";
+        return 2;
+      }
+      options.resume = mode == "auto";
+    } else if (arg == "--dry-run") {
+      options.dry_run = true;
+    } else if (arg == "--no-progress") {
+      options.progress = false;
+    } else {
+      std::cerr << "hp-train: unknown argument '" << arg << "'\n\n";
+      usage(std::cerr);
+      return 2;
+    }
+  }
+  if (config_path.empty()) {
+    usage(std::cerr);
+    return 2;
+  }
+  try {
+    // The config is read and checked before the rendezvous, so a mistake costs no waiting.
+    const hp::train::TrainConfig config = hp::train::load_config(config_path, overrides);
+    hp::comm::ProcessGroup world = hp::comm::init_process_group();
+    options.after_step = fault_hook(world.rank());
+    const hp::train::TrainResult result = hp::train::train(config, world, options);
+    if (world.rank() == 0 && !options.dry_run) {
+      plot(config.run_dir);
+      std::cout << std::fixed << std::setprecision(3) << "\nfinal eval loss " << result.eval_loss
+                << " nats/byte (unigram entropy of the corpus " << result.unigram_entropy << ")\n"
+                << std::setprecision(0) << "throughput " << result.tokens_per_s << " tokens/s, MFU "
+                << std::setprecision(1) << 100.0 * result.mfu << "%\n"
+                << "run directory " << config.run_dir << ": metrics.jsonl, loss.svg"
+                << (config.checkpoint.interval > 0 ? ", checkpoints/" : "") << "\n";
+      if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
+    }
+    return 0;
+  } catch (const hp::Error& e) {
+    std::cerr << "hp-train: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "hp-train: failed: " << e.what() << "\n";
+    return 1;
+  }
+}
