@@ -1,4 +1,4 @@
-// The main job until the trainer exists: every collective on a 2x2 ("dp", "tp") mesh, each result
+// Every collective on a 2x2 ("dp", "tp") mesh, each result
 // checked against the value computed locally. Run it with:
 //
 //   build/bin/hprun --nproc-per-node 4 build/bin/collectives_demo

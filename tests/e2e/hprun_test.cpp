@@ -16,34 +16,14 @@
 #include <future>
 #include <string>
 
+#include "e2e/e2e_util.h"
+
 namespace {
 
-std::string bin_dir() {
-  char self[PATH_MAX] = {0};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string path(self, n > 0 ? n : 0);
-  return path.substr(0, path.rfind('/'));
-}
+using hp::e2e::bin_dir;
+using hp::e2e::Result;
+using hp::e2e::run_job;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-  double seconds = 0;
-};
-
-Result run_job(const std::string& args) {
-  const std::string cmd = bin_dir() + "/hprun " + args + " 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  Result result;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) result.output += buffer.data();
-  const int status = pclose(pipe);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 std::string program(const std::string& scenario) { return bin_dir() + "/e2e_rank_program " + scenario; }
 

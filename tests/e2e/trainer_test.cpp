@@ -1,0 +1,109 @@
+// hp-train as a user runs it: hprun starts 4 processes (dp_shard 2 x tp 2) on the fortunes corpus.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include "e2e/e2e_util.h"
+#include "hp_build_paths.h"
+
+namespace {
+namespace fs = std::filesystem;
+using hp::e2e::bin_dir;
+using hp::e2e::Result;
+using hp::e2e::run_job;
+
+std::string scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_train_e2e_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// The demo config, shortened: 10 steps, a checkpoint every 5, data cached in `dir`.
+std::string train_command(const std::string& dir, const std::string& extra = "") {
+  return "--nproc-per-node 4 " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR + "/examples/tiny_llama.yaml" +
+         " --set run_dir=" + dir + " --set data.cache_dir=" + dir + "/data --set train.steps=10" +
+         " --set checkpoint.interval=5 --set schedule.warmup_steps=2 --set eval.interval=5 --set sample.tokens=16" +
+         " --no-progress " + extra;
+}
+
+// step -> loss of the run's train records.
+std::map<int64_t, double> train_losses(const std::string& run_dir) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("kind") == "train") losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return losses;
+}
+
+// Every tensor's chunks with their checksums: equal for two checkpoints exactly when they hold the
+// same bytes (parameters and optimizer state) in the same layout.
+nlohmann::json checkpoint_contents(const std::string& dir) {
+  std::ifstream in(dir + "/metadata.json");
+  return nlohmann::json::parse(in).at("tensors");
+}
+
+// The demo in reduced form: trains, evaluates, checkpoints, plots, samples.
+TEST(HpTrain, DemoRunsInReducedForm) {
+  const std::string dir = scratch("demo");
+  const Result r = run_job(train_command(dir));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("final eval loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample:"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/loss.svg"));
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json"));
+  const auto losses = train_losses(dir);
+  ASSERT_EQ(losses.size(), 10u);
+  EXPECT_LT(losses.at(10), losses.at(1) - 1.0) << "the loss should fall clearly in 10 steps";
+}
+
+// SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and
+// the final parameters and optimizer state are bitwise those of an uninterrupted run.
+TEST(HpTrain, KillAndResumeIsBitwiseIdentical) {
+  const std::string straight = scratch("straight"), killed = scratch("killed");
+  ASSERT_EQ(run_job(train_command(straight)).exit_code, 0);
+
+  const Result crash = hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed));
+  ASSERT_NE(crash.exit_code, 0) << crash.output;
+  EXPECT_NE(crash.output.find("rank 1"), std::string::npos) << crash.output;
+  ASSERT_TRUE(fs::exists(killed + "/checkpoints/step-000005/metadata.json")) << crash.output;
+  EXPECT_FALSE(fs::exists(killed + "/checkpoints/step-000010"));
+
+  const Result resumed = run_job(train_command(killed, "--resume auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto want = train_losses(straight), got = train_losses(killed);
+  ASSERT_EQ(got.size(), 10u);
+  for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  EXPECT_EQ(checkpoint_contents(killed + "/checkpoints/step-000010"),
+            checkpoint_contents(straight + "/checkpoints/step-000010"));
+}
+
+// --dry-run prints the plan of every rank and trains nothing.
+TEST(HpTrain, DryRunPrintsThePlan) {
+  const std::string dir = scratch("dry");
+  const Result r = run_job(train_command(dir, "--dry-run"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: dp_replicate=1 dp_shard=2 tp=2 pp=1 on 4 ranks"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) + ": "), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+}
+
+// A config mistake stops every rank with the documented message before any work.
+TEST(HpTrain, ConfigErrorStopsBeforeWork) {
+  const std::string dir = scratch("bad");
+  const Result r = run_job(train_command(dir, "--set parallel.tp=4"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel dims dp_replicate=1 dp_shard=2 tp=4 pp=1 multiply to 8 but the world has 4 ranks"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+}
+
+}  // namespace

@@ -1,0 +1,59 @@
+// The config: every key known, overrides, and the documented messages for mistakes.
+#include <gtest/gtest.h>
+
+#include "hp/train/config.h"
+#include "test_util.h"
+
+namespace hp::train {
+namespace {
+using test::expect_error;
+
+const char* kConfig = R"(
+run_dir: /tmp/x
+model: {dim: 64, layers: 2, heads: 4, kv_heads: 2, ffn_hidden: 128, max_seq: 32}
+parallel: {dp_shard: 2, tp: 2}
+data: {seq_len: 32}
+train: {steps: 20, global_batch: 8, micro_batch: 2}
+)";
+
+TEST(TrainConfig, ParsesKeysAndOverrides) {
+  const TrainConfig c = parse_config(kConfig, {"train.steps=7", "optimizer.lr=0.01", "data.sources=[a, b]"});
+  EXPECT_EQ(c.model.dim, 64);
+  EXPECT_EQ(c.parallel.dp_shard, 2);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
+  EXPECT_EQ(c.data.sources, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c.micro_batches(), 2);  // 8 / dp 2 = 4 per rank, in micro-batches of 2
+  validate(c, 4);
+  EXPECT_NE(to_json(c).find("\"train.steps\":7"), std::string::npos);
+}
+
+TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
+  expect_error([] { parse_config("train: {stpes: 3}", {}); }, {"unknown key 'train.stpes'", "train.steps"});
+  expect_error([] { parse_config("modle: {dim: 3}", {}); }, "unknown key 'modle.dim'");
+  expect_error([] { parse_config(kConfig, {"train.steps=many"}); }, "train.steps: expected an integer, got 'many'");
+  expect_error([] { parse_config(kConfig, {"train.steps"}); }, "override 'train.steps' is not key=value");
+  expect_error([] { parse_config("a: [", {}); }, "is not valid YAML");
+
+  const auto invalid = [](std::vector<std::string> overrides, int world, std::string message) {
+    expect_error([&] { validate(parse_config(kConfig, overrides), world); }, message);
+  };
+  invalid({}, 2, "parallel dims dp_replicate=1 dp_shard=2 tp=2 pp=1 multiply to 4 but the world has 2 ranks");
+  invalid({"parallel.tp=4", "parallel.dp_shard=1"}, 4, "model.heads (4) and model.kv_heads (2) must be divisible by parallel.tp (4)");
+  invalid({"model.heads=3"}, 4, "model: dim 64 is not divisible by heads 3");
+  invalid({"train.global_batch=6", "parallel.dp_shard=4", "parallel.tp=1"}, 4,
+          "train.global_batch (6) must be divisible by the data-parallel degree dp_replicate x dp_shard (4)");
+  invalid({"train.micro_batch=3"}, 4, "train.micro_batch (3) must divide the per-rank batch global_batch / dp (4)");
+  invalid({"data.seq_len=64"}, 4, "data.seq_len (64) must be in 1..model.max_seq (32)");
+  invalid({"model.vocab=64"}, 4, "model.vocab (64) is smaller than the byte tokenizer's 256 tokens");
+  invalid({"parallel.pp=2", "parallel.dp_shard=1"}, 4, "pipeline parallelism is not available in this build yet");
+  invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
+  invalid({"optimizer.name=sgd"}, 4, "optimizer.name 'sgd' is unknown (available: adamw, muon)");
+  invalid({"schedule.decay=step"}, 4, "step");
+  invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");
+  invalid({"parallel.sequence_parallel=true", "parallel.tp=1", "parallel.dp_shard=4"}, 4,
+          "parallel.sequence_parallel needs parallel.tp > 1");
+}
+
+}  // namespace
+}  // namespace hp::train
