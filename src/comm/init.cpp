@@ -86,6 +86,10 @@ ProcessGroup init_process_group(InitOptions options) {
     HP_CHECK(gethostname(host, sizeof(host) - 1) == 0, "init_process_group: gethostname failed");
     group.gloo_hostname = host;  // reachable from other nodes; loopback is enough on one node
   }
+  // A process started without a launcher is a world of one: it needs no rendezvous, and must not
+  // claim the default port (two such processes would collide there).
+  if (env.world_size == 1 && env.source == "default")
+    return create_world_group(shim::make_hash_store(), 0, 1, group);
   shim::StorePtr store;
   try {
     store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,

@@ -61,6 +61,30 @@ TEST(HpTrain, DemoRunsInReducedForm) {
   const auto losses = train_losses(dir);
   ASSERT_EQ(losses.size(), 10u);
   EXPECT_LT(losses.at(10), losses.at(1) - 1.0) << "the loss should fall clearly in 10 steps";
+
+  // The checkpoint through hp-ckpt: verify, export to Hugging Face and back, inspect.
+  const std::string ckpt = bin_dir() + "/hp-ckpt ";
+  const Result verified = hp::e2e::run_command(ckpt + "verify " + dir + "/checkpoints");
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_NE(verified.output.find("every checksum matches"), std::string::npos) << verified.output;
+  const Result to_hf = hp::e2e::run_command(ckpt + "convert --to hf " + dir + "/checkpoints " + dir + "/hf");
+  ASSERT_EQ(to_hf.exit_code, 0) << to_hf.output;
+  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
+  const Result back = hp::e2e::run_command(ckpt + "convert --from hf " + dir + "/hf " + dir + "/back");
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  const Result inspected = hp::e2e::run_command(ckpt + "inspect " + dir + "/back");
+  EXPECT_NE(inspected.output.find("model.layers.3.attn.q_proj.weight"), std::string::npos) << inspected.output;
+  // One chunk per tensor on both sides, so equal checksums mean equal bytes: the round trip
+  // through the Hugging Face files is bitwise.
+  ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + dir + "/checkpoints " + dir + "/whole").exit_code, 0);
+  const auto original = checkpoint_contents(dir + "/whole"), round_trip = checkpoint_contents(dir + "/back");
+  int compared = 0;
+  for (const auto& [name, record] : round_trip.items()) {
+    ASSERT_EQ(record.at("chunks").size(), 1u) << name;
+    EXPECT_EQ(record.at("chunks")[0].at("checksums"), original.at(name).at("chunks")[0].at("checksums")) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 39);  // 4 blocks x 9 + embed, norm, output
 }
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and

@@ -78,6 +78,10 @@ void save(const StateDict& state, const std::string& dir, const comm::ProcessGro
 // Tensors the checkpoint has but `state` lacks are ignored.
 void load(StateDict& state, const std::string& dir);
 
+// Every tensor of the checkpoint in `dir`, whole, as plain tensors, with its values (one process;
+// for tools and tests).
+StateDict load_whole(const std::string& dir);
+
 // The checkpoint `<root>/<name in root/latest>`, if root/latest exists and names a directory.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 

@@ -84,6 +84,13 @@ class Llama : public nn::Module {
   LlamaConfig config_;
 };
 
+// Hugging Face Llama / Qwen3 names of our parameters ("layers.3.attn.q_proj.weight" <->
+// "model.layers.3.self_attn.q_proj.weight", "embed.weight" <-> "model.embed_tokens.weight", ...).
+// Our rotary embedding uses HF's rotate_half layout, so q/k weights map without permutation.
+// Unknown names give "".
+std::string llama_to_hf_name(const std::string& fqn);
+std::string llama_from_hf_name(const std::string& hf_name);
+
 // Greedy continuation of `prompt` (1-D int64) by `new_tokens` tokens, the context cropped to
 // max_seq. Collective when the model is parallelized: every rank calls it with the same prompt.
 at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens);

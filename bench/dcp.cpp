@@ -1,0 +1,132 @@
+// bench/dcp: checkpoint throughput against plain file I/O of the same bytes, and how long training
+// is blocked by an async save versus a synchronous one, measured side by side in one run.
+//
+// 4 ranks (threads) each hold a quarter of a state dict (Shard(0) tensors).
+//   save: dcp::save vs each rank writing its bytes to one file with one write + fsync (target >= 0.7)
+//   load: dcp::load into the same layout vs each rank reading its file back (target >= 0.7)
+//   async: time a step is blocked by save_async + wait() one step later, vs by save() (target <= 10%)
+//
+//   build/bin/bench_dcp [--quick]
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+
+#include "bench/timing.h"
+#include "hp/dcp/checkpoint.h"
+#include "hp/dtensor/dtensor.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/testing/run_ranks.h"
+
+namespace {
+namespace fs = std::filesystem;
+constexpr int kRanks = 4;
+
+hp::dcp::StateDict make_state(const hp::comm::ProcessGroup& world, int64_t total_mb) {
+  const hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {kRanks});
+  hp::dcp::StateDict state;
+  const int64_t tensors = 8, rows = total_mb * (1 << 20) / 4 / tensors / 1024;
+  for (int64_t i = 0; i < tensors; ++i)
+    state.tensors["t" + std::to_string(i)] =
+        hp::distribute_tensor(at::rand({rows, 1024}), mesh, {hp::Shard(0)});
+  return state;
+}
+
+double plain_write(const std::string& path, const std::vector<at::Tensor>& pieces) {
+  return hp::bench::seconds([&] {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (const auto& p : pieces) {
+      const char* data = static_cast<const char*>(p.data_ptr());
+      size_t left = p.numel() * 4;
+      while (left > 0) {
+        const ssize_t n = ::write(fd, data, left);
+        if (n <= 0) break;
+        data += n;
+        left -= n;
+      }
+    }
+    ::fsync(fd);
+    ::close(fd);
+  });
+}
+
+double plain_read(const std::string& path, std::vector<at::Tensor>& pieces) {
+  return hp::bench::seconds([&] {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    off_t at = 0;
+    for (auto& p : pieces) {
+      const size_t bytes = p.numel() * 4;
+      if (::pread(fd, p.data_ptr(), bytes, at) != static_cast<ssize_t>(bytes)) std::abort();
+      at += bytes;
+    }
+    ::close(fd);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int64_t total_mb = quick ? 16 : 256;
+  const int rounds = quick ? 1 : 3;
+  const std::string dir = (fs::temp_directory_path() / ("hp_bench_dcp_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  std::vector<double> dcp_save, plain_save, dcp_load, plain_load, sync_blocked, async_blocked;
+  std::mutex mu;
+  hp::testing::run_ranks(kRanks, [&](const hp::comm::ProcessGroup& world) {
+    hp::dcp::StateDict state = make_state(world, total_mb);
+    std::vector<at::Tensor> pieces;
+    for (auto& [name, t] : state.tensors) pieces.push_back(hp::DTensor(t).to_local());
+    const std::string plain = dir + "/plain-" + std::to_string(world.rank());
+    for (int round = 0; round < rounds; ++round) {
+      // save: the slowest rank's time is the job's time
+      world.barrier();
+      const double d = hp::bench::seconds([&] { hp::dcp::save(state, dir + "/ckpt", world); });
+      world.barrier();
+      const double p = plain_write(plain, pieces);
+      world.barrier();
+      const double dl = hp::bench::seconds([&] { hp::dcp::load(state, dir + "/ckpt"); });
+      world.barrier();
+      const double pl = plain_read(plain, pieces);
+      // blocked: a training step of ~ one synchronous save, then the save's collective wait
+      const at::Tensor a = at::rand({512, 512});
+      const auto step = [&] {
+        const auto start = std::chrono::steady_clock::now();
+        while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 1.5 * d)
+          (void)at::mm(a, a);
+      };
+      world.barrier();
+      const double sync = hp::bench::seconds([&] { hp::dcp::save(state, dir + "/sync", world); });
+      step();
+      world.barrier();
+      hp::dcp::AsyncSave pending;
+      double blocked = hp::bench::seconds([&] { pending = hp::dcp::save_async(state, dir + "/async", world); });
+      step();
+      blocked += hp::bench::seconds([&] { pending.wait(); });
+      std::lock_guard<std::mutex> lock(mu);
+      if (world.rank() == 0) {
+        dcp_save.push_back(d), plain_save.push_back(p), dcp_load.push_back(dl), plain_load.push_back(pl);
+        sync_blocked.push_back(sync), async_blocked.push_back(blocked);
+      }
+    }
+  });
+  using hp::bench::median;
+  const double mb = static_cast<double>(total_mb);
+  std::cout << std::fixed << std::setprecision(1) << "bench_dcp: " << total_mb << " MB over " << kRanks
+            << " ranks (threads), median of " << rounds << "\n"
+            << "  save  dcp " << mb / median(dcp_save) << " MB/s, plain write+fsync " << mb / median(plain_save)
+            << " MB/s, ratio " << std::setprecision(2) << median(plain_save) / median(dcp_save) << " (target >= 0.7)\n"
+            << std::setprecision(1) << "  load  dcp " << mb / median(dcp_load) << " MB/s, plain read "
+            << mb / median(plain_load) << " MB/s, ratio " << std::setprecision(2)
+            << median(plain_load) / median(dcp_load) << " (target >= 0.7)\n"
+            << std::setprecision(1) << "  blocked by a save: sync " << 1e3 * median(sync_blocked) << " ms, async "
+            << 1e3 * median(async_blocked) << " ms, ratio " << std::setprecision(3)
+            << median(async_blocked) / median(sync_blocked) << " (target <= 0.10)\n";
+  fs::remove_all(dir);
+  return 0;
+}

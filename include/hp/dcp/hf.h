@@ -1,0 +1,39 @@
+// Hugging Face safetensors export and import.
+//
+//   hp::dcp::save_hf(hp::dcp::model_state_dict(model, ""), "out/", world, hp::models::llama_to_hf_name);
+//   hp::dcp::load_hf(state, "hf_model/", hp::models::llama_to_hf_name);   // straight into a sharded model
+//
+// The export is `model.safetensors`, or shards `model-00001-of-0000N.safetensors` with
+// `model.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map": {name: file}}) when
+// the tensors exceed `max_shard_bytes`. The import reads either form and, for each tensor of the
+// target state dict, only the bytes of this rank's piece.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "hp/comm/process_group.h"
+#include "hp/dcp/checkpoint.h"
+
+namespace hp::dcp {
+
+// Our tensor name -> the Hugging Face name ("" = not exported).
+using NameMap = std::function<std::string(const std::string&)>;
+
+struct HfSaveOptions {
+  uint64_t max_shard_bytes = uint64_t{5} << 30;
+};
+
+// Collective over `group`: gathers each tensor whole in turn (every rank runs the same gathers) and
+// rank 0 writes the files, each through a temporary name and a rename.
+void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
+             HfSaveOptions options = {});
+
+// Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it.
+void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf);
+
+// Every tensor of the HF files in `dir`, whole, by its HF name (for tools and tests).
+StateDict load_hf_whole(const std::string& dir);
+
+}  // namespace hp::dcp

@@ -1,0 +1,147 @@
+#include "hp/dcp/hf.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "dcp/file_io.h"
+#include "dcp/metadata.h"
+#include "dcp/reader.h"
+#include "dcp/safetensors.h"
+#include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+
+namespace hp::dcp {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+std::string shard_name(size_t index, size_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return buf;
+}
+
+uint64_t nbytes(const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+
+// The HF tensors of `dir` as checkpoint records: one unchecked chunk per tensor covering it whole.
+std::map<std::string, detail::TensorRecord> hf_records(const std::string& dir) {
+  std::vector<std::string> files;
+  if (fs::exists(fs::path(dir) / kIndexFile)) {
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(detail::read_file((fs::path(dir) / kIndexFile).string()));
+      for (const auto& [name, file] : index.at("weight_map").items())
+        if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file);
+    } catch (const nlohmann::json::exception& e) {
+      HP_FAIL("hf: ", dir, "/", kIndexFile, " is not a valid index: ", e.what());
+    }
+  } else {
+    HP_CHECK(fs::exists(fs::path(dir) / kSingleFile), "hf: ", dir, " has neither ", kSingleFile, " nor ", kIndexFile);
+    files.push_back(kSingleFile);
+  }
+  std::map<std::string, detail::TensorRecord> records;
+  for (const auto& file : files) {
+    const detail::SafetensorsFile header = detail::read_safetensors_header((fs::path(dir) / file).string());
+    for (const auto& e : header.entries) {
+      detail::TensorRecord record;
+      record.dtype = e.dtype;
+      record.shape = e.shape;
+      if (e.end > e.begin) {
+        detail::ChunkRecord chunk;
+        chunk.offsets.assign(e.shape.size(), 0);
+        chunk.sizes = e.shape;
+        chunk.file = file;
+        chunk.byte_offset = header.data_start + e.begin;
+        chunk.nbytes = e.end - e.begin;
+        record.chunks.push_back(std::move(chunk));
+      }
+      HP_CHECK(records.emplace(e.name, std::move(record)).second, "hf: tensor '", e.name, "' appears twice in ", dir);
+    }
+  }
+  return records;
+}
+
+}  // namespace
+
+void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
+             HfSaveOptions options) {
+  // Plan the files from shapes alone (every rank knows them), so no rank ever holds more than one
+  // gathered tensor: tensors in name order, a new shard when the current one would exceed the limit.
+  struct Item {
+    std::string ours, hf;
+    at::Tensor tensor;
+  };
+  std::vector<std::vector<Item>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  std::map<std::string, bool> seen;
+  for (const auto& [name, t] : state.tensors) {
+    const std::string hf = to_hf(name);
+    if (hf.empty()) continue;
+    HP_CHECK(!seen[hf], "hf.save: two tensors map to the Hugging Face name '", hf, "'");
+    seen[hf] = true;
+    if (in_shard > 0 && in_shard + nbytes(t) > options.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back({name, hf, t});
+    in_shard += nbytes(t);
+    total += nbytes(t);
+  }
+  const bool lead = group.rank() == 0;
+  if (lead) fs::create_directories(dir);
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1 ? kSingleFile : shard_name(s, shards.size());
+    std::optional<detail::FileWriter> out;
+    if (lead) {
+      std::vector<detail::SafetensorsEntry> entries;
+      for (const auto& item : shards[s])
+        entries.push_back({item.hf, detail::safetensors_dtype(item.tensor.scalar_type()), item.tensor.sizes().vec()});
+      const std::string header = detail::safetensors_header(entries, {{"format", "pt"}});
+      out.emplace((fs::path(dir) / (file + ".tmp")).string());
+      out->write(header.data(), header.size());
+    }
+    for (const auto& item : shards[s]) {
+      at::NoGradGuard no_grad;
+      const at::Tensor whole = (is_dtensor(item.tensor) ? DTensor(item.tensor).full_tensor() : item.tensor)
+                                   .detach()
+                                   .to(at::kCPU)
+                                   .contiguous();
+      if (lead) out->write(whole.data_ptr(), nbytes(whole));
+      weight_map[item.hf] = file;
+    }
+    if (lead) {
+      out->sync_and_close();
+      fs::rename(fs::path(dir) / (file + ".tmp"), fs::path(dir) / file);
+    }
+  }
+  if (lead && shards.size() > 1)
+    detail::write_file_atomically((fs::path(dir) / kIndexFile).string(),
+                                  nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}).dump(1));
+  group.barrier();  // the files exist for every rank once save_hf returns
+}
+
+void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf) {
+  const auto records = hf_records(dir);
+  detail::Files files(dir);
+  for (auto& [name, tensor] : state.tensors) {
+    const std::string hf = to_hf(name);
+    const auto it = records.find(hf);
+    HP_CHECK(it != records.end(), "hf.load: ", dir, " has no tensor '", hf, "' (for '", name, "')");
+    detail::read_tensor(files, it->second, /*block_bytes=*/0, name, tensor, "the Hugging Face files in " + dir);
+  }
+}
+
+StateDict load_hf_whole(const std::string& dir) {
+  StateDict state;
+  for (const auto& [name, record] : hf_records(dir))
+    state.tensors[name] = at::zeros(record.shape, at::TensorOptions().dtype(detail::scalar_type_of(record.dtype)));
+  load_hf(state, dir, [](const std::string& n) { return n; });
+  return state;
+}
+
+}  // namespace hp::dcp

@@ -1,0 +1,124 @@
+// Hugging Face export and import: bitwise round trip across layouts, files a plain safetensors reader
+// opens, HF names.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "hp/dcp/hf.h"
+#include "hp/dcp/state_dict.h"
+#include "hp/models/parallelize.h"
+#include "hp/nn/init.h"
+#include "test_util.h"
+
+namespace hp {
+namespace {
+namespace fs = std::filesystem;
+
+models::LlamaConfig config() {
+  models::LlamaConfig c;
+  c.qk_norm = false;
+  return c;
+}
+
+// A safetensors reader written from the format description alone (8-byte little-endian header
+// length, JSON header, raw bytes), so the test does not trust the library's own parser.
+std::map<std::string, at::Tensor> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(n));
+  std::map<std::string, at::Tensor> out;
+  const nlohmann::json parsed = nlohmann::json::parse(header);
+  for (const auto& [name, info] : parsed.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(info.at("dtype"), "F32") << name;
+    const auto offsets = info.at("data_offsets").get<std::vector<int64_t>>();
+    at::Tensor t = at::empty(info.at("shape").get<std::vector<int64_t>>(), at::kFloat);
+    EXPECT_EQ(offsets[1] - offsets[0], t.numel() * 4) << name;
+    in.seekg(static_cast<std::streamoff>(8 + n + offsets[0]));
+    in.read(static_cast<char*>(t.data_ptr()), offsets[1] - offsets[0]);
+    out[name] = t;
+  }
+  return out;
+}
+
+TEST(HfNames, RoundTripEveryParameter) {
+  models::LlamaConfig c = config();
+  c.qk_norm = true;
+  models::Llama model(c);
+  for (const auto& item : model.named_parameters()) {
+    const std::string hf = models::llama_to_hf_name(item.key());
+    ASSERT_FALSE(hf.empty()) << item.key();
+    EXPECT_EQ(models::llama_from_hf_name(hf), item.key());
+  }
+  EXPECT_EQ(models::llama_to_hf_name("layers.1.attn.q_proj.weight"), "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(models::llama_to_hf_name("layers.0.mlp_norm.weight"), "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(models::llama_to_hf_name("output.weight"), "lm_head.weight");
+  EXPECT_EQ(models::llama_to_hf_name("layers.x.attn.q_proj.weight"), "");
+}
+
+// Exported from TP=2 (in shards with an index), read by a plain reader, imported into FSDP on 4
+// ranks and into one process: every parameter bitwise equal to the original.
+TEST(Hf, ExportImportRoundTripIsBitwise) {
+  const std::string dir = (fs::temp_directory_path() / ("hp_hf_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  std::map<std::string, at::Tensor> original;
+  std::mutex mu;
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    parallelize_module(model, init_device_mesh(world, "cpu", {2}, {"tp"}), models::llama_tp_plan({}));
+    nn::init_parameters(model, 5);
+    dcp::HfSaveOptions options;
+    options.max_shard_bytes = 16 << 10;  // several files and an index
+    dcp::save_hf(dcp::model_state_dict(model, ""), dir, world, models::llama_to_hf_name, options);
+    for (const auto& item : model.named_parameters()) {
+      const at::Tensor whole = test::whole(item.value()).detach();
+      std::lock_guard<std::mutex> lock(mu);
+      if (world.rank() == 0) original[item.key()] = whole;
+    }
+  });
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  const auto index = nlohmann::json::parse(std::ifstream(dir + "/model.safetensors.index.json"));
+  std::map<std::string, at::Tensor> plain;
+  for (const auto& [hf, file] : index.at("weight_map").items()) {
+    const auto tensors = read_safetensors(dir + "/" + file.get<std::string>());
+    ASSERT_TRUE(tensors.count(hf)) << hf;
+    plain[hf] = tensors.at(hf);
+  }
+  ASSERT_EQ(plain.size(), original.size());
+  for (const auto& [name, want] : original)
+    test::check_close(plain.at(models::llama_to_hf_name(name)), want, "plain reader: " + name, /*bitwise=*/true);
+
+  test::run(4, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    models::ParallelDims dims;
+    dims.dp_shard = 4;
+    models::parallelize_llama(model, models::build_mesh(world, dims), dims);
+    nn::init_parameters(model, 6);  // other values, overwritten by the import
+    auto state = dcp::model_state_dict(model, "");
+    dcp::load_hf(state, dir, models::llama_to_hf_name);
+    for (const auto& item : model.named_parameters())
+      test::check_close(test::whole(item.value()).detach(), original.at(item.key()), "FSDP import: " + item.key(), true);
+  });
+  models::Llama single(config());
+  nn::init_parameters(single, 7);
+  auto state = dcp::model_state_dict(single, "");
+  dcp::load_hf(state, dir, models::llama_to_hf_name);
+  for (const auto& item : single.named_parameters())
+    test::check_close(item.value().detach(), original.at(item.key()), "single import: " + item.key(), true);
+  test::expect_error([&] {
+    dcp::StateDict extra;
+    extra.tensors["layers.9.attn.q_proj.weight"] = at::zeros({32, 32});
+    dcp::load_hf(extra, dir, models::llama_to_hf_name);
+  }, "has no tensor 'model.layers.9.self_attn.q_proj.weight'");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hp

@@ -1,0 +1,118 @@
+// hp-ckpt: look into, check and convert checkpoints without the model code.
+//
+//   hp-ckpt inspect CKPT                  tensors, shapes, dtypes, chunks, bytes, values
+//   hp-ckpt verify CKPT                   read everything, check every checksum
+//   hp-ckpt consolidate CKPT OUT          the same checkpoint with one chunk per tensor (one file)
+//   hp-ckpt convert --to hf CKPT OUT      the model's tensors as Hugging Face safetensors (Llama/Qwen names)
+//   hp-ckpt convert --from hf HF OUT      Hugging Face safetensors as a checkpoint hp-train can load
+#include <hp/comm/init.h>
+#include <hp/core/error.h>
+#include <hp/dcp/checkpoint.h>
+#include <hp/dcp/hf.h>
+#include <hp/models/llama.h>
+
+#include <ATen/ATen.h>
+
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kModelPrefix = "model.";  // hp::dcp::model_state_dict's default prefix
+
+int usage(std::ostream& out, int code) {
+  out << "usage:\n"
+         "  hp-ckpt inspect CKPT\n"
+         "  hp-ckpt verify CKPT\n"
+         "  hp-ckpt consolidate CKPT OUT\n"
+         "  hp-ckpt convert --to hf CKPT OUT\n"
+         "  hp-ckpt convert --from hf HF_DIR OUT\n\n"
+         "CKPT is one checkpoint directory (e.g. runs/tiny_llama/checkpoints/step-000300) or a run's\n"
+         "checkpoints/ directory (its latest checkpoint is used).\n";
+  return code;
+}
+
+// A checkpoint directory, or the latest one under a checkpoints/ directory.
+std::string resolve(const std::string& path) {
+  if (auto latest = hp::dcp::latest_checkpoint(path)) return *latest;
+  return path;
+}
+
+int inspect(const std::string& dir) {
+  const hp::dcp::StateDict state = hp::dcp::load_whole(dir);
+  int64_t bytes = 0;
+  std::cout << dir << "\n";
+  for (const auto& [name, t] : state.tensors) {
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    std::cout << "  " << std::left << std::setw(48) << name << " " << std::setw(10) << c10::toString(t.scalar_type())
+              << " " << t.sizes() << "\n";
+  }
+  std::cout << state.tensors.size() << " tensors, " << bytes << " bytes\nvalues: " << state.values.dump() << "\n";
+  return 0;
+}
+
+int verify(const std::string& dir) {
+  const hp::dcp::VerifyReport r = hp::dcp::verify(dir);
+  std::cout << dir << ": ok (" << r.tensors << " tensors, " << r.chunks << " chunks, " << r.bytes
+            << " bytes, every checksum matches)\n";
+  return 0;
+}
+
+int consolidate(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
+  hp::dcp::save(hp::dcp::load_whole(dir), out, world);
+  std::cout << "wrote " << out << "\n";
+  return 0;
+}
+
+int to_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
+  const hp::dcp::StateDict state = hp::dcp::load_whole(dir);
+  hp::dcp::StateDict model;
+  for (const auto& [name, t] : state.tensors)
+    if (name.rfind(kModelPrefix, 0) == 0) model.tensors[name.substr(std::string(kModelPrefix).size())] = t;
+  HP_CHECK(!model.tensors.empty(), "convert: ", dir, " has no tensors named ", kModelPrefix, "*");
+  for (const auto& [name, t] : model.tensors)
+    HP_CHECK(!hp::models::llama_to_hf_name(name).empty(), "convert: '", name, "' has no Hugging Face Llama name");
+  hp::dcp::save_hf(model, out, world, hp::models::llama_to_hf_name);
+  std::cout << "wrote " << model.tensors.size() << " tensors to " << out << "\n";
+  return 0;
+}
+
+int from_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
+  const hp::dcp::StateDict hf = hp::dcp::load_hf_whole(dir);
+  hp::dcp::StateDict state;
+  for (const auto& [name, t] : hf.tensors) {
+    const std::string ours = hp::models::llama_from_hf_name(name);
+    HP_CHECK(!ours.empty(), "convert: the Hugging Face tensor '", name, "' has no Llama counterpart here");
+    state.tensors[kModelPrefix + ours] = t;
+  }
+  state.values["source"] = "hf:" + dir;
+  hp::dcp::save(state, out, world);
+  std::cout << "wrote " << state.tensors.size() << " tensors to " << out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") return usage(args.empty() ? std::cerr : std::cout, args.empty() ? 2 : 0);
+  try {
+    const std::string& command = args[0];
+    if (command == "inspect" && args.size() == 2) return inspect(resolve(args[1]));
+    if (command == "verify" && args.size() == 2) return verify(resolve(args[1]));
+    const hp::comm::ProcessGroup world = hp::comm::init_process_group();
+    HP_CHECK(world.size() == 1, "hp-ckpt runs as one process (no hprun)");
+    if (command == "consolidate" && args.size() == 3) return consolidate(resolve(args[1]), args[2], world);
+    if (command == "convert" && args.size() == 5 && args[1] == "--to" && args[2] == "hf")
+      return to_hf(resolve(args[3]), args[4], world);
+    if (command == "convert" && args.size() == 5 && args[1] == "--from" && args[2] == "hf")
+      return from_hf(args[3], args[4], world);
+    std::cerr << "hp-ckpt: unknown command or wrong arguments\n\n";
+    return usage(std::cerr, 2);
+  } catch (const hp::Error& e) {
+    std::cerr << "hp-ckpt: error: " << e.what() << "\n";
+    return 1;
+  }
+}
