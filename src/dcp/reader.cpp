@@ -41,16 +41,20 @@ int64_t copy_overlap(Files& files, const ChunkRecord& chunk, const TensorRecord&
     last[d] = hi[d] - 1 - chunk.offsets[d];
   }
   for (int64_t d = static_cast<int64_t>(ndim) - 2; d >= 0; --d) strides[d] = strides[d + 1] * chunk.sizes[d + 1];
-  const uint64_t element = dtype_bytes(record.dtype);
-  const int64_t first_element = linear_index(first, chunk.sizes);
-  auto [buffer, start] = read_verified(files, chunk, block_bytes, first_element * element,
-                                       (linear_index(last, chunk.sizes) + 1) * element, name);
-  const at::Tensor bytes = at::from_blob(buffer.data(), {static_cast<int64_t>(buffer.size() / element)},
-                                         at::TensorOptions().dtype(scalar_type_of(record.dtype)));
-  const at::Tensor source = bytes.as_strided(extent, strides, first_element - static_cast<int64_t>(start / element));
   at::Tensor dest = target;
   for (size_t d = 0; d < ndim; ++d) dest = dest.narrow(d, lo[d] - target_box.first[d], extent[d]);
-  dest.copy_(source);
+  // The whole chunk into contiguous memory (resuming in the saved layout): read straight into place.
+  if (extent == chunk.sizes && dest.is_contiguous()) {
+    read_range(files, chunk, block_bytes, 0, chunk.nbytes, static_cast<char*>(dest.data_ptr()), name);
+    return count;
+  }
+  const uint64_t element = dtype_bytes(record.dtype);
+  const int64_t first_element = linear_index(first, chunk.sizes);
+  const uint64_t end = (linear_index(last, chunk.sizes) + 1) * element;
+  const ChunkBytes span = read_verified(files, chunk, block_bytes, first_element * element, end, name);
+  const at::Tensor bytes = at::from_blob(span.data.get(), {static_cast<int64_t>(span.size / element)},
+                                         at::TensorOptions().dtype(scalar_type_of(record.dtype)));
+  dest.copy_(bytes.as_strided(extent, strides, first_element - static_cast<int64_t>(span.start / element)));
   return count;
 }
 
@@ -62,27 +66,30 @@ const FileReader& Files::get(const std::string& name) {
   return *slot;
 }
 
-std::pair<std::vector<char>, uint64_t> read_verified(Files& files, const ChunkRecord& chunk,
-                                                     uint64_t block_bytes, uint64_t begin, uint64_t end,
-                                                     const std::string& tensor) {
-  // Without checksums (block_bytes 0: files written by other tools) the read is exact.
-  const uint64_t first_block = block_bytes ? begin / block_bytes : 0;
-  const uint64_t start = block_bytes ? first_block * block_bytes : begin;
-  const uint64_t stop = block_bytes ? std::min(chunk.nbytes, (end + block_bytes - 1) / block_bytes * block_bytes) : end;
-  std::vector<char> buffer(stop - start);
+void read_range(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, uint64_t start, uint64_t stop, char* out,
+                const std::string& tensor) {
   const FileReader& file = files.get(chunk.file);
   try {
-    file.read_at(buffer.data(), buffer.size(), chunk.byte_offset + start);
+    file.read_at(out, stop - start, chunk.byte_offset + start);
   } catch (const Error& e) {
     HP_FAIL(e.what(), " (tensor '", tensor, "')");
   }
-  for (uint64_t at = start, b = first_block; block_bytes && at < stop; at += block_bytes, ++b) {
+  for (uint64_t at = start, b = block_bytes ? start / block_bytes : 0; block_bytes && at < stop; at += block_bytes, ++b) {
     const uint64_t n = std::min(block_bytes, stop - at);
-    HP_CHECK(xxhash64(buffer.data() + (at - start), n) == chunk.checksums[b], "dcp: checksum mismatch in ",
-             file.path(), " (tensor '", tensor, "', chunk bytes ", at, "..", at + n,
-             "): the checkpoint is damaged");
+    HP_CHECK(xxhash64(out + (at - start), n) == chunk.checksums[b], "dcp: checksum mismatch in ", file.path(),
+             " (tensor '", tensor, "', chunk bytes ", at, "..", at + n, "): the checkpoint is damaged");
   }
-  return {std::move(buffer), start};
+}
+
+ChunkBytes read_verified(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, uint64_t begin, uint64_t end,
+                         const std::string& tensor) {
+  // Widened to whole checksum blocks; without checksums (block_bytes 0: files written by other
+  // tools) the read is exact.
+  const uint64_t start = block_bytes ? begin / block_bytes * block_bytes : begin;
+  const uint64_t stop = block_bytes ? std::min(chunk.nbytes, (end + block_bytes - 1) / block_bytes * block_bytes) : end;
+  ChunkBytes bytes{std::unique_ptr<char[]>(new char[stop - start]), start, stop - start};  // filled by the read
+  read_range(files, chunk, block_bytes, start, stop, bytes.data.get(), tensor);
+  return bytes;
 }
 
 void read_tensor(Files& files, const TensorRecord& record, uint64_t block_bytes, const std::string& name,

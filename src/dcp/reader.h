@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "dcp/file_io.h"
 #include "dcp/metadata.h"
@@ -25,9 +26,16 @@ class Files {
 };
 
 // Reads bytes [begin, end) of a chunk, widened to whole checksum blocks, and verifies every block
-// (block_bytes 0: no checksums, the exact range). Returns the buffer and the chunk byte it starts at.
-std::pair<std::vector<char>, uint64_t> read_verified(Files& files, const ChunkRecord& chunk, uint64_t block_bytes,
-                                                     uint64_t begin, uint64_t end, const std::string& tensor);
+// (block_bytes 0: no checksums, the exact range).
+struct ChunkBytes {
+  std::unique_ptr<char[]> data;
+  uint64_t start = 0, size = 0;  // the chunk bytes data holds
+};
+ChunkBytes read_verified(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, uint64_t begin, uint64_t end,
+                         const std::string& tensor);
+// Reads chunk bytes [start, stop) into `out` and verifies every block (start on a block boundary).
+void read_range(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, uint64_t start, uint64_t stop, char* out,
+                const std::string& tensor);
 
 // Fills `tensor` from `record`'s chunks: a DTensor's local piece (this rank's box of the global
 // tensor), a plain tensor whole. Reads only the chunks that overlap. `where` names the source in errors.

@@ -223,7 +223,8 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
   for (size_t i = 0; i < locals.size(); ++i) {
     const size_t bytes = static_cast<size_t>(locals[i].numel()) * locals[i].element_size();
     if (!s->reserve(bytes)) break;
-    at::Tensor staged = locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous);
+    at::Tensor staged = options.stage_copies ? locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous)
+                                             : locals[i].detach().to(at::kCPU).contiguous();
     std::lock_guard<std::mutex> lock(s->mu);
     s->items[i].staged = std::move(staged);
     s->items[i].ready = true;
@@ -286,6 +287,7 @@ AsyncSave::~AsyncSave() {
 }
 
 void save(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, SaveOptions options) {
+  options.stage_copies = false;  // the caller waits, so the tensors cannot change under the writer
   save_async(state, dir, group, options).wait();
 }
 

@@ -39,6 +39,9 @@ struct SaveOptions {
   // CPU memory an async save may hold in staged copies at once; staging waits for the writer when
   // it is full (a single larger tensor is staged alone).
   size_t max_staging_bytes = size_t{256} << 20;
+  // Copy the tensors before save_async returns, so the caller may change them at once. false: write
+  // straight from the tensors (no copy); they must not change until wait(). save() uses false.
+  bool stage_copies = true;
   // Granularity of checksums (and so of the smallest read a load does).
   size_t checksum_block_bytes = size_t{1} << 20;
   // After the commit, write the checkpoint's directory name into `<parent>/latest` (atomically).
