@@ -284,12 +284,21 @@ bool is_unit(const nn::Module* m) {
 
 }  // namespace
 
-// The (tp, dp) mesh: entry [t][d] is the rank with tensor-parallel index t in the data-parallel
-// group's member d (found by gathering every member's tensor-parallel ranks). Collective over dp.
+// The (tp, dp...) mesh: entry [t][d...] is the rank with tensor-parallel index t in the data-parallel
+// mesh's member d (found by gathering every member's tensor-parallel ranks). With a 2-D (replicate,
+// shard) data-parallel mesh (HSDP) it is 3-D. Collective over dp.
 DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
   const std::vector<int64_t> mine(tp.ranks().begin(), tp.ranks().end());
-  const at::Tensor all = dp.get_group(0).all_gather(at::tensor(mine, at::kLong).view({1, -1}));  // [dp, tp]
-  return DeviceMesh(dp.world(), dp.device_type(), all.t().contiguous(), {tp.dim_names()[0], dp.dim_names()[0]});
+  const DeviceMesh flat = dp.ndim() == 1 ? dp : dp.flatten();  // members in row-major order
+  const comm::ProcessGroup& members = flat.get_group(0);
+  std::vector<int64_t> shape = dp.shape();
+  shape.push_back(tp.size());
+  std::vector<int64_t> order = {dp.ndim()};  // tp first, then the data-parallel dims
+  for (int64_t d = 0; d < dp.ndim(); ++d) order.push_back(d);
+  const at::Tensor all = members.all_gather(at::tensor(mine, at::kLong).view({1, -1})).view(shape).permute(order);
+  std::vector<std::string> names = {tp.dim_names()[0]};
+  names.insert(names.end(), dp.dim_names().begin(), dp.dim_names().end());
+  return DeviceMesh(dp.world(), dp.device_type(), all.contiguous(), names);
 }
 
 namespace {
@@ -412,8 +421,9 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       at::Tensor piece = p;
       if (is_dtensor(p)) {
         tp = DTensor(p).spec();
-        HP_CHECK(mesh.ndim() == 1 && tp->mesh().ndim() == 1, "fully_shard: ", fqn, " is a DTensor on ", tp->mesh().str(),
-                 "; FSDP composes with tensor parallelism on a 1-D data-parallel mesh and a 1-D tensor-parallel mesh");
+        HP_CHECK(mesh.ndim() <= 2 && tp->mesh().ndim() == 1, "fully_shard: ", fqn, " is a DTensor on ", tp->mesh().str(),
+                 "; FSDP composes with tensor parallelism on a 1-D (FSDP) or 2-D (HSDP) data-parallel mesh and a "
+                 "1-D tensor-parallel mesh");
         for (const Placement& pl : tp->placements())
           HP_CHECK(!pl.is_partial(), "fully_shard: ", fqn, " is ", to_string(tp->placements()), "; cannot shard a Partial parameter");
         HP_CHECK(!tp_mesh || *tp_mesh == tp->mesh(), "fully_shard: the parameters of one unit must share one "
@@ -448,7 +458,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     } else {
       const at::Tensor p = mp.owner->param(mp.name);
       const Placement tp_placement = mp.tp ? mp.tp->placements()[0] : Replicate();
-      const DTensorSpec spec(*combined, {tp_placement, Shard(mp.dim)}, p.sizes().vec());
+      Placements placements(combined->ndim(), Replicate());  // replicated over HSDP's replicate dim
+      placements.front() = tp_placement;
+      placements.back() = Shard(mp.dim);
+      const DTensorSpec spec(*combined, placements, p.sizes().vec());
       const at::Tensor piece = mp.tp ? detail::dtensor_impl(p)->local() : p;
       at::Tensor local = piece.is_meta() ? at::empty(spec.local_shape(), piece.options())
                                          : piece.detach().narrow(mp.dim, chunk_offset(piece.size(mp.dim), unit->n, unit->rank),

@@ -108,6 +108,25 @@ TEST(HpTrain, KillAndResumeIsBitwiseIdentical) {
             checkpoint_contents(straight + "/checkpoints/step-000010"));
 }
 
+// SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
+// nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
+TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
+  const std::string dir = scratch("killsave");
+  const Result crash = hp::e2e::run_command("HP_TRAIN_FAULT=1:10 " + bin_dir() + "/hprun " +
+                                            train_command(dir, "--set train.steps=12"));
+  ASSERT_NE(crash.exit_code, 0) << crash.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000010"));
+  std::ifstream latest(dir + "/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-000005");
+  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + dir + "/checkpoints");
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  const Result resumed = run_job(train_command(dir, "--set train.steps=12 --resume auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json"));
+}
+
 // --dry-run prints the plan of every rank and trains nothing.
 TEST(HpTrain, DryRunPrintsThePlan) {
   const std::string dir = scratch("dry");

@@ -79,16 +79,20 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   const std::vector<double> one = run_config({1, {}, false, false, "1 rank"}, dir);
   ASSERT_EQ(one.size(), 20u);
   EXPECT_LT(one.back(), one.front() - 1.0) << "the loss should fall";
-  models::ParallelDims dp2, tp2, dp2tp2, hsdp;
+  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp;
   dp2.dp_shard = 2;
   tp2.tp = 2;
   dp2tp2.dp_shard = 2;
   dp2tp2.tp = 2;
   hsdp.dp_replicate = 2;
   hsdp.dp_shard = 2;
+  hsdp_tp.dp_replicate = 2;
+  hsdp_tp.dp_shard = 2;
+  hsdp_tp.tp = 2;
   for (const Parallel& p : {Parallel{2, dp2, false, false, "dp_shard 2"}, Parallel{2, tp2, true, true, "tp 2 (SP, LP)"},
                             Parallel{4, dp2tp2, false, false, "dp_shard 2 x tp 2"},
-                            Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"}}) {
+                            Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"},
+                            Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"}}) {
     const std::vector<double> got = run_config(p, dir);
     ASSERT_EQ(got.size(), one.size()) << p.name;
     double worst = 0.0;
