@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "hp/core/error.h"
+#include "hp/optim/adamw.h"
 
 namespace hp {
 
@@ -35,7 +36,7 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::s
   }
   std::vector<std::shared_ptr<torch::optim::Optimizer>> chain;
   if (!muon.empty()) chain.push_back(std::make_shared<Muon>(muon, muon_options));
-  if (!adamw.empty()) chain.push_back(std::make_shared<torch::optim::AdamW>(adamw, adamw_options));
+  if (!adamw.empty()) chain.push_back(std::make_shared<AdamW>(adamw, adamw_options));
   return ChainedOptimizer(std::move(chain));
 }
 

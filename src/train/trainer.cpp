@@ -24,6 +24,7 @@
 #include "hp/dtensor/dtensor.h"
 #include "hp/models/parallelize.h"
 #include "hp/nn/init.h"
+#include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 #include "hp/optim/clip_grad.h"
 #include "hp/optim/lr_scheduler.h"
@@ -59,7 +60,7 @@ std::unique_ptr<ChainedOptimizer> make_optimizer(const TrainConfig& c, models::L
   adamw.betas({c.optimizer.beta1, c.optimizer.beta2}).eps(c.optimizer.eps).weight_decay(c.optimizer.weight_decay);
   if (c.optimizer.name == "adamw")
     return std::make_unique<ChainedOptimizer>(std::vector<std::shared_ptr<torch::optim::Optimizer>>{
-        std::make_shared<torch::optim::AdamW>(model.parameters(), adamw)});
+        std::make_shared<AdamW>(model.parameters(), adamw)});
   MuonOptions muon(c.optimizer.muon_lr);
   muon.momentum(c.optimizer.muon_momentum).weight_decay(c.optimizer.weight_decay);
   std::vector<std::string> muon_params, adamw_params = {"*.weight", "layers.*.*.weight"};
