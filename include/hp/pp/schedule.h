@@ -1,0 +1,100 @@
+// Pipeline schedules as data: for each rank, the ordered list of actions it runs: forward, full
+// backward, backward-input (dx), backward-weight (dw), and the sends and receives between stages.
+// Builders make the standard schedules; validate() proves a schedule complete and deadlock-free
+// before anything runs; a CSV form lets users write their own; simulate() computes the makespan
+// and bubble of a schedule from per-action costs; to_svg() draws it as a timeline.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::pp {
+
+enum class ActionKind : uint8_t {
+  kForward,         // F
+  kBackward,        // B: input and weight gradients together
+  kBackwardInput,   // I: input gradient only (dx), on the critical path
+  kBackwardWeight,  // W: weight gradient (dw), after I of the same stage and micro-batch
+  kSendForward,     // SEND_F: the stage's output activation to the next stage's rank
+  kRecvForward,     // RECV_F: the stage's input activation from the previous stage's rank
+  kSendBackward,    // SEND_B: the stage's input gradient to the previous stage's rank
+  kRecvBackward,    // RECV_B: the stage's output gradient from the next stage's rank
+};
+
+struct Action {
+  ActionKind kind;
+  int stage;
+  int micro_batch;
+  std::string str() const;  // "2F5": stage 2 forward of micro-batch 5; "0SEND_B1", "3W0", ...
+  static Action parse(const std::string& text);  // the inverse of str(); throws hp::Error
+  bool operator==(const Action& o) const {
+    return kind == o.kind && stage == o.stage && micro_batch == o.micro_batch;
+  }
+  bool is_compute() const { return kind <= ActionKind::kBackwardWeight; }
+};
+
+struct Schedule {
+  std::string name;
+  int ranks = 0;
+  int stages = 0;
+  int micro_batches = 0;
+  std::vector<int> stage_rank;                // the rank each stage runs on
+  std::vector<std::vector<Action>> programs;  // per rank, in order
+};
+
+// One stage per rank. GPipe: all forwards, then all backwards.
+Schedule gpipe(int ranks, int micro_batches);
+// One stage per rank. 1F1B: ranks - 1 - r warm-up forwards, then one forward / one backward,
+// so a stage holds at most `ranks` micro-batches of activations.
+Schedule one_f_one_b(int ranks, int micro_batches);
+// `stages_per_rank` stages per rank, stage s on rank s % ranks (Megatron's interleaved 1F1B).
+Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches);
+// Zero-bubble V: two stages per rank in a V (rank r holds stages r and 2 * ranks - 1 - r, so the
+// first and the last stage share rank 0), backward split into I (dx) and W (dw); W fills the
+// bubbles. The order comes from a greedy list schedule with unit costs: I first, then F while at
+// most 2 * ranks micro-batches are in flight on the rank, then W.
+Schedule zero_bubble_v(int ranks, int micro_batches);
+
+// Adds the sends and receives that the compute actions need across ranks (a schedule written with
+// compute actions only, as in CSV files, can be completed with it). Replaces existing ones.
+void add_communication(Schedule& schedule);
+
+// Throws hp::Error naming the problem unless: every action runs on its stage's rank; every
+// (stage, micro-batch) has one forward and either one full backward or one I and one W (I first);
+// every receive has its matching send; and running the programs with blocking receives and
+// buffered sends finishes (no deadlock, e.g. a send/receive cycle; the message shows each
+// rank's blocked action).
+void validate(const Schedule& schedule);
+
+// CSV: a header "rank,actions" and one row per rank with its actions (Action::str()) separated by
+// spaces; stage placement is implied by the actions. from_csv validates.
+std::string to_csv(const Schedule& schedule);
+Schedule from_csv(const std::string& csv, const std::string& name = "csv");
+
+struct ActionCosts {
+  double forward = 1.0, backward_input = 1.0, backward_weight = 1.0;  // full backward = I + W
+  double send = 0.0;  // latency of a send/receive pair
+};
+
+struct TimedAction {
+  Action action;
+  int rank;
+  double start, end;
+};
+
+struct Simulation {
+  double makespan = 0.0;
+  double bubble = 0.0;  // 1 - busy compute time / (ranks x makespan)
+  std::vector<TimedAction> timeline;
+};
+
+// Replays the programs with the costs: each rank runs its actions in order; a receive waits for its
+// send (+ latency). Validates first.
+Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
+
+// A timeline picture: one row per rank, one box per compute action (colour by kind, labelled with
+// the micro-batch, and the stage when a rank has several).
+std::string to_svg(const Schedule& schedule, const Simulation& simulation, const std::string& title = "");
+
+}  // namespace hp::pp

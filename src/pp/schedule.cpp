@@ -1,0 +1,241 @@
+// The schedule builders, communication insertion and the CSV form.
+#include "hp/pp/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "hp/core/error.h"
+
+namespace hp::pp {
+namespace {
+
+const std::vector<std::pair<ActionKind, std::string>>& kind_names() {
+  // Longest names first, so parsing finds "SEND_F" before "F".
+  static const std::vector<std::pair<ActionKind, std::string>> names = {
+      {ActionKind::kSendForward, "SEND_F"}, {ActionKind::kRecvForward, "RECV_F"}, {ActionKind::kSendBackward, "SEND_B"},
+      {ActionKind::kRecvBackward, "RECV_B"}, {ActionKind::kForward, "F"},         {ActionKind::kBackward, "B"},
+      {ActionKind::kBackwardInput, "I"},     {ActionKind::kBackwardWeight, "W"}};
+  return names;
+}
+
+Schedule skeleton(std::string name, int ranks, int stages, int micro_batches) {
+  HP_CHECK(ranks >= 1 && micro_batches >= 1, "pp: ", name, " needs ranks >= 1 and micro_batches >= 1, got ", ranks,
+           " and ", micro_batches);
+  Schedule s;
+  s.name = std::move(name);
+  s.ranks = ranks;
+  s.stages = stages;
+  s.micro_batches = micro_batches;
+  s.programs.resize(ranks);
+  return s;
+}
+
+Action act(ActionKind kind, int stage, int micro_batch) { return Action{kind, stage, micro_batch}; }
+
+}  // namespace
+
+std::string Action::str() const {
+  for (const auto& [k, name] : kind_names())
+    if (k == kind) return std::to_string(stage) + name + std::to_string(micro_batch);
+  return "?";
+}
+
+Action Action::parse(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  HP_CHECK(i > 0 && i < text.size(), "pp: '", text, "' is not an action (e.g. 0F3, 1B2, 2SEND_F0)");
+  for (const auto& [kind, name] : kind_names()) {
+    if (text.compare(i, name.size(), name) != 0) continue;
+    const std::string mb = text.substr(i + name.size());
+    HP_CHECK(!mb.empty() && mb.find_first_not_of("0123456789") == std::string::npos, "pp: '", text,
+             "' has no micro-batch number after ", name);
+    return Action{kind, std::stoi(text.substr(0, i)), std::stoi(mb)};
+  }
+  HP_FAIL("pp: '", text, "' has an unknown action kind (F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B)");
+}
+
+Schedule gpipe(int ranks, int micro_batches) {
+  Schedule s = skeleton("GPipe", ranks, ranks, micro_batches);
+  for (int r = 0; r < ranks; ++r) {
+    s.stage_rank.push_back(r);
+    for (int m = 0; m < micro_batches; ++m) s.programs[r].push_back(act(ActionKind::kForward, r, m));
+    for (int m = 0; m < micro_batches; ++m) s.programs[r].push_back(act(ActionKind::kBackward, r, m));
+  }
+  add_communication(s);
+  return s;
+}
+
+Schedule one_f_one_b(int ranks, int micro_batches) {
+  Schedule s = skeleton("1F1B", ranks, ranks, micro_batches);
+  for (int r = 0; r < ranks; ++r) {
+    s.stage_rank.push_back(r);
+    auto& program = s.programs[r];
+    const int warmup = std::min(ranks - 1 - r, micro_batches);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) program.push_back(act(ActionKind::kForward, r, f));
+    for (; f < micro_batches; ++f, ++b) {
+      program.push_back(act(ActionKind::kForward, r, f));
+      program.push_back(act(ActionKind::kBackward, r, b));
+    }
+    for (; b < micro_batches; ++b) program.push_back(act(ActionKind::kBackward, r, b));
+  }
+  add_communication(s);
+  return s;
+}
+
+Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches) {
+  HP_CHECK(stages_per_rank >= 1, "pp: interleaved 1F1B needs stages_per_rank >= 1");
+  const int p = ranks, v = stages_per_rank;
+  Schedule s = skeleton("Interleaved1F1B", ranks, p * v, micro_batches);
+  for (int stage = 0; stage < p * v; ++stage) s.stage_rank.push_back(stage % p);
+  // Megatron's order: micro-batches in groups of `ranks`; each group runs through the rank's
+  // stages (chunks) in turn, forward in chunk order and backward in reverse chunk order.
+  const int groups = (micro_batches + p - 1) / p;
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action> forwards, backwards;
+    for (int k = 0; k < groups * p * v; ++k) {
+      const int group = k / (p * v), within = k % (p * v), chunk = within / p, mb = group * p + within % p;
+      if (mb >= micro_batches) continue;
+      forwards.push_back(act(ActionKind::kForward, chunk * p + r, mb));
+      backwards.push_back(act(ActionKind::kBackward, (v - 1 - chunk) * p + r, mb));
+    }
+    const size_t warmup = std::min<size_t>(static_cast<size_t>((p - r - 1) * 2 + (v - 1) * p), forwards.size());
+    auto& program = s.programs[r];
+    size_t f = 0, b = 0;
+    for (; f < warmup; ++f) program.push_back(forwards[f]);
+    for (; f < forwards.size(); ++f, ++b) {
+      program.push_back(forwards[f]);
+      program.push_back(backwards[b]);
+    }
+    for (; b < backwards.size(); ++b) program.push_back(backwards[b]);
+  }
+  add_communication(s);
+  return s;
+}
+
+Schedule zero_bubble_v(int ranks, int micro_batches) {
+  const int p = ranks, stages = 2 * ranks;
+  Schedule s = skeleton("ZBV", ranks, stages, micro_batches);
+  for (int stage = 0; stage < stages; ++stage) s.stage_rank.push_back(stage < p ? stage : stages - 1 - stage);
+  // Greedy list schedule with unit costs: at each time step every rank starts its most urgent
+  // ready action. Completion times decide readiness across ranks.
+  const int never = 1 << 30;
+  std::vector<std::vector<int>> f_done(stages, std::vector<int>(micro_batches, never)), i_done = f_done,
+                                w_done = f_done;
+  std::vector<int> in_flight(ranks, 0), remaining(ranks, 3 * 2 * micro_batches);
+  int total = ranks * 3 * 2 * micro_batches;
+  for (int t = 0; total > 0; ++t) {
+    HP_CHECK(t < 100 * (total + 10) + 1000, "pp: ZBV schedule generation did not converge");
+    for (int r = 0; r < ranks; ++r) {
+      if (remaining[r] == 0) continue;
+      const int mine[2] = {r, stages - 1 - r};
+      std::optional<Action> pick;
+      // I: the deepest stage first (it unblocks the rest of the backward), oldest micro-batch first.
+      for (int k = 1; k >= 0 && !pick; --k)
+        for (int m = 0; m < micro_batches && !pick; ++m) {
+          const int st = mine[k];
+          if (i_done[st][m] != never || f_done[st][m] > t) continue;
+          if (st + 1 < stages && i_done[st + 1][m] > t) continue;
+          pick = act(ActionKind::kBackwardInput, st, m);
+        }
+      // F: while few enough micro-batches are in flight; the later stage first.
+      for (int k = 1; k >= 0 && !pick && in_flight[r] < 2 * p; --k)
+        for (int m = 0; m < micro_batches && !pick; ++m) {
+          const int st = mine[k];
+          if (f_done[st][m] != never) continue;
+          if (st > 0 && f_done[st - 1][m] > t) break;  // micro-batches reach a stage in order
+          pick = act(ActionKind::kForward, st, m);
+        }
+      // W: fills what is left, oldest first.
+      for (int m = 0; m < micro_batches && !pick; ++m)
+        for (int k = 1; k >= 0 && !pick; --k) {
+          const int st = mine[k];
+          if (w_done[st][m] == never && i_done[st][m] <= t) pick = act(ActionKind::kBackwardWeight, st, m);
+        }
+      if (!pick) continue;
+      const Action a = *pick;
+      if (a.kind == ActionKind::kForward) f_done[a.stage][a.micro_batch] = t + 1, ++in_flight[r];
+      if (a.kind == ActionKind::kBackwardInput) i_done[a.stage][a.micro_batch] = t + 1;
+      if (a.kind == ActionKind::kBackwardWeight) w_done[a.stage][a.micro_batch] = t + 1, --in_flight[r];
+      s.programs[r].push_back(a);
+      --remaining[r];
+      --total;
+    }
+  }
+  add_communication(s);
+  return s;
+}
+
+void add_communication(Schedule& s) {
+  HP_CHECK(static_cast<int>(s.stage_rank.size()) == s.stages, "pp: schedule '", s.name, "' places ",
+           s.stage_rank.size(), " stages but has ", s.stages);
+  std::vector<std::vector<Action>> out(s.ranks);
+  for (int r = 0; r < s.ranks; ++r)
+    for (const Action& a : s.programs[r]) {
+      if (!a.is_compute()) continue;
+      const bool grad = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+      const auto on = [&](int stage) { return stage >= 0 && stage < s.stages ? s.stage_rank[stage] : -1; };
+      if (a.kind == ActionKind::kForward && a.stage > 0 && on(a.stage - 1) != r)
+        out[r].push_back(act(ActionKind::kRecvForward, a.stage, a.micro_batch));
+      if (grad && a.stage + 1 < s.stages && on(a.stage + 1) != r)
+        out[r].push_back(act(ActionKind::kRecvBackward, a.stage, a.micro_batch));
+      out[r].push_back(a);
+      if (a.kind == ActionKind::kForward && a.stage + 1 < s.stages && on(a.stage + 1) != r)
+        out[r].push_back(act(ActionKind::kSendForward, a.stage, a.micro_batch));
+      if (grad && a.stage > 0 && on(a.stage - 1) != r)
+        out[r].push_back(act(ActionKind::kSendBackward, a.stage, a.micro_batch));
+    }
+  s.programs = std::move(out);
+}
+
+std::string to_csv(const Schedule& s) {
+  std::ostringstream out;
+  out << "rank,actions\n";
+  for (int r = 0; r < s.ranks; ++r) {
+    out << r << ",";
+    for (size_t i = 0; i < s.programs[r].size(); ++i) out << (i ? " " : "") << s.programs[r][i].str();
+    out << "\n";
+  }
+  return out.str();
+}
+
+Schedule from_csv(const std::string& csv, const std::string& name) {
+  std::istringstream in(csv);
+  std::string line;
+  HP_CHECK(std::getline(in, line) && line.rfind("rank,actions", 0) == 0, "pp: ", name,
+           ": a schedule CSV starts with the header 'rank,actions'");
+  Schedule s;
+  s.name = name;
+  std::map<int, int> stage_rank;
+  for (int row = 2; std::getline(in, line); ++row) {
+    if (line.empty()) continue;
+    const auto comma = line.find(',');
+    HP_CHECK(comma != std::string::npos, "pp: ", name, ":", row, ": expected 'rank,actions'");
+    const int rank = std::stoi(line.substr(0, comma));
+    HP_CHECK(rank == s.ranks, "pp: ", name, ":", row, ": rank ", rank, " out of order (expected ", s.ranks, ")");
+    s.programs.emplace_back();
+    std::istringstream actions(line.substr(comma + 1));
+    for (std::string token; actions >> token;) {
+      const Action a = Action::parse(token);
+      s.programs.back().push_back(a);
+      s.stages = std::max(s.stages, a.stage + 1);
+      s.micro_batches = std::max(s.micro_batches, a.micro_batch + 1);
+      if (!a.is_compute()) continue;
+      const auto [it, fresh] = stage_rank.emplace(a.stage, rank);
+      HP_CHECK(fresh || it->second == rank, "pp: ", name, ":", row, ": stage ", a.stage, " runs on ranks ", it->second,
+               " and ", rank);
+    }
+    ++s.ranks;
+  }
+  for (int stage = 0; stage < s.stages; ++stage) {
+    HP_CHECK(stage_rank.count(stage), "pp: ", name, ": stage ", stage, " has no compute action");
+    s.stage_rank.push_back(stage_rank.at(stage));
+  }
+  validate(s);
+  return s;
+}
+
+}  // namespace hp::pp
