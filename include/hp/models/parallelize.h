@@ -46,4 +46,10 @@ struct LlamaParallelOptions {
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
                        const LlamaParallelOptions& options = {});
 
+// Pipeline stages of `model`: stage i runs the next layers_per_stage[i] blocks; the embedding joins
+// the first stage and the final norm and head the last (a stage may have no blocks). The stages
+// share the model's modules, so parameters keep their identity (and init_parameters on the whole
+// model initializes them).
+std::vector<std::shared_ptr<nn::Module>> split_llama(Llama& model, const std::vector<int64_t>& layers_per_stage);
+
 }  // namespace hp::models

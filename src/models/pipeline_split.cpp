@@ -1,0 +1,61 @@
+// Llama cut into pipeline stages by layer ranges.
+#include <ATen/ATen.h>
+
+#include "hp/core/error.h"
+#include "hp/models/parallelize.h"
+
+namespace hp::models {
+namespace {
+
+// Blocks [first, first + count) of the model, with the embedding in front on the first stage and
+// the final norm and head behind on the last.
+class LlamaStage : public nn::Module {
+ public:
+  LlamaStage(Llama& model, int64_t first, int64_t count, bool has_embed, bool has_head) : nn::Module("LlamaStage") {
+    if (has_embed) embed_ = add_module("embed", model.embed);
+    for (int64_t i = first; i < first + count; ++i)
+      blocks_.push_back(add_module("layer" + std::to_string(i), model.layers->items()[i]));
+    if (has_head) {
+      norm_ = add_module("norm", model.norm);
+      output_ = add_module("output", model.output);
+    }
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = embed_ ? (*embed_)(x) : x;
+    for (const auto& block : blocks_) h = (*block)(h);
+    return output_ ? (*output_)((*norm_)(h)) : h;
+  }
+
+ private:
+  std::shared_ptr<nn::Embedding> embed_;
+  std::vector<std::shared_ptr<nn::Module>> blocks_;
+  std::shared_ptr<nn::RMSNorm> norm_;
+  std::shared_ptr<nn::Linear> output_;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<nn::Module>> split_llama(Llama& model, const std::vector<int64_t>& layers_per_stage) {
+  const int64_t stages = static_cast<int64_t>(layers_per_stage.size());
+  HP_CHECK(stages >= 1, "split_llama: no stages");
+  HP_CHECK(!model.config().tie_embeddings || stages == 1,
+           "split_llama: tied embeddings across pipeline stages are not supported yet");
+  int64_t total = 0;
+  for (int64_t n : layers_per_stage) {
+    HP_CHECK(n >= 0, "split_llama: negative layer count");
+    total += n;
+  }
+  HP_CHECK(total == model.config().layers, "split_llama: the stages hold ", total, " layers but the model has ",
+           model.config().layers);
+  std::vector<std::shared_ptr<nn::Module>> out;
+  int64_t first = 0;
+  for (int64_t i = 0; i < stages; ++i) {
+    out.push_back(std::make_shared<LlamaStage>(model, first, layers_per_stage[i], i == 0, i == stages - 1));
+    first += layers_per_stage[i];
+  }
+  return out;
+}
+
+}  // namespace hp::models

@@ -1,0 +1,168 @@
+#include "hp/pp/executor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "hp/core/error.h"
+
+namespace hp::pp {
+namespace {
+
+// Message tags: one per (direction, stage, micro-batch), so messages match whatever order the
+// programs post them in; shape messages have their own range.
+int tag(bool backward, int stage, int micro_batch, int micro_batches) {
+  return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
+}
+int shape_tag(int stage) { return (1 << 28) + stage; }
+constexpr int kMaxDims = 8;
+
+}  // namespace
+
+// What a stage keeps of one micro-batch between its forward and its backward.
+struct PipelineExecutor::Slot {
+  at::Tensor input;        // stage > 0: a leaf that requires grad (its .grad is the gradient to send back)
+  at::Tensor output;       // the stage's output, or the micro-batch's loss on the last stage
+  at::Tensor grad_output;  // received gradient of the output (not on the last stage)
+  at::Tensor grad_input;   // computed gradient of the input, to send back
+};
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group,
+                                   LossFn loss)
+    : schedule_(std::move(schedule)), stages_(std::move(stages)), group_(std::move(group)), loss_(std::move(loss)) {
+  validate(schedule_);
+  HP_CHECK(group_.size() == schedule_.ranks, "PipelineExecutor: the schedule has ", schedule_.ranks,
+           " ranks but the group has ", group_.size());
+  for (int s = 0; s < schedule_.stages; ++s) {
+    const bool here = schedule_.stage_rank[s] == group_.rank();
+    int found = 0;
+    for (const auto& st : stages_) found += st.index == s;
+    HP_CHECK(found == (here ? 1 : 0), "PipelineExecutor: rank ", group_.rank(), here ? " hosts" : " does not host",
+             " stage ", s, " in schedule '", schedule_.name, "' but was given ", found, " module(s) for it");
+  }
+}
+
+const PipelineStage& PipelineExecutor::stage(int index) const {
+  for (const auto& s : stages_)
+    if (s.index == index) return s;
+  HP_FAIL("PipelineExecutor: no stage ", index, " on this rank");
+}
+
+int PipelineExecutor::peak_live_micro_batches(int stage) const {
+  const auto it = peak_live_.find(stage);
+  return it == peak_live_.end() ? 0 : it->second;
+}
+
+double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  const int m = schedule_.micro_batches, last = schedule_.stages - 1;
+  HP_CHECK(inputs.size(0) % m == 0 && targets.size(0) == inputs.size(0), "PipelineExecutor: a batch of ",
+           inputs.size(0), " rows does not split into ", m, " micro-batches (targets: ", targets.size(0), " rows)");
+  const std::vector<at::Tensor> xs = inputs.chunk(m), ys = targets.chunk(m);
+  std::map<std::pair<int, int>, Slot> slots;
+  std::map<int, int> live;
+  peak_live_.clear();
+  std::vector<comm::Work> sends;
+  double loss_sum = 0.0;
+  const auto rank_of = [&](int s) { return schedule_.stage_rank[s]; };
+
+  for (const Action& a : schedule_.programs[group_.rank()]) {
+    const int s = a.stage, mb = a.micro_batch;
+    Slot& slot = slots[{s, mb}];
+    try {
+      switch (a.kind) {
+        case ActionKind::kForward: {
+          at::Tensor in = s == 0 ? xs[mb] : slot.input;
+          if (s > 0 && !in.defined()) {  // the previous stage is on this rank
+            in = slots.at({s - 1, mb}).output.detach().requires_grad_(true);
+            slot.input = in;
+          }
+          at::Tensor out = (*stage(s).module)(in);
+          if (s == last) {
+            out = loss_(out, ys[mb]) / static_cast<double>(m);
+            loss_sum += out.detach().item<double>();
+          }
+          slot.output = out;
+          peak_live_[s] = std::max(peak_live_[s], ++live[s]);
+          break;
+        }
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput: {
+          at::Tensor grad = slot.grad_output;
+          if (s < last && !grad.defined()) grad = slots.at({s + 1, mb}).grad_input;  // next stage on this rank
+          HP_CHECK(s == last || grad.defined(), "no gradient for the output");
+          const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last ? std::vector<at::Tensor>{}
+                                                                                   : std::vector<at::Tensor>{grad};
+          if (a.kind == ActionKind::kBackward) {
+            torch::autograd::backward(outputs, grads);
+            const at::Tensor grad_input = s > 0 ? slot.input.grad() : at::Tensor();
+            slot = Slot{};
+            slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
+            --live[s];
+          } else {
+            // dx now, keeping the graph for W; stage 0 has no input gradient, its W does it all.
+            if (s > 0) slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+            slot.grad_output = grad;
+          }
+          break;
+        }
+        case ActionKind::kBackwardWeight: {
+          // dw: the parameters' gradients (this walks the stage's graph once more; a split that
+          // reuses dx's intermediate gradients is future work).
+          std::vector<at::Tensor> params = stage(s).module->parameters();
+          const std::vector<at::Tensor> grads =
+              s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
+          torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+          const at::Tensor grad_input = slot.grad_input;
+          slot = Slot{};
+          slot.grad_input = grad_input;
+          --live[s];
+          break;
+        }
+        case ActionKind::kSendForward: {
+          const at::Tensor out = slot.output.detach().contiguous();
+          if (shape_sent_.insert(s).second) {  // the shape travels once per stage boundary
+            at::Tensor shape = at::full({kMaxDims + 1}, -1, at::kLong);
+            HP_CHECK(out.dim() <= kMaxDims, "activations of more than ", kMaxDims, " dims");
+            shape[0] = static_cast<int64_t>(out.scalar_type());
+            for (int64_t d = 0; d < out.dim(); ++d) shape[d + 1] = out.size(d);
+            sends.push_back(group_.send_async(shape, rank_of(s + 1), shape_tag(s)));
+          }
+          sends.push_back(group_.send_async(out, rank_of(s + 1), tag(false, s, mb, m)));
+          break;
+        }
+        case ActionKind::kRecvForward: {
+          auto& shape = received_shape_[s];
+          if (shape.empty()) {
+            const at::Tensor meta = at::empty({kMaxDims + 1}, at::kLong);
+            group_.recv(meta, rank_of(s - 1), shape_tag(s - 1));
+            for (int d = 0; d <= kMaxDims; ++d) shape.push_back(meta[d].item<int64_t>());
+          }
+          std::vector<int64_t> sizes;
+          for (int d = 1; d <= kMaxDims && shape[d] >= 0; ++d) sizes.push_back(shape[d]);
+          const at::Tensor in = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(shape[0])));
+          group_.recv(in, rank_of(s - 1), tag(false, s - 1, mb, m));
+          slot.input = in.requires_grad_(true);
+          break;
+        }
+        case ActionKind::kSendBackward:
+          sends.push_back(group_.send_async(slot.grad_input.contiguous(), rank_of(s - 1), tag(true, s, mb, m)));
+          break;
+        case ActionKind::kRecvBackward: {
+          const at::Tensor grad = at::empty_like(slot.output, at::MemoryFormat::Contiguous);
+          group_.recv(grad, rank_of(s + 1), tag(true, s + 1, mb, m));
+          slot.grad_output = grad;
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      HP_FAIL("pipeline stage ", s, " (rank ", group_.rank(), ") failed at ", a.str(), " of schedule '", schedule_.name,
+              "': ", e.what());
+    }
+  }
+  for (auto& w : sends) w.wait();
+  // The mean loss lives on the last stage's rank; every rank gets it.
+  at::Tensor total = at::scalar_tensor(rank_of(last) == group_.rank() ? loss_sum : 0.0, at::kDouble).reshape({1});
+  group_.all_reduce(total);
+  return total.item<double>();
+}
+
+}  // namespace hp::pp

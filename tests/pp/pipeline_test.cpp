@@ -1,0 +1,125 @@
+// Pipelined training steps against the same step on one device: every schedule, 2 and 4 ranks,
+// several micro-batch counts; the loss and every parameter gradient within 1e-6.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+
+#include "hp/models/parallelize.h"
+#include "hp/nn/init.h"
+#include "hp/parallel/loss_parallel.h"
+#include "hp/pp/executor.h"
+#include "test_util.h"
+
+namespace hp::pp {
+namespace {
+
+constexpr int64_t kLayers = 8, kRows = 40, kSeq = 8;
+constexpr uint64_t kSeed = 11;
+
+models::LlamaConfig config() {
+  models::LlamaConfig c;
+  c.layers = kLayers;
+  c.max_seq = kSeq;
+  return c;
+}
+
+std::pair<at::Tensor, at::Tensor> batch() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor tokens = at::randint(0, config().vocab, {kRows, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+  return {tokens.narrow(1, 0, kSeq).contiguous(), tokens.narrow(1, 1, kSeq).contiguous()};
+}
+
+at::Tensor loss_fn(const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); }
+
+struct Reference {
+  double loss;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// One device: the whole batch at once (the mean of equal micro-batch means is the overall mean).
+const Reference& reference() {
+  static const Reference r = [] {
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    auto [x, y] = batch();
+    at::Tensor loss = loss_fn(model(x), y);
+    loss.backward();
+    Reference out{loss.item<double>(), {}};
+    for (const auto& item : model.named_parameters()) out.grads[item.key()] = item.value().grad().clone();
+    return out;
+  }();
+  return r;
+}
+
+// Runs `make(p, m)` on p ranks; checks the loss and the gradients of each rank's stages.
+template <typename Make>
+void check_schedule(const Make& make, int p, int m, const std::string& what) {
+  reference();
+  test::run(p, [&](const comm::ProcessGroup& world) {
+    const Schedule schedule = make(p, m);
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
+    std::vector<PipelineStage> mine;
+    for (int s = 0; s < schedule.stages; ++s)
+      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    PipelineExecutor pipe(schedule, mine, world, loss_fn);
+    auto [x, y] = batch();
+    const double loss = pipe.step(x, y);
+    test::check_relative(at::scalar_tensor(loss), at::scalar_tensor(reference().loss), what + ": loss", 1e-6);
+    std::map<const void*, std::string> fqn;
+    for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
+    int checked = 0;
+    for (const auto& st : mine)
+      for (const at::Tensor& param : st.module->parameters()) {
+        const std::string& name = fqn.at(param.unsafeGetTensorImpl());
+        if (!param.grad().defined()) throw std::runtime_error(what + ": no gradient for " + name);
+        test::check_relative(param.grad(), reference().grads.at(name), what + ": grad of " + name, 1e-6);
+        ++checked;
+      }
+    if (checked == 0) throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
+    if (schedule.name == "1F1B")
+      for (const auto& st : mine)
+        if (pipe.peak_live_micro_batches(st.index) > p)
+          throw std::runtime_error(what + ": 1F1B held " + std::to_string(pipe.peak_live_micro_batches(st.index)) +
+                                   " micro-batches on stage " + std::to_string(st.index));
+  });
+}
+
+TEST(Pipeline, EveryScheduleMatchesOneDevice) {
+  for (int p : {2, 4})
+    for (int m : {p, 2 * p, 5}) {
+      const std::string shape = " p=" + std::to_string(p) + " m=" + std::to_string(m);
+      check_schedule(gpipe, p, m, "GPipe" + shape);
+      check_schedule(one_f_one_b, p, m, "1F1B" + shape);
+      check_schedule([](int r, int mb) { return interleaved_1f1b(r, 2, mb); }, p, m, "Interleaved1F1B" + shape);
+      check_schedule(zero_bubble_v, p, m, "ZBV" + shape);
+    }
+}
+
+TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
+  reference();
+  try {
+    testing::RunRanksOptions options;
+    options.watchdog = std::chrono::seconds(60);
+    testing::run_ranks(2, [&](const comm::ProcessGroup& world) {
+      models::Llama model(config());
+      nn::init_parameters(model, kSeed);
+      const auto all = models::split_llama(model, {4, 4});
+      PipelineExecutor pipe(one_f_one_b(2, 4), {{all[world.rank()], world.rank()}}, world,
+                            [](const at::Tensor&, const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad loss"); });
+      auto [x, y] = batch();
+      pipe.step(x, y);
+    }, options);
+    FAIL() << "expected the step to fail";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("2 of 2 ranks failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("pipeline stage 1 (rank 1) failed at 1F0 of schedule '1F1B': bad loss"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace hp::pp
