@@ -8,6 +8,7 @@
 
 #include "hp/models/parallelize.h"
 #include "hp/nn/init.h"
+#include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/pp/executor.h"
 #include "test_util.h"
@@ -119,6 +120,41 @@ TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
     EXPECT_NE(what.find("2 of 2 ranks failed"), std::string::npos) << what;
     EXPECT_NE(what.find("pipeline stage 1 (rank 1) failed at 1F0 of schedule '1F1B': bad loss"), std::string::npos) << what;
   }
+}
+
+}  // namespace
+}  // namespace hp::pp
+
+namespace hp::pp {
+namespace {
+
+// PP x FSDP on 4 ranks: 2 stages x dp 2. Each stage is one fully_shard unit on its data-parallel
+// mesh; each pipeline (one per dp index) runs half the batch; FSDP averages the gradients over dp.
+TEST(Pipeline, TimesFsdpMatchesOneDevice) {
+  reference();
+  test::run(4, [&](const comm::ProcessGroup& world) {
+    const DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2}, {"pp", "dp"});
+    const int stage_index = static_cast<int>(mesh.get_local_rank("pp"));
+    const int dp_rank = static_cast<int>(mesh.get_local_rank("dp"));
+    models::Llama model(config());
+    const auto stages = models::split_llama(model, {kLayers / 2, kLayers / 2});
+    fully_shard(*stages[stage_index], mesh["dp"]);
+    nn::init_parameters(model, kSeed);
+    PipelineExecutor pipe(one_f_one_b(2, 4), {{stages[stage_index], stage_index}}, mesh.get_group("pp"), loss_fn);
+    auto [x, y] = batch();
+    const int64_t half = kRows / 2;
+    const double loss = pipe.step(x.narrow(0, dp_rank * half, half), y.narrow(0, dp_rank * half, half));
+    const double mean = mesh.get_group("dp").all_reduce(at::scalar_tensor(loss, at::kDouble).reshape({1}),
+                                                        {comm::ReduceOp::kAvg}).item<double>();
+    test::check_relative(at::scalar_tensor(mean), at::scalar_tensor(reference().loss), "PP x FSDP: loss", 1e-5);
+    std::map<const void*, std::string> fqn;
+    for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
+    for (const at::Tensor& param : stages[stage_index]->parameters()) {
+      const std::string& name = fqn.at(param.unsafeGetTensorImpl());
+      if (!is_dtensor(param)) throw std::runtime_error("PP x FSDP: " + name + " is not sharded");
+      test::check_relative(test::whole(param.grad()), reference().grads.at(name), "PP x FSDP: grad of " + name, 1e-5);
+    }
+  });
 }
 
 }  // namespace
