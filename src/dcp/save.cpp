@@ -54,6 +54,17 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const 
   return std::make_pair(d.to_local(), d.spec().local_shape_and_offset(*coordinate).second);
 }
 
+// Adds to `into` what `from` has and `into` lacks, recursively through objects: values are saved
+// from every rank, rank 0's winning where they disagree (ranks of different pipeline stages
+// contribute their own parameters' entries).
+void add_missing(nlohmann::json& into, const nlohmann::json& from) {
+  if (!into.is_object() || !from.is_object()) return;
+  for (const auto& [key, value] : from.items()) {
+    if (!into.contains(key)) into[key] = value;
+    else add_missing(into[key], value);
+  }
+}
+
 }  // namespace
 
 struct AsyncSave::State {
@@ -128,8 +139,7 @@ struct AsyncSave::State {
       }
       out.sync_and_close();
     }
-    nlohmann::json index = {{"tensors", tensors}, {"chunks", chunks}};
-    if (rank == 0) index["values"] = values;
+    nlohmann::json index = {{"tensors", tensors}, {"chunks", chunks}, {"values", values}};
     detail::write_file_atomically((fs::path(tmp) / rank_name(rank, ".json")).string(), index.dump());
   }
 
@@ -153,7 +163,7 @@ struct AsyncSave::State {
       }
       for (const auto& chunk : index.at("chunks"))
         m.tensors.at(chunk.at("name").get<std::string>()).chunks.push_back(detail::chunk_from_json(chunk));
-      if (r == 0) m.values = index.at("values");
+      add_missing(m.values, index.at("values"));
       fs::remove(path);
     }
     // Parsing what we are about to commit checks it exactly as a load will (coverage, no overlaps).

@@ -11,7 +11,8 @@ void ParallelDims::validate(int64_t world_size, const LlamaConfig& model) const 
                              {"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
     HP_CHECK(value >= 1, "parallel.", name, " must be >= 1, got ", value);
   HP_CHECK(cp == 1 && ep == 1, "parallel.cp and parallel.ep are reserved for context and expert parallelism and must be 1");
-  HP_CHECK(pp == 1, "parallel.pp = ", pp, ": pipeline parallelism is not available in this build yet (use pp: 1)");
+  HP_CHECK(pp == 1 || tp == 1, "parallel.pp > 1 with parallel.tp > 1 is not supported yet (pipeline stages on tensor-parallel meshes)");
+  HP_CHECK(pp == 1 || !model.tie_embeddings, "model.tie_embeddings is not supported with parallel.pp > 1 yet");
   HP_CHECK(product() == world_size, "parallel dims ", str(), " multiply to ", product(), " but the world has ",
            world_size, " ranks");
   if (tp > 1) {
@@ -32,7 +33,8 @@ std::string ParallelDims::str() const {
 }
 
 DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims) {
-  return init_device_mesh(world, "cpu", {dims.dp_replicate, dims.dp_shard, dims.tp}, {"dp_replicate", "dp_shard", "tp"});
+  return init_device_mesh(world, "cpu", {dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp},
+                          {"pp", "dp_replicate", "dp_shard", "tp"});
 }
 
 ParallelizePlan llama_tp_plan(TpOptions o) {

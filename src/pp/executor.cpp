@@ -53,6 +53,15 @@ int PipelineExecutor::peak_live_micro_batches(int stage) const {
 }
 
 double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  return run(inputs, targets, /*backward=*/true);
+}
+
+double PipelineExecutor::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {
+  at::NoGradGuard no_grad;
+  return run(inputs, targets, /*backward=*/false);
+}
+
+double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets, bool backward) {
   const int m = schedule_.micro_batches, last = schedule_.stages - 1;
   HP_CHECK(inputs.size(0) % m == 0 && targets.size(0) == inputs.size(0), "PipelineExecutor: a batch of ",
            inputs.size(0), " rows does not split into ", m, " micro-batches (targets: ", targets.size(0), " rows)");
@@ -65,6 +74,11 @@ double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& target
   const auto rank_of = [&](int s) { return schedule_.stage_rank[s]; };
 
   for (const Action& a : schedule_.programs[group_.rank()]) {
+    // Forward only: the forward actions in program order (a valid schedule's forward subsequence
+    // is valid: backward actions never produce what a forward waits for).
+    if (!backward && a.kind != ActionKind::kForward && a.kind != ActionKind::kSendForward &&
+        a.kind != ActionKind::kRecvForward)
+      continue;
     const int s = a.stage, mb = a.micro_batch;
     Slot& slot = slots[{s, mb}];
     try {
@@ -72,7 +86,9 @@ double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& target
         case ActionKind::kForward: {
           at::Tensor in = s == 0 ? xs[mb] : slot.input;
           if (s > 0 && !in.defined()) {  // the previous stage is on this rank
-            in = slots.at({s - 1, mb}).output.detach().requires_grad_(true);
+            Slot& previous = slots.at({s - 1, mb});
+            in = previous.output.detach().requires_grad_(backward);
+            if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
             slot.input = in;
           }
           at::Tensor out = (*stage(s).module)(in);
@@ -140,7 +156,7 @@ double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& target
           for (int d = 1; d <= kMaxDims && shape[d] >= 0; ++d) sizes.push_back(shape[d]);
           const at::Tensor in = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(shape[0])));
           group_.recv(in, rank_of(s - 1), tag(false, s - 1, mb, m));
-          slot.input = in.requires_grad_(true);
+          slot.input = in.requires_grad_(backward);
           break;
         }
         case ActionKind::kSendBackward:

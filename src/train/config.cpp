@@ -75,6 +75,8 @@ const std::vector<Field>& fields() {
       HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
       HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
       HP_CONFIG_FIELD("parallel.reshard_after_forward", reshard_after_forward),
+      HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
+      HP_CONFIG_FIELD("parallel.pp_stages_per_rank", pp_stages_per_rank),
       HP_CONFIG_FIELD("data.sources", data.sources),
       HP_CONFIG_FIELD("data.cache_dir", data.cache_dir),
       HP_CONFIG_FIELD("data.eval_fraction", data.eval_fraction),
@@ -198,6 +200,13 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,
            "' is unknown (available: adamw, muon)");
+  if (c.parallel.pp > 1) {
+    const int64_t stages = c.pipeline_stages();
+    HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
+    HP_CHECK(c.model.layers % stages == 0, "model.layers (", c.model.layers, ") must be divisible by the ", stages,
+             " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
+    HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
+  }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);
   parse_decay(c.schedule.decay);  // names the valid decays on error
   HP_CHECK(c.schedule.warmup_steps >= 0 && c.schedule.warmup_steps <= c.train.steps, "schedule.warmup_steps (",

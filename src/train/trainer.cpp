@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -28,7 +29,9 @@
 #include "hp/optim/chained.h"
 #include "hp/optim/clip_grad.h"
 #include "hp/optim/lr_scheduler.h"
+#include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
+#include "hp/pp/executor.h"
 #include "train/metrics.h"
 
 namespace hp::train {
@@ -55,12 +58,13 @@ double flops_per_token(const models::LlamaConfig& m, int64_t seq) {
   return 6.0 * matmul_params + 12.0 * static_cast<double>(m.layers * m.dim * seq);
 }
 
-std::unique_ptr<ChainedOptimizer> make_optimizer(const TrainConfig& c, models::Llama& model) {
+std::unique_ptr<ChainedOptimizer> make_optimizer(const TrainConfig& c, models::Llama& model,
+                                                 const std::vector<at::Tensor>& params) {
   torch::optim::AdamWOptions adamw(c.optimizer.lr);
   adamw.betas({c.optimizer.beta1, c.optimizer.beta2}).eps(c.optimizer.eps).weight_decay(c.optimizer.weight_decay);
   if (c.optimizer.name == "adamw")
     return std::make_unique<ChainedOptimizer>(std::vector<std::shared_ptr<torch::optim::Optimizer>>{
-        std::make_shared<AdamW>(model.parameters(), adamw)});
+        std::make_shared<AdamW>(params, adamw)});
   MuonOptions muon(c.optimizer.muon_lr);
   muon.momentum(c.optimizer.muon_momentum).weight_decay(c.optimizer.weight_decay);
   std::vector<std::string> muon_params, adamw_params = {"*.weight", "layers.*.*.weight"};
@@ -87,27 +91,62 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
   for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i]);
 }
 
+pp::Schedule make_schedule(const TrainConfig& c) {
+  const int p = static_cast<int>(c.parallel.pp), m = static_cast<int>(c.micro_batches());
+  if (c.pp_schedule == "gpipe") return pp::gpipe(p, m);
+  if (c.pp_schedule == "interleaved") return pp::interleaved_1f1b(p, static_cast<int>(c.pp_stages_per_rank), m);
+  if (c.pp_schedule == "zbv") return pp::zero_bubble_v(p, m);
+  return pp::one_f_one_b(p, m);
+}
+
 // Everything a run is made of, built from the config in a fixed order on every rank.
 struct Setup {
   DeviceMesh mesh;
   int64_t dp_rank = 0;
   std::shared_ptr<models::Llama> model;
+  std::vector<std::shared_ptr<nn::Module>> stages;  // with pp > 1: the pipeline stages this rank runs
+  std::unique_ptr<pp::PipelineExecutor> pipe;       // with pp > 1
+  std::vector<at::Tensor> params;                   // what this rank trains
   std::unique_ptr<ChainedOptimizer> optimizer;
   std::unique_ptr<LRScheduler> scheduler;
 };
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world, bool allocate) {
   Setup s{models::build_mesh(world, c.parallel)};
-  const auto coord = s.mesh.get_coordinate().value();
-  s.dp_rank = coord[0] * c.parallel.dp_shard + coord[1];
+  const auto coord = s.mesh.get_coordinate().value();  // (pp, dp_replicate, dp_shard, tp)
+  s.dp_rank = coord[1] * c.parallel.dp_shard + coord[2];
   s.model = std::make_shared<models::Llama>(c.model);
   models::LlamaParallelOptions parallel;
   parallel.tp = {c.sequence_parallel, c.loss_parallel};
   parallel.fsdp.reshard_after_forward = c.reshard_after_forward;
-  models::parallelize_llama(*s.model, s.mesh, c.parallel, parallel);
+  if (c.parallel.pp > 1) {
+    // Each stage this rank runs is one fully_shard unit on the data-parallel mesh (of one rank
+    // when dp = 1, which keeps gradients, clipping and checkpoints on the same DTensor path).
+    const pp::Schedule schedule = make_schedule(c);
+    const auto all = models::split_llama(*s.model, std::vector<int64_t>(schedule.stages, c.model.layers / schedule.stages));
+    const DeviceMesh dp_mesh = c.parallel.dp_replicate > 1 ? s.mesh[{"dp_replicate", "dp_shard"}] : s.mesh["dp_shard"];
+    std::vector<pp::PipelineStage> local;
+    for (int st = 0; st < schedule.stages; ++st)
+      if (schedule.stage_rank[st] == coord[0]) {
+        fully_shard(*all[st], dp_mesh, parallel.fsdp);
+        local.push_back({all[st], st});
+        s.stages.push_back(all[st]);
+      }
+    s.pipe = std::make_unique<pp::PipelineExecutor>(
+        schedule, local, s.mesh.get_group("pp"),
+        [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); });
+  } else {
+    models::parallelize_llama(*s.model, s.mesh, c.parallel, parallel);
+  }
   if (!allocate) return s;
   nn::init_parameters(*s.model, c.seed);
-  s.optimizer = make_optimizer(c, *s.model);
+  if (s.pipe) {
+    for (const auto& stage : s.stages)
+      for (const at::Tensor& p : stage->parameters()) s.params.push_back(p);
+  } else {
+    s.params = s.model->parameters();
+  }
+  s.optimizer = make_optimizer(c, *s.model, s.params);
   LRSchedule schedule;
   schedule.warmup_steps = c.schedule.warmup_steps;
   schedule.total_steps = c.train.steps;
@@ -122,7 +161,11 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, Setup& s)
   // Per rank: parameters (local elements), parameter bytes, and an estimate of training memory:
   // parameters + gradients + AdamW's two moments, plus ~14 activations of [micro_batch, seq, dim]
   // kept per layer for backward, and the logits.
-  const int64_t param_bytes = nn::local_parameter_bytes(*s.model);
+  int64_t param_bytes = 0;
+  if (s.pipe)
+    for (const auto& stage : s.stages) param_bytes += nn::local_parameter_bytes(*stage);
+  else
+    param_bytes = nn::local_parameter_bytes(*s.model);
   const double activations = 4.0 * static_cast<double>(c.train.micro_batch * c.data.seq_len) *
                              (14.0 * c.model.layers * c.model.dim / c.parallel.tp + 2.0 * c.model.vocab / c.parallel.tp);
   at::Tensor mine = at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes),
@@ -199,10 +242,17 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   MemoryTracker memory;
   Setup s = build(c, world, /*allocate=*/true);
   models::Llama& model = *s.model;
-  std::vector<at::Tensor> params = model.parameters();
+  const std::vector<at::Tensor>& params = s.params;
 
   // The checkpoint's tensors alias the live model and optimizer state, so save and load act on them.
+  // With a pipeline, a rank's checkpoint holds its own stages only.
   dcp::StateDict state = dcp::model_state_dict(model);
+  if (s.pipe) {
+    std::set<const void*> mine;
+    for (const at::Tensor& p : params) mine.insert(p.unsafeGetTensorImpl());
+    for (auto it = state.tensors.begin(); it != state.tensors.end();)
+      it = mine.count(it->second.unsafeGetTensorImpl()) ? std::next(it) : state.tensors.erase(it);
+  }
   dcp::add_optimizer_state(state, *s.optimizer, model);
 
   TrainResult result;
@@ -231,7 +281,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     double sum = 0.0;
     for (int64_t b = 0; b < c.eval.batches; ++b) {
       auto [x, y] = eval_data.eval_batch(b, c.train.global_batch, s.dp_rank * c.per_rank_batch(), c.per_rank_batch());
-      sum += scalar(cross_entropy(model(x), y));
+      sum += s.pipe ? s.pipe->evaluate(x, y) : scalar(cross_entropy(model(x), y));
     }
     return world_mean(sum / static_cast<double>(c.eval.batches), world);
   };
@@ -255,12 +305,17 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     memory.reset_peak();
     s.optimizer->zero_grad();
     double loss_sum = 0.0;
-    for (int64_t m = 0; m < micro; ++m) {
-      auto [x, y] = train_data.train_batch(step, c.train.global_batch,
-                                           s.dp_rank * c.per_rank_batch() + m * c.train.micro_batch, c.train.micro_batch);
-      at::Tensor loss = cross_entropy(model(x), y);
-      loss_sum += scalar(loss);
-      (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+    if (s.pipe) {  // the schedule splits this rank's rows into `micro` micro-batches
+      auto [x, y] = train_data.train_batch(step, c.train.global_batch, s.dp_rank * c.per_rank_batch(), c.per_rank_batch());
+      loss_sum = s.pipe->step(x, y) * static_cast<double>(micro);
+    } else {
+      for (int64_t m = 0; m < micro; ++m) {
+        auto [x, y] = train_data.train_batch(step, c.train.global_batch,
+                                             s.dp_rank * c.per_rank_batch() + m * c.train.micro_batch, c.train.micro_batch);
+        at::Tensor loss = cross_entropy(model(x), y);
+        loss_sum += scalar(loss);
+        (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+      }
     }
     const double grad_norm =
         clip_grad_norm_(params, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world);
@@ -316,7 +371,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   result.eval_loss = evaluate();
   result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
   result.mfu = peak > 0 ? flops_token * result.tokens_per_s / peak : 0.0;
-  if (c.sample.tokens > 0) {
+  if (c.sample.tokens > 0 && s.pipe) {
+    if (lead) log::info("sample skipped: generation through a pipeline (parallel.pp > 1) is not supported yet");
+  } else if (c.sample.tokens > 0) {
     const data::ByteTokenizer tokenizer;
     result.sample = tokenizer.decode(models::generate_greedy(model, tokenizer.encode(c.sample.prompt), c.sample.tokens));
   }

@@ -89,23 +89,31 @@ TEST(HpTrain, DemoRunsInReducedForm) {
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and
 // the final parameters and optimizer state are bitwise those of an uninterrupted run.
-TEST(HpTrain, KillAndResumeIsBitwiseIdentical) {
-  const std::string straight = scratch("straight"), killed = scratch("killed");
-  ASSERT_EQ(run_job(train_command(straight)).exit_code, 0);
+void kill_and_resume(const std::string& name, const std::string& parallel) {
+  const std::string straight = scratch(name + "_straight"), killed = scratch(name + "_killed");
+  ASSERT_EQ(run_job(train_command(straight, parallel)).exit_code, 0);
 
-  const Result crash = hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed));
+  const Result crash =
+      hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed, parallel));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_NE(crash.output.find("rank 1"), std::string::npos) << crash.output;
   ASSERT_TRUE(fs::exists(killed + "/checkpoints/step-000005/metadata.json")) << crash.output;
   EXPECT_FALSE(fs::exists(killed + "/checkpoints/step-000010"));
 
-  const Result resumed = run_job(train_command(killed, "--resume auto"));
+  const Result resumed = run_job(train_command(killed, parallel + " --resume auto"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto want = train_losses(straight), got = train_losses(killed);
   ASSERT_EQ(got.size(), 10u);
   for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
   EXPECT_EQ(checkpoint_contents(killed + "/checkpoints/step-000010"),
             checkpoint_contents(straight + "/checkpoints/step-000010"));
+}
+
+TEST(HpTrain, KillAndResumeIsBitwiseIdentical) { kill_and_resume("fsdp_tp", ""); }
+
+// The same through a pipeline: pp 2 (1F1B) x dp_shard 2, each rank checkpointing its own stage.
+TEST(HpTrain, KillAndResumeThroughAPipelineIsBitwiseIdentical) {
+  kill_and_resume("pp", "--set parallel.pp=2 --set parallel.tp=1");
 }
 
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):

@@ -54,6 +54,7 @@ struct Parallel {
   bool sequence_parallel = false;
   bool loss_parallel = false;
   std::string name;
+  std::string pp_schedule = "1f1b";
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -61,6 +62,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.parallel = p.dims;
   c.sequence_parallel = p.sequence_parallel;
   c.loss_parallel = p.loss_parallel;
+  c.pp_schedule = p.pp_schedule;
   std::vector<double> losses;
   std::mutex mu;
   test::run(p.world, [&](const comm::ProcessGroup& world) {
@@ -79,7 +81,10 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   const std::vector<double> one = run_config({1, {}, false, false, "1 rank"}, dir);
   ASSERT_EQ(one.size(), 20u);
   EXPECT_LT(one.back(), one.front() - 1.0) << "the loss should fall";
-  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp;
+  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp, pp2, pp2dp2;
+  pp2.pp = 2;
+  pp2dp2.pp = 2;
+  pp2dp2.dp_shard = 2;
   dp2.dp_shard = 2;
   tp2.tp = 2;
   dp2tp2.dp_shard = 2;
@@ -92,7 +97,9 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   for (const Parallel& p : {Parallel{2, dp2, false, false, "dp_shard 2"}, Parallel{2, tp2, true, true, "tp 2 (SP, LP)"},
                             Parallel{4, dp2tp2, false, false, "dp_shard 2 x tp 2"},
                             Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"},
-                            Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"}}) {
+                            Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"},
+                            Parallel{2, pp2, false, false, "pp 2 (GPipe)", "gpipe"},
+                            Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"}}) {
     const std::vector<double> got = run_config(p, dir);
     ASSERT_EQ(got.size(), one.size()) << p.name;
     double worst = 0.0;

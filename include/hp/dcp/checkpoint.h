@@ -29,7 +29,9 @@ namespace hp::dcp {
 
 // What a checkpoint holds. `tensors` are DTensors or plain tensors (plain = the same on every rank);
 // load() copies into them in place. `values` carries everything else (step, data position, RNG
-// seeds, scheduler state) as JSON; it is saved from rank 0 and load() replaces it.
+// seeds, scheduler state) as JSON; every rank's values are saved, merged key by key (rank 0's win
+// where ranks disagree; keys only some ranks have, e.g. a pipeline stage's, are kept), and load()
+// replaces `values` with the merged object.
 struct StateDict {
   std::map<std::string, at::Tensor> tensors;
   nlohmann::json values = nlohmann::json::object();

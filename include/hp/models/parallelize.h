@@ -24,7 +24,8 @@ struct ParallelDims {
   std::string str() const;  // "dp_replicate=1 dp_shard=2 tp=2 pp=1"
 };
 
-// Mesh (dp_replicate, dp_shard, tp) over the world, row-major: tp is innermost (neighbouring ranks).
+// Mesh (pp, dp_replicate, dp_shard, tp) over the world, row-major: tp is innermost (neighbouring
+// ranks), pp outermost.
 DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims);
 
 struct TpOptions {

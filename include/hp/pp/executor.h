@@ -41,11 +41,15 @@ class PipelineExecutor {
   // over micro-batches. Returns that mean loss on every rank. Collective over `group`.
   double step(const at::Tensor& inputs, const at::Tensor& targets);
 
+  // Forward only, without autograd: the mean loss over the micro-batches, on every rank. Collective.
+  double evaluate(const at::Tensor& inputs, const at::Tensor& targets);
+
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
 
  private:
   struct Slot;
+  double run(const at::Tensor& inputs, const at::Tensor& targets, bool backward);
   const PipelineStage& stage(int index) const;
   Schedule schedule_;
   std::vector<PipelineStage> stages_;

@@ -23,6 +23,8 @@ struct TrainConfig {
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;
+  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zbv (pp > 1)
+  int64_t pp_stages_per_rank = 2;    // interleaved only
 
   struct Data {
     std::vector<std::string> sources = {"/usr/share/games/fortunes"};
@@ -75,6 +77,13 @@ struct TrainConfig {
   std::string checkpoint_dir() const { return run_dir + "/checkpoints"; }
   int64_t per_rank_batch() const { return train.global_batch / parallel.dp(); }
   int64_t micro_batches() const { return per_rank_batch() / train.micro_batch; }
+  // Pipeline stages over all pp ranks for pp_schedule (0 for an unknown schedule name).
+  int64_t pipeline_stages() const {
+    if (pp_schedule == "gpipe" || pp_schedule == "1f1b") return parallel.pp;
+    if (pp_schedule == "interleaved") return parallel.pp * pp_stages_per_rank;
+    if (pp_schedule == "zbv") return 2 * parallel.pp;
+    return 0;
+  }
 };
 
 // Parses `yaml` (`source` names it in errors), then applies each "dotted.key=value" override.
