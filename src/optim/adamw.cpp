@@ -6,17 +6,14 @@
 #include <map>
 
 #include "dtensor/dtensor_impl.h"
+#include "optim/closure.h"
 
 namespace hp {
 
 at::Tensor AdamW::step(LossClosure closure) {
   if (!foreach_) return torch::optim::AdamW::step(std::move(closure));
+  const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());

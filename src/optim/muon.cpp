@@ -11,6 +11,7 @@
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "optim/closure.h"
 
 namespace hp {
 
@@ -154,12 +155,8 @@ Muon::Muon(std::vector<at::Tensor> params, MuonOptions defaults)
 }
 
 at::Tensor Muon::step(LossClosure closure) {
+  const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const MuonOptions&>(group.options());
     std::vector<Pending> pending;

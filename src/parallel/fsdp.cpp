@@ -303,13 +303,23 @@ DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
 
 namespace {
 
-// The reductions started during the current backward pass, finished in order by one callback
+// The reductions started during the current backward pass, finished in order: when a newer one
+// starts (so one reduction overlaps the next unit's backward, as in FSDP2, and the gradient
+// buffers in flight stay bounded however slowly the network goes), and the rest by one callback
 // that the autograd engine runs when the pass ends (before anyone can read a gradient). Only the
 // queued callback owns the list: when a pass fails, the engine drops its callbacks, the list
 // expires, and the next pass starts a fresh one instead of appending to a list nobody finishes.
 struct PendingReductions {
   std::vector<std::pair<std::shared_ptr<FsdpUnit>, comm::Work>> items;
+  size_t finished = 0;
+  void finish_up_to(size_t end) {
+    for (; finished < end; ++finished) {
+      items[finished].first->finish_reduction(items[finished].second);
+      items[finished] = {};  // drops the gradient buffer the work held
+    }
+  }
 };
+constexpr size_t kReductionsInFlight = 1;
 thread_local std::weak_ptr<PendingReductions> this_backward;
 
 void finish_at_end_of_backward(std::shared_ptr<FsdpUnit> unit, comm::Work work) {
@@ -319,10 +329,12 @@ void finish_at_end_of_backward(std::shared_ptr<FsdpUnit> unit, comm::Work work) 
     this_backward = pending;
     torch::autograd::Engine::get_default_engine().queue_callback([pending] {
       this_backward.reset();  // this pass is done: the next one starts its own list
-      for (auto& [u, w] : pending->items) u->finish_reduction(w);
+      pending->finish_up_to(pending->items.size());
       pending->items.clear();
     });
   }
+  if (pending->items.size() - pending->finished >= kReductionsInFlight)
+    pending->finish_up_to(pending->items.size() + 1 - kReductionsInFlight);
   pending->items.emplace_back(std::move(unit), std::move(work));
 }
 
