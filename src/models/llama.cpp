@@ -162,18 +162,24 @@ std::string llama_from_hf_name(const std::string& hf_name) {
   return map_layer_name(hf_name, "model.layers.", "layers.", /*forward=*/false);
 }
 
-at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens) {
+at::Tensor generate_greedy(const std::function<at::Tensor(const at::Tensor&)>& logits_of, const at::Tensor& prompt,
+                           int64_t new_tokens, int64_t max_seq) {
   HP_CHECK(prompt.dim() == 1 && prompt.scalar_type() == at::kLong && prompt.numel() > 0,
            "generate_greedy: the prompt must be a non-empty 1-D int64 tensor");
   torch::NoGradGuard no_grad;
   at::Tensor tokens = prompt.clone();
   for (int64_t i = 0; i < new_tokens; ++i) {
-    const int64_t n = tokens.size(0), keep = std::min(n, model.config().max_seq);
-    at::Tensor logits = model(tokens.narrow(0, n - keep, keep).unsqueeze(0));
+    const int64_t n = tokens.size(0), keep = std::min(n, max_seq);
+    at::Tensor logits = logits_of(tokens.narrow(0, n - keep, keep).unsqueeze(0));
     if (is_dtensor(logits)) logits = DTensor(logits).full_tensor();
     tokens = at::cat({tokens, logits[0][keep - 1].argmax().view({1})});
   }
   return tokens;
+}
+
+at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens) {
+  return generate_greedy([&](const at::Tensor& tokens) { return model(tokens); }, prompt, new_tokens,
+                         model.config().max_seq);
 }
 
 }  // namespace hp::models

@@ -14,6 +14,7 @@ int tag(bool backward, int stage, int micro_batch, int micro_batches) {
   return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
 }
 int shape_tag(int stage) { return (1 << 28) + stage; }
+int inference_tag(int stage, bool shape) { return (1 << 29) + 2 * stage + (shape ? 1 : 0); }
 constexpr int kMaxDims = 8;
 
 }  // namespace
@@ -45,6 +46,57 @@ const PipelineStage& PipelineExecutor::stage(int index) const {
   for (const auto& s : stages_)
     if (s.index == index) return s;
   HP_FAIL("PipelineExecutor: no stage ", index, " on this rank");
+}
+
+namespace {
+
+// A tensor's dtype and shape as a fixed-size int64 message, and back.
+at::Tensor describe(const at::Tensor& t, int max_dims) {
+  HP_CHECK(t.dim() <= max_dims, "pipeline: activations of more than ", max_dims, " dims");
+  at::Tensor d = at::full({max_dims + 1}, -1, at::kLong);
+  d[0] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t i = 0; i < t.dim(); ++i) d[i + 1] = t.size(i);
+  return d;
+}
+
+at::Tensor empty_like_described(const at::Tensor& d) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 1; i < d.numel() && d[i].item<int64_t>() >= 0; ++i) sizes.push_back(d[i].item<int64_t>());
+  return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
+}
+
+}  // namespace
+
+at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
+  at::NoGradGuard no_grad;
+  const int me = group_.rank(), last = schedule_.stages - 1;
+  at::Tensor h;
+  for (int s = 0; s <= last; ++s) {
+    const int here = schedule_.stage_rank[s];
+    const int before = s > 0 ? schedule_.stage_rank[s - 1] : here;
+    if (here != me) continue;
+    if (s == 0) {
+      h = inputs;
+    } else if (before != me) {  // the previous stage's output arrives with its shape
+      const at::Tensor d = at::empty({kMaxDims + 1}, at::kLong);
+      group_.recv(d, before, inference_tag(s - 1, true));
+      h = empty_like_described(d);
+      group_.recv(h, before, inference_tag(s - 1, false));
+    }
+    h = (*stage(s).module)(h);
+    if (s < last && schedule_.stage_rank[s + 1] != me) {
+      const at::Tensor out = h.contiguous();
+      group_.send(describe(out, kMaxDims), schedule_.stage_rank[s + 1], inference_tag(s, true));
+      group_.send(out, schedule_.stage_rank[s + 1], inference_tag(s, false));
+    }
+  }
+  // Every rank gets the last stage's output.
+  const int owner = schedule_.stage_rank[last];
+  at::Tensor d = owner == me ? describe(h.contiguous(), kMaxDims) : at::empty({kMaxDims + 1}, at::kLong);
+  group_.broadcast(d, owner);
+  at::Tensor out = owner == me ? h.contiguous() : empty_like_described(d);
+  group_.broadcast(out, owner);
+  return out;
 }
 
 int PipelineExecutor::peak_live_micro_batches(int stage) const {

@@ -371,11 +371,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   result.eval_loss = evaluate();
   result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
   result.mfu = peak > 0 ? flops_token * result.tokens_per_s / peak : 0.0;
-  if (c.sample.tokens > 0 && s.pipe) {
-    if (lead) log::info("sample skipped: generation through a pipeline (parallel.pp > 1) is not supported yet");
-  } else if (c.sample.tokens > 0) {
+  if (c.sample.tokens > 0) {
     const data::ByteTokenizer tokenizer;
-    result.sample = tokenizer.decode(models::generate_greedy(model, tokenizer.encode(c.sample.prompt), c.sample.tokens));
+    const at::Tensor prompt = tokenizer.encode(c.sample.prompt);
+    result.sample = tokenizer.decode(
+        s.pipe ? models::generate_greedy([&](const at::Tensor& t) { return s.pipe->forward(t); }, prompt,
+                                         c.sample.tokens, c.model.max_seq)
+               : models::generate_greedy(model, prompt, c.sample.tokens));
   }
   if (lead) {
     metrics->finish_progress();

@@ -100,6 +100,29 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
     }
 }
 
+// Inference through the stages (the trainer's sample): the logits of one device on every rank,
+// for a V-shaped placement too, with sequence lengths that change from call to call.
+TEST(Pipeline, ForwardGivesOneDeviceLogitsOnEveryRank) {
+  models::Llama single(config());
+  nn::init_parameters(single, kSeed);
+  auto [x, y] = batch();
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    const Schedule schedule = zero_bubble_v(2, 2);
+    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
+    std::vector<PipelineStage> mine;
+    for (int s = 0; s < schedule.stages; ++s)
+      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    PipelineExecutor pipe(schedule, mine, world, loss_fn);
+    for (int64_t seq : {kSeq, int64_t{3}}) {
+      const at::Tensor tokens = x.narrow(0, 0, 2).narrow(1, 0, seq);
+      at::NoGradGuard no_grad;
+      test::check_relative(pipe.forward(tokens), single(tokens), "pipeline forward, seq " + std::to_string(seq), 1e-6);
+    }
+  });
+}
+
 TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
   reference();
   try {

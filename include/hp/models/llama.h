@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -94,5 +95,9 @@ std::string llama_from_hf_name(const std::string& hf_name);
 // Greedy continuation of `prompt` (1-D int64) by `new_tokens` tokens, the context cropped to
 // max_seq. Collective when the model is parallelized: every rank calls it with the same prompt.
 at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens);
+// The same with any function from tokens [1, seq] to logits [1, seq, vocab] (e.g. a pipeline's
+// forward), the context cropped to `max_seq`.
+at::Tensor generate_greedy(const std::function<at::Tensor(const at::Tensor&)>& logits_of, const at::Tensor& prompt,
+                           int64_t new_tokens, int64_t max_seq);
 
 }  // namespace hp::models

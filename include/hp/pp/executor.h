@@ -44,6 +44,10 @@ class PipelineExecutor {
   // Forward only, without autograd: the mean loss over the micro-batches, on every rank. Collective.
   double evaluate(const at::Tensor& inputs, const at::Tensor& targets);
 
+  // Inference on `inputs` as one micro-batch, stage after stage (shapes travel with the data, so
+  // they may change from call to call): the last stage's output, on every rank. Collective.
+  at::Tensor forward(const at::Tensor& inputs);
+
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
 
