@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <chrono>
+
 #include "hp/core/error.h"
 
 namespace hp::pp {
@@ -123,6 +125,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   peak_live_.clear();
   std::vector<comm::Work> sends;
   double loss_sum = 0.0;
+  timeline_.clear();
+  const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const auto rank_of = [&](int s) { return schedule_.stage_rank[s]; };
 
   for (const Action& a : schedule_.programs[group_.rank()]) {
@@ -133,6 +137,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
       continue;
     const int s = a.stage, mb = a.micro_batch;
     Slot& slot = slots[{s, mb}];
+    const double started = record_ ? now() : 0.0;
     try {
       switch (a.kind) {
         case ActionKind::kForward: {
@@ -221,6 +226,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
           break;
         }
       }
+      if (record_) timeline_.push_back({a, group_.rank(), started, now()});
     } catch (const std::exception& e) {
       HP_FAIL("pipeline stage ", s, " (rank ", group_.rank(), ") failed at ", a.str(), " of schedule '", schedule_.name,
               "': ", e.what());

@@ -48,6 +48,11 @@ class PipelineExecutor {
   // they may change from call to call): the last stage's output, on every rank. Collective.
   at::Tensor forward(const at::Tensor& inputs);
 
+  // When on, step() records when each action of this rank ran (seconds on the steady clock, the
+  // same on every process of a machine), for measured bubbles and timelines (to_svg).
+  void record_timeline(bool on) { record_ = on; }
+  const std::vector<TimedAction>& last_timeline() const { return timeline_; }
+
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
 
@@ -62,6 +67,8 @@ class PipelineExecutor {
   std::map<int, std::vector<int64_t>> received_shape_;  // per stage: dtype and shape of its input (exchanged once)
   std::set<int> shape_sent_;                            // stages whose output shape went out
   std::map<int, int> peak_live_;
+  bool record_ = false;
+  std::vector<TimedAction> timeline_;
 };
 
 }  // namespace hp::pp
