@@ -74,10 +74,9 @@ double plain_step(const hp::train::TrainConfig& c) {
         optimizer.step();
       }));
     }
-    times.erase(times.begin());  // as the trainer: the first step is warm-up
-    double sum = 0;
-    for (double t : times) sum += t;
-    seconds = sum / static_cast<double>(times.size());
+    double sum = 0;  // as the trainer: the first step is warm-up
+    for (size_t i = 1; i < times.size(); ++i) sum += times[i];
+    seconds = sum / static_cast<double>(times.size() - 1);
   });
   return seconds;
 }
