@@ -181,9 +181,11 @@ struct AsyncSave::State {
     const std::string parent = fs::absolute(final_dir).parent_path().string();
     detail::fsync_directory(parent);
     fs::remove_all(old_dir);
-    if (options.update_latest)
+    if (options.update_latest) {
       detail::write_file_atomically((fs::path(parent) / "latest").string(),
                                     fs::absolute(final_dir).filename().string() + "\n");
+      detail::fsync_directory(parent);
+    }
   }
 };
 
@@ -230,15 +232,21 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
     }
   });
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < locals.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(locals[i].numel()) * locals[i].element_size();
-    if (!s->reserve(bytes)) break;
-    at::Tensor staged = options.stage_copies ? locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous)
-                                             : locals[i].detach().to(at::kCPU).contiguous();
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->items[i].staged = std::move(staged);
-    s->items[i].ready = true;
-    s->cv.notify_all();
+  try {
+    for (size_t i = 0; i < locals.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(locals[i].numel()) * locals[i].element_size();
+      if (!s->reserve(bytes)) break;
+      at::Tensor staged = options.stage_copies ? locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous)
+                                               : locals[i].detach().to(at::kCPU).contiguous();
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->items[i].staged = std::move(staged);
+      s->items[i].ready = true;
+      s->cv.notify_all();
+    }
+  } catch (...) {  // e.g. out of memory while copying: stop the writer before giving up
+    s->halt();
+    s->writer.join();
+    throw;
   }
   return AsyncSave(std::move(s));
 }
@@ -283,13 +291,15 @@ void AsyncSave::wait() {
 
 AsyncSave& AsyncSave::operator=(AsyncSave&& other) noexcept {
   if (this != &other) {
-    this->~AsyncSave();
+    abandon();
     state_ = std::move(other.state_);
   }
   return *this;
 }
 
-AsyncSave::~AsyncSave() {
+AsyncSave::~AsyncSave() { abandon(); }
+
+void AsyncSave::abandon() noexcept {
   if (!state_) return;
   state_->halt();
   if (state_->writer.joinable()) state_->writer.join();
@@ -309,8 +319,13 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   HP_CHECK(!name.empty() && name.find('/') == std::string::npos, "dcp: ", pointer.string(), " names '", name,
            "', not a checkpoint directory");
   const fs::path dir = fs::path(root) / name;
-  if (!fs::is_directory(dir)) return std::nullopt;
-  return dir.string();
+  if (fs::exists(dir / detail::kMetadataFile)) return dir.string();
+  // Interrupted while replacing that checkpoint (after moving it aside, before the new one took its
+  // place): the previous version is complete.
+  const fs::path aside = dir.string() + ".old";
+  if (fs::exists(aside / detail::kMetadataFile)) return aside.string();
+  HP_FAIL("dcp: ", pointer.string(), " names ", name, ", but ", dir.string(),
+          " holds no committed checkpoint (deleted, or damaged by a crash)");
 }
 
 }  // namespace hp::dcp

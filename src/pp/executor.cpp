@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "hp/core/error.h"
@@ -160,7 +161,11 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
         case ActionKind::kBackward:
         case ActionKind::kBackwardInput: {
           at::Tensor grad = slot.grad_output;
-          if (s < last && !grad.defined()) grad = slots.at({s + 1, mb}).grad_input;  // next stage on this rank
+          if (s < last && !grad.defined()) {  // the next stage is on this rank
+            Slot& next = slots.at({s + 1, mb});
+            grad = next.grad_input;
+            next.grad_input = at::Tensor();
+          }
           HP_CHECK(s == last || grad.defined(), "no gradient for the output");
           const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last ? std::vector<at::Tensor>{}
                                                                                    : std::vector<at::Tensor>{grad};
@@ -192,7 +197,10 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
         }
         case ActionKind::kSendForward: {
           const at::Tensor out = slot.output.detach().contiguous();
-          if (shape_sent_.insert(s).second) {  // the shape travels once per stage boundary
+          const auto [sent, first] = sent_shape_.emplace(s, out.sizes().vec());
+          HP_CHECK(sent->second == out.sizes().vec(), "the output shape changed from ", c10::IntArrayRef(sent->second),
+                   " to ", out.sizes(), " between steps; training steps need one micro-batch shape");
+          if (first) {  // the shape travels once per stage boundary
             at::Tensor shape = at::full({kMaxDims + 1}, -1, at::kLong);
             HP_CHECK(out.dim() <= kMaxDims, "activations of more than ", kMaxDims, " dims");
             shape[0] = static_cast<int64_t>(out.scalar_type());
@@ -200,6 +208,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
             sends.push_back(group_.send_async(shape, rank_of(s + 1), shape_tag(s)));
           }
           sends.push_back(group_.send_async(out, rank_of(s + 1), tag(false, s, mb, m)));
+          if (!backward) slot.output = at::Tensor();  // the send holds `out` until it completes
           break;
         }
         case ActionKind::kRecvForward: {
@@ -218,6 +227,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
         }
         case ActionKind::kSendBackward:
           sends.push_back(group_.send_async(slot.grad_input.contiguous(), rank_of(s - 1), tag(true, s, mb, m)));
+          slot.grad_input = at::Tensor();  // the send holds it until it completes
           break;
         case ActionKind::kRecvBackward: {
           const at::Tensor grad = at::empty_like(slot.output, at::MemoryFormat::Contiguous);
@@ -227,6 +237,9 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
         }
       }
       if (record_) timeline_.push_back({a, group_.rank(), started, now()});
+      // Completed sends release what they hold now, not at the end of the step.
+      sends.erase(std::remove_if(sends.begin(), sends.end(), [](const comm::Work& w) { return w.is_completed(); }),
+                  sends.end());
     } catch (const std::exception& e) {
       HP_FAIL("pipeline stage ", s, " (rank ", group_.rank(), ") failed at ", a.str(), " of schedule '", schedule_.name,
               "': ", e.what());

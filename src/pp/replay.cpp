@@ -45,6 +45,16 @@ void check_complete(const Schedule& s) {
       HP_CHECK((full == 1 && input == 0 && weight == 0) || (full == 0 && input == 1 && weight == 1), "pp: ", s.name,
                ": ", where, " has ", full, " full backward(s), ", input, " I and ", weight,
                " W (needs one B, or one I and one W)");
+      // Messages exactly where a neighbouring stage lives on another rank, nowhere else.
+      const bool next_remote = stage + 1 < s.stages && s.stage_rank[stage + 1] != s.stage_rank[stage];
+      const bool prev_remote = stage > 0 && s.stage_rank[stage - 1] != s.stage_rank[stage];
+      for (const auto& [kind, wanted] : {std::pair<ActionKind, bool>{ActionKind::kSendForward, next_remote},
+                                         {ActionKind::kRecvBackward, next_remote},
+                                         {ActionKind::kRecvForward, prev_remote},
+                                         {ActionKind::kSendBackward, prev_remote}})
+        HP_CHECK(n(kind, stage, mb) == (wanted ? 1 : 0), "pp: ", s.name, ": ", where, " has ", n(kind, stage, mb), " ",
+                 Action{kind, stage, mb}.str(), " (needs ", wanted ? "exactly one" : "none",
+                 ": the neighbouring stage is ", wanted ? "on another rank" : "on this rank or absent", ")");
     }
 }
 

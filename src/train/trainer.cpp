@@ -82,13 +82,15 @@ std::string step_dir_name(int64_t step) {
 
 // Keeps the `keep` newest step-* checkpoints (rank 0, after a commit).
 void prune_checkpoints(const std::string& root, int64_t keep) {
-  std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0 &&
-        e.path().extension().empty())
-      dirs.push_back(e.path());
+  std::vector<std::pair<int64_t, fs::path>> dirs;  // by step number: names outgrow their zero padding
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0 && name.size() > 5 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos)
+      dirs.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
   std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i]);
+  for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i].second);
 }
 
 pp::Schedule make_schedule(const TrainConfig& c) {

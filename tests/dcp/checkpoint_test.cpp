@@ -214,6 +214,13 @@ TEST(Checkpoint, InterruptedSaveLeavesPreviousCheckpoint) {
   EXPECT_FALSE(fs::exists(dir + ".tmp"));
   dcp::load(state, dir);
   test::check_close(state.tensors["w"], at::full({8, 8}, 3.0), "overwritten checkpoint", true);
+
+  // A crash while replacing it, after the old version moved aside: latest falls back to it.
+  fs::rename(dir, dir + ".old");
+  EXPECT_EQ(dcp::latest_checkpoint(root).value_or(""), dir + ".old");
+  // latest naming a checkpoint that is gone is an error, not a silent fresh start.
+  fs::remove_all(dir + ".old");
+  test::expect_error([&] { dcp::latest_checkpoint(root); }, {"names step-1", "holds no committed checkpoint"});
 }
 
 // The caller may change its tensors as soon as save_async returns, even with a staging budget far

@@ -33,6 +33,11 @@ TEST(PipelineSchedule, BuildersAreValidForEveryShape) {
     }
 }
 
+TEST(PipelineSchedule, ZeroBubbleVScalesToManyMicroBatches) {
+  validate(zero_bubble_v(2, 400));
+  validate(zero_bubble_v(4, 400));
+}
+
 TEST(PipelineSchedule, OneFOneBHoldsAtMostRanksMicroBatches) {
   for (int p : {2, 4})
     for (int m : {p, 2 * p, 5, 16}) {
@@ -73,6 +78,14 @@ TEST(PipelineSchedule, ValidatorRejectsBrokenSchedules) {
       "1,1RECV_F0 1F0 1B0 1SEND_B0\n";
   test::expect_error([&] { from_csv(cycle, "cycle"); }, {"deadlocks", "rank 0 waits at 0RECV_B0", "rank 1 waits at 1RECV_F0"});
   test::expect_error([&] { from_csv("rank,actions\n0,0F0 0X0\n"); }, "unknown action kind");
+
+  // Messages where none belong: a stray send after the last stage, and a second send.
+  Schedule stray = one_f_one_b(2, 2);
+  stray.programs[1].push_back(Action{ActionKind::kSendForward, 1, 0});
+  test::expect_error([&] { validate(stray); }, {"stage 1 micro-batch 0 has 1 1SEND_F0 (needs none"});
+  Schedule twice = one_f_one_b(2, 2);
+  twice.programs[0].push_back(Action{ActionKind::kSendForward, 0, 1});
+  test::expect_error([&] { validate(twice); }, {"has 2 0SEND_F1 (needs exactly one"});
 }
 
 TEST(PipelineSchedule, CsvRoundTrip) {

@@ -67,6 +67,7 @@ class AsyncSave {
 
  private:
   explicit AsyncSave(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  void abandon() noexcept;  // stops the writer; nothing is committed
   friend AsyncSave save_async(const StateDict&, const std::string&, const comm::ProcessGroup&, SaveOptions);
   std::shared_ptr<State> state_;
 };
@@ -87,7 +88,9 @@ void load(StateDict& state, const std::string& dir);
 // for tools and tests).
 StateDict load_whole(const std::string& dir);
 
-// The checkpoint `<root>/<name in root/latest>`, if root/latest exists and names a directory.
+// The checkpoint `<root>/<name in root/latest>` (or its previous version `<name>.old` when a save
+// replacing it was interrupted); nullopt without root/latest. Throws when `latest` names a checkpoint
+// that is gone, instead of letting a resume silently start over.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
 struct VerifyReport {

@@ -11,7 +11,6 @@
 
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <vector>
 
@@ -35,7 +34,8 @@ class PipelineExecutor {
   // ranks; group rank r runs schedule.programs[r]. Validates the schedule.
   PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group, LossFn loss);
 
-  // One forward and backward of the whole batch: `inputs` and `targets` (the same on every rank;
+  // One forward and backward of the whole batch (activation shapes cross each stage boundary on the
+  // first step; later steps must keep the micro-batch shape, which is checked): `inputs` and `targets` (the same on every rank;
   // stage 0 reads inputs, the last stage targets) are split into the schedule's micro-batches along
   // dim 0. Gradients accumulate into the stages' parameters as for one backward of the mean loss
   // over micro-batches. Returns that mean loss on every rank. Collective over `group`.
@@ -65,7 +65,7 @@ class PipelineExecutor {
   comm::ProcessGroup group_;
   LossFn loss_;
   std::map<int, std::vector<int64_t>> received_shape_;  // per stage: dtype and shape of its input (exchanged once)
-  std::set<int> shape_sent_;                            // stages whose output shape went out
+  std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the output shape sent (once)
   std::map<int, int> peak_live_;
   bool record_ = false;
   std::vector<TimedAction> timeline_;
