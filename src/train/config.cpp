@@ -99,6 +99,7 @@ const std::vector<Field>& fields() {
       HP_CONFIG_FIELD("schedule.min_lr_ratio", schedule.min_lr_ratio),
       HP_CONFIG_FIELD("schedule.decay_fraction", schedule.decay_fraction),
       HP_CONFIG_FIELD("checkpoint.interval", checkpoint.interval),
+      HP_CONFIG_FIELD("checkpoint.dir", checkpoint.dir),
       HP_CONFIG_FIELD("checkpoint.async", checkpoint.async),
       HP_CONFIG_FIELD("checkpoint.keep", checkpoint.keep),
       HP_CONFIG_FIELD("eval.interval", eval.interval),

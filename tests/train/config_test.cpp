@@ -17,7 +17,10 @@ train: {steps: 20, global_batch: 8, micro_batch: 2}
 )";
 
 TEST(TrainConfig, ParsesKeysAndOverrides) {
-  const TrainConfig c = parse_config(kConfig, {"train.steps=7", "optimizer.lr=0.01", "data.sources=[a, b]"});
+  const TrainConfig c =
+      parse_config(kConfig, {"train.steps=7", "optimizer.lr=0.01", "data.sources=[a, b]", "checkpoint.dir=/ckpt"});
+  EXPECT_EQ(c.checkpoint_dir(), "/ckpt");
+  EXPECT_EQ(parse_config(kConfig, {}).checkpoint_dir(), "/tmp/x/checkpoints");
   EXPECT_EQ(c.model.dim, 64);
   EXPECT_EQ(c.parallel.dp_shard, 2);
   EXPECT_EQ(c.train.steps, 7);

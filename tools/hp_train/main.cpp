@@ -109,7 +109,9 @@ int main(int argc, char** argv) {
                 << std::setprecision(0) << "throughput " << result.tokens_per_s << " tokens/s, MFU "
                 << std::setprecision(1) << 100.0 * result.mfu << "%\n"
                 << "run directory " << config.run_dir << ": metrics.jsonl, loss.svg"
-                << (config.checkpoint.interval > 0 ? ", checkpoints/" : "") << "\n";
+                << (config.checkpoint.interval > 0 && config.checkpoint.dir.empty() ? ", checkpoints/" : "") << "\n";
+      if (config.checkpoint.interval > 0 && !config.checkpoint.dir.empty())
+        std::cout << "checkpoints in " << config.checkpoint.dir << "\n";
       if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
     }
     return 0;

@@ -55,7 +55,8 @@ struct TrainConfig {
   } schedule;
 
   struct Checkpoint {
-    int64_t interval = 0;  // steps between checkpoints; 0 = only none
+    int64_t interval = 0;  // steps between checkpoints; 0 = none
+    std::string dir;       // default: <run_dir>/checkpoints
     bool async = true;
     int64_t keep = 2;      // most recent checkpoints kept
   } checkpoint;
@@ -74,7 +75,7 @@ struct TrainConfig {
     int64_t tokens = 0;  // greedy-generated at the end; 0 = none
   } sample;
 
-  std::string checkpoint_dir() const { return run_dir + "/checkpoints"; }
+  std::string checkpoint_dir() const { return checkpoint.dir.empty() ? run_dir + "/checkpoints" : checkpoint.dir; }
   int64_t per_rank_batch() const { return train.global_batch / parallel.dp(); }
   int64_t micro_batches() const { return per_rank_batch() / train.micro_batch; }
   // Pipeline stages over all pp ranks for pp_schedule (0 for an unknown schedule name).
