@@ -54,9 +54,11 @@ const PipelineStage& PipelineExecutor::stage(int index) const {
 namespace {
 
 // A tensor's dtype and shape as a fixed-size int64 message, and back.
-at::Tensor describe(const at::Tensor& t, int max_dims) {
-  HP_CHECK(t.dim() <= max_dims, "pipeline: activations of more than ", max_dims, " dims");
-  at::Tensor d = at::full({max_dims + 1}, -1, at::kLong);
+at::Tensor empty_description() { return at::empty({kMaxDims + 1}, at::kLong); }
+
+at::Tensor describe(const at::Tensor& t) {
+  HP_CHECK(t.dim() <= kMaxDims, "pipeline: activations of more than ", kMaxDims, " dims");
+  at::Tensor d = at::full({kMaxDims + 1}, -1, at::kLong);
   d[0] = static_cast<int64_t>(t.scalar_type());
   for (int64_t i = 0; i < t.dim(); ++i) d[i + 1] = t.size(i);
   return d;
@@ -81,7 +83,7 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
     if (s == 0) {
       h = inputs;
     } else if (before != me) {  // the previous stage's output arrives with its shape
-      const at::Tensor d = at::empty({kMaxDims + 1}, at::kLong);
+      const at::Tensor d = empty_description();
       group_.recv(d, before, inference_tag(s - 1, true));
       h = empty_like_described(d);
       group_.recv(h, before, inference_tag(s - 1, false));
@@ -89,13 +91,13 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
     h = (*stage(s).module)(h);
     if (s < last && schedule_.stage_rank[s + 1] != me) {
       const at::Tensor out = h.contiguous();
-      group_.send(describe(out, kMaxDims), schedule_.stage_rank[s + 1], inference_tag(s, true));
+      group_.send(describe(out), schedule_.stage_rank[s + 1], inference_tag(s, true));
       group_.send(out, schedule_.stage_rank[s + 1], inference_tag(s, false));
     }
   }
   // Every rank gets the last stage's output.
   const int owner = schedule_.stage_rank[last];
-  at::Tensor d = owner == me ? describe(h.contiguous(), kMaxDims) : at::empty({kMaxDims + 1}, at::kLong);
+  at::Tensor d = owner == me ? describe(h) : empty_description();
   group_.broadcast(d, owner);
   at::Tensor out = owner == me ? h.contiguous() : empty_like_described(d);
   group_.broadcast(out, owner);
@@ -200,27 +202,19 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
           const auto [sent, first] = sent_shape_.emplace(s, out.sizes().vec());
           HP_CHECK(sent->second == out.sizes().vec(), "the output shape changed from ", c10::IntArrayRef(sent->second),
                    " to ", out.sizes(), " between steps; training steps need one micro-batch shape");
-          if (first) {  // the shape travels once per stage boundary
-            at::Tensor shape = at::full({kMaxDims + 1}, -1, at::kLong);
-            HP_CHECK(out.dim() <= kMaxDims, "activations of more than ", kMaxDims, " dims");
-            shape[0] = static_cast<int64_t>(out.scalar_type());
-            for (int64_t d = 0; d < out.dim(); ++d) shape[d + 1] = out.size(d);
-            sends.push_back(group_.send_async(shape, rank_of(s + 1), shape_tag(s)));
-          }
+          if (first)  // the shape travels once per stage boundary
+            sends.push_back(group_.send_async(describe(out), rank_of(s + 1), shape_tag(s)));
           sends.push_back(group_.send_async(out, rank_of(s + 1), tag(false, s, mb, m)));
           if (!backward) slot.output = at::Tensor();  // the send holds `out` until it completes
           break;
         }
         case ActionKind::kRecvForward: {
-          auto& shape = received_shape_[s];
-          if (shape.empty()) {
-            const at::Tensor meta = at::empty({kMaxDims + 1}, at::kLong);
-            group_.recv(meta, rank_of(s - 1), shape_tag(s - 1));
-            for (int d = 0; d <= kMaxDims; ++d) shape.push_back(meta[d].item<int64_t>());
+          at::Tensor& description = received_description_[s];
+          if (!description.defined()) {
+            description = empty_description();
+            group_.recv(description, rank_of(s - 1), shape_tag(s - 1));
           }
-          std::vector<int64_t> sizes;
-          for (int d = 1; d <= kMaxDims && shape[d] >= 0; ++d) sizes.push_back(shape[d]);
-          const at::Tensor in = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(shape[0])));
+          const at::Tensor in = empty_like_described(description);
           group_.recv(in, rank_of(s - 1), tag(false, s - 1, mb, m));
           slot.input = in.requires_grad_(backward);
           break;

@@ -64,7 +64,7 @@ class PipelineExecutor {
   std::vector<PipelineStage> stages_;
   comm::ProcessGroup group_;
   LossFn loss_;
-  std::map<int, std::vector<int64_t>> received_shape_;  // per stage: dtype and shape of its input (exchanged once)
+  std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
   std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the output shape sent (once)
   std::map<int, int> peak_live_;
   bool record_ = false;
