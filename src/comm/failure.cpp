@@ -96,11 +96,18 @@ void raise_collective_failure(const CollectiveSite& site, std::exception_ptr fai
   }
   const std::string cause = message_of(failure);
   const bool timed_out = looks_like_timeout(cause);
+  const GroupImpl& group = *site.group;
   std::ostringstream msg;
-  msg << site.op << " on " << site.group->describe() << ", rank " << site.group->ranks[site.group->rank]
-      << ", collective #" << site.seq << " failed";
-  if (timed_out) msg << " after the group timeout of " << site.group->options.timeout.count() << " ms";
-  msg << ": " << cause << ". " << describe_missing_ranks(site);
+  msg << site.op << " on " << group.describe() << ", rank " << group.ranks[group.rank];
+  if (site.peer >= 0)
+    msg << (std::string(site.op) == "send" ? ", to" : ", from") << " world rank " << group.ranks[site.peer]
+        << " (tag " << site.tag << ") failed";
+  else
+    msg << ", collective #" << site.seq << " failed";
+  if (timed_out) msg << " after the group timeout of " << group.options.timeout.count() << " ms";
+  msg << ": " << cause << ".";
+  // Only collectives have a sequence the other members can be matched by.
+  if (site.peer < 0) msg << " " << describe_missing_ranks(site);
   if (timed_out) throw hp::TimeoutError(msg.str());
   throw hp::Error(msg.str());
 }
@@ -110,8 +117,11 @@ void wait_native(const CollectiveSite& site, const shim::NativeWork& work) {
   try {
     // No timeout here: the backend enforces the group timeout itself (Gloo's context timeout is
     // set to it), and c10d's timed wait is measurably slower on multi-MB collectives.
-    if (!work->wait()) throw std::runtime_error("the collective was aborted");
-  } catch (...) {
+    if (!work->wait()) {
+      throw hp::Error(std::string(site.op) + " on " + site.group->describe() + ", rank " +
+                      std::to_string(site.group->ranks[site.group->rank]) + ": aborted by this process");
+    }
+  } catch (...) {  // an hp::Error (the abort) passes through unchanged
     raise_collective_failure(site, std::current_exception());
   }
 }
@@ -122,6 +132,14 @@ at::Tensor NativeWorkState::wait() {
     result = finish();
   }
   return *result;
+}
+
+void NativeWorkState::abort(const std::shared_ptr<WorkState>& self) {
+  if (!work || !keep_alive) return;  // nothing issued, or aborted already
+  work->abort();
+  const std::shared_ptr<GroupImpl> group = std::move(keep_alive);  // the group keeps us, not the reverse
+  std::lock_guard<std::mutex> lock(group->abandoned_mutex);
+  group->abandoned.push_back(self);
 }
 
 bool NativeWorkState::is_completed() { return result.has_value() || !work || work->isCompleted(); }

@@ -30,7 +30,14 @@ struct GroupRegistry {
   std::weak_ptr<GroupImpl> world;
 };
 
+struct WorkState;
+
 struct GroupImpl {
+  // Aborted sends and receives, kept (with their buffers) for the group's lifetime: the transport
+  // may still complete a message into or out of them, and must never find the memory gone.
+  // Declared first, so it outlives `native`.
+  std::mutex abandoned_mutex;
+  std::vector<std::shared_ptr<WorkState>> abandoned;
   shim::NativeGroupPtr native;
   shim::StorePtr store;  // this group's prefix of the root store (diagnostics)
   std::string name;
@@ -58,7 +65,9 @@ struct GroupImpl {
 struct CollectiveSite {
   GroupImpl* group;
   const char* op;
-  uint64_t seq;
+  uint64_t seq;   // collectives only: the group's sequence number
+  int peer = -1;  // send/recv only: the other group rank (point-to-point is outside the sequence)
+  int tag = 0;
 };
 
 // Rethrows `failure` as hp::Error / hp::TimeoutError naming the collective, the group and the
@@ -69,6 +78,8 @@ struct WorkState {
   virtual ~WorkState() = default;
   virtual at::Tensor wait() = 0;
   virtual bool is_completed() = 0;
+  // Only a pending native send/recv can be aborted; it stays with its group (`self` is this state).
+  virtual void abort(const std::shared_ptr<WorkState>& /*self*/) {}
 };
 
 // A single native c10d collective plus a local finishing step run once after it completes.
@@ -77,6 +88,7 @@ struct NativeWorkState final : WorkState {
       : site(site), finish(std::move(finish)) {}
   at::Tensor wait() override;
   bool is_completed() override;
+  void abort(const std::shared_ptr<WorkState>& self) override;
 
   CollectiveSite site;
   shim::NativeWork work;  // set by the issuer

@@ -135,8 +135,14 @@ CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes) {
   return CollectiveSite{&g, op, g.next_seq++};
 }
 
-Work issue_native(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t bytes, Step step) {
-  const CollectiveSite site = new_site(*g, op, bytes);
+// Point-to-point messages involve two ranks only, so they stay out of the group's collective
+// sequence (which must be equal on all members).
+CollectiveSite new_p2p_site(GroupImpl& g, const char* op, int64_t bytes, int peer, int tag) {
+  note_collective(op, bytes);
+  return CollectiveSite{&g, op, 0, peer, tag};
+}
+
+Work issue_native(const std::shared_ptr<GroupImpl>& g, const CollectiveSite& site, Step step) {
   auto state = std::make_shared<detail::NativeWorkState>(site, step.finish);
   state->keep_alive = g;
   if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
@@ -207,7 +213,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
       return shim::all_reduce(*g.native, buffer, native_op);
     });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
-    return issue_native(impl, "all_reduce", tensor.nbytes(), std::move(step));
+    return issue_native(impl, new_site(*impl, "all_reduce", tensor.nbytes()), std::move(step));
   }
   return issue_composed(impl, "all_reduce", tensor.nbytes(), wait, [tensor, op = opts.op](const CollectiveSite& site) {
     GroupImpl& g = *site.group;
@@ -279,7 +285,7 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
     at::Tensor result = from_dim0(gathered(), dim);
     return out.defined() ? out.copy_(result) : result;
   };
-  return issue_native(impl, "all_gather", input.nbytes(), std::move(step));
+  return issue_native(impl, new_site(*impl, "all_gather", input.nbytes()), std::move(step));
 }
 
 }  // namespace
@@ -306,6 +312,10 @@ at::Tensor Work::wait() {
 }
 
 bool Work::is_completed() const { return !state_ || state_->is_completed(); }
+
+void Work::abort() {
+  if (state_) state_->abort(state_);
+}
 
 // ---- ProcessGroup -------------------------------------------------------------------------------
 
@@ -379,7 +389,7 @@ Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opt
   HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
            sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
   if (n == 1) return ready(input.clone());
-  return issue_native(impl_, "all_to_all", input.nbytes(),
+  return issue_native(impl_, new_site(*impl_, "all_to_all", input.nbytes()),
                       all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
 }
 
@@ -391,7 +401,7 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
   Step step = in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
     return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
   });
-  return issue_native(impl_, "broadcast", tensor.nbytes(), std::move(step));
+  return issue_native(impl_, new_site(*impl_, "broadcast", tensor.nbytes()), std::move(step));
 }
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
@@ -402,7 +412,7 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
   Step step;
   step.start = [&g, buffer, peer, tag] { return shim::send(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
   step.finish = [tensor] { return tensor; };
-  return issue_native(impl_, "send", tensor.nbytes(), std::move(step));
+  return issue_native(impl_, new_p2p_site(g, "send", tensor.nbytes(), peer, tag), std::move(step));
 }
 
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
@@ -412,7 +422,7 @@ Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const
   Step step = in_place_step(tensor, [&g, peer, tag](const at::Tensor& buffer) {
     return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag);
   });
-  return issue_native(impl_, "recv", tensor.nbytes(), std::move(step));
+  return issue_native(impl_, new_p2p_site(g, "recv", tensor.nbytes(), peer, tag), std::move(step));
 }
 
 Work ProcessGroup::barrier_async() const {
@@ -421,7 +431,7 @@ Work ProcessGroup::barrier_async() const {
   Step step;
   step.start = [&g] { return shim::barrier(*g.native); };
   step.finish = [] { return at::Tensor(); };
-  return issue_native(impl_, "barrier", 0, std::move(step));
+  return issue_native(impl_, new_site(*impl_, "barrier", 0), std::move(step));
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const { return all_gather_async(t, std::move(o)).wait(); }

@@ -7,9 +7,16 @@
 #include <chrono>
 
 #include "hp/core/error.h"
+#include "pp/failure_notice.h"
+#include "pp/placement.h"
 
 namespace hp::pp {
 namespace {
+
+// Thrown through a pass when another rank's failure stopped this rank at `where`.
+struct StoppedByPeer {
+  std::string where;
+};
 
 // Message tags: one per (direction, stage, micro-batch), so messages match whatever order the
 // programs post them in; shape messages have their own range.
@@ -31,17 +38,21 @@ struct PipelineExecutor::Slot {
 };
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group,
-                                   LossFn loss)
+                                   LossFn loss, PipelineOptions options)
     : schedule_(std::move(schedule)), stages_(std::move(stages)), group_(std::move(group)), loss_(std::move(loss)) {
   validate(schedule_);
-  HP_CHECK(group_.size() == schedule_.ranks, "PipelineExecutor: the schedule has ", schedule_.ranks,
-           " ranks but the group has ", group_.size());
+  placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
   for (int s = 0; s < schedule_.stages; ++s) {
-    const bool here = schedule_.stage_rank[s] == group_.rank();
+    const bool here = placement_->hosts(s);
     int found = 0;
     for (const auto& st : stages_) found += st.index == s;
     HP_CHECK(found == (here ? 1 : 0), "PipelineExecutor: rank ", group_.rank(), here ? " hosts" : " does not host",
              " stage ", s, " in schedule '", schedule_.name, "' but was given ", found, " module(s) for it");
+    // Neighbouring stages on one position hand activations over in place, so their layouts must agree.
+    if (here && s > 0 && placement_->hosts(s - 1))
+      HP_CHECK(stage(s - 1).output_shard_dim == stage(s).input_shard_dim, "PipelineExecutor: stages ", s - 1,
+               " and ", s, " run on the same ranks but stage ", s - 1, "'s output is sharded on dim ",
+               stage(s - 1).output_shard_dim, " and stage ", s, "'s input on dim ", stage(s).input_shard_dim);
   }
 }
 
@@ -74,32 +85,43 @@ at::Tensor empty_like_described(const at::Tensor& d) {
 
 at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
   at::NoGradGuard no_grad;
-  const int me = group_.rank(), last = schedule_.stages - 1;
-  at::Tensor h;
-  for (int s = 0; s <= last; ++s) {
-    const int here = schedule_.stage_rank[s];
-    const int before = s > 0 ? schedule_.stage_rank[s - 1] : here;
-    if (here != me) continue;
-    if (s == 0) {
-      h = inputs;
-    } else if (before != me) {  // the previous stage's output arrives with its shape
-      const at::Tensor d = empty_description();
-      group_.recv(d, before, inference_tag(s - 1, true));
-      h = empty_like_described(d);
-      group_.recv(h, before, inference_tag(s - 1, false));
+  const int last = schedule_.stages - 1;
+  const StagePlacement& place = *placement_;
+  at::Tensor h;  // this rank's piece of the current stage's activation
+  agree([&](FailureNotice& notice) {
+    for (int s = 0; s <= last; ++s) {
+      if (!place.hosts(s)) continue;
+      const PipelineStage& st = stage(s);
+      on_stage(notice, s, "the inference forward of stage " + std::to_string(s), [&] {
+        if (s == 0) {
+          h = inputs;
+        } else if (!place.hosts(s - 1)) {  // the previous stage's output arrives with its shape
+          const int from = place.source(place.position_of_stage(s - 1));
+          const at::Tensor d = empty_description();
+          notice.wait(group_.recv_async(d, from, inference_tag(s - 1, true)));
+          const at::Tensor whole = empty_like_described(d);
+          notice.wait(group_.recv_async(whole, from, inference_tag(s - 1, false)));
+          h = place.piece(whole, st.input_shard_dim);
+        }
+        h = (*st.module)(h);
+        if (s < last && !place.hosts(s + 1)) {
+          const at::Tensor whole = place.whole(h, st.output_shard_dim);
+          for (int to : place.targets(place.position_of_stage(s + 1))) {
+            notice.wait(group_.send_async(describe(whole), to, inference_tag(s, true)));
+            notice.wait(group_.send_async(whole, to, inference_tag(s, false)));
+          }
+        }
+        if (s == last) h = place.whole(h, st.output_shard_dim);
+      });
     }
-    h = (*stage(s).module)(h);
-    if (s < last && schedule_.stage_rank[s + 1] != me) {
-      const at::Tensor out = h.contiguous();
-      group_.send(describe(out), schedule_.stage_rank[s + 1], inference_tag(s, true));
-      group_.send(out, schedule_.stage_rank[s + 1], inference_tag(s, false));
-    }
-  }
-  // Every rank gets the last stage's output.
-  const int owner = schedule_.stage_rank[last];
-  at::Tensor d = owner == me ? describe(h) : empty_description();
+    return 0.0;
+  });
+  // Every rank gets the last stage's output, from the first rank of its position.
+  const int owner = place.first_rank_of_stage(last);
+  const bool mine = owner == group_.rank();
+  at::Tensor d = mine ? describe(h) : empty_description();
   group_.broadcast(d, owner);
-  at::Tensor out = owner == me ? h.contiguous() : empty_like_described(d);
+  at::Tensor out = mine ? h.contiguous() : empty_like_described(d);
   group_.broadcast(out, owner);
   return out;
 }
@@ -126,124 +148,180 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   std::map<std::pair<int, int>, Slot> slots;
   std::map<int, int> live;
   peak_live_.clear();
-  std::vector<comm::Work> sends;
   double loss_sum = 0.0;
   timeline_.clear();
   const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const auto rank_of = [&](int s) { return schedule_.stage_rank[s]; };
+  const StagePlacement& place = *placement_;
+  const auto position = [&](int s) { return place.position_of_stage(s); };
 
-  for (const Action& a : schedule_.programs[group_.rank()]) {
-    // Forward only: the forward actions in program order (a valid schedule's forward subsequence
-    // is valid: backward actions never produce what a forward waits for).
-    if (!backward && a.kind != ActionKind::kForward && a.kind != ActionKind::kSendForward &&
-        a.kind != ActionKind::kRecvForward)
-      continue;
-    const int s = a.stage, mb = a.micro_batch;
-    Slot& slot = slots[{s, mb}];
-    const double started = record_ ? now() : 0.0;
-    try {
-      switch (a.kind) {
-        case ActionKind::kForward: {
-          at::Tensor in = s == 0 ? xs[mb] : slot.input;
-          if (s > 0 && !in.defined()) {  // the previous stage is on this rank
-            Slot& previous = slots.at({s - 1, mb});
-            in = previous.output.detach().requires_grad_(backward);
-            if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
-            slot.input = in;
+  // The mean loss lives on the last stage's rank; agree() sums it over ranks.
+  return agree([&](FailureNotice& notice) {
+    std::vector<comm::Work>& sends = pending_sends_;
+    for (const Action& a : schedule_.programs[place.position()]) {
+      // Forward only: the forward actions in program order (a valid schedule's forward subsequence
+      // is valid: backward actions never produce what a forward waits for).
+      if (!backward && a.kind != ActionKind::kForward && a.kind != ActionKind::kSendForward &&
+          a.kind != ActionKind::kRecvForward)
+        continue;
+      const int s = a.stage, mb = a.micro_batch;
+      Slot& slot = slots[{s, mb}];
+      const double started = record_ ? now() : 0.0;
+      on_stage(notice, s, a.str() + " of schedule '" + schedule_.name + "'", [&] {
+        switch (a.kind) {
+          case ActionKind::kForward: {
+            at::Tensor in = s == 0 ? xs[mb] : slot.input;
+            if (s > 0 && !in.defined()) {  // the previous stage is on this rank
+              Slot& previous = slots.at({s - 1, mb});
+              in = previous.output.detach().requires_grad_(backward);
+              if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
+              slot.input = in;
+            }
+            at::Tensor out = (*stage(s).module)(in);
+            if (s == last) {
+              out = loss_(out, ys[mb]) / static_cast<double>(m);
+              // Every rank of the last position computes the loss; its first reports it.
+              if (place.is_position_leader()) loss_sum += out.detach().item<double>();
+            }
+            slot.output = out;
+            peak_live_[s] = std::max(peak_live_[s], ++live[s]);
+            break;
           }
-          at::Tensor out = (*stage(s).module)(in);
-          if (s == last) {
-            out = loss_(out, ys[mb]) / static_cast<double>(m);
-            loss_sum += out.detach().item<double>();
+          case ActionKind::kBackward:
+          case ActionKind::kBackwardInput: {
+            at::Tensor grad = slot.grad_output;
+            if (s < last && !grad.defined()) {  // the next stage is on this rank
+              Slot& next = slots.at({s + 1, mb});
+              grad = next.grad_input;
+              next.grad_input = at::Tensor();
+            }
+            HP_CHECK(s == last || grad.defined(), "no gradient for the output");
+            const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last ? std::vector<at::Tensor>{}
+                                                                                     : std::vector<at::Tensor>{grad};
+            if (a.kind == ActionKind::kBackward) {
+              torch::autograd::backward(outputs, grads);
+              const at::Tensor grad_input = s > 0 ? slot.input.grad() : at::Tensor();
+              slot = Slot{};
+              slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
+              --live[s];
+            } else {
+              // dx now, keeping the graph for W; stage 0 has no input gradient, its W does it all.
+              if (s > 0) slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+              slot.grad_output = grad;
+            }
+            break;
           }
-          slot.output = out;
-          peak_live_[s] = std::max(peak_live_[s], ++live[s]);
-          break;
-        }
-        case ActionKind::kBackward:
-        case ActionKind::kBackwardInput: {
-          at::Tensor grad = slot.grad_output;
-          if (s < last && !grad.defined()) {  // the next stage is on this rank
-            Slot& next = slots.at({s + 1, mb});
-            grad = next.grad_input;
-            next.grad_input = at::Tensor();
-          }
-          HP_CHECK(s == last || grad.defined(), "no gradient for the output");
-          const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last ? std::vector<at::Tensor>{}
-                                                                                   : std::vector<at::Tensor>{grad};
-          if (a.kind == ActionKind::kBackward) {
-            torch::autograd::backward(outputs, grads);
-            const at::Tensor grad_input = s > 0 ? slot.input.grad() : at::Tensor();
+          case ActionKind::kBackwardWeight: {
+            // dw: the parameters' gradients (this walks the stage's graph once more; a split that
+            // reuses dx's intermediate gradients is future work).
+            std::vector<at::Tensor> params = stage(s).module->parameters();
+            const std::vector<at::Tensor> grads =
+                s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
+            torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+            const at::Tensor grad_input = slot.grad_input;
             slot = Slot{};
-            slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
+            slot.grad_input = grad_input;
             --live[s];
-          } else {
-            // dx now, keeping the graph for W; stage 0 has no input gradient, its W does it all.
-            if (s > 0) slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
-            slot.grad_output = grad;
+            break;
           }
-          break;
-        }
-        case ActionKind::kBackwardWeight: {
-          // dw: the parameters' gradients (this walks the stage's graph once more; a split that
-          // reuses dx's intermediate gradients is future work).
-          std::vector<at::Tensor> params = stage(s).module->parameters();
-          const std::vector<at::Tensor> grads =
-              s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
-          torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
-          const at::Tensor grad_input = slot.grad_input;
-          slot = Slot{};
-          slot.grad_input = grad_input;
-          --live[s];
-          break;
-        }
-        case ActionKind::kSendForward: {
-          const at::Tensor out = slot.output.detach().contiguous();
-          const auto [sent, first] = sent_shape_.emplace(s, out.sizes().vec());
-          HP_CHECK(sent->second == out.sizes().vec(), "the output shape changed from ", c10::IntArrayRef(sent->second),
-                   " to ", out.sizes(), " between steps; training steps need one micro-batch shape");
-          if (first)  // the shape travels once per stage boundary
-            sends.push_back(group_.send_async(describe(out), rank_of(s + 1), shape_tag(s)));
-          sends.push_back(group_.send_async(out, rank_of(s + 1), tag(false, s, mb, m)));
-          if (!backward) slot.output = at::Tensor();  // the send holds `out` until it completes
-          break;
-        }
-        case ActionKind::kRecvForward: {
-          at::Tensor& description = received_description_[s];
-          if (!description.defined()) {
-            description = empty_description();
-            group_.recv(description, rank_of(s - 1), shape_tag(s - 1));
+          case ActionKind::kSendForward: {
+            const at::Tensor out = place.whole(slot.output.detach(), stage(s).output_shard_dim);
+            const auto [sent, first] = sent_shape_.emplace(s, out.sizes().vec());
+            HP_CHECK(sent->second == out.sizes().vec(), "the output shape changed from ", c10::IntArrayRef(sent->second),
+                     " to ", out.sizes(), " between steps; training steps need one micro-batch shape");
+            for (int to : place.targets(position(s + 1))) {
+              if (first)  // the shape travels once per stage boundary
+                sends.push_back(group_.send_async(describe(out), to, shape_tag(s)));
+              sends.push_back(group_.send_async(out, to, tag(false, s, mb, m)));
+            }
+            if (!backward) slot.output = at::Tensor();  // the sends hold `out` until they complete
+            break;
           }
-          const at::Tensor in = empty_like_described(description);
-          group_.recv(in, rank_of(s - 1), tag(false, s - 1, mb, m));
-          slot.input = in.requires_grad_(backward);
-          break;
+          case ActionKind::kRecvForward: {
+            const int from = place.source(position(s - 1));
+            at::Tensor& description = received_description_[s];
+            if (!description.defined()) {
+              description = empty_description();
+              notice.wait(group_.recv_async(description, from, shape_tag(s - 1)));
+            }
+            const at::Tensor in = empty_like_described(description);
+            notice.wait(group_.recv_async(in, from, tag(false, s - 1, mb, m)));
+            slot.input = place.piece(in, stage(s).input_shard_dim).requires_grad_(backward);
+            break;
+          }
+          case ActionKind::kSendBackward: {
+            const at::Tensor grad = place.whole(slot.grad_input, stage(s).input_shard_dim);
+            for (int to : place.targets(position(s - 1))) sends.push_back(group_.send_async(grad, to, tag(true, s, mb, m)));
+            slot.grad_input = at::Tensor();  // the sends hold it until they complete
+            break;
+          }
+          case ActionKind::kRecvBackward: {
+            // The gradient of the whole output (whose shape the forward send recorded), then this rank's piece.
+            const at::Tensor grad = at::empty(sent_shape_.at(s), slot.output.options());
+            notice.wait(group_.recv_async(grad, place.source(position(s + 1)), tag(true, s + 1, mb, m)));
+            slot.grad_output = place.piece(grad, stage(s).output_shard_dim);
+            break;
+          }
         }
-        case ActionKind::kSendBackward:
-          sends.push_back(group_.send_async(slot.grad_input.contiguous(), rank_of(s - 1), tag(true, s, mb, m)));
-          slot.grad_input = at::Tensor();  // the send holds it until it completes
-          break;
-        case ActionKind::kRecvBackward: {
-          const at::Tensor grad = at::empty_like(slot.output, at::MemoryFormat::Contiguous);
-          group_.recv(grad, rank_of(s + 1), tag(true, s + 1, mb, m));
-          slot.grad_output = grad;
-          break;
-        }
-      }
-      if (record_) timeline_.push_back({a, group_.rank(), started, now()});
+      });
+      if (record_) timeline_.push_back({a, place.position(), started, now()});
       // Completed sends release what they hold now, not at the end of the step.
       sends.erase(std::remove_if(sends.begin(), sends.end(), [](const comm::Work& w) { return w.is_completed(); }),
                   sends.end());
-    } catch (const std::exception& e) {
-      HP_FAIL("pipeline stage ", s, " (rank ", group_.rank(), ") failed at ", a.str(), " of schedule '", schedule_.name,
-              "': ", e.what());
     }
+    on_stage(notice, -1, "the end of the step", [&] {
+      for (auto& w : sends) notice.wait(w);
+    });
+    sends.clear();
+    return loss_sum;
+  });
+}
+
+// Runs one action of `stage` (-1: of no stage in particular). A failure that comes from another rank's
+// published failure (an aborted wait) is reported as such; this rank's own failure names its stage.
+void PipelineExecutor::on_stage(FailureNotice& notice, int stage, const std::string& where,
+                                const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::exception& e) {
+    if (notice.failed()) throw StoppedByPeer{where};
+    if (stage < 0) HP_FAIL("pipeline rank ", group_.rank(), " failed at ", where, ": ", e.what());
+    HP_FAIL("pipeline stage ", stage, " (rank ", group_.rank(), ") failed at ", where, ": ", e.what());
   }
-  for (auto& w : sends) w.wait();
-  // The mean loss lives on the last stage's rank; every rank gets it.
-  at::Tensor total = at::scalar_tensor(rank_of(last) == group_.rank() ? loss_sum : 0.0, at::kDouble).reshape({1});
-  group_.all_reduce(total);
-  return total.item<double>();
+  if (notice.failed()) throw StoppedByPeer{where};  // no need to run on: the step has failed
+}
+
+double PipelineExecutor::agree(const std::function<double(FailureNotice&)>& pass) {
+  HP_CHECK(!broken_, "PipelineExecutor: an earlier pass failed (", broken_reason_,
+           "); the pipeline's ranks are out of step, so this executor cannot run again");
+  FailureNotice notice(group_, "hp_pp/failure/" + std::to_string(passes_++));
+  double value = 0.0;
+  std::string own_failure, stopped_at;
+  try {
+    value = pass(notice);
+  } catch (const StoppedByPeer& stopped) {
+    stopped_at = stopped.where;
+  } catch (const std::exception& e) {
+    own_failure = e.what();
+    notice.publish(own_failure);
+  }
+  notice.stop();
+  if (!own_failure.empty() || !stopped_at.empty()) {
+    // Sends whose receivers stopped may never complete; the group keeps their buffers.
+    for (comm::Work& w : pending_sends_) w.abort();
+    pending_sends_.clear();
+  }
+  // Every rank reaches this collective, whether its part of the pass succeeded or not.
+  at::Tensor outcome = at::tensor({value, own_failure.empty() ? 0.0 : 1.0}, at::kDouble);
+  group_.all_reduce(outcome);
+  if (outcome[1].item<double>() == 0.0) return outcome[0].item<double>();
+  broken_ = true;
+  if (!own_failure.empty()) {
+    broken_reason_ = own_failure;
+    HP_FAIL(own_failure);
+  }
+  broken_reason_ = notice.message();
+  HP_FAIL(broken_reason_, "; so rank ", group_.rank(), " stopped ",
+          stopped_at.empty() ? std::string("after its last action") : "at " + stopped_at);
 }
 
 }  // namespace hp::pp

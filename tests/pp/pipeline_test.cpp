@@ -123,26 +123,74 @@ TEST(Pipeline, ForwardGivesOneDeviceLogitsOnEveryRank) {
   });
 }
 
+// A stage module that fails on its first forward.
+struct Failing : nn::Module {
+  Failing() : nn::Module("Failing") {}
+  at::Tensor forward(const at::Tensor&) override { throw std::runtime_error("bad stage"); }
+};
+
+// Stage 2 of 4 throws: every rank fails with an error naming it, well before the group timeout
+// (which is longer than the watchdog, so a rank left waiting for a message fails the test).
 TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
-  reference();
-  try {
-    testing::RunRanksOptions options;
-    options.watchdog = std::chrono::seconds(60);
-    testing::run_ranks(2, [&](const comm::ProcessGroup& world) {
-      models::Llama model(config());
-      nn::init_parameters(model, kSeed);
-      const auto all = models::split_llama(model, {4, 4});
-      PipelineExecutor pipe(one_f_one_b(2, 4), {{all[world.rank()], world.rank()}}, world,
-                            [](const at::Tensor&, const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad loss"); });
-      auto [x, y] = batch();
-      pipe.step(x, y);
-    }, options);
-    FAIL() << "expected the step to fail";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("2 of 2 ranks failed"), std::string::npos) << what;
-    EXPECT_NE(what.find("pipeline stage 1 (rank 1) failed at 1F0 of schedule '1F1B': bad loss"), std::string::npos) << what;
+  for (const bool backward : {true, false}) {
+    const std::string pass = backward ? "step" : "evaluate";
+    try {
+      testing::RunRanksOptions options;
+      options.group.set_timeout(std::chrono::seconds(300));
+      options.watchdog = std::chrono::seconds(60);
+      testing::run_ranks(4, [&](const comm::ProcessGroup& world) {
+        models::Llama model(config());
+        nn::init_parameters(model, kSeed);
+        auto all = models::split_llama(model, {2, 2, 2, 2});
+        if (world.rank() == 2) all[2] = std::make_shared<Failing>();
+        PipelineExecutor pipe(one_f_one_b(4, 8), {{all[world.rank()], world.rank()}}, world, loss_fn);
+        auto [x, y] = batch();
+        backward ? pipe.step(x, y) : pipe.evaluate(x, y);
+      }, options);
+      FAIL() << pass << ": expected the pass to fail";
+    } catch (const TimeoutError& e) {
+      FAIL() << pass << ": a rank was left waiting: " << e.what();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("4 of 4 ranks failed"), std::string::npos) << what;
+      const std::string cause = "pipeline stage 2 (rank 2) failed at 2F0 of schedule '1F1B': bad stage";
+      for (int r = 0; r < 4; ++r) {
+        const size_t line = what.find("\n  rank " + std::to_string(r) + ": ");
+        ASSERT_NE(line, std::string::npos) << what;
+        const std::string rank_error = what.substr(line, what.find('\n', line + 1) - line);
+        EXPECT_NE(rank_error.find(cause), std::string::npos) << pass << ", rank " << r << ": " << rank_error;
+        if (r != 2) {
+          EXPECT_NE(rank_error.find("so rank " + std::to_string(r) + " stopped"), std::string::npos) << rank_error;
+        }
+      }
+    }
   }
+}
+
+// After a failed step the executor refuses to run again (its ranks are out of step), and says why.
+TEST(Pipeline, AnExecutorStopsAfterAFailedStep) {
+  testing::RunRanksOptions options;
+  options.barrier_at_exit = true;
+  testing::run_ranks(2, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    const auto all = models::split_llama(model, {4, 4});
+    PipelineExecutor pipe(gpipe(2, 2), {{all[world.rank()], world.rank()}}, world,
+                          [](const at::Tensor&, const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad loss"); });
+    auto [x, y] = batch();
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        pipe.step(x, y);
+        throw std::runtime_error("the step did not fail");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        const std::string expected = attempt == 0 ? "pipeline stage 1 (rank 1) failed at 1F0 of schedule 'GPipe': bad loss"
+                                                  : "an earlier pass failed (pipeline stage 1";
+        if (what.find(expected) == std::string::npos)
+          throw std::runtime_error("attempt " + std::to_string(attempt) + ": " + what);
+      }
+    }
+  }, options);
 }
 
 }  // namespace
@@ -150,6 +198,57 @@ TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
 
 namespace hp::pp {
 namespace {
+
+// MPMD stage meshes on 3 ranks: stage 0 (embedding and 4 blocks) on rank 0 alone, stage 1 (4 blocks,
+// norm, head and loss) on ranks 1 and 2, tensor-parallel; with sequence parallelism stage 1 takes
+// its input sharded on the sequence dim. The loss and every gradient equal one device within 1e-5.
+TEST(Pipeline, MpmdStageOnATensorParallelMeshMatchesOneDevice) {
+  reference();
+  for (const bool sequence_parallel : {false, true}) {
+    const std::string what = sequence_parallel ? "MPMD (TP + SP)" : "MPMD (TP)";
+    test::run(3, [&](const comm::ProcessGroup& world) {
+      models::Llama model(config());
+      if (world.rank() > 0) {
+        const DeviceMesh tp(world, "cpu", {2}, {1, 2}, {"tp"});
+        parallelize_module(model, tp, models::llama_tp_plan({sequence_parallel, false}));
+      }
+      nn::init_parameters(model, kSeed);
+      const auto stages = models::split_llama(model, {kLayers / 2, kLayers / 2});
+      const int index = world.rank() == 0 ? 0 : 1;
+      PipelineStage stage{stages[index], index};
+      if (index == 1 && sequence_parallel) stage.input_shard_dim = 1;
+      PipelineOptions options;
+      options.position_ranks = {{0}, {1, 1}};
+      try {
+        PipelineExecutor bad(one_f_one_b(2, 4), {stage}, world, loss_fn, options);
+        throw std::runtime_error("a rank named twice was accepted");
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("rank 1 runs more than one position") == std::string::npos) throw;
+      }
+      options.position_ranks = {{0}, {1, 2}};
+      PipelineExecutor pipe(one_f_one_b(2, 4), {stage}, world, loss_fn, options);
+      auto [x, y] = batch();
+      const double loss = pipe.step(x, y);
+      test::check_relative(at::scalar_tensor(loss), at::scalar_tensor(reference().loss), what + ": loss", 1e-5);
+      std::map<const void*, std::string> fqn;
+      for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
+      int sharded = 0;
+      for (const at::Tensor& param : stage.module->parameters()) {
+        const std::string& name = fqn.at(param.unsafeGetTensorImpl());
+        sharded += is_dtensor(param);
+        test::check_relative(test::whole(param.grad()), reference().grads.at(name), what + ": grad of " + name, 1e-5);
+      }
+      if (index == 1 && sharded == 0) throw std::runtime_error(what + ": stage 1 is not tensor-parallel");
+      // Inference through the same placement gives every rank the logits.
+      const at::Tensor tokens = batch().first;
+      at::NoGradGuard no_grad;
+      const at::Tensor logits = pipe.forward(tokens.narrow(0, 0, 2));
+      models::Llama single(config());
+      nn::init_parameters(single, kSeed);
+      test::check_relative(logits, single(tokens.narrow(0, 0, 2)), what + ": forward", 1e-5);
+    });
+  }
+}
 
 // PP x FSDP on 4 ranks: 2 stages x dp 2. Each stage is one fully_shard unit on its data-parallel
 // mesh; each pipeline (one per dp index) runs half the batch; FSDP averages the gradients over dp.

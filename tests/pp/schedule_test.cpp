@@ -56,7 +56,9 @@ TEST(PipelineSchedule, BubbleMatchesTheory) {
       EXPECT_NEAR(one.bubble, (p - 1.0) / (m + p - 1.0), 1e-9) << "1F1B p " << p << " m " << m;
       EXPECT_NEAR(simulate(gpipe(p, m)).bubble, (p - 1.0) / (m + p - 1.0), 1e-9) << "GPipe p " << p << " m " << m;
       EXPECT_LT(simulate(zero_bubble_v(p, m)).bubble, one.bubble) << "ZBV p " << p << " m " << m;
-      if (m % p == 0) EXPECT_LT(simulate(interleaved_1f1b(p, 2, m)).bubble, one.bubble) << "interleaved p " << p;
+      if (m % p == 0) {
+        EXPECT_LT(simulate(interleaved_1f1b(p, 2, m)).bubble, one.bubble) << "interleaved p " << p;
+      }
       if (p == 4 && m == 8)
         std::cout << "simulated bubble, 4 ranks, 8 micro-batches: GPipe " << simulate(gpipe(p, m)).bubble << ", 1F1B "
                   << one.bubble << ", interleaved (2 per rank) " << simulate(interleaved_1f1b(p, 2, m)).bubble

@@ -35,6 +35,10 @@ class Work {
   // tensor that was passed in). Throws hp::Error / hp::TimeoutError on failure.
   at::Tensor wait();
   bool is_completed() const;
+  // Stops a wait() on a pending send or receive (from any thread): that wait() throws hp::Error
+  // saying it was aborted. The message itself is not withdrawn, so the peer pair is out of step
+  // afterwards; this is for giving up on a failed job. Collectives ignore it.
+  void abort();
 
  private:
   std::shared_ptr<detail::WorkState> state_;

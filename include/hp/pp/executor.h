@@ -20,19 +20,37 @@
 
 namespace hp::pp {
 
+class FailureNotice;
+class StagePlacement;
+
 // The loss of one micro-batch from the last stage's output and the micro-batch's targets.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
 struct PipelineStage {
   std::shared_ptr<nn::Module> module;
   int index;  // stage index in the schedule
+  // When the stage runs on several ranks (MPMD, below): the dim its input / its output is sharded
+  // on over those ranks (sequence parallel: 1), or -1 when each of them holds it whole (TP without
+  // SP). Activations cross between stages whole and are cut to this layout on arrival.
+  int64_t input_shard_dim = -1;
+  int64_t output_shard_dim = -1;
+};
+
+struct PipelineOptions {
+  // MPMD stage meshes: position_ranks[p] lists the group ranks that run position p of the schedule
+  // (the schedule's rank p: programs[p] and its stages), e.g. {{0}, {1, 2}} runs stage 0 on rank 0
+  // alone and stage 1 on ranks 1 and 2, which hold it tensor-parallel. Every rank of a position runs
+  // its program; the loss is reported by its first rank. Empty: group rank p runs position p.
+  std::vector<std::vector<int>> position_ranks;
 };
 
 class PipelineExecutor {
  public:
   // `stages`: the stages this rank hosts (schedule.stage_rank says which). `group`: the pipeline's
-  // ranks; group rank r runs schedule.programs[r]. Validates the schedule.
-  PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group, LossFn loss);
+  // ranks; group rank r runs schedule.programs[r] unless options place positions otherwise.
+  // Validates the schedule and the placement.
+  PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group, LossFn loss,
+                   PipelineOptions options = {});
 
   // One forward and backward of the whole batch (activation shapes cross each stage boundary on the
   // first step; later steps must keep the micro-batch shape, which is checked): `inputs` and `targets` (the same on every rank;
@@ -59,15 +77,25 @@ class PipelineExecutor {
  private:
   struct Slot;
   double run(const at::Tensor& inputs, const at::Tensor& targets, bool backward);
+  // Runs this rank's part of a pass over the pipeline, then agrees with every rank on the outcome:
+  // returns the sum over ranks of `pass`'s value, or throws on every rank when any rank failed,
+  // naming the stage that failed, instead of leaving the others waiting for its messages.
+  double agree(const std::function<double(FailureNotice&)>& pass);
+  void on_stage(FailureNotice& notice, int stage, const std::string& where, const std::function<void()>& action);
   const PipelineStage& stage(int index) const;
   Schedule schedule_;
   std::vector<PipelineStage> stages_;
   comm::ProcessGroup group_;
   LossFn loss_;
+  std::shared_ptr<StagePlacement> placement_;
   std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
-  std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the output shape sent (once)
+  std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the whole output shape sent (once)
   std::map<int, int> peak_live_;
   bool record_ = false;
+  std::vector<comm::Work> pending_sends_;  // of the current pass; left alone (never waited) after a failure
+  uint64_t passes_ = 0;                    // names each pass's failure notice
+  bool broken_ = false;
+  std::string broken_reason_;
   std::vector<TimedAction> timeline_;
 };
 
