@@ -1,18 +1,23 @@
-// Saving: the calling thread decides which pieces this rank writes and stages copies of them; a
-// writer thread streams them into this rank's safetensors file with per-block checksums; wait()
-// agrees on success across ranks, and rank 0 merges the per-rank indexes into metadata.json and
-// commits by renaming the temporary directory.
+// Saving: the calling thread decides which pieces this rank writes; it (or, with
+// stage_in_background, a stager thread) stages copies of them; a writer thread streams them into
+// this rank's safetensors file with per-block checksums. The ranks agree on the outcome through
+// the group's store, not a collective: rank 0's writer waits for every rank's report, merges the
+// per-rank indexes into metadata.json and commits by renaming the temporary directory, all in the
+// background; wait() reads the outcome.
 #include <ATen/ATen.h>
 
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 
+#include "comm/group_impl.h"
 #include "dcp/file_io.h"
 #include "dcp/metadata.h"
 #include "dcp/safetensors.h"
+#include "dcp/staging_pool.h"
 #include "dcp/xxhash64.h"
 #include "hp/core/error.h"
 #include "hp/dcp/checkpoint.h"
@@ -31,9 +36,16 @@ std::string rank_name(int rank, const char* suffix) {
 struct WriteItem {
   detail::SafetensorsEntry entry;  // name, dtype, local shape; begin/end once the header is laid out
   std::vector<int64_t> offsets;    // global offsets of the piece
+  at::Tensor source;               // the piece to stage (this rank's local tensor, or a view of it)
+  at::Tensor owner;                // the state dict's tensor (a DTensor's version counts its in-place ops)
+  int64_t versions = 0;            // of source and owner when the save began (background staging)
   at::Tensor staged;               // contiguous CPU copy, set by the staging thread
   bool ready = false;
 };
+
+int64_t versions_of(const WriteItem& item) {
+  return static_cast<int64_t>(item.source._version()) + static_cast<int64_t>(item.owner._version());
+}
 
 // The piece of `t` this rank writes and its global offsets, or nullopt when another rank writes it
 // (replicas are written by coordinate 0 of every non-shard mesh dim; plain tensors by rank 0).
@@ -65,6 +77,13 @@ void add_missing(nlohmann::json& into, const nlohmann::json& from) {
   }
 }
 
+// Saves are collective, so every rank of a group numbers them alike; the number keeps each save's
+// keys in the group's store apart. The count lives in the store (one counter per rank), so it
+// starts afresh with every group and never depends on this process's history.
+int64_t next_save_number(const comm::ProcessGroup& group) {
+  return group.impl().store->add("hp_dcp/saves/" + std::to_string(group.rank()), 1);
+}
+
 }  // namespace
 
 struct AsyncSave::State {
@@ -81,6 +100,138 @@ struct AsyncSave::State {
   bool stop = false;  // the writer failed or the save was abandoned
   std::exception_ptr error;
   std::thread writer;
+  std::thread stager;  // background staging only
+  // Set once no tensor can have changed under the staging: at once when staging finishes before
+  // save_async returns, else by finish_staging(). The writer reports success only after it.
+  bool verified = false;
+  // The save's keys in the group's store (see report_and_commit).
+  std::string key_prefix;
+
+  ~State() {  // staging buffers of an abandoned or failed save go back to the pool too
+    if (options.stage_copies)
+      for (auto& item : items) detail::release_staging(std::move(item.staged));
+  }
+
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::move(e);
+    }
+    halt();
+  }
+
+  // Copies every item (or, without stage_copies, takes it as it is) within the staging budget.
+  void stage_all() {
+    at::NoGradGuard no_grad;
+    for (auto& item : items) {
+      const size_t bytes = static_cast<size_t>(item.source.numel()) * item.source.element_size();
+      if (!reserve(bytes)) return;
+      at::Tensor staged;
+      if (options.stage_copies) {
+        staged = detail::acquire_staging(item.source);
+        staged.copy_(item.source.detach());
+      } else {
+        staged = item.source.detach().to(at::kCPU).contiguous();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      item.staged = std::move(staged);
+      item.ready = true;
+      cv.notify_all();
+    }
+  }
+
+  // Background staging: waits for the copies, then checks that no tensor changed since the save
+  // began (an in-place op bumps its tensor's version after writing, so a change during a copy is
+  // seen here at the latest). A change fails the save rather than committing torn data.
+  void finish_staging() {
+    if (stager.joinable()) {
+      stager.join();
+      for (const auto& item : items) {
+        const int64_t now = versions_of(item);
+        if (now == item.versions) continue;
+        fail(std::make_exception_ptr(hp::Error(
+            "tensor '" + item.entry.name + "' changed while the save was staging it in the background (its version "
+            "went from " + std::to_string(item.versions) + " to " + std::to_string(now) +
+            "); call AsyncSave::wait_staged() before changing the tensors of a save")));
+        break;
+      }
+    }
+    mark_verified();
+  }
+  void mark_verified() {
+    std::lock_guard<std::mutex> lock(mu);
+    verified = true;
+    cv.notify_all();
+  }
+
+  // This rank's error so far, "" when none.
+  std::string error_text() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error) return stop ? "the save was abandoned on rank " + std::to_string(group.rank()) : "";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+  // The writer thread: writes this rank's file, then agrees on the outcome through the group's
+  // store, so that no collective is needed and the commit runs in the background. Each rank
+  // reports "done/<rank>" (empty, or its error) once its file is written and its staging verified;
+  // rank 0 then waits for every report and commits, or not, and reports "outcome", which wait()
+  // reads on every rank.
+  void run_writer() {
+    try {
+      write_files();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return verified || stop; });
+    }
+    auto& store = *group.impl().store;
+    try {
+      const std::string mine = error_text();
+      store.set(key_prefix + "done/" + std::to_string(group.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+      if (group.rank() != 0) return;
+      const std::string outcome = decide(store);
+      store.set(key_prefix + "outcome", std::vector<uint8_t>(outcome.begin(), outcome.end()));
+    } catch (...) {
+      fail(std::current_exception());  // the store itself failed; wait() reports it
+    }
+  }
+
+  // Rank 0: "ok" after committing, or why nothing was committed.
+  std::string decide(c10d::Store& store) {
+    const auto deadline = std::chrono::steady_clock::now() + group.options().timeout;
+    std::string failures;
+    for (int r = 0; r < group.size(); ++r) {
+      const std::string key = key_prefix + "done/" + std::to_string(r);
+      while (!store.check({key})) {
+        if (stopped() || std::chrono::steady_clock::now() > deadline) {
+          failures += "; rank " + std::to_string(r) + (stopped() ? " had not finished writing when rank 0 gave up"
+                                                                 : " did not finish writing within the group timeout");
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      if (!store.check({key})) continue;
+      const std::vector<uint8_t> report = store.get(key);
+      if (!report.empty()) failures += "; rank " + std::to_string(r) + ": " + std::string(report.begin(), report.end());
+    }
+    if (!failures.empty()) return failures.substr(2);
+    try {
+      commit();
+    } catch (const std::exception& e) {
+      return std::string("rank 0, committing: ") + e.what();
+    }
+    return "ok";
+  }
+  bool stopped() {
+    std::lock_guard<std::mutex> lock(mu);
+    return stop;
+  }
 
   // Waits for items[i] to be staged; false when the save stops instead.
   bool wait_ready(size_t i) {
@@ -91,6 +242,7 @@ struct AsyncSave::State {
   void release(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
     staged_bytes -= items[i].entry.end - items[i].entry.begin;
+    if (options.stage_copies) detail::release_staging(std::move(items[i].staged));
     items[i].staged = at::Tensor();
     cv.notify_all();
   }
@@ -166,6 +318,12 @@ struct AsyncSave::State {
       add_missing(m.values, index.at("values"));
       fs::remove(path);
     }
+    // Leftovers of an interrupted save into the same directory (files of ranks this save lacks).
+    std::set<std::string> ours;
+    for (const auto& [name, tensor] : m.tensors)
+      for (const auto& chunk : tensor.chunks) ours.insert(chunk.file);
+    for (const auto& entry : fs::directory_iterator(tmp))
+      if (!ours.count(entry.path().filename().string())) fs::remove_all(entry.path());
     // Parsing what we are about to commit checks it exactly as a load will (coverage, no overlaps).
     const nlohmann::json metadata = detail::to_json(m);
     detail::metadata_from_json(metadata, "the metadata being saved for " + dir);
@@ -202,13 +360,10 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
   s->options = options;
   s->values = state.values;
   const int rank = group.rank();
-  if (rank == 0) {
-    fs::remove_all(s->tmp);  // leftovers of an interrupted save
-    fs::create_directories(s->tmp);
-  }
-  group.barrier();
+  // No barrier: every rank creates the directory (idempotent), and leftovers of an interrupted save
+  // that this one does not overwrite are removed at the commit.
+  fs::create_directories(s->tmp);
 
-  std::vector<at::Tensor> locals;
   for (const auto& [name, t] : state.tensors) {
     HP_CHECK(t.defined(), "dcp.save: tensor '", name, "' is undefined");
     s->tensors[name] = {{"dtype", detail::safetensors_dtype(t.scalar_type())}, {"shape", t.sizes().vec()}};
@@ -219,74 +374,51 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
     item.entry.dtype = detail::safetensors_dtype(t.scalar_type());
     item.entry.shape = piece->first.sizes().vec();
     item.offsets = std::move(piece->second);
+    item.source = piece->first;
+    item.owner = t;
+    item.versions = versions_of(item);
     s->items.push_back(std::move(item));
-    locals.push_back(piece->first);
   }
 
-  s->writer = std::thread([s] {
-    try {
-      s->write_files();
-    } catch (...) {
-      s->error = std::current_exception();
-      s->halt();
-    }
-  });
-  at::NoGradGuard no_grad;
+  s->key_prefix = "hp_dcp/" + std::to_string(next_save_number(group)) + "/";
+  s->writer = std::thread([s] { s->run_writer(); });
+  if (options.stage_copies && options.stage_in_background) {
+    s->stager = std::thread([s] {
+      try {
+        s->stage_all();
+      } catch (...) {
+        s->fail(std::current_exception());
+      }
+    });
+    return AsyncSave(std::move(s));
+  }
   try {
-    for (size_t i = 0; i < locals.size(); ++i) {
-      const size_t bytes = static_cast<size_t>(locals[i].numel()) * locals[i].element_size();
-      if (!s->reserve(bytes)) break;
-      at::Tensor staged = options.stage_copies ? locals[i].detach().to(at::kCPU).clone(at::MemoryFormat::Contiguous)
-                                               : locals[i].detach().to(at::kCPU).contiguous();
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->items[i].staged = std::move(staged);
-      s->items[i].ready = true;
-      s->cv.notify_all();
-    }
+    s->stage_all();
   } catch (...) {  // e.g. out of memory while copying: stop the writer before giving up
     s->halt();
     s->writer.join();
     throw;
   }
+  s->mark_verified();  // copied before returning (or, for save(), the caller waits)
   return AsyncSave(std::move(s));
 }
 
 void AsyncSave::wait() {
   if (!state_) return;
   const std::shared_ptr<State> s = std::move(state_);
-  s->writer.join();
-  const comm::ProcessGroup& group = s->group;
-  const int rank = group.rank();
-
-  // Every rank learns which ranks failed, so all of them throw and none commits.
-  const auto agree = [&](const std::string& stage, const std::string& own_error) {
-    at::Tensor failed = at::zeros({group.size()}, at::kInt);
-    if (!own_error.empty()) failed[rank] = 1;
-    group.all_reduce(failed);
-    std::string ranks;
-    for (int r = 0; r < group.size(); ++r)
-      if (failed[r].item<int>()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    if (!own_error.empty()) HP_FAIL("dcp.save to ", s->dir, " failed while ", stage, ": ", own_error);
-    HP_CHECK(ranks.empty(), "dcp.save to ", s->dir, " failed while ", stage, " on rank(s) ", ranks,
-             "; nothing was committed");
-  };
-  std::string error;
-  if (s->error) {
-    try {
-      std::rethrow_exception(s->error);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+  s->finish_staging();
+  s->writer.join();  // on rank 0, also the commit
+  const std::string own = s->error_text();
+  std::string outcome;
+  try {
+    const std::vector<uint8_t> bytes = s->group.impl().store->get(s->key_prefix + "outcome");
+    outcome.assign(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    outcome = std::string("rank 0 never reported the outcome (") + e.what() + ")";
   }
-  agree("writing", error);
-  if (rank == 0) {
-    try {
-      s->commit();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  agree("committing", error);
+  if (outcome == "ok") return;
+  if (!own.empty()) HP_FAIL("dcp.save to ", s->dir, " failed: ", own, "; nothing was committed");
+  HP_FAIL("dcp.save to ", s->dir, " failed: ", outcome, "; nothing was committed");
 }
 
 AsyncSave& AsyncSave::operator=(AsyncSave&& other) noexcept {
@@ -299,9 +431,14 @@ AsyncSave& AsyncSave::operator=(AsyncSave&& other) noexcept {
 
 AsyncSave::~AsyncSave() { abandon(); }
 
+void AsyncSave::wait_staged() {
+  if (state_) state_->finish_staging();
+}
+
 void AsyncSave::abandon() noexcept {
   if (!state_) return;
   state_->halt();
+  if (state_->stager.joinable()) state_->stager.join();
   if (state_->writer.joinable()) state_->writer.join();
   state_.reset();
 }

@@ -322,6 +322,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const double grad_norm =
         clip_grad_norm_(params, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world);
     const double lr = s.scheduler->lr();
+    pending.wait_staged();  // a checkpoint staging in the background still reads what the optimizer changes
     s.optimizer->step();
     s.scheduler->step();
     const double loss = world_mean(loss_sum / static_cast<double>(micro), world);
@@ -343,6 +344,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       dcp::add_optimizer_state(state, *s.optimizer, model);  // refreshes the step counts in values
       dcp::SaveOptions save_options;
       save_options.update_latest = true;
+      save_options.stage_in_background = true;  // the copies overlap the next step's forward and backward
       pending = dcp::save_async(state, c.checkpoint_dir() + "/" + step_dir_name(step + 1), world, save_options);
       pending_step = step + 1;
       if (!c.checkpoint.async) finish_save();

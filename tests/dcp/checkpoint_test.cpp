@@ -248,6 +248,58 @@ TEST(Checkpoint, AsyncSaveStagesBeforeReturning) {
   EXPECT_EQ(state.values.at("step").get<int>(), 5);
 }
 
+// Background staging: save_async returns before copying; after wait_staged() the caller may
+// change the tensors and the checkpoint still holds the values at save time. A tensor changed
+// before wait_staged() fails the save on every rank, naming it, and commits nothing.
+TEST(Checkpoint, BackgroundStagingSavesValuesAtSaveTimeOrFailsLoudly) {
+  const std::string dir = scratch_dir() + "/ckpt";
+  const at::Tensor a = test::rank_data(0, {64, 32}, at::kFloat, 4), b = test::rank_data(0, {32, 64}, at::kFloat, 5);
+  const auto make_state = [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["a"] = place(a, group, {{2}, {Shard(0)}});
+    state.tensors["b"] = place(b, group, {{2}, {Shard(1)}});
+    state.values["step"] = 5;
+    return state;
+  };
+  dcp::SaveOptions options;
+  options.max_staging_bytes = 1024;  // the stager waits for the writer many times
+  options.stage_in_background = true;
+  run(2, [&](const comm::ProcessGroup& group) {
+    dcp::StateDict state = make_state(group);
+    dcp::AsyncSave pending = dcp::save_async(state, dir, group, options);
+    pending.wait_staged();
+    for (auto& [name, t] : state.tensors) t.mul_(-1.0f);  // through the DTensor, as an optimizer would
+    pending.wait();
+  });
+  dcp::StateDict loaded;
+  loaded.tensors["a"] = at::zeros_like(a);
+  loaded.tensors["b"] = at::zeros_like(b);
+  dcp::load(loaded, dir);
+  test::check_close(loaded.tensors["a"], a, "a", true);
+  test::check_close(loaded.tensors["b"], b, "b", true);
+
+  // Changed too early, through the DTensor or its local tensor: refused, and the checkpoint above stays.
+  for (const bool through_local : {false, true}) {
+    test::expect_error(
+        [&] {
+          try {
+            testing::run_ranks(2, [&](const comm::ProcessGroup& group) {
+              dcp::StateDict state = make_state(group);
+              dcp::AsyncSave pending = dcp::save_async(state, dir, group, options);
+              at::Tensor b_now = state.tensors["b"];
+              (through_local ? DTensor(b_now).to_local() : b_now).add_(1.0f);
+              pending.wait();
+            });
+          } catch (const TimeoutError& e) {  // a rank left waiting is a failure of its own
+            throw std::runtime_error(std::string("a rank hung: ") + e.what());
+          }
+        },
+        {"tensor 'b' changed while the save was staging it", "wait_staged()"});
+    dcp::load(loaded, dir);
+    test::check_close(loaded.tensors["b"], b, "b after a refused save", true);
+  }
+}
+
 struct OneWeight : torch::nn::Module {
   explicit OneWeight(const at::Tensor& w) { weight = register_parameter("weight", w); }
   at::Tensor weight;

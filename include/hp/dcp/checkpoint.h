@@ -44,13 +44,20 @@ struct SaveOptions {
   // Copy the tensors before save_async returns, so the caller may change them at once. false: write
   // straight from the tensors (no copy); they must not change until wait(). save() uses false.
   bool stage_copies = true;
+  // With stage_copies: make the copies on a background thread, so save_async returns at once and
+  // the copies overlap the caller's next work (a training step's forward and backward). The
+  // caller must then call AsyncSave::wait_staged() before changing any of the tensors (before
+  // the optimizer step). A tensor changed earlier fails the save (seen by its version counter);
+  // nothing torn is ever committed.
+  bool stage_in_background = false;
   // Granularity of checksums (and so of the smallest read a load does).
   size_t checksum_block_bytes = size_t{1} << 20;
   // After the commit, write the checkpoint's directory name into `<parent>/latest` (atomically).
   bool update_latest = false;
 };
 
-// A save in flight: the tensors are already copied, a background thread writes them. wait() is
+// A save in flight: the tensors are copied (or being copied, with stage_in_background) and a
+// background thread writes them. wait() is
 // collective (every rank of the save's group calls it): it finishes the files, checks that every rank
 // succeeded and commits. Dropping an AsyncSave without wait() abandons the save (nothing is
 // committed; the next save to the same directory clears the leftovers).
@@ -60,6 +67,9 @@ class AsyncSave {
   AsyncSave(AsyncSave&&) noexcept = default;
   AsyncSave& operator=(AsyncSave&&) noexcept;
   ~AsyncSave();
+  // Returns once the tensors are staged (at once unless stage_in_background); after it the caller
+  // may change them. Never throws: a failure surfaces from wait(). Not collective.
+  void wait_staged();
   void wait();
   bool pending() const { return state_ != nullptr; }
 
@@ -73,7 +83,8 @@ class AsyncSave {
 };
 
 // Collective over `group` (every rank that holds any tensor of the state dict). Returns once the
-// state dict's tensors are staged, so the caller may change them right away.
+// state dict's tensors are staged, so the caller may change them right away; with
+// stage_in_background, at once (see SaveOptions).
 AsyncSave save_async(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group,
                      SaveOptions options = {});
 // save_async(...).wait().
