@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
 #include "pp/failure_notice.h"
 #include "pp/placement.h"
 
@@ -111,7 +112,10 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
             notice.wait(group_.send_async(whole, to, inference_tag(s, false)));
           }
         }
-        if (s == last) h = place.whole(h, st.output_shard_dim);
+        if (s == last) {  // whole on the position's first rank, which broadcasts it
+          h = place.whole(h, st.output_shard_dim);
+          if (is_dtensor(h)) h = DTensor(h).full_tensor();  // e.g. vocabulary-sharded logits (loss parallel)
+        }
       });
     }
     return 0.0;

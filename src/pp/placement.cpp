@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "hp/core/chunking.h"
 #include "hp/core/error.h"
 
 namespace hp::pp {
@@ -54,15 +55,19 @@ std::vector<int> StagePlacement::targets(int to) const {
 
 at::Tensor StagePlacement::whole(const at::Tensor& piece, int64_t shard_dim) const {
   if (shard_dim < 0 || !position_group_.defined()) return piece.contiguous();
-  return position_group_.all_gather(piece, {shard_dim});
+  // Pieces follow torch.chunk, so they differ in size when the dim does not divide evenly (a
+  // sequence of odd length during inference); the ranks tell each other theirs first.
+  const at::Tensor sizes = position_group_.all_gather(at::full({1}, piece.size(shard_dim), at::kLong));
+  comm::AllGatherOptions options;
+  options.dim = shard_dim;
+  for (int64_t i = 0; i < sizes.numel(); ++i) options.sizes.push_back(sizes[i].item<int64_t>());
+  return position_group_.all_gather(piece.contiguous(), options);
 }
 
 at::Tensor StagePlacement::piece(const at::Tensor& whole, int64_t shard_dim) const {
   if (shard_dim < 0 || !position_group_.defined()) return whole;
-  const int n = position_group_.size();
-  HP_CHECK(whole.size(shard_dim) % n == 0, "pipeline: a boundary tensor of shape ", whole.sizes(),
-           " does not split evenly on dim ", shard_dim, " over the ", n, " ranks of position ", position_);
-  return whole.chunk(n, shard_dim)[index_].contiguous();
+  const int64_t n = position_group_.size(), length = whole.size(shard_dim);
+  return whole.narrow(shard_dim, chunk_offset(length, n, index_), chunk_sizes(length, n)[index_]).contiguous();
 }
 
 }  // namespace hp::pp

@@ -122,21 +122,38 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world, bool allocate
   parallel.tp = {c.sequence_parallel, c.loss_parallel};
   parallel.fsdp.reshard_after_forward = c.reshard_after_forward;
   if (c.parallel.pp > 1) {
-    // Each stage this rank runs is one fully_shard unit on the data-parallel mesh (of one rank
-    // when dp = 1, which keeps gradients, clipping and checkpoints on the same DTensor path).
+    // Tensor parallelism first (on every rank, over the whole model: each rank then runs its
+    // stages' share). Each stage this rank runs is one fully_shard unit on the data-parallel mesh
+    // (of one rank when dp = 1, which keeps gradients, clipping and checkpoints on the same DTensor path).
+    if (c.parallel.tp > 1) parallelize_module(*s.model, s.mesh["tp"], models::llama_tp_plan(parallel.tp));
     const pp::Schedule schedule = make_schedule(c);
     const auto all = models::split_llama(*s.model, std::vector<int64_t>(schedule.stages, c.model.layers / schedule.stages));
     const DeviceMesh dp_mesh = c.parallel.dp_replicate > 1 ? s.mesh[{"dp_replicate", "dp_shard"}] : s.mesh["dp_shard"];
+    // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.
+    const int64_t boundary_dim = c.sequence_parallel ? 1 : -1;
     std::vector<pp::PipelineStage> local;
     for (int st = 0; st < schedule.stages; ++st)
       if (schedule.stage_rank[st] == coord[0]) {
         fully_shard(*all[st], dp_mesh, parallel.fsdp);
-        local.push_back({all[st], st});
+        pp::PipelineStage stage{all[st], st};
+        if (st > 0) stage.input_shard_dim = boundary_dim;
+        if (st < schedule.stages - 1) stage.output_shard_dim = boundary_dim;
+        local.push_back(stage);
         s.stages.push_back(all[st]);
       }
+    // The pipeline of this data-parallel replica: its (pp, tp) ranks, row-major, so position p
+    // (pipeline rank p) is run by the tp ranks of pp index p.
+    const DeviceMesh pipeline_mesh = s.mesh[{"pp", "tp"}];
+    pp::PipelineOptions placement;
+    for (int64_t p = 0; p < c.parallel.pp; ++p) {
+      placement.position_ranks.emplace_back();
+      for (int64_t t = 0; t < c.parallel.tp; ++t) placement.position_ranks.back().push_back(static_cast<int>(p * c.parallel.tp + t));
+    }
+    const comm::ProcessGroup pipeline_group =
+        c.parallel.tp > 1 ? world.new_group(pipeline_mesh.ranks(), "pp_tp") : s.mesh.get_group("pp");
     s.pipe = std::make_unique<pp::PipelineExecutor>(
-        schedule, local, s.mesh.get_group("pp"),
-        [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); });
+        schedule, local, pipeline_group,
+        [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); }, placement);
   } else {
     models::parallelize_llama(*s.model, s.mesh, c.parallel, parallel);
   }

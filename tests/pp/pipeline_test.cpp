@@ -239,13 +239,16 @@ TEST(Pipeline, MpmdStageOnATensorParallelMeshMatchesOneDevice) {
         test::check_relative(test::whole(param.grad()), reference().grads.at(name), what + ": grad of " + name, 1e-5);
       }
       if (index == 1 && sharded == 0) throw std::runtime_error(what + ": stage 1 is not tensor-parallel");
-      // Inference through the same placement gives every rank the logits.
+      // Inference through the same placement gives every rank the logits, also for a sequence
+      // length that does not split evenly over the TP ranks (uneven SP shards at the boundary).
       const at::Tensor tokens = batch().first;
       at::NoGradGuard no_grad;
-      const at::Tensor logits = pipe.forward(tokens.narrow(0, 0, 2));
       models::Llama single(config());
       nn::init_parameters(single, kSeed);
-      test::check_relative(logits, single(tokens.narrow(0, 0, 2)), what + ": forward", 1e-5);
+      for (int64_t seq : {kSeq, int64_t{5}}) {
+        const at::Tensor prompt = tokens.narrow(0, 0, 2).narrow(1, 0, seq);
+        test::check_relative(pipe.forward(prompt), single(prompt), what + ": forward, seq " + std::to_string(seq), 1e-5);
+      }
     });
   }
 }

@@ -81,7 +81,9 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   const std::vector<double> one = run_config({1, {}, false, false, "1 rank"}, dir);
   ASSERT_EQ(one.size(), 20u);
   EXPECT_LT(one.back(), one.front() - 1.0) << "the loss should fall";
-  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp, pp2, pp2dp2;
+  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp, pp2, pp2dp2, pp2tp2;
+  pp2tp2.pp = 2;
+  pp2tp2.tp = 2;
   pp2.pp = 2;
   pp2dp2.pp = 2;
   pp2dp2.dp_shard = 2;
@@ -99,7 +101,9 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
                             Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"},
                             Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"},
                             Parallel{2, pp2, false, false, "pp 2 (GPipe)", "gpipe"},
-                            Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"}}) {
+                            Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"},
+                            Parallel{4, pp2tp2, false, false, "pp 2 (1F1B) x tp 2"},
+                            Parallel{4, pp2tp2, true, true, "pp 2 (GPipe) x tp 2 (SP, LP)", "gpipe"}}) {
     const std::vector<double> got = run_config(p, dir);
     ASSERT_EQ(got.size(), one.size()) << p.name;
     double worst = 0.0;
