@@ -46,6 +46,9 @@ struct ManagedParam {
 struct Gathered {
   std::vector<at::Tensor> params;  // one per ManagedParam, plain, full shape
   bool released = false;
+  // With reshard_after_forward_to: this rank's rows of the gathered [n, L] buffer, kept from
+  // forward to backward, where its block gathers them back.
+  at::Tensor block_rows;
 };
 
 struct FsdpUnit {
@@ -53,6 +56,7 @@ struct FsdpUnit {
   FullyShardOptions options;
   comm::ProcessGroup shard_group;
   std::optional<comm::ProcessGroup> replicate_group;
+  std::optional<comm::ProcessGroup> post_forward_group;  // reshard_after_forward_to: this rank's block
   int n = 1, rank = 0;
   std::vector<ManagedParam> params;
   int64_t flat = 0;  // L
@@ -141,6 +145,14 @@ struct FsdpUnit {
 
   at::Tensor all_gather() const { return shard_group.all_gather(pack_shards()); }
 
+  // Reshard to a block of k ranks: member j of a block keeps rows [j n/k, (j+1) n/k) of the [n, L]
+  // buffer, so the block's gather concatenates them back in row order.
+  at::Tensor block_rows(const at::Tensor& gathered) const {
+    const int k = post_forward_group->size(), rows = n / k;
+    return gathered.narrow(0, post_forward_group->rank() * rows, rows).clone();
+  }
+  at::Tensor gather_block_rows(const at::Tensor& rows) const { return post_forward_group->all_gather(rows); }
+
   // The gathered [n, L] buffer: from a prefetch issued earlier if there is one and the shards have
   // not changed since (e.g. by an optimizer step), else gathered now.
   at::Tensor take_gathered(std::optional<Prefetched>& prefetched) const {
@@ -154,7 +166,8 @@ struct FsdpUnit {
   // Issues the gathers of `units` now, asynchronously, so they overlap this unit's compute.
   static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<Prefetched> FsdpUnit::*slot) {
     for (const auto& weak : units)
-      if (auto u = weak.lock(); u && !((*u).*slot))
+      // Units resharded to a block gather their block's rows for backward, not the shards.
+      if (auto u = weak.lock(); u && !((*u).*slot) && !(slot == &FsdpUnit::prefetched_backward && u->post_forward_group))
         (*u).*slot = Prefetched{u->shard_group.all_gather_async(u->pack_shards()), u->shards_version()};
   }
 
@@ -360,6 +373,7 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
       const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
       FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
       for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
+      if (unit->post_forward_group) call->block_rows = unit->block_rows(gathered);
       if (unit->keeps_parameters()) {
         unit->kept = full;
         for (at::Tensor& f : full) f = alias_of(f);
@@ -407,6 +421,18 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   if (mesh.ndim() == 2) unit->replicate_group = mesh.get_group(0);
   unit->n = unit->shard_group.size();
   unit->rank = unit->shard_group.rank();
+  if (const int k = options.reshard_after_forward_to; k != 0) {
+    HP_CHECK(k > 0 && unit->n % k == 0, "fully_shard: reshard_after_forward_to (", k,
+             ") must divide the shard group's size (", unit->n, ")");
+    HP_CHECK(options.reshard_after_forward && options.level == ShardingLevel::kParameters,
+             "fully_shard: reshard_after_forward_to needs reshard_after_forward and ZeRO-3 (level kParameters)");
+    if (k < unit->n) {  // k == n is plain resharding
+      const int first = unit->rank / k * k;
+      std::vector<int> block;
+      for (int r = first; r < first + k; ++r) block.push_back(unit->shard_group.ranks()[r]);
+      unit->post_forward_group = unit->shard_group.new_group(block, "fsdp_post_forward");
+    }
+  }
   unit->tree_order = unit->shard_group.options().deterministic;
 
   // The parameters of this module and of submodules that are not units themselves.
@@ -520,7 +546,13 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     output.register_hook([weak, call](const at::Tensor& grad) {
       auto unit = weak.lock();
       if (unit && call->released) {
-        const at::Tensor gathered = unit->take_gathered(unit->prefetched_backward);
+        at::Tensor gathered;
+        if (call->block_rows.defined()) {
+          gathered = unit->gather_block_rows(call->block_rows);
+          call->block_rows = at::Tensor();
+        } else {
+          gathered = unit->take_gathered(unit->prefetched_backward);
+        }
         FsdpUnit::prefetch(unit->backward_prefetch_targets(detail::forward_order), &FsdpUnit::prefetched_backward);
         for (size_t i = 0; i < call->params.size(); ++i)
           detail::refill(call->params[i], unit->unpack(gathered, unit->params[i]));

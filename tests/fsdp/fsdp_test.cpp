@@ -1,11 +1,16 @@
 // fully_shard on the test Llama against one device with gradient accumulation over the same global
 // batch: losses and parameters after 5 AdamW steps within 1e-6 relative, for FSDP on 2 and 4 ranks
 // and HSDP on (2, 2); options and errors.
+#include <hp/core/memory_tracker.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/parallel/fsdp.h>
 #include <hp/parallel/loss_parallel.h>
 #include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "test_util.h"
 #include "tp/llama_model.h"
@@ -242,6 +247,55 @@ TEST(FsdpOptions, KeepingParametersAfterForwardGivesTheSameNumbers) {
   });
 }
 
+// reshard_after_forward_to = 2 on 4 ranks: after forward each rank keeps half of every unit's
+// parameters, and backward gathers them within its pair; the numbers are those of plain FSDP.
+TEST(FsdpOptions, ReshardingToABlockAfterForwardGivesTheSameNumbers) {
+  single_device();
+  run(4, [&](const comm::ProcessGroup& g) {
+    FullyShardOptions block;
+    block.reshard_after_forward_to = 2;
+    train_and_compare(init_device_mesh(g, "cpu", {4}, {"dp"}), 4, g.rank(), "reshard_after_forward_to=2", block);
+  });
+}
+
+// What a rank holds from forward to backward: nothing of the gathered parameters (reshard), 1/k
+// of them (reshard to a block of k), or all of them (keep), measured by the allocator.
+TEST(FsdpOptions, ReshardingToABlockHoldsAFractionBetweenForwardAndBackward) {
+  std::map<std::string, int64_t> held;
+  std::mutex mu;
+  int64_t unsharded = 0;  // bytes of the blocks' parameters, whole
+  run(4, [&](const comm::ProcessGroup& g) {
+    const DeviceMesh mesh = init_device_mesh(g, "cpu", {4}, {"dp"});
+    for (const auto& [name, to, keep] : {std::tuple<std::string, int, bool>{"reshard", 0, false},
+                                         {"block of 2", 2, false}, {"keep", 0, true}}) {
+      Llama model(config());
+      FullyShardOptions options;
+      options.reshard_after_forward = !keep;
+      options.reshard_after_forward_to = to;
+      for (auto& [fqn, m] : nn::match_modules(model, "layers.*")) fully_shard(*m, mesh, options);
+      nn::init_parameters(model, kSeed);
+      auto [tokens, targets] = batch(0, g.rank(), 1);
+      at::Tensor loss;
+      // Activations are the same in all three: the difference is what the units keep.
+      MemoryTracker tracker;
+      loss = cross_entropy(model(tokens), targets);
+      const int64_t after_forward = tracker.current();
+      loss.backward();
+      std::lock_guard<std::mutex> lock(mu);
+      if (g.rank() == 0) held[name] = after_forward;
+    }
+  });
+  Llama plain(config());
+  for (auto& [fqn, m] : nn::match_modules(plain, "layers.*"))
+    for (const at::Tensor& p : m->parameters()) unsharded += p.numel() * 4;
+  const double half = static_cast<double>(held["block of 2"] - held["reshard"]) / unsharded;
+  const double all = static_cast<double>(held["keep"] - held["reshard"]) / unsharded;
+  std::cout << "held after forward beyond plain resharding, as a fraction of the blocks' parameters: block of 2 "
+            << half << ", keep " << all << "\n";
+  EXPECT_NEAR(half, 0.5, 0.1);
+  EXPECT_NEAR(all, 1.0, 0.1);
+}
+
 // Parameters hold 1/N of every weight per rank; the gathered copies are gone after forward.
 TEST(FsdpOptions, ShardsAreOneNthAndForwardReleasesTheGatheredCopies) {
   run(2, [](const comm::ProcessGroup& g) {
@@ -332,6 +386,9 @@ TEST(FsdpErrors, BadInputIsAClearError) {
     DeviceMesh only_rank_zero(g, "cpu", at::tensor(std::vector<int64_t>{0}, at::kLong), {"dp"});
     nn::Linear layer(4, 4);
     if (g.rank() == 1) expect_error([&] { fully_shard(layer, only_rank_zero); }, "this rank (1) is not in");
+    FullyShardOptions odd;
+    odd.reshard_after_forward_to = 3;
+    expect_error([&] { fully_shard(layer, mesh, odd); }, "reshard_after_forward_to (3) must divide the shard group's size (2)");
   });
 }
 

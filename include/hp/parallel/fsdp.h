@@ -54,6 +54,12 @@ struct FullyShardOptions {
   // Free the gathered parameters after forward and gather them again for backward (ZeRO-3). Off:
   // keep them from forward to backward (more memory, one all_gather less per step).
   bool reshard_after_forward = true;
+  // FSDP2's integer reshard_after_forward: with reshard_after_forward on, keep the parameters after
+  // forward sharded over blocks of this many neighbouring shard ranks (the ranks of one node, say)
+  // instead of all of them, so backward gathers them within the block. Each rank then holds 1/k of
+  // the unit's parameters from forward to backward. 0: the whole shard group (plain FSDP). Must
+  // divide the shard group's size; ZeRO-3 only.
+  int reshard_after_forward_to = 0;
   // How gradients combine across data-parallel ranks: kAvg (the mean over ranks, for a loss that is
   // a mean over each rank's batch) or kSum.
   comm::ReduceOp reduce_op = comm::ReduceOp::kAvg;
