@@ -11,7 +11,6 @@ void ParallelDims::validate(int64_t world_size, const LlamaConfig& model) const 
                              {"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
     HP_CHECK(value >= 1, "parallel.", name, " must be >= 1, got ", value);
   HP_CHECK(cp == 1 && ep == 1, "parallel.cp and parallel.ep are reserved for context and expert parallelism and must be 1");
-  HP_CHECK(pp == 1 || !model.tie_embeddings, "model.tie_embeddings is not supported with parallel.pp > 1 yet");
   HP_CHECK(product() == world_size, "parallel dims ", str(), " multiply to ", product(), " but the world has ",
            world_size, " ranks");
   if (tp > 1) {

@@ -17,7 +17,13 @@ class LlamaStage : public nn::Module {
       blocks_.push_back(add_module("layer" + std::to_string(i), model.layers->items()[i]));
     if (has_head) {
       norm_ = add_module("norm", model.norm);
-      output_ = add_module("output", model.output);
+      if (model.output) {
+        output_ = add_module("output", model.output);
+      } else if (!has_embed) {
+        // Tied embeddings: the head's copy of the embedding, under the same FQN as on the first
+        // stage ("embed.weight"), for PipelineOptions::tied.
+        head_embed_ = add_module("embed", model.embed);
+      }
     }
   }
 
@@ -25,7 +31,10 @@ class LlamaStage : public nn::Module {
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = embed_ ? (*embed_)(x) : x;
     for (const auto& block : blocks_) h = (*block)(h);
-    return output_ ? (*output_)((*norm_)(h)) : h;
+    if (!norm_) return h;
+    h = (*norm_)(h);
+    if (output_) return (*output_)(h);
+    return at::linear(h, (embed_ ? embed_ : head_embed_)->param("weight"));  // tied head
   }
 
  private:
@@ -33,6 +42,7 @@ class LlamaStage : public nn::Module {
   std::vector<std::shared_ptr<nn::Module>> blocks_;
   std::shared_ptr<nn::RMSNorm> norm_;
   std::shared_ptr<nn::Linear> output_;
+  std::shared_ptr<nn::Embedding> head_embed_;  // tied embeddings, on a last stage without the embedding
 };
 
 }  // namespace
@@ -40,8 +50,6 @@ class LlamaStage : public nn::Module {
 std::vector<std::shared_ptr<nn::Module>> split_llama(Llama& model, const std::vector<int64_t>& layers_per_stage) {
   const int64_t stages = static_cast<int64_t>(layers_per_stage.size());
   HP_CHECK(stages >= 1, "split_llama: no stages");
-  HP_CHECK(!model.config().tie_embeddings || stages == 1,
-           "split_llama: tied embeddings across pipeline stages are not supported yet");
   int64_t total = 0;
   for (int64_t n : layers_per_stage) {
     HP_CHECK(n >= 0, "split_llama: negative layer count");

@@ -32,7 +32,7 @@ bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
-                       double norm_type) {
+                       double norm_type, const std::vector<at::Tensor>& copies) {
   const bool inf = std::isinf(norm_type);
   HP_CHECK(inf || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2 or infinity, got ", norm_type);
   HP_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be non-negative, got ", max_norm);
@@ -50,8 +50,9 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     at::NoGradGuard no_grad;
-    for (const at::Tensor& p : params)
-      if (p.grad().defined()) detail::local_or_self(p.grad()).mul_(coef);
+    for (const auto* group : {&params, &copies})
+      for (const at::Tensor& p : *group)
+        if (p.grad().defined()) detail::local_or_self(p.grad()).mul_(coef);
   }
   return norm;
 }

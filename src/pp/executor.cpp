@@ -5,11 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <set>
 
+#include "dtensor/dtensor_impl.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "pp/failure_notice.h"
 #include "pp/placement.h"
+#include "pp/weight_split.h"
 
 namespace hp::pp {
 namespace {
@@ -36,6 +40,7 @@ struct PipelineExecutor::Slot {
   at::Tensor output;       // the stage's output, or the micro-batch's loss on the last stage
   at::Tensor grad_output;  // received gradient of the output (not on the last stage)
   at::Tensor grad_input;   // computed gradient of the input, to send back
+  std::shared_ptr<WeightGradientSplit> split;  // between I and W, when the graph splits exactly
 };
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group,
@@ -54,6 +59,40 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       HP_CHECK(stage(s - 1).output_shard_dim == stage(s).input_shard_dim, "PipelineExecutor: stages ", s - 1,
                " and ", s, " run on the same ranks but stage ", s - 1, "'s output is sharded on dim ",
                stage(s - 1).output_shard_dim, " and stage ", s, "'s input on dim ", stage(s).input_shard_dim);
+  }
+  for (const TiedParameter& tie : options.tied) {
+    // Copy j of a tied parameter lives on rank j of each position holding one of its stages.
+    std::vector<int> world_ranks;
+    std::set<int> positions;
+    std::optional<at::Tensor> mine;
+    for (int s : tie.stages) {
+      HP_CHECK(s >= 0 && s < schedule_.stages, "PipelineExecutor: tied parameter '", tie.fqn, "' names stage ", s,
+               " of a schedule with ", schedule_.stages, " stages");
+      const int p = placement_->position_of_stage(s);
+      HP_CHECK(positions.insert(p).second, "PipelineExecutor: tied parameter '", tie.fqn, "' has two stages on position ",
+               p, "; stages sharing a rank would share one parameter, which is not supported yet");
+      const std::vector<int>& ranks = placement_->ranks_of_position(p);
+      HP_CHECK(ranks.size() == placement_->ranks_of_position(placement_->position()).size(),
+               "PipelineExecutor: tied parameter '", tie.fqn, "' spans positions of different sizes");
+      world_ranks.push_back(group_.ranks()[ranks[placement_->index_in_position()]]);
+      if (placement_->hosts(s)) {
+        bool found = false;
+        for (const auto& item : stage(s).module->named_parameters())
+          if (item.key() == tie.fqn) mine = item.value(), found = true;
+        HP_CHECK(found, "PipelineExecutor: stage ", s, " has no parameter '", tie.fqn, "' to tie");
+      }
+    }
+    if (mine && world_ranks.size() > 1)
+      tied_.push_back({*mine, group_.new_group(world_ranks, "pp_tied")});
+  }
+}
+
+void PipelineExecutor::sum_tied_gradients() {
+  at::NoGradGuard no_grad;
+  for (TiedCopy& tie : tied_) {
+    at::Tensor grad = tie.param.grad();
+    HP_CHECK(grad.defined(), "PipelineExecutor: the tied parameter has no gradient after the step");
+    tie.group.all_reduce(detail::local_or_self(grad));  // in place: a DTensor gradient's local piece
   }
 }
 
@@ -136,7 +175,9 @@ int PipelineExecutor::peak_live_micro_batches(int stage) const {
 }
 
 double PipelineExecutor::step(const at::Tensor& inputs, const at::Tensor& targets) {
-  return run(inputs, targets, /*backward=*/true);
+  const double loss = run(inputs, targets, /*backward=*/true);
+  sum_tied_gradients();
+  return loss;
 }
 
 double PipelineExecutor::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {
@@ -152,6 +193,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   std::map<std::pair<int, int>, Slot> slots;
   std::map<int, int> live;
   peak_live_.clear();
+  split_weight_actions_ = 0;
   double loss_sum = 0.0;
   timeline_.clear();
   const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
@@ -209,18 +251,27 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               --live[s];
             } else {
               // dx now, keeping the graph for W; stage 0 has no input gradient, its W does it all.
-              if (s > 0) slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+              if (s > 0) {
+                slot.split = WeightGradientSplit::prepare(slot.output, slot.input, stage(s).module->parameters());
+                slot.grad_input = slot.split ? slot.split->input_gradient(slot.output, slot.input, grad)
+                                             : torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+              }
               slot.grad_output = grad;
             }
             break;
           }
           case ActionKind::kBackwardWeight: {
-            // dw: the parameters' gradients (this walks the stage's graph once more; a split that
-            // reuses dx's intermediate gradients is future work).
-            std::vector<at::Tensor> params = stage(s).module->parameters();
-            const std::vector<at::Tensor> grads =
-                s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
-            torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+            // dw: from where the parameters' branches left the I path (WeightGradientSplit), or, when
+            // the graph does not split exactly, by walking the stage's graph once more.
+            if (slot.split) {
+              slot.split->weight_gradients();
+              ++split_weight_actions_;
+            } else {
+              const std::vector<at::Tensor> grads =
+                  s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
+              torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false,
+                                        stage(s).module->parameters());
+            }
             const at::Tensor grad_input = slot.grad_input;
             slot = Slot{};
             slot.grad_input = grad_input;

@@ -27,6 +27,8 @@ class StagePlacement {
   int position_of_stage(int stage) const { return stage_position_[stage]; }
   bool hosts(int stage) const { return stage_position_[stage] == position_; }
   int first_rank_of_stage(int stage) const { return positions_[stage_position_[stage]].front(); }
+  const std::vector<int>& ranks_of_position(int position) const { return positions_[position]; }
+  int index_in_position() const { return index_; }
   // Whether this rank reports its position's values (the loss) for the position: its first rank.
   bool is_position_leader() const { return index_ == 0; }
 

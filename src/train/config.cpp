@@ -207,6 +207,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
     HP_CHECK(c.model.layers % stages == 0, "model.layers (", c.model.layers, ") must be divisible by the ", stages,
              " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
     HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
+    HP_CHECK(!c.model.tie_embeddings || c.pp_schedule != "zbv", "model.tie_embeddings with parallel.pp_schedule zbv is "
+             "not supported yet (its first and last stages share rank 0, so they would share the tied weight)");
   }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);
   parse_decay(c.schedule.decay);  // names the valid decays on error

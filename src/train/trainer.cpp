@@ -151,6 +151,7 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world, bool allocate
     }
     const comm::ProcessGroup pipeline_group =
         c.parallel.tp > 1 ? world.new_group(pipeline_mesh.ranks(), "pp_tp") : s.mesh.get_group("pp");
+    if (c.model.tie_embeddings) placement.tied = {{"embed.weight", {0, schedule.stages - 1}}};
     s.pipe = std::make_unique<pp::PipelineExecutor>(
         schedule, local, pipeline_group,
         [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); }, placement);
@@ -273,6 +274,31 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       it = mine.count(it->second.unsafeGetTensorImpl()) ? std::next(it) : state.tensors.erase(it);
   }
   dcp::add_optimizer_state(state, *s.optimizer, model);
+  // A tied weight's copy on the last pipeline stage is saved by the first stage only (the copies
+  // are equal); loading fills both.
+  // The last stage's copy of a tied weight: its gradient equals the first stage's (summed by the
+  // pipeline), so the global gradient norm counts it once.
+  std::vector<at::Tensor> counted_params = params, tied_copies;
+  const bool saves_tied_copy = !(s.pipe && c.model.tie_embeddings) || s.mesh.get_coordinate().value()[0] == 0;
+  const auto to_save = [&](const dcp::StateDict& all) {
+    if (saves_tied_copy) return all;
+    dcp::StateDict out = all;
+    for (auto it = out.tensors.begin(); it != out.tensors.end();) {
+      const std::string& key = it->first;
+      const bool tied = key == "model.embed.weight" || key.rfind("optim.embed.weight.", 0) == 0;
+      it = tied ? out.tensors.erase(it) : std::next(it);
+    }
+    return out;
+  };
+  if (!saves_tied_copy)
+    for (const auto& stage : s.stages)
+      for (const auto& item : stage->named_parameters())
+        if (item.key() == "embed.weight") {
+          tied_copies.push_back(item.value());
+          counted_params.erase(std::remove_if(counted_params.begin(), counted_params.end(),
+                                              [&](const at::Tensor& p) { return p.is_same(item.value()); }),
+                               counted_params.end());
+        }
 
   TrainResult result;
   result.unigram_entropy = corpus.unigram_entropy_nats;
@@ -337,7 +363,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       }
     }
     const double grad_norm =
-        clip_grad_norm_(params, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world);
+        clip_grad_norm_(counted_params, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, tied_copies);
     const double lr = s.scheduler->lr();
     pending.wait_staged();  // a checkpoint staging in the background still reads what the optimizer changes
     s.optimizer->step();
@@ -362,7 +388,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       dcp::SaveOptions save_options;
       save_options.update_latest = true;
       save_options.stage_in_background = true;  // the copies overlap the next step's forward and backward
-      pending = dcp::save_async(state, c.checkpoint_dir() + "/" + step_dir_name(step + 1), world, save_options);
+      pending = dcp::save_async(to_save(state), c.checkpoint_dir() + "/" + step_dir_name(step + 1), world, save_options);
       pending_step = step + 1;
       if (!c.checkpoint.async) finish_save();
     }

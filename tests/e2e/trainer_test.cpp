@@ -116,6 +116,12 @@ TEST(HpTrain, KillAndResumeThroughAPipelineIsBitwiseIdentical) {
   kill_and_resume("pp", "--set parallel.pp=2 --set parallel.tp=1");
 }
 
+// Tied embeddings across the pipeline: the last stage's copy is saved by the first stage only and
+// loaded into both.
+TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
+  kill_and_resume("pp_tied", "--set parallel.pp=2 --set parallel.tp=1 --set model.tie_embeddings=true");
+}
+
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {

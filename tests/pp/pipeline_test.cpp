@@ -81,6 +81,13 @@ void check_schedule(const Make& make, int p, int m, const std::string& what) {
         ++checked;
       }
     if (checked == 0) throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
+    // ZBV's W actions restart from the recorded branch points (plain stages split exactly), except
+    // on stage 0, which has no input gradient to split from.
+    int w_actions = 0;
+    for (const Action& a : schedule.programs[world.rank()]) w_actions += a.kind == ActionKind::kBackwardWeight && a.stage > 0;
+    if (pipe.split_weight_actions() != w_actions)
+      throw std::runtime_error(what + ": " + std::to_string(pipe.split_weight_actions()) + " of " +
+                               std::to_string(w_actions) + " W actions used the split");
     if (schedule.name == "1F1B")
       for (const auto& st : mine)
         if (pipe.peak_live_micro_batches(st.index) > p)
@@ -251,6 +258,50 @@ TEST(Pipeline, MpmdStageOnATensorParallelMeshMatchesOneDevice) {
       }
     });
   }
+}
+
+// Tied embeddings across stages: the first stage's embedding and the last stage's head share one
+// weight. Each holds a copy; after the step both copies' gradients equal one device's (the sum of
+// the embedding's and the head's), for 1F1B on 2 ranks and interleaved on 2 ranks x 2 stages, with
+// and without FSDP on the stages.
+TEST(Pipeline, TiedEmbeddingsAcrossStagesMatchOneDevice) {
+  models::LlamaConfig tied = config();
+  tied.tie_embeddings = true;
+  models::Llama single(tied);
+  nn::init_parameters(single, kSeed);
+  auto [x, y] = batch();
+  const at::Tensor single_loss = loss_fn(single(x), y);
+  single_loss.backward();
+  const at::Tensor want = single.embed->param("weight").grad();
+  for (const bool interleaved : {false, true})
+    for (const bool fsdp : {false, true}) {
+      const std::string what = std::string(interleaved ? "interleaved" : "1F1B") + (fsdp ? " x FSDP" : "");
+      test::run(fsdp ? 4 : 2, [&](const comm::ProcessGroup& world) {
+        const DeviceMesh mesh = init_device_mesh(world, "cpu", {world.size() / 2, 2}, {"dp", "pp"});
+        const Schedule schedule = interleaved ? interleaved_1f1b(2, 2, 4) : one_f_one_b(2, 4);
+        models::Llama model(tied);
+        const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
+        const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
+        std::vector<PipelineStage> mine;
+        for (int s = 0; s < schedule.stages; ++s)
+          if (schedule.stage_rank[s] == pp_rank) {
+            if (fsdp) fully_shard(*all[s], mesh["dp"]);
+            mine.push_back({all[s], s});
+          }
+        nn::init_parameters(model, kSeed);
+        PipelineOptions options;
+        options.tied = {{"embed.weight", {0, schedule.stages - 1}}};
+        PipelineExecutor pipe(schedule, mine, mesh.get_group("pp"), loss_fn, options);
+        const int64_t half = kRows / mesh.size("dp"), first = mesh.get_local_rank("dp") * half;
+        const double loss = pipe.step(x.narrow(0, first, half), y.narrow(0, first, half));
+        if (!fsdp) test::check_relative(at::scalar_tensor(loss), single_loss.detach(), what + ": loss", 1e-6);
+        for (const auto& st : mine)
+          for (const auto& item : st.module->named_parameters())
+            if (item.key() == "embed.weight")
+              test::check_relative(test::whole(item.value().grad()), want,
+                                   what + ": grad of the tied weight on stage " + std::to_string(st.index), 1e-6);
+      });
+    }
 }
 
 // PP x FSDP on 4 ranks: 2 stages x dp 2. Each stage is one fully_shard unit on its data-parallel

@@ -55,6 +55,7 @@ struct Parallel {
   bool loss_parallel = false;
   std::string name;
   std::string pp_schedule = "1f1b";
+  bool tie_embeddings = false;
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -63,6 +64,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.sequence_parallel = p.sequence_parallel;
   c.loss_parallel = p.loss_parallel;
   c.pp_schedule = p.pp_schedule;
+  c.model.tie_embeddings = p.tie_embeddings;
   std::vector<double> losses;
   std::mutex mu;
   test::run(p.world, [&](const comm::ProcessGroup& world) {
@@ -96,23 +98,31 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   hsdp_tp.dp_replicate = 2;
   hsdp_tp.dp_shard = 2;
   hsdp_tp.tp = 2;
-  for (const Parallel& p : {Parallel{2, dp2, false, false, "dp_shard 2"}, Parallel{2, tp2, true, true, "tp 2 (SP, LP)"},
-                            Parallel{4, dp2tp2, false, false, "dp_shard 2 x tp 2"},
-                            Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"},
-                            Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"},
-                            Parallel{2, pp2, false, false, "pp 2 (GPipe)", "gpipe"},
-                            Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"},
-                            Parallel{4, pp2tp2, false, false, "pp 2 (1F1B) x tp 2"},
-                            Parallel{4, pp2tp2, true, true, "pp 2 (GPipe) x tp 2 (SP, LP)", "gpipe"}}) {
-    const std::vector<double> got = run_config(p, dir);
-    ASSERT_EQ(got.size(), one.size()) << p.name;
-    double worst = 0.0;
-    for (size_t i = 0; i < one.size(); ++i) {
-      EXPECT_NEAR(got[i], one[i], 1e-4 * std::abs(one[i])) << p.name << ", step " << i + 1;
-      worst = std::max(worst, std::abs(got[i] - one[i]) / std::abs(one[i]));
+  // Every config's losses against the one-rank run of the same model.
+  const auto agree_with = [&](const std::vector<double>& one, std::initializer_list<Parallel> configs) {
+    for (const Parallel& p : configs) {
+      const std::vector<double> got = run_config(p, dir);
+      ASSERT_EQ(got.size(), one.size()) << p.name;
+      double worst = 0.0;
+      for (size_t i = 0; i < one.size(); ++i) {
+        EXPECT_NEAR(got[i], one[i], 1e-4 * std::abs(one[i])) << p.name << ", step " << i + 1;
+        worst = std::max(worst, std::abs(got[i] - one[i]) / std::abs(one[i]));
+      }
+      std::cout << p.name << ": largest relative loss difference to 1 rank over 20 steps " << worst << "\n";
     }
-    std::cout << p.name << ": largest relative loss difference to 1 rank over 20 steps " << worst << "\n";
-  }
+  };
+  agree_with(one, {Parallel{2, dp2, false, false, "dp_shard 2"}, Parallel{2, tp2, true, true, "tp 2 (SP, LP)"},
+                   Parallel{4, dp2tp2, false, false, "dp_shard 2 x tp 2"},
+                   Parallel{4, hsdp, false, false, "dp_replicate 2 x dp_shard 2"},
+                   Parallel{8, hsdp_tp, true, true, "dp_replicate 2 x dp_shard 2 x tp 2 (SP, LP)"},
+                   Parallel{2, pp2, false, false, "pp 2 (GPipe)", "gpipe"},
+                   Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"},
+                   Parallel{4, pp2tp2, false, false, "pp 2 (1F1B) x tp 2"},
+                   Parallel{4, pp2tp2, true, true, "pp 2 (GPipe) x tp 2 (SP, LP)", "gpipe"}});
+  // Tied embeddings: the first and the last pipeline stage each hold the weight, their gradients summed.
+  agree_with(run_config({1, {}, false, false, "1 rank, tied", "1f1b", true}, dir),
+             {Parallel{2, pp2, false, false, "pp 2 (1F1B), tied", "1f1b", true},
+              Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2, tied", "1f1b", true}});
   fs::remove_all(dir);
 }
 

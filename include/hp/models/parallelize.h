@@ -51,6 +51,9 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
 // the first stage and the final norm and head the last (a stage may have no blocks). The stages
 // share the model's modules, so parameters keep their identity (and init_parameters on the whole
 // model initializes them).
+// With tie_embeddings, the last stage's head uses the embedding too and holds it as "embed" (so
+// "embed.weight" in both the first and the last stage): run such stages on different ranks and
+// tie them with PipelineOptions::tied = {{"embed.weight", {0, last}}}.
 std::vector<std::shared_ptr<nn::Module>> split_llama(Llama& model, const std::vector<int64_t>& layers_per_stage);
 
 }  // namespace hp::models

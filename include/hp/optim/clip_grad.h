@@ -15,7 +15,9 @@ namespace hp {
 // once: a piece replicated over some mesh dims is counted on the ranks at coordinate 0 of those
 // dims only. Plain gradients are taken as replicated on every rank of `world` (counted once).
 // Collective over `world` (every rank calls it with the same parameters in the same order).
+// `copies`: parameters whose gradients duplicate ones already in `params` somewhere (the second
+// copy of a weight tied across pipeline stages); they are scaled alike but not counted again.
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
-                       double norm_type = 2.0);
+                       double norm_type = 2.0, const std::vector<at::Tensor>& copies = {});
 
 }  // namespace hp

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hp/comm/process_group.h"
@@ -36,12 +37,22 @@ struct PipelineStage {
   int64_t output_shard_dim = -1;
 };
 
+// One parameter that several stages share (tied embeddings: the first stage's embedding and the
+// last stage's head). Each of those stages holds its own copy under the same FQN, starting equal;
+// after every step the executor sums the copies' gradients over the ranks holding them, so the same
+// optimizer update keeps them equal.
+struct TiedParameter {
+  std::string fqn;          // within each stage module, e.g. "embed.weight"
+  std::vector<int> stages;  // on different positions
+};
+
 struct PipelineOptions {
   // MPMD stage meshes: position_ranks[p] lists the group ranks that run position p of the schedule
   // (the schedule's rank p: programs[p] and its stages), e.g. {{0}, {1, 2}} runs stage 0 on rank 0
   // alone and stage 1 on ranks 1 and 2, which hold it tensor-parallel. Every rank of a position runs
   // its program; the loss is reported by its first rank. Empty: group rank p runs position p.
   std::vector<std::vector<int>> position_ranks;
+  std::vector<TiedParameter> tied;
 };
 
 class PipelineExecutor {
@@ -73,6 +84,9 @@ class PipelineExecutor {
 
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
+  // How many W actions of the last step restarted from where the weights' branches leave the
+  // input-gradient path (the rest, in graphs that do not split exactly, walked the graph again).
+  int split_weight_actions() const { return split_weight_actions_; }
 
  private:
   struct Slot;
@@ -88,9 +102,16 @@ class PipelineExecutor {
   comm::ProcessGroup group_;
   LossFn loss_;
   std::shared_ptr<StagePlacement> placement_;
+  struct TiedCopy {
+    at::Tensor param;           // this rank's copy
+    comm::ProcessGroup group;   // the ranks holding a copy
+  };
+  std::vector<TiedCopy> tied_;
+  void sum_tied_gradients();
   std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
   std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the whole output shape sent (once)
   std::map<int, int> peak_live_;
+  int split_weight_actions_ = 0;
   bool record_ = false;
   std::vector<comm::Work> pending_sends_;  // of the current pass; left alone (never waited) after a failure
   uint64_t passes_ = 0;                    // names each pass's failure notice
