@@ -79,9 +79,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--docs")) docs = true;
     else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) p = std::atoi(argv[++i]);
   }
-  const int m = quick ? 4 : 8, v = 2, steps = quick ? 1 : 3;
-  hp::models::LlamaConfig config{256, quick ? 64 : 192, 4 * p, 4, 2, quick ? 128 : 512, quick ? 16 : 64};
-  const int64_t rows = 2 * m;
+  const int m = quick ? 4 : 8, v = 2, steps = quick ? 1 : 5;
+  // Micro-batches large enough that an action computes for milliseconds: per-message latency
+  // (a Gloo loopback round trip, 0.1 to 1 ms) then weighs little, as it does on real stages.
+  hp::models::LlamaConfig config{256, quick ? 64 : 192, 4 * p, 4, 2, quick ? 128 : 512, quick ? 16 : 128};
+  const int64_t rows = (quick ? 2 : 4) * m;
   std::cout << "bench_pp: " << p << " ranks, " << m << " micro-batches of " << rows / m << " x " << config.max_seq
             << " tokens, Llama dim " << config.dim << " with " << config.layers << " layers split evenly\n"
             << std::fixed << std::setprecision(1)
@@ -96,11 +98,10 @@ int main(int argc, char** argv) {
       {hp::pp::interleaved_1f1b(p, v, m), (p - 1.0) / (v * m + p - 1.0)},
       {hp::pp::zero_bubble_v(p, m), hp::pp::simulate(hp::pp::zero_bubble_v(p, m)).bubble},
   };
-  for (const auto& row : rows_) {
-    const Measured got = measure(row.schedule, config, rows, steps);
-    // The same schedule replayed with this run's mean action costs: what the schedule alone predicts.
+  // Mean F / I / W times of a measured timeline (a full B counts half to each of I and W).
+  const auto mean_costs = [](const hp::pp::Simulation& sim) {
     double f = 0, i = 0, w = 0, nf = 0, ni = 0, nw = 0;
-    for (const auto& t : got.sim.timeline) {
+    for (const auto& t : sim.timeline) {
       const double d = t.end - t.start;
       switch (t.action.kind) {
         case hp::pp::ActionKind::kForward: f += d, ++nf; break;
@@ -110,15 +111,34 @@ int main(int argc, char** argv) {
         default: break;
       }
     }
-    const double predicted = hp::pp::simulate(row.schedule, {f / nf, i / ni, w / nw, 0.0}).bubble;
-    std::cout << std::left << std::setw(18) << row.schedule.name << std::right << std::setw(14) << 100 * got.sim.bubble
-              << "%" << std::setw(20) << 100 * row.theory << "%" << std::setw(24) << 100 * predicted << "%\n";
-    if (docs && (row.schedule.name == "1F1B" || row.schedule.name == "ZBV")) {
+    return hp::pp::ActionCosts{f / nf, i / ni, w / nw, 0.0};
+  };
+  const auto report = [&](const hp::pp::Schedule& schedule, const std::string& name, double theory) {
+    const Measured got = measure(schedule, config, rows, steps);
+    const hp::pp::ActionCosts costs = mean_costs(got.sim);
+    // The same schedule replayed with this run's mean action costs: what the schedule alone predicts.
+    const double predicted = hp::pp::simulate(schedule, costs).bubble;
+    std::cout << std::left << std::setw(18) << name << std::right << std::setw(14) << 100 * got.sim.bubble << "%"
+              << std::setw(20) << 100 * theory << "%" << std::setw(24) << 100 * predicted << "%\n";
+    if (docs && (name == "1F1B" || name == "ZBV (costs)")) {
       const std::string path = std::string(HP_SOURCE_DIR) + "/docs/images/pp_measured_" +
-                               (row.schedule.name == "1F1B" ? "1f1b" : "zbv") + ".svg";
-      std::ofstream(path) << hp::pp::to_svg(row.schedule, got.sim, row.schedule.name + " (measured)");
+                               (name == "1F1B" ? "1f1b" : "zbv") + ".svg";
+      std::ofstream(path) << hp::pp::to_svg(schedule, got.sim, schedule.name + " (measured)");
       std::cout << "  wrote " << path << "\n";
     }
+    return got;
+  };
+  for (const auto& row : rows_) {
+    const Measured got = report(row.schedule, row.schedule.name, row.theory);
+    if (row.schedule.name != "ZBV") continue;
+    // Profile, then schedule (as the zero-bubble paper does): ZBV rebuilt with the F / I / W costs
+    // just measured, whose I is dearer than its W here (attention's backward has no weights).
+    const hp::pp::ActionCosts costs = mean_costs(got.sim);
+    std::cout << std::setprecision(2) << "  measured mean costs: F " << 1e3 * costs.forward << " ms, I "
+              << 1e3 * costs.backward_input << " ms, W " << 1e3 * costs.backward_weight << " ms\n"
+              << std::setprecision(1);
+    const hp::pp::Schedule tuned = hp::pp::zero_bubble_v(p, m, costs);
+    report(tuned, "ZBV (costs)", hp::pp::simulate(tuned, costs).bubble);
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -116,22 +117,33 @@ Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches) {
   return s;
 }
 
-Schedule zero_bubble_v(int ranks, int micro_batches) {
+Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
+
+Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
+  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
+           "pp: ZBV needs positive action costs, got F ", costs.forward, ", I ", costs.backward_input, ", W ",
+           costs.backward_weight);
   const int p = ranks, stages = 2 * ranks;
   Schedule s = skeleton("ZBV", ranks, stages, micro_batches);
   for (int stage = 0; stage < stages; ++stage) s.stage_rank.push_back(stage < p ? stage : stages - 1 - stage);
-  // Greedy list schedule with unit costs: at each time step every rank starts its most urgent
-  // ready action. Completion times decide readiness across ranks.
-  const int never = 1 << 30;
-  std::vector<std::vector<int>> f_done(stages, std::vector<int>(micro_batches, never)), i_done = f_done,
-                                w_done = f_done;
+  // Greedy list schedule in time: a free rank starts its most urgent ready action; an action is
+  // ready once the actions it needs have completed (by the given costs).
+  const double never = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
+                                   w_done = f_done;
   std::vector<int> in_flight(ranks, 0), remaining(ranks, 3 * 2 * micro_batches);
-  const int actions = ranks * 3 * 2 * micro_batches;
-  int total = actions;
-  for (int t = 0; total > 0; ++t) {
-    HP_CHECK(t <= actions + 10 * stages, "pp: ZBV schedule generation did not converge");  // a stall
+  std::vector<double> free_at(ranks, 0.0);
+  // Decisions happen at events (time 0 and every completion), every free rank in rank order, so a
+  // rank that waits re-checks as soon as anything completes. With unit costs this is the lockstep
+  // schedule of integer time steps.
+  std::set<double> events = {0.0};
+  int total = ranks * 3 * 2 * micro_batches;
+  while (total > 0) {
+    HP_CHECK(!events.empty(), "pp: ZBV schedule generation stalled");
+    const double t = *events.begin();
+    events.erase(events.begin());
     for (int r = 0; r < ranks; ++r) {
-      if (remaining[r] == 0) continue;
+      if (remaining[r] == 0 || free_at[r] > t) continue;
       const int mine[2] = {r, stages - 1 - r};
       std::optional<Action> pick;
       // I: the deepest stage first (it unblocks the rest of the backward), oldest micro-batch first.
@@ -156,12 +168,17 @@ Schedule zero_bubble_v(int ranks, int micro_batches) {
           const int st = mine[k];
           if (w_done[st][m] == never && i_done[st][m] <= t) pick = act(ActionKind::kBackwardWeight, st, m);
         }
-      if (!pick) continue;
+      if (!pick) continue;  // waits for the next completion
       const Action a = *pick;
-      if (a.kind == ActionKind::kForward) f_done[a.stage][a.micro_batch] = t + 1, ++in_flight[r];
-      if (a.kind == ActionKind::kBackwardInput) i_done[a.stage][a.micro_batch] = t + 1;
-      if (a.kind == ActionKind::kBackwardWeight) w_done[a.stage][a.micro_batch] = t + 1, --in_flight[r];
+      const double end = t + (a.kind == ActionKind::kForward         ? costs.forward
+                              : a.kind == ActionKind::kBackwardInput ? costs.backward_input
+                                                                     : costs.backward_weight);
+      if (a.kind == ActionKind::kForward) f_done[a.stage][a.micro_batch] = end, ++in_flight[r];
+      if (a.kind == ActionKind::kBackwardInput) i_done[a.stage][a.micro_batch] = end;
+      if (a.kind == ActionKind::kBackwardWeight) w_done[a.stage][a.micro_batch] = end, --in_flight[r];
       s.programs[r].push_back(a);
+      free_at[r] = end;
+      events.insert(end);
       --remaining[r];
       --total;
     }

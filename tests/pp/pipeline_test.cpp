@@ -103,7 +103,7 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
       check_schedule(gpipe, p, m, "GPipe" + shape);
       check_schedule(one_f_one_b, p, m, "1F1B" + shape);
       check_schedule([](int r, int mb) { return interleaved_1f1b(r, 2, mb); }, p, m, "Interleaved1F1B" + shape);
-      check_schedule(zero_bubble_v, p, m, "ZBV" + shape);
+      check_schedule([](int r, int mb) { return zero_bubble_v(r, mb); }, p, m, "ZBV" + shape);
     }
 }
 

@@ -48,6 +48,20 @@ TEST(PipelineSchedule, OneFOneBHoldsAtMostRanksMicroBatches) {
     }
 }
 
+// ZBV scheduled with the real F / I / W costs (I dearer than W, as measured on these stages) is
+// valid and idles less under those costs than the unit-cost order does.
+TEST(PipelineSchedule, ZbvScheduledWithCostsIdlesLessUnderThem) {
+  for (const ActionCosts costs : {ActionCosts{1.0, 2.0, 0.5}, ActionCosts{1.0, 1.5, 0.3}})
+    for (int p : {2, 4})
+      for (int m : {4, 8, 16}) {
+        const Schedule tuned = zero_bubble_v(p, m, costs);
+        validate(tuned);
+        const double with_costs = simulate(tuned, costs).bubble, unit = simulate(zero_bubble_v(p, m), costs).bubble;
+        EXPECT_LE(with_costs, unit + 1e-9) << "p " << p << " m " << m << " I " << costs.backward_input;
+        EXPECT_LT(with_costs, simulate(one_f_one_b(p, m), costs).bubble) << "p " << p << " m " << m;
+      }
+}
+
 TEST(PipelineSchedule, BubbleMatchesTheory) {
   // F = 1, B = 2 (I + W); no communication cost: 1F1B's bubble is (p - 1) / (m + p - 1).
   for (int p : {2, 4})

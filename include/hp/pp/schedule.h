@@ -77,6 +77,11 @@ struct ActionCosts {
   double send = 0.0;  // latency of a send/receive pair
 };
 
+// ZBV built by the same greedy list schedule with these action costs (e.g. measured ones, as the
+// zero-bubble paper profiles before scheduling): with real F / I / W costs the greedy order leaves
+// less idle time than the unit-cost one.
+Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs);
+
 struct TimedAction {
   Action action;
   int rank;
