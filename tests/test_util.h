@@ -15,6 +15,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/testing/run_ranks.h"
+#include "scratch_dir.h"
 
 namespace hp::test {
 
@@ -27,6 +28,7 @@ inline at::Tensor rank_data(int rank, std::vector<int64_t> shape, at::ScalarType
 }
 
 inline std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
 
 // Throws with both tensors printed unless `got` equals `want` within tolerances chosen by dtype
 // (exact for integers; fp32 rtol 1e-5; bf16 rtol 1e-2), or bitwise if `bitwise`.

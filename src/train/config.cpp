@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
       HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
       HP_CONFIG_FIELD("parallel.reshard_after_forward", reshard_after_forward),
+      HP_CONFIG_FIELD("parallel.reshard_after_forward_to", reshard_after_forward_to),
       HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
       HP_CONFIG_FIELD("parallel.pp_stages_per_rank", pp_stages_per_rank),
       HP_CONFIG_FIELD("data.sources", data.sources),
@@ -196,6 +197,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must be divisible by the data-parallel degree dp_replicate x dp_shard (", c.parallel.dp(), ")");
   HP_CHECK(c.per_rank_batch() % c.train.micro_batch == 0, "train.micro_batch (", c.train.micro_batch,
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
+  HP_CHECK(c.reshard_after_forward_to >= 0 && (c.reshard_after_forward_to == 0 ||
+                                                c.parallel.dp_shard % c.reshard_after_forward_to == 0),
+           "parallel.reshard_after_forward_to (", c.reshard_after_forward_to, ") must divide parallel.dp_shard (",
+           c.parallel.dp_shard, ")");
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   HP_CHECK(!c.sequence_parallel || c.data.seq_len % c.parallel.tp == 0, "data.seq_len (", c.data.seq_len,
            ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");

@@ -121,6 +121,7 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world, bool allocate
   models::LlamaParallelOptions parallel;
   parallel.tp = {c.sequence_parallel, c.loss_parallel};
   parallel.fsdp.reshard_after_forward = c.reshard_after_forward;
+  parallel.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   if (c.parallel.pp > 1) {
     // Tensor parallelism first (on every rank, over the whole model: each rank then runs its
     // stages' share). Each stage this rank runs is one fully_shard unit on the data-parallel mesh

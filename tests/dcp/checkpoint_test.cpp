@@ -22,12 +22,7 @@ using test::run;
 
 // A fresh directory per test (ctest runs tests in parallel processes).
 std::string scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() /
-                 ("hp_dcp_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return test::scratch_dir("dcp_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
 }
 
 // The layouts of the reshard matrix: a mesh shape and placements (an empty mesh = a plain tensor).

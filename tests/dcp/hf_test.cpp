@@ -66,8 +66,7 @@ TEST(HfNames, RoundTripEveryParameter) {
 // Exported from TP=2 (in shards with an index), read by a plain reader, imported into FSDP on 4
 // ranks and into one process: every parameter bitwise equal to the original.
 TEST(Hf, ExportImportRoundTripIsBitwise) {
-  const std::string dir = (fs::temp_directory_path() / ("hp_hf_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
+  const std::string dir = test::scratch_dir("hf");
   std::map<std::string, at::Tensor> original;
   std::mutex mu;
   test::run(2, [&](const comm::ProcessGroup& world) {

@@ -13,8 +13,7 @@ namespace {
 
 // A fresh directory holding one rules file with `text`.
 std::string rules_dir(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / ("hp_yaml_rules_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = scratch_dir("yaml_rules_" + name);
   std::ofstream(dir / "rules.yaml") << text;
   return dir.string();
 }

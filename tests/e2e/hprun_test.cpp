@@ -104,6 +104,7 @@ TEST(Hprun, UserRuleFilesFromTheEnvironment) {
   Result without = run_job("--nproc-per-node 2 " + program("user_yaml"));
   EXPECT_NE(without.exit_code, 0) << without.output;
   EXPECT_NE(without.output.find("no sharding rule for aten::frac"), std::string::npos) << without.output;
+  std::system(("rm -rf " + dir).c_str());
 }
 
 // Usage errors and --help.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "e2e/e2e_util.h"
+#include "scratch_dir.h"
 #include "hp_build_paths.h"
 
 namespace {
@@ -16,12 +17,7 @@ using hp::e2e::bin_dir;
 using hp::e2e::Result;
 using hp::e2e::run_job;
 
-std::string scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("hp_train_e2e_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+std::string scratch(const std::string& name) { return hp::test::scratch_dir("train_e2e_" + name); }
 
 // The demo config, shortened: 10 steps, a checkpoint every 5, data cached in `dir`.
 std::string train_command(const std::string& dir, const std::string& extra = "") {

@@ -53,6 +53,7 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4, "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
+  invalid({"parallel.reshard_after_forward_to=3"}, 4, "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
   invalid({"optimizer.name=sgd"}, 4, "optimizer.name 'sgd' is unknown (available: adamw, muon)");
   invalid({"schedule.decay=step"}, 4, "step");
   invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");

@@ -1,0 +1,34 @@
+// Scratch directories for tests: fresh, and removed when the test process exits, so runs leave
+// nothing behind in the temp directory.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace hp::test {
+
+// "<temp>/hp_<name>_<pid>", emptied if it exists.
+inline std::string scratch_dir(const std::string& name) {
+  struct Cleanup {
+    std::vector<std::filesystem::path> dirs;
+    ~Cleanup() {
+      for (const auto& d : dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(d, ignored);
+      }
+    }
+  };
+  static Cleanup cleanup;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("hp_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  cleanup.dirs.push_back(dir);
+  return dir.string();
+}
+
+}  // namespace hp::test
