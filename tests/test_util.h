@@ -5,14 +5,17 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/core/memory_tracker.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/testing/run_ranks.h"
 #include "scratch_dir.h"
@@ -28,6 +31,19 @@ inline at::Tensor rank_data(int rank, std::vector<int64_t> shape, at::ScalarType
 }
 
 inline std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+// `tracker.current()` once it stops falling: a finished collective's buffers are released by the
+// backend's thread a moment later (nothing else may allocate on this thread meanwhile).
+inline int64_t settled_current(const MemoryTracker& tracker) {
+  int64_t now = tracker.current();
+  for (int steady = 0; steady < 5;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int64_t later = tracker.current();
+    steady = later == now ? steady + 1 : 0;
+    now = later;
+  }
+  return now;
+}
 
 
 // Throws with both tensors printed unless `got` equals `want` within tolerances chosen by dtype

@@ -25,13 +25,15 @@ struct WeightGradientSplit::Recorded {
 
 namespace {
 
+// Held by the node, so it holds its slot weakly: the slot holds the node, and a cycle would keep
+// the node, and through it the stage's whole graph with its saved activations, alive for good.
 struct RecordingHook : torch::autograd::FunctionPreHook {
-  explicit RecordingHook(std::shared_ptr<WeightGradientSplit::Recorded> slot) : slot(std::move(slot)) {}
+  explicit RecordingHook(const std::shared_ptr<WeightGradientSplit::Recorded>& slot) : slot(slot) {}
   variable_list operator()(const variable_list& grads) override {
-    if (slot->recording) slot->grads = grads;
+    if (auto s = slot.lock(); s && s->recording) s->grads = grads;
     return grads;
   }
-  std::shared_ptr<WeightGradientSplit::Recorded> slot;
+  std::weak_ptr<WeightGradientSplit::Recorded> slot;
 };
 
 }  // namespace

@@ -280,15 +280,7 @@ TEST(FsdpOptions, ReshardingToABlockHoldsAFractionBetweenForwardAndBackward) {
       // Activations are the same in all three: the difference is what the units keep.
       MemoryTracker tracker;
       loss = cross_entropy(model(tokens), targets);
-      // A finished collective's buffers are released by the backend's thread a moment later; nothing
-      // else allocates here meanwhile, so wait until the count stops falling.
-      int64_t after_forward = tracker.current();
-      for (int settled = 0; settled < 5;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        const int64_t now = tracker.current();
-        settled = now == after_forward ? settled + 1 : 0;
-        after_forward = now;
-      }
+      const int64_t after_forward = settled_current(tracker);
       loss.backward();
       std::lock_guard<std::mutex> lock(mu);
       if (g.rank() == 0) held[name] = after_forward;

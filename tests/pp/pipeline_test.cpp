@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "hp/core/memory_tracker.h"
 #include "hp/models/parallelize.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/fsdp.h"
@@ -105,6 +106,31 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
       check_schedule([](int r, int mb) { return interleaved_1f1b(r, 2, mb); }, p, m, "Interleaved1F1B" + shape);
       check_schedule([](int r, int mb) { return zero_bubble_v(r, mb); }, p, m, "ZBV" + shape);
     }
+}
+
+// Steps hold nothing over: after W the stage's graph, with its saved activations, is gone (a
+// reference cycle through W's recording hooks once kept every graph alive).
+TEST(Pipeline, StepsDoNotAccumulateMemory) {
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    const Schedule schedule = zero_bubble_v(2, 4);
+    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
+    std::vector<PipelineStage> mine;
+    for (int s = 0; s < schedule.stages; ++s)
+      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    PipelineExecutor pipe(schedule, mine, world, loss_fn);
+    auto [x, y] = batch();
+    MemoryTracker tracker;
+    std::vector<int64_t> held;
+    for (int step = 0; step < 4; ++step) {
+      pipe.step(x, y);
+      held.push_back(test::settled_current(tracker));  // gradients (same size every step) and nothing else
+    }
+    if (held[3] != held[1])
+      throw std::runtime_error("rank " + std::to_string(world.rank()) + " holds " + std::to_string(held[1]) +
+                               " bytes after step 2 but " + std::to_string(held[3]) + " after step 4");
+  });
 }
 
 // Inference through the stages (the trainer's sample): the logits of one device on every rank,
