@@ -55,6 +55,15 @@ const Reference& reference() {
   return r;
 }
 
+// `model` split into the schedule's stages (equal layer ranges): the ones `rank` runs.
+std::vector<PipelineStage> stages_of(models::Llama& model, const Schedule& schedule, int rank) {
+  const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
+  std::vector<PipelineStage> mine;
+  for (int s = 0; s < schedule.stages; ++s)
+    if (schedule.stage_rank[s] == rank) mine.push_back({all[s], s});
+  return mine;
+}
+
 // Runs `make(p, m)` on p ranks; checks the loss and the gradients of each rank's stages.
 template <typename Make>
 void check_schedule(const Make& make, int p, int m, const std::string& what) {
@@ -63,10 +72,7 @@ void check_schedule(const Make& make, int p, int m, const std::string& what) {
     const Schedule schedule = make(p, m);
     models::Llama model(config());
     nn::init_parameters(model, kSeed);
-    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
-    std::vector<PipelineStage> mine;
-    for (int s = 0; s < schedule.stages; ++s)
-      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    const std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
     PipelineExecutor pipe(schedule, mine, world, loss_fn);
     auto [x, y] = batch();
     const double loss = pipe.step(x, y);
@@ -115,10 +121,7 @@ TEST(Pipeline, StepsDoNotAccumulateMemory) {
     models::Llama model(config());
     nn::init_parameters(model, kSeed);
     const Schedule schedule = zero_bubble_v(2, 4);
-    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
-    std::vector<PipelineStage> mine;
-    for (int s = 0; s < schedule.stages; ++s)
-      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    const std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
     PipelineExecutor pipe(schedule, mine, world, loss_fn);
     auto [x, y] = batch();
     MemoryTracker tracker;
@@ -143,10 +146,7 @@ TEST(Pipeline, ForwardGivesOneDeviceLogitsOnEveryRank) {
     models::Llama model(config());
     nn::init_parameters(model, kSeed);
     const Schedule schedule = zero_bubble_v(2, 2);
-    const auto all = models::split_llama(model, std::vector<int64_t>(schedule.stages, kLayers / schedule.stages));
-    std::vector<PipelineStage> mine;
-    for (int s = 0; s < schedule.stages; ++s)
-      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    const std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
     PipelineExecutor pipe(schedule, mine, world, loss_fn);
     for (int64_t seq : {kSeq, int64_t{3}}) {
       const at::Tensor tokens = x.narrow(0, 0, 2).narrow(1, 0, seq);
