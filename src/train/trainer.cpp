@@ -275,10 +275,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       it = mine.count(it->second.unsafeGetTensorImpl()) ? std::next(it) : state.tensors.erase(it);
   }
   dcp::add_optimizer_state(state, *s.optimizer, model);
-  // A tied weight's copy on the last pipeline stage is saved by the first stage only (the copies
-  // are equal); loading fills both.
-  // The last stage's copy of a tied weight: its gradient equals the first stage's (summed by the
-  // pipeline), so the global gradient norm counts it once.
+  // Tied embeddings across a pipeline: the last stage's copy equals the first stage's, so only the
+  // first stage saves it (loading fills both), and its gradient, already summed by the pipeline,
+  // is counted once in the global gradient norm.
   std::vector<at::Tensor> counted_params = params, tied_copies;
   const bool saves_tied_copy = !(s.pipe && c.model.tie_embeddings) || s.mesh.get_coordinate().value()[0] == 0;
   const auto to_save = [&](const dcp::StateDict& all) {
