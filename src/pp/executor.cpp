@@ -40,7 +40,7 @@ struct PipelineExecutor::Slot {
   at::Tensor output;       // the stage's output, or the micro-batch's loss on the last stage
   at::Tensor grad_output;  // received gradient of the output (not on the last stage)
   at::Tensor grad_input;   // computed gradient of the input, to send back
-  std::shared_ptr<WeightGradientSplit> split;  // between I and W, when the graph splits exactly
+  std::shared_ptr<WeightGradientSplit> split;  // between I and W (set when the output depends on the input)
 };
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group,
@@ -261,8 +261,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
             break;
           }
           case ActionKind::kBackwardWeight: {
-            // dw: from where the parameters' branches left the I path (WeightGradientSplit), or, when
-            // the graph does not split exactly, by walking the stage's graph once more.
+            // dw: from where the parameters' branches left the I path (WeightGradientSplit), or, on a
+            // stage without an input gradient (stage 0), by walking the stage's graph once more.
             if (slot.split) {
               slot.split->weight_gradients();
               ++split_weight_actions_;

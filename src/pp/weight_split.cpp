@@ -16,10 +16,10 @@ using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-struct WeightGradientSplit::Recorded {
+struct WeightGradientSplit::Branching {
   std::shared_ptr<Node> node;
-  torch::autograd::edge_list params;  // the parameters on this node's branch
-  variable_list grads;                // what the node received during I, one per node input
+  std::vector<size_t> path_edges;  // its next edges into the I path, cut before W
+  variable_list grads;             // what the node received during I, one per node input
   bool recording = true;
 };
 
@@ -28,13 +28,27 @@ namespace {
 // Held by the node, so it holds its slot weakly: the slot holds the node, and a cycle would keep
 // the node, and through it the stage's whole graph with its saved activations, alive for good.
 struct RecordingHook : torch::autograd::FunctionPreHook {
-  explicit RecordingHook(const std::shared_ptr<WeightGradientSplit::Recorded>& slot) : slot(slot) {}
+  explicit RecordingHook(const std::shared_ptr<WeightGradientSplit::Branching>& slot) : slot(slot) {}
   variable_list operator()(const variable_list& grads) override {
     if (auto s = slot.lock(); s && s->recording) s->grads = grads;
     return grads;
   }
-  std::weak_ptr<WeightGradientSplit::Recorded> slot;
+  std::weak_ptr<WeightGradientSplit::Branching> slot;
 };
+
+// The nodes from which one of `targets` is reachable (the targets included), walking `parents`.
+std::unordered_set<Node*> reaching(const std::vector<Node*>& targets,
+                                   std::unordered_map<Node*, std::vector<Node*>>& parents) {
+  std::unordered_set<Node*> found;
+  std::vector<Node*> stack = targets;
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    if (!found.insert(node).second) continue;
+    for (Node* p : parents[node]) stack.push_back(p);
+  }
+  return found;
+}
 
 }  // namespace
 
@@ -58,49 +72,37 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tens
       if (owner.emplace(e.function.get(), e.function).second) stack.push_back(e.function.get());
     }
   }
-  // The I path: nodes from which the input's gradient node is reachable.
-  std::unordered_set<Node*> on_path;
-  stack = {input_edge.function.get()};
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
-    if (!on_path.insert(node).second) continue;
-    for (Node* p : parents[node]) stack.push_back(p);
-  }
+  const std::unordered_set<Node*> on_path = reaching({input_edge.function.get()}, parents);
   if (!on_path.count(root.get())) return nullptr;
 
-  // From each parameter, walk up its branch until it meets the I path: the meeting nodes branch.
-  // W restarts each branching node on its own, asking only for its branch's parameters; that is
-  // exact only when each parameter hangs off one branching node. A parameter met through several
-  // (a weight used twice, or parameters joined by one node such as an FSDP unit's gather) could
-  // have a branching node's I-path gradient recomputed and counted twice, so such graphs are not
-  // split (the caller falls back to one plain backward for W).
-  std::unordered_map<Node*, torch::autograd::edge_list> branch_params;
+  auto split = std::make_shared<WeightGradientSplit>();
+  std::vector<Node*> param_nodes;
   for (const at::Tensor& p : params) {
     const Edge edge = torch::autograd::impl::gradient_edge(p);
     if (!edge.function || !owner.count(edge.function.get())) continue;  // not used by this stage's graph
-    std::unordered_set<Node*> met, seen;
-    stack = {edge.function.get()};
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      if (on_path.count(node)) {
-        met.insert(node);
-        continue;
-      }
-      if (!seen.insert(node).second) continue;
-      for (Node* parent : parents[node]) stack.push_back(parent);
-    }
-    if (met.size() != 1) return nullptr;
-    branch_params[*met.begin()].push_back(edge);
+    param_nodes.push_back(edge.function.get());
+    split->params_.push_back(p);
   }
-  auto split = std::make_shared<WeightGradientSplit>();
-  for (auto& [node, edges] : branch_params) {
-    auto slot = std::make_shared<Recorded>();
+  const std::unordered_set<Node*> toward_params = reaching(param_nodes, parents);
+
+  // Every node of the I path with an edge off the path toward a parameter branches. Nothing else
+  // needs restarting: each node off the path is reached from the path through such an edge (the
+  // output's node is on the path), and no node on the path is reached from off it.
+  for (Node* node : on_path) {
+    if (!owner.count(node)) continue;  // not below the output
+    auto slot = std::make_shared<Branching>();
+    bool branches = false;
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      Node* next = edges[i].function.get();
+      if (!next) continue;
+      if (on_path.count(next)) slot->path_edges.push_back(i);
+      else branches = branches || toward_params.count(next);
+    }
+    if (!branches) continue;
     slot->node = owner.at(node);
-    slot->params = std::move(edges);
     node->add_pre_hook(std::make_unique<RecordingHook>(slot));
-    split->recorded_.push_back(std::move(slot));
+    split->branching_.push_back(std::move(slot));
   }
   return split;
 }
@@ -110,25 +112,33 @@ at::Tensor WeightGradientSplit::input_gradient(const at::Tensor& output, const a
   const std::vector<at::Tensor> grads = grad_output.defined() ? std::vector<at::Tensor>{grad_output}
                                                               : std::vector<at::Tensor>{};
   at::Tensor dx = torch::autograd::grad({output}, {input}, grads, /*retain_graph=*/true)[0];
-  for (auto& r : recorded_) r->recording = false;
+  for (auto& b : branching_) b->recording = false;
   return dx;
 }
 
 void WeightGradientSplit::weight_gradients() {
-  for (const auto& r : recorded_) {
-    HP_CHECK(!r->recording, "pipeline: W ran before its I");
-    torch::autograd::edge_list roots;
-    variable_list grads;
-    for (size_t i = 0; i < r->grads.size(); ++i) {
-      if (!r->grads[i].defined()) continue;
-      roots.emplace_back(r->node, static_cast<uint32_t>(i));
-      grads.push_back(r->grads[i]);
+  // One pass from every branching node at once. With their edges into the I path cut, no gradient
+  // flows from one of them to another (which would count the I path twice), and each computes
+  // only its weight side (nodes skip the outputs whose edges are invalid).
+  torch::autograd::edge_list roots;
+  variable_list grads;
+  for (const auto& b : branching_) {
+    HP_CHECK(!b->recording, "pipeline: W ran before its I");
+    for (size_t i : b->path_edges) b->node->next_edges()[i] = Edge();
+    for (size_t i = 0; i < b->grads.size(); ++i) {
+      if (!b->grads[i].defined()) continue;  // no gradient reached this input of the node
+      roots.emplace_back(b->node, static_cast<uint32_t>(i));
+      grads.push_back(b->grads[i]);
     }
-    if (roots.empty()) continue;  // no gradient reached this node
-    torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
-                                                          /*accumulate_grad=*/true, r->params);
   }
-  recorded_.clear();  // drops the graph
+  if (!roots.empty()) {
+    torch::autograd::edge_list outputs;
+    for (const at::Tensor& p : params_) outputs.push_back(torch::autograd::impl::gradient_edge(p));
+    torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
+                                                          /*accumulate_grad=*/true, outputs);
+  }
+  branching_.clear();  // drops the graph
+  params_.clear();
 }
 
 }  // namespace hp::pp

@@ -5,12 +5,13 @@
 // and branches off that path that end at parameters. Where a branch leaves the I path, the node
 // computes both the input-side and the weight-side gradient. During I the engine computes only
 // what leads to the input, so such a node skips its weight side; a pre-hook records the gradient
-// the node received. W then restarts from exactly those nodes with the recorded gradients and
-// asks only for the parameters, so it runs the weight-side computations alone.
+// the node received. W cuts the branching nodes' edges into the I path (I is done with them) and
+// restarts all of them at once with the recorded gradients: each computes its weight side alone,
+// and the branches below run once, summing where they join (a weight used twice, or an FSDP
+// unit's gather, whose backward reduce-scatters the whole unit once).
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/edge.h>
 
 #include <memory>
 #include <vector>
@@ -20,8 +21,8 @@ namespace hp::pp {
 class WeightGradientSplit {
  public:
   // Finds where the parameters' branches leave the path from `output` to `input` and starts
-  // recording there. Returns nullptr when the graph cannot be split exactly (no such path, or a
-  // parameter reached from several branching nodes; see the .cpp).
+  // recording there. Returns nullptr when there is no such path (the output does not depend on
+  // the input); W then walks the graph once more.
   static std::shared_ptr<WeightGradientSplit> prepare(const at::Tensor& output, const at::Tensor& input,
                                                       const std::vector<at::Tensor>& params);
 
@@ -30,10 +31,11 @@ class WeightGradientSplit {
   // W: accumulates the parameters' gradients into .grad and frees the graph.
   void weight_gradients();
 
-  struct Recorded;  // the gradients received by one branching node
+  struct Branching;  // one node where branches leave the I path, and what it received during I
 
  private:
-  std::vector<std::shared_ptr<Recorded>> recorded_;
+  std::vector<std::shared_ptr<Branching>> branching_;
+  std::vector<at::Tensor> params_;
 };
 
 }  // namespace hp::pp

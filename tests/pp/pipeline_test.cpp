@@ -88,8 +88,8 @@ void check_schedule(const Make& make, int p, int m, const std::string& what) {
         ++checked;
       }
     if (checked == 0) throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
-    // ZBV's W actions restart from the recorded branch points (plain stages split exactly), except
-    // on stage 0, which has no input gradient to split from.
+    // ZBV's W actions restart from the recorded branch points, except on stage 0, which has no
+    // input gradient to split from.
     int w_actions = 0;
     for (const Action& a : schedule.programs[world.rank()]) w_actions += a.kind == ActionKind::kBackwardWeight && a.stage > 0;
     if (pipe.split_weight_actions() != w_actions)
@@ -330,33 +330,42 @@ TEST(Pipeline, TiedEmbeddingsAcrossStagesMatchOneDevice) {
     }
 }
 
-// PP x FSDP on 4 ranks: 2 stages x dp 2. Each stage is one fully_shard unit on its data-parallel
+// PP x FSDP on 4 ranks: 2 positions x dp 2. Each stage is one fully_shard unit on its data-parallel
 // mesh; each pipeline (one per dp index) runs half the batch; FSDP averages the gradients over dp.
+// Under ZBV the W actions split off the units' gathers too (their backward reduce-scatters once).
 TEST(Pipeline, TimesFsdpMatchesOneDevice) {
   reference();
-  test::run(4, [&](const comm::ProcessGroup& world) {
-    const DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2}, {"pp", "dp"});
-    const int stage_index = static_cast<int>(mesh.get_local_rank("pp"));
-    const int dp_rank = static_cast<int>(mesh.get_local_rank("dp"));
-    models::Llama model(config());
-    const auto stages = models::split_llama(model, {kLayers / 2, kLayers / 2});
-    fully_shard(*stages[stage_index], mesh["dp"]);
-    nn::init_parameters(model, kSeed);
-    PipelineExecutor pipe(one_f_one_b(2, 4), {{stages[stage_index], stage_index}}, mesh.get_group("pp"), loss_fn);
-    auto [x, y] = batch();
-    const int64_t half = kRows / 2;
-    const double loss = pipe.step(x.narrow(0, dp_rank * half, half), y.narrow(0, dp_rank * half, half));
-    const double mean = mesh.get_group("dp").all_reduce(at::scalar_tensor(loss, at::kDouble).reshape({1}),
-                                                        {comm::ReduceOp::kAvg}).item<double>();
-    test::check_relative(at::scalar_tensor(mean), at::scalar_tensor(reference().loss), "PP x FSDP: loss", 1e-5);
-    std::map<const void*, std::string> fqn;
-    for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
-    for (const at::Tensor& param : stages[stage_index]->parameters()) {
-      const std::string& name = fqn.at(param.unsafeGetTensorImpl());
-      if (!is_dtensor(param)) throw std::runtime_error("PP x FSDP: " + name + " is not sharded");
-      test::check_relative(test::whole(param.grad()), reference().grads.at(name), "PP x FSDP: grad of " + name, 1e-5);
-    }
-  });
+  for (const Schedule& schedule : {one_f_one_b(2, 4), zero_bubble_v(2, 4)})
+    test::run(4, [&](const comm::ProcessGroup& world) {
+      const std::string what = "PP (" + schedule.name + ") x FSDP";
+      const DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2}, {"pp", "dp"});
+      const int position = static_cast<int>(mesh.get_local_rank("pp"));
+      const int dp_rank = static_cast<int>(mesh.get_local_rank("dp"));
+      models::Llama model(config());
+      const std::vector<PipelineStage> mine = stages_of(model, schedule, position);
+      for (const PipelineStage& st : mine) fully_shard(*st.module, mesh["dp"]);
+      nn::init_parameters(model, kSeed);
+      PipelineExecutor pipe(schedule, mine, mesh.get_group("pp"), loss_fn);
+      auto [x, y] = batch();
+      const int64_t half = kRows / 2;
+      const double loss = pipe.step(x.narrow(0, dp_rank * half, half), y.narrow(0, dp_rank * half, half));
+      const double mean = mesh.get_group("dp").all_reduce(at::scalar_tensor(loss, at::kDouble).reshape({1}),
+                                                          {comm::ReduceOp::kAvg}).item<double>();
+      test::check_relative(at::scalar_tensor(mean), at::scalar_tensor(reference().loss), what + ": loss", 1e-5);
+      std::map<const void*, std::string> fqn;
+      for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
+      for (const PipelineStage& st : mine)
+        for (const at::Tensor& param : st.module->parameters()) {
+          const std::string& name = fqn.at(param.unsafeGetTensorImpl());
+          if (!is_dtensor(param)) throw std::runtime_error(what + ": " + name + " is not sharded");
+          test::check_relative(test::whole(param.grad()), reference().grads.at(name), what + ": grad of " + name, 1e-5);
+        }
+      int w_actions = 0;
+      for (const Action& a : schedule.programs[position]) w_actions += a.kind == ActionKind::kBackwardWeight && a.stage > 0;
+      if (pipe.split_weight_actions() != w_actions)
+        throw std::runtime_error(what + ": " + std::to_string(pipe.split_weight_actions()) + " of " +
+                                 std::to_string(w_actions) + " W actions used the split");
+    });
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ struct Parallel {
   std::string name;
   std::string pp_schedule = "1f1b";
   bool tie_embeddings = false;
+  int64_t layers = 2;
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -65,6 +66,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.loss_parallel = p.loss_parallel;
   c.pp_schedule = p.pp_schedule;
   c.model.tie_embeddings = p.tie_embeddings;
+  c.model.layers = p.layers;
   std::vector<double> losses;
   std::mutex mu;
   test::run(p.world, [&](const comm::ProcessGroup& world) {
@@ -123,6 +125,9 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   agree_with(run_config({1, {}, false, false, "1 rank, tied", "1f1b", true}, dir),
              {Parallel{2, pp2, false, false, "pp 2 (1F1B), tied", "1f1b", true},
               Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2, tied", "1f1b", true}});
+  // ZBV: 4 stages of one layer on 2 ranks, each an FSDP unit whose W splits from its I.
+  agree_with(run_config({1, {}, false, false, "1 rank, 4 layers", "1f1b", false, 4}, dir),
+             {Parallel{4, pp2dp2, false, false, "pp 2 (ZBV) x dp_shard 2", "zbv", false, 4}});
   fs::remove_all(dir);
 }
 

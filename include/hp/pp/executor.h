@@ -85,7 +85,7 @@ class PipelineExecutor {
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
   // How many W actions of the last step restarted from where the weights' branches leave the
-  // input-gradient path (the rest, in graphs that do not split exactly, walked the graph again).
+  // input-gradient path (the rest, on stages without an input gradient, walked the graph again).
   int split_weight_actions() const { return split_weight_actions_; }
 
  private:
