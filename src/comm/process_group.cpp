@@ -425,6 +425,22 @@ Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const
   return issue_native(impl_, new_p2p_site(g, "recv", tensor.nbytes(), peer, tag), std::move(step));
 }
 
+std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) const {
+  const GroupImpl& g = impl();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::string op = "batch_isend_irecv: operation " + std::to_string(i) +
+                           (ops[i].kind == P2POp::Kind::kSend ? " (send)" : " (recv)");
+    check_tensor(op.c_str(), ops[i].tensor);
+    check_peer(op.c_str(), g, ops[i].peer);
+  }
+  std::vector<Work> works;
+  works.reserve(ops.size());
+  for (const P2POp& op : ops)
+    works.push_back(op.kind == P2POp::Kind::kSend ? send_async(op.tensor, op.peer, op.tag)
+                                                  : recv_async(op.tensor, op.peer, op.tag));
+  return works;
+}
+
 Work ProcessGroup::barrier_async() const {
   GroupImpl& g = impl();
   if (g.size() == 1) return ready(at::Tensor());

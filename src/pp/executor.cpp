@@ -45,7 +45,11 @@ struct PipelineExecutor::Slot {
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group,
                                    LossFn loss, PipelineOptions options)
-    : schedule_(std::move(schedule)), stages_(std::move(stages)), group_(std::move(group)), loss_(std::move(loss)) {
+    : schedule_(std::move(schedule)),
+      stages_(std::move(stages)),
+      group_(std::move(group)),
+      loss_(std::move(loss)),
+      batch_p2p_(options.batch_p2p) {
   validate(schedule_);
   placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
   for (int s = 0; s < schedule_.stages; ++s) {
@@ -194,21 +198,87 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   std::map<int, int> live;
   peak_live_.clear();
   split_weight_actions_ = 0;
+  batched_receives_ = 0;
   double loss_sum = 0.0;
   timeline_.clear();
   const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const StagePlacement& place = *placement_;
   const auto position = [&](int s) { return place.position_of_stage(s); };
 
+  // The actions of this pass. Forward only: the forward actions in program order (a valid
+  // schedule's forward subsequence is valid: backward actions never produce what a forward waits for).
+  std::vector<Action> program;
+  for (const Action& a : schedule_.programs[place.position()])
+    if (backward || a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
+        a.kind == ActionKind::kRecvForward)
+      program.push_back(a);
+
+  // Where a receive action's message comes from, with its tag and a buffer for it; nullopt while
+  // its shape is unknown (the first step, before the shape has crossed).
+  struct Receive {
+    int from, tag;
+    at::Tensor buffer;
+  };
+  const auto receive_of = [&](const Action& a) -> std::optional<Receive> {
+    const int s = a.stage, mb = a.micro_batch;
+    if (a.kind == ActionKind::kRecvForward) {
+      const auto d = received_description_.find(s);
+      if (d == received_description_.end()) return std::nullopt;
+      return Receive{place.source(position(s - 1)), tag(false, s - 1, mb, m), empty_like_described(d->second)};
+    }
+    const auto sent = sent_shape_.find(s);
+    if (sent == sent_shape_.end()) return std::nullopt;
+    return Receive{place.source(position(s + 1)), tag(true, s + 1, mb, m),
+                   at::empty(sent->second.sizes, at::TensorOptions().dtype(sent->second.dtype))};
+  };
+  const auto key = [](const Action& a) { return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch); };
+  // Batched P2P: posts, as one batch, the receives of the run of communication actions at `begin`.
+  const auto post_receives = [&](size_t begin) {
+    std::vector<comm::P2POp> ops;
+    std::vector<std::pair<std::tuple<int, int, int>, at::Tensor>> posted;
+    for (size_t j = begin; j < program.size() && !program[j].is_compute(); ++j) {
+      const Action& r = program[j];
+      if (r.kind != ActionKind::kRecvForward && r.kind != ActionKind::kRecvBackward) continue;
+      if (posted_receives_.count(key(r))) continue;
+      if (std::optional<Receive> receive = receive_of(r)) {
+        ops.push_back(comm::P2POp::recv(receive->buffer, receive->from, receive->tag));
+        posted.emplace_back(key(r), receive->buffer);
+      }
+    }
+    if (ops.empty()) return;
+    std::vector<comm::Work> works = group_.batch_isend_irecv(ops);
+    batched_receives_ += static_cast<int>(works.size());
+    for (size_t k = 0; k < works.size(); ++k)
+      posted_receives_[posted[k].first] = {posted[k].second, std::move(works[k])};
+  };
+  // The message of receive action `a`: waited where the batch posted it, or received now.
+  const auto receive = [&](FailureNotice& notice, const Action& a) {
+    const auto it = posted_receives_.find(key(a));
+    if (it != posted_receives_.end()) {
+      PostedReceive posted = std::move(it->second);
+      posted_receives_.erase(it);
+      notice.wait(posted.work);
+      return posted.buffer;
+    }
+    if (a.kind == ActionKind::kRecvForward && !received_description_.count(a.stage)) {  // the shape first
+      at::Tensor description = empty_description();
+      notice.wait(group_.recv_async(description, place.source(position(a.stage - 1)), shape_tag(a.stage - 1)));
+      received_description_[a.stage] = description;
+    }
+    const Receive r = *receive_of(a);
+    notice.wait(group_.recv_async(r.buffer, r.from, r.tag));
+    return r.buffer;
+  };
+
   // The mean loss lives on the last stage's rank; agree() sums it over ranks.
   return agree([&](FailureNotice& notice) {
     std::vector<comm::Work>& sends = pending_sends_;
-    for (const Action& a : schedule_.programs[place.position()]) {
-      // Forward only: the forward actions in program order (a valid schedule's forward subsequence
-      // is valid: backward actions never produce what a forward waits for).
-      if (!backward && a.kind != ActionKind::kForward && a.kind != ActionKind::kSendForward &&
-          a.kind != ActionKind::kRecvForward)
-        continue;
+    for (size_t i = 0; i < program.size(); ++i) {
+      const Action& a = program[i];
+      if (batch_p2p_ && (a.is_compute() || i == 0 || program[i - 1].is_compute()))
+        on_stage(notice, -1, "posting the receives after " + a.str(), [&] {
+          post_receives(a.is_compute() ? i + 1 : i);  // the next run's, or this run's
+        });
       const int s = a.stage, mb = a.micro_batch;
       Slot& slot = slots[{s, mb}];
       const double started = record_ ? now() : 0.0;
@@ -280,9 +350,10 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
           }
           case ActionKind::kSendForward: {
             const at::Tensor out = place.whole(slot.output.detach(), stage(s).output_shard_dim);
-            const auto [sent, first] = sent_shape_.emplace(s, out.sizes().vec());
-            HP_CHECK(sent->second == out.sizes().vec(), "the output shape changed from ", c10::IntArrayRef(sent->second),
-                     " to ", out.sizes(), " between steps; training steps need one micro-batch shape");
+            const auto [sent, first] = sent_shape_.emplace(s, SentShape{out.sizes().vec(), out.scalar_type()});
+            HP_CHECK(sent->second.sizes == out.sizes().vec(), "the output shape changed from ",
+                     c10::IntArrayRef(sent->second.sizes), " to ", out.sizes(),
+                     " between steps; training steps need one micro-batch shape");
             for (int to : place.targets(position(s + 1))) {
               if (first)  // the shape travels once per stage boundary
                 sends.push_back(group_.send_async(describe(out), to, shape_tag(s)));
@@ -292,15 +363,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
             break;
           }
           case ActionKind::kRecvForward: {
-            const int from = place.source(position(s - 1));
-            at::Tensor& description = received_description_[s];
-            if (!description.defined()) {
-              description = empty_description();
-              notice.wait(group_.recv_async(description, from, shape_tag(s - 1)));
-            }
-            const at::Tensor in = empty_like_described(description);
-            notice.wait(group_.recv_async(in, from, tag(false, s - 1, mb, m)));
-            slot.input = place.piece(in, stage(s).input_shard_dim).requires_grad_(backward);
+            slot.input = place.piece(receive(notice, a), stage(s).input_shard_dim).requires_grad_(backward);
             break;
           }
           case ActionKind::kSendBackward: {
@@ -311,9 +374,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
           }
           case ActionKind::kRecvBackward: {
             // The gradient of the whole output (whose shape the forward send recorded), then this rank's piece.
-            const at::Tensor grad = at::empty(sent_shape_.at(s), slot.output.options());
-            notice.wait(group_.recv_async(grad, place.source(position(s + 1)), tag(true, s + 1, mb, m)));
-            slot.grad_output = place.piece(grad, stage(s).output_shard_dim);
+            slot.grad_output = place.piece(receive(notice, a), stage(s).output_shard_dim);
             break;
           }
         }
@@ -361,10 +422,12 @@ double PipelineExecutor::agree(const std::function<double(FailureNotice&)>& pass
   }
   notice.stop();
   if (!own_failure.empty() || !stopped_at.empty()) {
-    // Sends whose receivers stopped may never complete; the group keeps their buffers.
+    // Messages whose peers stopped may never come; the group keeps their buffers.
     for (comm::Work& w : pending_sends_) w.abort();
-    pending_sends_.clear();
+    for (auto& [key, posted] : posted_receives_) posted.work.abort();
   }
+  pending_sends_.clear();
+  posted_receives_.clear();
   // Every rank reaches this collective, whether its part of the pass succeeded or not.
   at::Tensor outcome = at::tensor({value, own_failure.empty() ? 0.0 : 1.0}, at::kDouble);
   group_.all_reduce(outcome);

@@ -191,6 +191,34 @@ TEST_P(Collectives, BroadcastSendRecvBarrier) {
   });
 }
 
+// A batch exchanges with both neighbours at once: each rank receives before it sends, which blocking
+// calls in that order would deadlock. A bad operation anywhere in a batch posts none of it.
+TEST_P(Collectives, BatchIsendIrecv) {
+  const int world = GetParam();
+  if (world == 1) return;
+  run(world, [&](const ProcessGroup& g) {
+    const int me = g.rank(), next = (me + 1) % world, prev = (me + world - 1) % world;
+    const auto exchange = [&](int salt) {
+      const at::Tensor from_prev = at::empty({5}), from_next = at::empty({2, 3});
+      std::vector<comm::Work> works = g.batch_isend_irecv(
+          {comm::P2POp::recv(from_prev, prev, 1), comm::P2POp::recv(from_next, next, 2),
+           comm::P2POp::send(rank_data(me, {5}, at::kFloat, salt), next, 1),
+           comm::P2POp::send(rank_data(me, {2, 3}, at::kFloat, salt), prev, 2)});
+      if (works.size() != 4) throw std::runtime_error("batch_isend_irecv returned " + std::to_string(works.size()) + " works");
+      for (comm::Work& w : works) w.wait();
+      check_close(from_prev, rank_data(prev, {5}, at::kFloat, salt), "batch: from the previous rank");
+      check_close(from_next, rank_data(next, {2, 3}, at::kFloat, salt), "batch: from the next rank");
+    };
+    exchange(1);
+    test::expect_error(
+        [&] {
+          g.batch_isend_irecv({comm::P2POp::recv(at::empty({5}), prev, 1), comm::P2POp::send(at::ones({5}), world, 1)});
+        },
+        {"batch_isend_irecv: operation 1 (send)", "peer " + std::to_string(world)});
+    exchange(2);  // a receive posted by the refused batch would have taken this exchange's first message
+  });
+}
+
 // Many async collectives in flight at once, mixing native and composed ones, complete in order
 // with the right values (issue order is program order on every rank).
 TEST_P(Collectives, ManyAsyncInFlight) {

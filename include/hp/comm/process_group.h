@@ -44,6 +44,17 @@ class Work {
   std::shared_ptr<detail::WorkState> state_;
 };
 
+// One send or receive of a batch (ProcessGroup::batch_isend_irecv).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind;
+  at::Tensor tensor;  // sent from, or received into (the sender's shape and dtype)
+  int peer;           // group rank
+  int tag = 0;
+  static P2POp send(at::Tensor tensor, int peer, int tag = 0) { return {Kind::kSend, std::move(tensor), peer, tag}; }
+  static P2POp recv(at::Tensor tensor, int peer, int tag = 0) { return {Kind::kRecv, std::move(tensor), peer, tag}; }
+};
+
 class ProcessGroup {
  public:
   ProcessGroup() = default;
@@ -89,6 +100,12 @@ class ProcessGroup {
   void send(const at::Tensor& tensor, int peer, int tag = 0) const;
   Work recv_async(const at::Tensor& tensor, int peer, int tag = 0) const;
   at::Tensor recv(const at::Tensor& tensor, int peer, int tag = 0) const;
+
+  // Posts every operation of `ops`, in order, and returns one Work per operation, as
+  // torch.distributed.batch_isend_irecv does. All are checked before any is posted, so a bad
+  // operation leaves nothing half-posted. Ranks may send to and receive from each other within
+  // one batch in any order: every operation is posted before anyone waits.
+  std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& ops) const;
 
   Work barrier_async() const;
   void barrier() const;

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/comm/process_group.h"
@@ -53,6 +54,12 @@ struct PipelineOptions {
   // its program; the loss is reported by its first rank. Empty: group rank p runs position p.
   std::vector<std::vector<int>> position_ranks;
   std::vector<TiedParameter> tied;
+  // Batched P2P: the receives of each run of communication actions (those between two
+  // computations) are posted together as one batch, and before the computation that precedes
+  // them, so their messages arrive while it runs (Megatron's overlap_p2p_comm). Off: each receive
+  // is posted when its action runs and waited at once. Either way a receive is waited where its
+  // action stands, so the validator's deadlock proof holds for both.
+  bool batch_p2p = true;
 };
 
 class PipelineExecutor {
@@ -87,6 +94,9 @@ class PipelineExecutor {
   // How many W actions of the last step restarted from where the weights' branches leave the
   // input-gradient path (the rest, on stages without an input gradient, walked the graph again).
   int split_weight_actions() const { return split_weight_actions_; }
+  // How many receives of the last step were posted ahead in batches (batch_p2p; the first step
+  // receives the shapes it needs for that first).
+  int batched_receives() const { return batched_receives_; }
 
  private:
   struct Slot;
@@ -109,9 +119,21 @@ class PipelineExecutor {
   std::vector<TiedCopy> tied_;
   void sum_tied_gradients();
   std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
-  std::map<int, std::vector<int64_t>> sent_shape_;      // per stage: the whole output shape sent (once)
+  struct SentShape {
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+  };
+  std::map<int, SentShape> sent_shape_;  // per stage: the whole output it sends (its gradient comes back alike)
+  bool batch_p2p_ = true;
+  struct PostedReceive {
+    at::Tensor buffer;
+    comm::Work work;
+  };
+  // Of the current pass, by (kind, stage, micro-batch); aborted, not waited, after a failure.
+  std::map<std::tuple<int, int, int>, PostedReceive> posted_receives_;
   std::map<int, int> peak_live_;
   int split_weight_actions_ = 0;
+  int batched_receives_ = 0;
   bool record_ = false;
   std::vector<comm::Work> pending_sends_;  // of the current pass; left alone (never waited) after a failure
   uint64_t passes_ = 0;                    // names each pass's failure notice
