@@ -1,20 +1,29 @@
 // bench/pp: measured pipeline bubbles of GPipe, 1F1B, interleaved 1F1B and ZBV next to theory, from
 // timelines the executor records during real steps (ranks as threads, balanced layers, one CPU
 // thread per rank). The bubble is 1 - (time ranks spend computing) / (ranks x step makespan).
-// Writes the measured 1F1B and ZBV timelines as SVG (docs/images/pp_measured_*.svg with --docs).
 //
-//   build/bin/bench_pp [--quick] [--ranks P] [--docs]
+//   build/bin/bench_pp [--quick] [--docs]
 //
-// With more ranks than cores, ranks that wait free a core for the others, so measured bubbles come
-// out below theory; run with P <= cores for numbers that mean what they say (the default, 2).
+// Two setups, each with the same model on the same ranks for every schedule:
+// - accelerator-bound, 4 ranks: each layer's forward, input gradient and weight gradient idle the
+//   CPU for a fixed "device time" after their real (small) computation, as a rank does while its
+//   GPU runs the kernels. This machine has 2 cores, so 4 CPU-bound ranks would share them and
+//   time each other's waits; idle device time does not. GPipe and 1F1B run 4 stages of 2 layers,
+//   interleaved 1F1B and ZBV 8 stages of 1 layer (2 per rank).
+// - CPU-bound, 2 ranks: the stages' real computation only, one core per rank.
+// Batched P2P (PipelineOptions::batch_p2p) is on, except in the rows marked "unbatched".
+// --docs writes the accelerator-bound 1F1B and ZBV timelines as SVG (docs/images/pp_measured_*.svg).
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
+#include "core/lambda_backward.h"
 #include "hp/models/parallelize.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/loss_parallel.h"
@@ -24,32 +33,75 @@
 
 namespace {
 
-struct Measured {
-  hp::pp::Simulation sim;  // timeline and bubble of the step with the median bubble
+void idle(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+
+// A stage on a stand-in accelerator: the stage's computation, then `seconds` of device time in its
+// forward, in its input gradient (a node on the input path) and in its weight gradient (a node on
+// a branch to the `device` parameter, which W restarts), the CPU idle meanwhile. Values and
+// gradients are the stage's own.
+struct OnDevice : hp::nn::Module {
+  OnDevice(std::shared_ptr<hp::nn::Module> stage, double seconds)
+      : hp::nn::Module("OnDevice"), stage(register_module("stage", std::move(stage))), seconds(seconds) {
+    device = register_parameter("device", at::zeros({1}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor y = (*stage)(x);
+    idle(seconds);
+    const double s = seconds;
+    at::Tensor out = hp::detail::record_backward("device_input_gradient", y, y.detach().clone(),
+                                                 [s](const at::Tensor& grad) { idle(s); return grad; });
+    at::Tensor zero = hp::detail::record_backward("device_weight_gradient", device, at::zeros({1}, y.options()),
+                                                  [s](const at::Tensor& grad) { idle(s); return grad.sum().reshape({1}) * 0; });
+    return out + zero;
+  }
+  std::shared_ptr<hp::nn::Module> stage;
+  at::Tensor device;
+  double seconds;
 };
 
-Measured measure(const hp::pp::Schedule& schedule, const hp::models::LlamaConfig& config, int64_t rows, int steps) {
-  std::vector<hp::pp::Simulation> runs(steps);
+struct Setup {
+  std::string name;
+  int ranks;
+  hp::models::LlamaConfig config;
+  int micro_batches;
+  int64_t rows;                   // per step
+  double device_seconds = 0.0;    // per layer, in each of F, I and W
+  int steps;
+};
+
+hp::pp::Simulation measure(const Setup& setup, const hp::pp::Schedule& schedule, bool batch_p2p) {
+  std::vector<hp::pp::Simulation> runs(setup.steps);
   std::mutex mu;
   hp::testing::RunRanksOptions options;
   options.cpu_threads_per_rank = 1;
+  const int64_t layers_per_stage = setup.config.layers / schedule.stages;
   hp::testing::run_ranks(schedule.ranks, [&](const hp::comm::ProcessGroup& world) {
-    hp::models::Llama model(config);
+    hp::models::Llama model(setup.config);
     hp::nn::init_parameters(model, 1);
-    const auto all = hp::models::split_llama(model, std::vector<int64_t>(schedule.stages, config.layers / schedule.stages));
+    const auto all = hp::models::split_llama(model, std::vector<int64_t>(schedule.stages, layers_per_stage));
     std::vector<hp::pp::PipelineStage> mine;
-    for (int s = 0; s < schedule.stages; ++s)
-      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    for (int s = 0; s < schedule.stages; ++s) {
+      if (schedule.stage_rank[s] != world.rank()) continue;
+      std::shared_ptr<hp::nn::Module> stage = all[s];
+      if (setup.device_seconds > 0)
+        stage = std::make_shared<OnDevice>(stage, setup.device_seconds * static_cast<double>(layers_per_stage));
+      mine.push_back({stage, s});
+    }
+    hp::pp::PipelineOptions pipeline;
+    pipeline.batch_p2p = batch_p2p;
     hp::pp::PipelineExecutor pipe(schedule, mine, world,
-                                  [](const at::Tensor& l, const at::Tensor& t) { return hp::cross_entropy(l, t); });
+                                  [](const at::Tensor& l, const at::Tensor& t) { return hp::cross_entropy(l, t); },
+                                  pipeline);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-    const at::Tensor tokens = at::randint(0, config.vocab, {rows, config.max_seq + 1}, gen, at::TensorOptions().dtype(at::kLong));
-    const at::Tensor x = tokens.narrow(1, 0, config.max_seq).contiguous(), y = tokens.narrow(1, 1, config.max_seq).contiguous();
-    pipe.step(x, y);  // warm-up
+    const int64_t seq = setup.config.max_seq;
+    const at::Tensor tokens = at::randint(0, setup.config.vocab, {setup.rows, seq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor x = tokens.narrow(1, 0, seq).contiguous(), y = tokens.narrow(1, 1, seq).contiguous();
+    pipe.step(x, y);  // warm-up (and the shapes cross once)
     pipe.record_timeline(true);
-    for (int i = 0; i < steps; ++i) {
+    for (int i = 0; i < setup.steps; ++i) {
       world.barrier();
-      for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+      for (const auto& st : mine)
+        for (auto& p : st.module->parameters()) p.mutable_grad() = at::Tensor();
       pipe.step(x, y);
       std::lock_guard<std::mutex> lock(mu);
       for (const auto& t : pipe.last_timeline()) runs[i].timeline.push_back(t);
@@ -66,79 +118,83 @@ Measured measure(const hp::pp::Schedule& schedule, const hp::models::LlamaConfig
     run.bubble = 1.0 - busy / (schedule.ranks * run.makespan);
   }
   std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.bubble < b.bubble; });
-  return {runs[runs.size() / 2]};
+  return runs[runs.size() / 2];  // the step with the median bubble
+}
+
+// Mean F / I / W times of a measured timeline (a full B counts half to each of I and W).
+hp::pp::ActionCosts mean_costs(const hp::pp::Simulation& sim) {
+  double f = 0, i = 0, w = 0, nf = 0, ni = 0, nw = 0;
+  for (const auto& t : sim.timeline) {
+    const double d = t.end - t.start;
+    switch (t.action.kind) {
+      case hp::pp::ActionKind::kForward: f += d, ++nf; break;
+      case hp::pp::ActionKind::kBackward: i += d / 2, w += d / 2, ++ni, ++nw; break;
+      case hp::pp::ActionKind::kBackwardInput: i += d, ++ni; break;
+      case hp::pp::ActionKind::kBackwardWeight: w += d, ++nw; break;
+      default: break;
+    }
+  }
+  return hp::pp::ActionCosts{f / nf, i / ni, w / nw, 0.0};
+}
+
+void run_setup(const Setup& setup, bool docs) {
+  const int p = setup.ranks, m = setup.micro_batches, v = 2;
+  std::cout << "\n" << setup.name << ": " << p << " ranks, " << m << " micro-batches of " << setup.rows / m << " x "
+            << setup.config.max_seq << " tokens, Llama dim " << setup.config.dim << ", " << setup.config.layers
+            << " layers split evenly";
+  if (setup.device_seconds > 0) std::cout << ", " << 1e3 * setup.device_seconds << " ms of device time per layer in each of F, I, W";
+  std::cout << "\n" << std::fixed << std::setprecision(1)
+            << "schedule                 measured bubble   theory (unit costs)   simulated with measured costs\n";
+  const auto report = [&](const hp::pp::Schedule& schedule, const std::string& name, double theory, bool batch_p2p) {
+    const hp::pp::Simulation got = measure(setup, schedule, batch_p2p);
+    // The same schedule replayed with this run's mean action costs: what the schedule alone predicts.
+    const double predicted = hp::pp::simulate(schedule, mean_costs(got)).bubble;
+    std::cout << std::left << std::setw(25) << name << std::right << std::setw(14) << 100 * got.bubble << "%"
+              << std::setw(20) << 100 * theory << "%" << std::setw(24) << 100 * predicted << "%\n";
+    if (docs && batch_p2p && (name == "1F1B" || name == "ZBV")) {
+      const std::string path = std::string(HP_SOURCE_DIR) + "/docs/images/pp_measured_" +
+                               (name == "1F1B" ? "1f1b" : "zbv") + ".svg";
+      std::ofstream(path) << hp::pp::to_svg(schedule, got, schedule.name + " (measured, " + setup.name + ")");
+      std::cout << "  wrote " << path << "\n";
+    }
+    return got;
+  };
+  const double one_f_one_b_theory = (p - 1.0) / (m + p - 1.0);
+  report(hp::pp::gpipe(p, m), "GPipe", one_f_one_b_theory, true);
+  report(hp::pp::one_f_one_b(p, m), "1F1B", one_f_one_b_theory, true);
+  report(hp::pp::one_f_one_b(p, m), "1F1B unbatched", one_f_one_b_theory, false);
+  report(hp::pp::interleaved_1f1b(p, v, m), "Interleaved1F1B", (p - 1.0) / (v * m + p - 1.0), true);
+  const hp::pp::Schedule zbv = hp::pp::zero_bubble_v(p, m);
+  const hp::pp::Simulation got = report(zbv, "ZBV", hp::pp::simulate(zbv).bubble, true);
+  report(zbv, "ZBV unbatched", hp::pp::simulate(zbv).bubble, false);
+  // Profile, then schedule (as the zero-bubble paper does): ZBV rebuilt with the F / I / W costs
+  // just measured.
+  const hp::pp::ActionCosts costs = mean_costs(got);
+  std::cout << std::setprecision(2) << "  ZBV's measured mean costs: F " << 1e3 * costs.forward << " ms, I "
+            << 1e3 * costs.backward_input << " ms, W " << 1e3 * costs.backward_weight << " ms\n"
+            << std::setprecision(1);
+  const hp::pp::Schedule tuned = hp::pp::zero_bubble_v(p, m, costs);
+  report(tuned, "ZBV (order from costs)", hp::pp::simulate(tuned, costs).bubble, true);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false, docs = false;
-  int p = 2;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--docs")) docs = true;
-    else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) p = std::atoi(argv[++i]);
   }
-  const int m = quick ? 4 : 8, v = 2, steps = quick ? 1 : 5;
-  // Micro-batches large enough that an action computes for milliseconds: per-message latency
-  // (a Gloo loopback round trip, 0.1 to 1 ms) then weighs little, as it does on real stages.
-  hp::models::LlamaConfig config{256, quick ? 64 : 192, 4 * p, 4, 2, quick ? 128 : 512, quick ? 16 : 128};
-  const int64_t rows = (quick ? 2 : 4) * m;
-  std::cout << "bench_pp: " << p << " ranks, " << m << " micro-batches of " << rows / m << " x " << config.max_seq
-            << " tokens, Llama dim " << config.dim << " with " << config.layers << " layers split evenly\n"
-            << std::fixed << std::setprecision(1)
-            << "schedule          measured bubble   theory (unit costs)   simulated with measured costs\n";
-  struct Row {
-    hp::pp::Schedule schedule;
-    double theory;
-  };
-  const std::vector<Row> rows_ = {
-      {hp::pp::gpipe(p, m), (p - 1.0) / (m + p - 1.0)},
-      {hp::pp::one_f_one_b(p, m), (p - 1.0) / (m + p - 1.0)},
-      {hp::pp::interleaved_1f1b(p, v, m), (p - 1.0) / (v * m + p - 1.0)},
-      {hp::pp::zero_bubble_v(p, m), hp::pp::simulate(hp::pp::zero_bubble_v(p, m)).bubble},
-  };
-  // Mean F / I / W times of a measured timeline (a full B counts half to each of I and W).
-  const auto mean_costs = [](const hp::pp::Simulation& sim) {
-    double f = 0, i = 0, w = 0, nf = 0, ni = 0, nw = 0;
-    for (const auto& t : sim.timeline) {
-      const double d = t.end - t.start;
-      switch (t.action.kind) {
-        case hp::pp::ActionKind::kForward: f += d, ++nf; break;
-        case hp::pp::ActionKind::kBackward: i += d / 2, w += d / 2, ++ni, ++nw; break;
-        case hp::pp::ActionKind::kBackwardInput: i += d, ++ni; break;
-        case hp::pp::ActionKind::kBackwardWeight: w += d, ++nw; break;
-        default: break;
-      }
-    }
-    return hp::pp::ActionCosts{f / nf, i / ni, w / nw, 0.0};
-  };
-  const auto report = [&](const hp::pp::Schedule& schedule, const std::string& name, double theory) {
-    const Measured got = measure(schedule, config, rows, steps);
-    const hp::pp::ActionCosts costs = mean_costs(got.sim);
-    // The same schedule replayed with this run's mean action costs: what the schedule alone predicts.
-    const double predicted = hp::pp::simulate(schedule, costs).bubble;
-    std::cout << std::left << std::setw(18) << name << std::right << std::setw(14) << 100 * got.sim.bubble << "%"
-              << std::setw(20) << 100 * theory << "%" << std::setw(24) << 100 * predicted << "%\n";
-    if (docs && (name == "1F1B" || name == "ZBV (costs)")) {
-      const std::string path = std::string(HP_SOURCE_DIR) + "/docs/images/pp_measured_" +
-                               (name == "1F1B" ? "1f1b" : "zbv") + ".svg";
-      std::ofstream(path) << hp::pp::to_svg(schedule, got.sim, schedule.name + " (measured)");
-      std::cout << "  wrote " << path << "\n";
-    }
-    return got;
-  };
-  for (const auto& row : rows_) {
-    const Measured got = report(row.schedule, row.schedule.name, row.theory);
-    if (row.schedule.name != "ZBV") continue;
-    // Profile, then schedule (as the zero-bubble paper does): ZBV rebuilt with the F / I / W costs
-    // just measured, whose I is dearer than its W here (attention's backward has no weights).
-    const hp::pp::ActionCosts costs = mean_costs(got.sim);
-    std::cout << std::setprecision(2) << "  measured mean costs: F " << 1e3 * costs.forward << " ms, I "
-              << 1e3 * costs.backward_input << " ms, W " << 1e3 * costs.backward_weight << " ms\n"
-              << std::setprecision(1);
-    const hp::pp::Schedule tuned = hp::pp::zero_bubble_v(p, m, costs);
-    report(tuned, "ZBV (costs)", hp::pp::simulate(tuned, costs).bubble);
-  }
+  const int m = quick ? 4 : 8, steps = quick ? 1 : 5;
+  std::cout << "bench_pp: median step of " << steps << "\n";
+  // Accelerator-bound: small layers (their CPU time is a small part of each action), 8 ms of device
+  // time per layer and action, so per-message latency weighs what it would next to real kernels.
+  run_setup({"accelerator-bound", 4, hp::models::LlamaConfig{256, 64, 8, 4, 2, 128, 16}, m, 2 * m,
+             quick ? 0.0005 : 0.008, steps},
+            docs);
+  // CPU-bound: micro-batches large enough that an action computes for milliseconds.
+  run_setup({"CPU-bound", 2, hp::models::LlamaConfig{256, quick ? 64 : 192, 8, 4, 2, quick ? 128 : 512, quick ? 16 : 128},
+             m, (quick ? 2 : 4) * m, 0.0, steps},
+            /*docs=*/false);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "dtensor/dtensor_impl.h"
 #include "hp/core/error.h"
@@ -63,6 +64,19 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       HP_CHECK(stage(s - 1).output_shard_dim == stage(s).input_shard_dim, "PipelineExecutor: stages ", s - 1,
                " and ", s, " run on the same ranks but stage ", s - 1, "'s output is sharded on dim ",
                stage(s - 1).output_shard_dim, " and stage ", s, "'s input on dim ", stage(s).input_shard_dim);
+  }
+  // Stage 0 splits I from W at the output of its first leaf module (the embedding, for split_llama):
+  // its own input, tokens, has no gradient to end I at.
+  if (placement_->hosts(0)) {
+    for (const auto& [fqn, module] : stage(0).module->named_modules_fqn()) {
+      if (!module->children().empty()) continue;
+      first_leaf_output_ = std::make_shared<at::Tensor>();
+      std::weak_ptr<at::Tensor> slot = first_leaf_output_;
+      module->register_forward_hook([slot](nn::Module&, const nn::Inputs&, at::Tensor& output) {
+        if (auto s = slot.lock(); s && at::GradMode::is_enabled() && output.requires_grad()) *s = output;
+      });
+      break;
+    }
   }
   for (const TiedParameter& tie : options.tied) {
     // Copy j of a tied parameter lives on rank j of each position holding one of its stages.
@@ -293,6 +307,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               slot.input = in;
             }
             at::Tensor out = (*stage(s).module)(in);
+            if (s == 0 && first_leaf_output_ && first_leaf_output_->defined())
+              slot.input = std::exchange(*first_leaf_output_, at::Tensor());
             if (s == last) {
               out = loss_(out, ys[mb]) / static_cast<double>(m);
               // Every rank of the last position computes the loss; its first reports it.
@@ -320,11 +336,13 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
               --live[s];
             } else {
-              // dx now, keeping the graph for W; stage 0 has no input gradient, its W does it all.
-              if (s > 0) {
+              // dx now, keeping the graph for W. Stage 0's input (tokens) has no gradient: its I ends
+              // at the stand-in (see first_leaf_output_) and sends nothing; without one, W does it all.
+              if (slot.input.defined()) {
                 slot.split = WeightGradientSplit::prepare(slot.output, slot.input, stage(s).module->parameters());
                 slot.grad_input = slot.split ? slot.split->input_gradient(slot.output, slot.input, grad)
                                              : torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+                if (s == 0) slot.grad_input = at::Tensor();
               }
               slot.grad_output = grad;
             }

@@ -57,6 +57,9 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tens
   const std::shared_ptr<Node> root = output.grad_fn();
   const Edge input_edge = torch::autograd::impl::gradient_edge(input);
   if (!root || !input_edge.function) return nullptr;
+  // A non-leaf input's node finishes in W from the gradient I captured at its one input; a node
+  // with other inputs would lose what reached those.
+  if (!input.is_leaf() && input_edge.function->num_inputs() != 1) return nullptr;
 
   // The graph below the output, with each node's parents (the nodes that send it gradients).
   std::unordered_map<Node*, std::vector<Node*>> parents;
@@ -89,7 +92,7 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tens
   // needs restarting: each node off the path is reached from the path through such an edge (the
   // output's node is on the path), and no node on the path is reached from off it.
   for (Node* node : on_path) {
-    if (!owner.count(node)) continue;  // not below the output
+    if (!owner.count(node) || node == input_edge.function.get()) continue;  // not below the output; I's end
     auto slot = std::make_shared<Branching>();
     bool branches = false;
     const auto& edges = node->next_edges();
@@ -113,6 +116,12 @@ at::Tensor WeightGradientSplit::input_gradient(const at::Tensor& output, const a
                                                               : std::vector<at::Tensor>{};
   at::Tensor dx = torch::autograd::grad({output}, {input}, grads, /*retain_graph=*/true)[0];
   for (auto& b : branching_) b->recording = false;
+  // A non-leaf input (a stand-in on a stage whose real input has no gradient) leads on to
+  // parameters: W continues from it with this gradient.
+  if (!input.is_leaf() && dx.defined()) {
+    input_root_ = torch::autograd::impl::gradient_edge(input);
+    input_root_grad_ = dx;
+  }
   return dx;
 }
 
@@ -130,6 +139,10 @@ void WeightGradientSplit::weight_gradients() {
       roots.emplace_back(b->node, static_cast<uint32_t>(i));
       grads.push_back(b->grads[i]);
     }
+  }
+  if (input_root_.function) {
+    roots.push_back(std::move(input_root_));
+    grads.push_back(std::move(input_root_grad_));
   }
   if (!roots.empty()) {
     torch::autograd::edge_list outputs;

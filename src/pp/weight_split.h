@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
 
 #include <memory>
 #include <vector>
@@ -21,8 +22,9 @@ namespace hp::pp {
 class WeightGradientSplit {
  public:
   // Finds where the parameters' branches leave the path from `output` to `input` and starts
-  // recording there. Returns nullptr when there is no such path (the output does not depend on
-  // the input); W then walks the graph once more.
+  // recording there. `input` is the stage's input (a leaf), or a tensor inside the stage that
+  // stands in for it (I ends there and W goes on from it). Returns nullptr when there is no such
+  // path (the output does not depend on the input); W then walks the graph once more.
   static std::shared_ptr<WeightGradientSplit> prepare(const at::Tensor& output, const at::Tensor& input,
                                                       const std::vector<at::Tensor>& params);
 
@@ -36,6 +38,8 @@ class WeightGradientSplit {
  private:
   std::vector<std::shared_ptr<Branching>> branching_;
   std::vector<at::Tensor> params_;
+  torch::autograd::Edge input_root_;  // a non-leaf input's node, with the gradient I computed for it
+  at::Tensor input_root_grad_;
 };
 
 }  // namespace hp::pp

@@ -92,7 +92,8 @@ class PipelineExecutor {
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
   // How many W actions of the last step restarted from where the weights' branches leave the
-  // input-gradient path (the rest, on stages without an input gradient, walked the graph again).
+  // input-gradient path (the rest walked the graph again: stages whose output does not depend on
+  // their input, and a stage 0 whose first leaf module's output has no gradient).
   int split_weight_actions() const { return split_weight_actions_; }
   // How many receives of the last step were posted ahead in batches (batch_p2p; the first step
   // receives the shapes it needs for that first).
@@ -125,6 +126,9 @@ class PipelineExecutor {
   };
   std::map<int, SentShape> sent_shape_;  // per stage: the whole output it sends (its gradient comes back alike)
   bool batch_p2p_ = true;
+  // Stage 0's stand-in input for splitting I from W: the latest output (with a gradient) of the
+  // stage's first leaf module, set by a forward hook that holds it weakly.
+  std::shared_ptr<at::Tensor> first_leaf_output_;
   struct PostedReceive {
     at::Tensor buffer;
     comm::Work work;
