@@ -30,6 +30,9 @@ int tag(bool backward, int stage, int micro_batch, int micro_batches) {
   return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
 }
 int shape_tag(int stage) { return (1 << 28) + stage; }
+int dynamic_shape_tag(int stage, int micro_batch, int micro_batches) {
+  return (1 << 27) + tag(false, stage, micro_batch, micro_batches);
+}
 int inference_tag(int stage, bool shape) { return (1 << 29) + 2 * stage + (shape ? 1 : 0); }
 constexpr int kMaxDims = 8;
 
@@ -41,6 +44,8 @@ struct PipelineExecutor::Slot {
   at::Tensor output;       // the stage's output, or the micro-batch's loss on the last stage
   at::Tensor grad_output;  // received gradient of the output (not on the last stage)
   at::Tensor grad_input;   // computed gradient of the input, to send back
+  std::optional<std::vector<int64_t>> sent_sizes;  // of the whole output sent forward: its gradient comes back alike
+  at::ScalarType sent_dtype = at::kFloat;
   std::shared_ptr<WeightGradientSplit> split;  // between I and W (set when the output depends on the input)
 };
 
@@ -50,7 +55,10 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       stages_(std::move(stages)),
       group_(std::move(group)),
       loss_(std::move(loss)),
-      batch_p2p_(options.batch_p2p) {
+      batch_p2p_(options.batch_p2p),
+      batch_dim_(options.batch_dim),
+      dynamic_shapes_(options.dynamic_shapes) {
+  HP_CHECK(batch_dim_ >= 0, "PipelineExecutor: PipelineOptions::batch_dim must be >= 0, got ", batch_dim_);
   validate(schedule_);
   placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
   for (int s = 0; s < schedule_.stages; ++s) {
@@ -205,9 +213,13 @@ double PipelineExecutor::evaluate(const at::Tensor& inputs, const at::Tensor& ta
 
 double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets, bool backward) {
   const int m = schedule_.micro_batches, last = schedule_.stages - 1;
-  HP_CHECK(inputs.size(0) % m == 0 && targets.size(0) == inputs.size(0), "PipelineExecutor: a batch of ",
-           inputs.size(0), " rows does not split into ", m, " micro-batches (targets: ", targets.size(0), " rows)");
-  const std::vector<at::Tensor> xs = inputs.chunk(m), ys = targets.chunk(m);
+  const int64_t d = batch_dim_;
+  HP_CHECK(inputs.dim() > d && targets.dim() > d, "PipelineExecutor: micro-batches split dim ", d,
+           " (PipelineOptions::batch_dim), but the inputs have ", inputs.dim(), " dims and the targets ", targets.dim());
+  HP_CHECK(inputs.size(d) % m == 0 && targets.size(d) == inputs.size(d), "PipelineExecutor: a batch of ",
+           inputs.size(d), " along dim ", d, " does not split into ", m, " micro-batches (targets: ", targets.size(d),
+           ")");
+  const std::vector<at::Tensor> xs = inputs.chunk(m, d), ys = targets.chunk(m, d);
   std::map<std::pair<int, int>, Slot> slots;
   std::map<int, int> live;
   peak_live_.clear();
@@ -237,13 +249,13 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
     const int s = a.stage, mb = a.micro_batch;
     if (a.kind == ActionKind::kRecvForward) {
       const auto d = received_description_.find(s);
-      if (d == received_description_.end()) return std::nullopt;
+      if (dynamic_shapes_ || d == received_description_.end()) return std::nullopt;
       return Receive{place.source(position(s - 1)), tag(false, s - 1, mb, m), empty_like_described(d->second)};
     }
-    const auto sent = sent_shape_.find(s);
-    if (sent == sent_shape_.end()) return std::nullopt;
+    const auto slot = slots.find({s, mb});
+    if (slot == slots.end() || !slot->second.sent_sizes) return std::nullopt;  // not sent forward yet
     return Receive{place.source(position(s + 1)), tag(true, s + 1, mb, m),
-                   at::empty(sent->second.sizes, at::TensorOptions().dtype(sent->second.dtype))};
+                   at::empty(*slot->second.sent_sizes, at::TensorOptions().dtype(slot->second.sent_dtype))};
   };
   const auto key = [](const Action& a) { return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch); };
   // Batched P2P: posts, as one batch, the receives of the run of communication actions at `begin`.
@@ -274,9 +286,17 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
       notice.wait(posted.work);
       return posted.buffer;
     }
-    if (a.kind == ActionKind::kRecvForward && !received_description_.count(a.stage)) {  // the shape first
+    if (a.kind == ActionKind::kRecvForward && (dynamic_shapes_ || !received_description_.count(a.stage))) {
+      // The shape first: once per stage boundary, or with every message when shapes may change.
+      const int from = place.source(position(a.stage - 1));
       at::Tensor description = empty_description();
-      notice.wait(group_.recv_async(description, place.source(position(a.stage - 1)), shape_tag(a.stage - 1)));
+      notice.wait(group_.recv_async(description, from,
+                                    dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, m) : shape_tag(a.stage - 1)));
+      if (dynamic_shapes_) {
+        const at::Tensor buffer = empty_like_described(description);
+        notice.wait(group_.recv_async(buffer, from, tag(false, a.stage - 1, a.micro_batch, m)));
+        return buffer;
+      }
       received_description_[a.stage] = description;
     }
     const Receive r = *receive_of(a);
@@ -368,13 +388,21 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
           }
           case ActionKind::kSendForward: {
             const at::Tensor out = place.whole(slot.output.detach(), stage(s).output_shard_dim);
-            const auto [sent, first] = sent_shape_.emplace(s, SentShape{out.sizes().vec(), out.scalar_type()});
-            HP_CHECK(sent->second.sizes == out.sizes().vec(), "the output shape changed from ",
-                     c10::IntArrayRef(sent->second.sizes), " to ", out.sizes(),
-                     " between steps; training steps need one micro-batch shape");
+            slot.sent_sizes = out.sizes().vec();
+            slot.sent_dtype = out.scalar_type();
+            // The shape travels once per stage boundary, or with every message when shapes may change.
+            bool describe_now = dynamic_shapes_;
+            if (!dynamic_shapes_) {
+              const auto [sent, first] = sent_shape_.emplace(s, *slot.sent_sizes);
+              HP_CHECK(sent->second == *slot.sent_sizes, "the output shape changed from ", c10::IntArrayRef(sent->second),
+                       " to ", out.sizes(), "; set PipelineOptions::dynamic_shapes for shapes that change from step to "
+                       "step or between micro-batches");
+              describe_now = first;
+            }
             for (int to : place.targets(position(s + 1))) {
-              if (first)  // the shape travels once per stage boundary
-                sends.push_back(group_.send_async(describe(out), to, shape_tag(s)));
+              if (describe_now)
+                sends.push_back(group_.send_async(describe(out), to,
+                                                  dynamic_shapes_ ? dynamic_shape_tag(s, mb, m) : shape_tag(s)));
               sends.push_back(group_.send_async(out, to, tag(false, s, mb, m)));
             }
             if (!backward) slot.output = at::Tensor();  // the sends hold `out` until they complete

@@ -41,18 +41,40 @@ struct Reference {
 };
 
 // One device: the whole batch at once (the mean of equal micro-batch means is the overall mean).
+Reference one_device(const at::Tensor& x, const at::Tensor& y) {
+  models::Llama model(config());
+  nn::init_parameters(model, kSeed);
+  at::Tensor loss = loss_fn(model(x), y);
+  loss.backward();
+  Reference out{loss.item<double>(), {}};
+  for (const auto& item : model.named_parameters()) out.grads[item.key()] = item.value().grad().clone();
+  return out;
+}
+
 const Reference& reference() {
   static const Reference r = [] {
-    models::Llama model(config());
-    nn::init_parameters(model, kSeed);
     auto [x, y] = batch();
-    at::Tensor loss = loss_fn(model(x), y);
-    loss.backward();
-    Reference out{loss.item<double>(), {}};
-    for (const auto& item : model.named_parameters()) out.grads[item.key()] = item.value().grad().clone();
-    return out;
+    return one_device(x, y);
   }();
   return r;
+}
+
+// The loss and the gradients of `stages`' parameters against `want`; returns how many it checked.
+int check_against(const Reference& want, double loss, models::Llama& model, const std::vector<PipelineStage>& stages,
+                   const std::string& what) {
+  test::check_relative(at::scalar_tensor(loss), at::scalar_tensor(want.loss), what + ": loss", 1e-6);
+  std::map<const void*, std::string> fqn;
+  for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
+  int checked = 0;
+  for (const auto& st : stages)
+    for (const at::Tensor& param : st.module->parameters()) {
+      const auto name = fqn.find(param.unsafeGetTensorImpl());
+      if (name == fqn.end()) continue;  // a wrapper's own parameter
+      if (!param.grad().defined()) throw std::runtime_error(what + ": no gradient for " + name->second);
+      test::check_relative(param.grad(), want.grads.at(name->second), what + ": grad of " + name->second, 1e-6);
+      ++checked;
+    }
+  return checked;
 }
 
 // `model` split into the schedule's stages (equal layer ranges): the ones `rank` runs.
@@ -85,18 +107,8 @@ void check_schedule(const Make& make, int p, int m, const std::string& what, Pip
     if (pipe.batched_receives() != (options.batch_p2p ? receives : 0))
       throw std::runtime_error(what + ": " + std::to_string(pipe.batched_receives()) + " of " +
                                std::to_string(receives) + " receives were batched");
-    test::check_relative(at::scalar_tensor(loss), at::scalar_tensor(reference().loss), what + ": loss", 1e-6);
-    std::map<const void*, std::string> fqn;
-    for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
-    int checked = 0;
-    for (const auto& st : mine)
-      for (const at::Tensor& param : st.module->parameters()) {
-        const std::string& name = fqn.at(param.unsafeGetTensorImpl());
-        if (!param.grad().defined()) throw std::runtime_error(what + ": no gradient for " + name);
-        test::check_relative(param.grad(), reference().grads.at(name), what + ": grad of " + name, 1e-6);
-        ++checked;
-      }
-    if (checked == 0) throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
+    if (check_against(reference(), loss, model, mine, what) == 0)
+      throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
     // ZBV's W actions restart from the recorded branch points; stage 0's I ends at its embedding.
     int w_actions = 0;
     for (const Action& a : schedule.programs[world.rank()]) w_actions += a.kind == ActionKind::kBackwardWeight;
@@ -147,6 +159,74 @@ TEST(Pipeline, StepsDoNotAccumulateMemory) {
       throw std::runtime_error("rank " + std::to_string(world.rank()) + " holds " + std::to_string(held[1]) +
                                " bytes after step 2 but " + std::to_string(held[3]) + " after step 4");
   });
+}
+
+// A stage 0 that takes [seq, batch] tokens (and its loss [seq, batch] targets): micro-batches split
+// the declared batch dim 1. A batch dim the inputs lack is refused on every rank.
+struct SeqFirst : nn::Module {
+  explicit SeqFirst(std::shared_ptr<nn::Module> stage) : nn::Module("SeqFirst"), stage(register_module("stage", std::move(stage))) {}
+  at::Tensor forward(const at::Tensor& x) override { return (*stage)(x.t().contiguous()); }
+  std::shared_ptr<nn::Module> stage;
+};
+
+TEST(Pipeline, MicroBatchesSplitTheDeclaredBatchDim) {
+  reference();
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    const Schedule schedule = zero_bubble_v(2, 4);
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
+    for (PipelineStage& st : mine)
+      if (st.index == 0) st.module = std::make_shared<SeqFirst>(st.module);
+    PipelineOptions options;
+    options.batch_dim = 1;
+    PipelineExecutor pipe(schedule, mine, world,
+                          [](const at::Tensor& logits, const at::Tensor& targets) {
+                            return loss_fn(logits, targets.t().contiguous());
+                          },
+                          options);
+    auto [x, y] = batch();
+    const double loss = pipe.step(x.t(), y.t());
+    check_against(reference(), loss, model, mine, "batch dim 1");
+    if (pipe.split_weight_actions() != 8) throw std::runtime_error("batch dim 1: stage 0's W did not split");
+    test::expect_error([&] { pipe.step(x.t()[0], y.t()[0]); }, "micro-batches split dim 1 (PipelineOptions::batch_dim)");
+  });
+}
+
+// Shapes that change between steps: with dynamic_shapes each step matches one device on its own
+// batch; without, the sending stage refuses the new shape and every rank fails saying so.
+TEST(Pipeline, DynamicShapesAreOptIn) {
+  auto [x, y] = batch();
+  const at::Tensor x5 = x.narrow(1, 0, 5).contiguous(), y5 = y.narrow(1, 0, 5).contiguous();
+  const Reference want = one_device(x5, y5);
+  for (const Schedule& schedule : {one_f_one_b(2, 4), zero_bubble_v(2, 4)}) {
+    const std::string what = "dynamic shapes, " + schedule.name;
+    test::run(2, [&](const comm::ProcessGroup& world) {
+      models::Llama model(config());
+      nn::init_parameters(model, kSeed);
+      const std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
+      PipelineOptions options;
+      options.dynamic_shapes = true;
+      PipelineExecutor pipe(schedule, mine, world, loss_fn, options);
+      pipe.step(x, y);
+      for (const at::Tensor& param : model.parameters()) param.mutable_grad() = at::Tensor();
+      check_against(want, pipe.step(x5, y5), model, mine, what);
+    });
+    try {
+      testing::run_ranks(2, [&](const comm::ProcessGroup& world) {
+        models::Llama model(config());
+        nn::init_parameters(model, kSeed);
+        PipelineExecutor pipe(schedule, stages_of(model, schedule, world.rank()), world, loss_fn);
+        pipe.step(x, y);
+        pipe.step(x5, y5);
+      });
+      ADD_FAILURE() << schedule.name << ": a changed shape without dynamic_shapes did not fail";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("2 of 2 ranks failed"), std::string::npos) << message;
+      EXPECT_NE(message.find("set PipelineOptions::dynamic_shapes"), std::string::npos) << message;
+    }
+  }
 }
 
 // Inference through the stages (the trainer's sample): the logits of one device on every rank,

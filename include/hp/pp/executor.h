@@ -60,6 +60,12 @@ struct PipelineOptions {
   // is posted when its action runs and waited at once. Either way a receive is waited where its
   // action stands, so the validator's deadlock proof holds for both.
   bool batch_p2p = true;
+  // The dim of step()'s inputs and targets that micro-batches split (e.g. 1 for [seq, batch]).
+  int64_t batch_dim = 0;
+  // Shapes that change from step to step or between micro-batches (e.g. packed sequences of varying
+  // length): each activation travels with its shape, and receives of activations are not posted
+  // ahead. Off: the shape crosses each stage boundary once, and a change is a clear error.
+  bool dynamic_shapes = false;
 };
 
 class PipelineExecutor {
@@ -70,11 +76,12 @@ class PipelineExecutor {
   PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group, LossFn loss,
                    PipelineOptions options = {});
 
-  // One forward and backward of the whole batch (activation shapes cross each stage boundary on the
-  // first step; later steps must keep the micro-batch shape, which is checked): `inputs` and `targets` (the same on every rank;
+  // One forward and backward of the whole batch: `inputs` and `targets` (the same on every rank;
   // stage 0 reads inputs, the last stage targets) are split into the schedule's micro-batches along
-  // dim 0. Gradients accumulate into the stages' parameters as for one backward of the mean loss
-  // over micro-batches. Returns that mean loss on every rank. Collective over `group`.
+  // PipelineOptions::batch_dim (0 by default). Activation shapes cross each stage boundary on the
+  // first step, and later steps must keep them (checked), unless PipelineOptions::dynamic_shapes.
+  // Gradients accumulate into the stages' parameters as for one backward of the mean loss over
+  // micro-batches. Returns that mean loss on every rank. Collective over `group`.
   double step(const at::Tensor& inputs, const at::Tensor& targets);
 
   // Forward only, without autograd: the mean loss over the micro-batches, on every rank. Collective.
@@ -120,12 +127,10 @@ class PipelineExecutor {
   std::vector<TiedCopy> tied_;
   void sum_tied_gradients();
   std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
-  struct SentShape {
-    std::vector<int64_t> sizes;
-    at::ScalarType dtype;
-  };
-  std::map<int, SentShape> sent_shape_;  // per stage: the whole output it sends (its gradient comes back alike)
+  std::map<int, std::vector<int64_t>> sent_shape_;  // per stage: the whole output shape sent (once; static shapes)
   bool batch_p2p_ = true;
+  int64_t batch_dim_ = 0;
+  bool dynamic_shapes_ = false;
   // Stage 0's stand-in input for splitting I from W: the latest output (with a gradient) of the
   // stage's first leaf module, set by a forward hook that holds it weakly.
   std::shared_ptr<at::Tensor> first_leaf_output_;
