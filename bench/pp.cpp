@@ -20,7 +20,6 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "core/lambda_backward.h"
@@ -71,7 +70,6 @@ struct Setup {
 
 hp::pp::Simulation measure(const Setup& setup, const hp::pp::Schedule& schedule, bool batch_p2p) {
   std::vector<hp::pp::Simulation> runs(setup.steps);
-  std::mutex mu;
   hp::testing::RunRanksOptions options;
   options.cpu_threads_per_rank = 1;
   const int64_t layers_per_stage = setup.config.layers / schedule.stages;
@@ -103,20 +101,10 @@ hp::pp::Simulation measure(const Setup& setup, const hp::pp::Schedule& schedule,
       for (const auto& st : mine)
         for (auto& p : st.module->parameters()) p.mutable_grad() = at::Tensor();
       pipe.step(x, y);
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& t : pipe.last_timeline()) runs[i].timeline.push_back(t);
+      hp::pp::Simulation step = pipe.measured_step();  // collective
+      if (world.rank() == 0) runs[i] = std::move(step);
     }
   }, options);
-  for (auto& run : runs) {  // times relative to the step's first action; bubble over compute actions
-    double start = 1e300, end = 0, busy = 0;
-    for (const auto& t : run.timeline) start = std::min(start, t.start), end = std::max(end, t.end);
-    for (auto& t : run.timeline) {
-      t.start -= start, t.end -= start;
-      if (t.action.is_compute()) busy += t.end - t.start;
-    }
-    run.makespan = end - start;
-    run.bubble = 1.0 - busy / (schedule.ranks * run.makespan);
-  }
   std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.bubble < b.bubble; });
   return runs[runs.size() / 2];  // the step with the median bubble
 }

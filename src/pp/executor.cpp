@@ -195,6 +195,31 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
   return out;
 }
 
+Simulation PipelineExecutor::measured_step() const {
+  // Each position's first rank contributes its actions as rows of [kind, stage, micro-batch,
+  // position, start, end]; everyone gathers all of them.
+  constexpr int64_t kFields = 6;
+  at::Tensor mine = at::empty({0, kFields}, at::kDouble);
+  if (placement_->is_position_leader() && !timeline_.empty()) {
+    std::vector<double> rows;
+    for (const TimedAction& t : timeline_)
+      rows.insert(rows.end(), {static_cast<double>(t.action.kind), static_cast<double>(t.action.stage),
+                               static_cast<double>(t.action.micro_batch), static_cast<double>(t.rank), t.start, t.end});
+    mine = at::tensor(rows, at::kDouble).view({-1, kFields});
+  }
+  const at::Tensor counts = group_.all_gather(at::tensor({mine.size(0)}, at::kLong));
+  comm::AllGatherOptions options;
+  options.sizes.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  const at::Tensor all = group_.all_gather(mine, options);
+  std::vector<TimedAction> timeline;
+  const auto a = all.accessor<double, 2>();
+  for (int64_t i = 0; i < all.size(0); ++i)
+    timeline.push_back({Action{static_cast<ActionKind>(static_cast<int>(a[i][0])), static_cast<int>(a[i][1]),
+                               static_cast<int>(a[i][2])},
+                        static_cast<int>(a[i][3]), a[i][4], a[i][5]});
+  return measured(std::move(timeline), schedule_.ranks);
+}
+
 int PipelineExecutor::peak_live_micro_batches(int stage) const {
   const auto it = peak_live_.find(stage);
   return it == peak_live_.end() ? 0 : it->second;

@@ -141,15 +141,20 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
 
 void validate(const Schedule& s) { replay(s, ActionCosts{}); }
 
-Simulation simulate(const Schedule& s, const ActionCosts& costs) {
+Simulation simulate(const Schedule& s, const ActionCosts& costs) { return measured(replay(s, costs), s.ranks); }
+
+Simulation measured(std::vector<TimedAction> timeline, int ranks) {
   Simulation sim;
-  sim.timeline = replay(s, costs);
-  double busy = 0.0;
-  for (const auto& t : sim.timeline) {
-    sim.makespan = std::max(sim.makespan, t.end);
-    busy += t.end - t.start;
+  if (timeline.empty()) return sim;
+  double start = timeline.front().start, end = timeline.front().end, busy = 0.0;
+  for (const TimedAction& t : timeline) start = std::min(start, t.start), end = std::max(end, t.end);
+  for (TimedAction& t : timeline) {
+    t.start -= start, t.end -= start;
+    if (t.action.is_compute()) busy += t.end - t.start;
   }
-  sim.bubble = sim.makespan > 0 ? 1.0 - busy / (s.ranks * sim.makespan) : 0.0;
+  sim.makespan = end - start;
+  sim.bubble = sim.makespan > 0 ? 1.0 - busy / (ranks * sim.makespan) : 0.0;
+  sim.timeline = std::move(timeline);
   return sim;
 }
 

@@ -78,6 +78,7 @@ const std::vector<Field>& fields() {
       HP_CONFIG_FIELD("parallel.reshard_after_forward_to", reshard_after_forward_to),
       HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
       HP_CONFIG_FIELD("parallel.pp_stages_per_rank", pp_stages_per_rank),
+      HP_CONFIG_FIELD("parallel.pp_timeline_step", pp_timeline_step),
       HP_CONFIG_FIELD("data.sources", data.sources),
       HP_CONFIG_FIELD("data.cache_dir", data.cache_dir),
       HP_CONFIG_FIELD("data.eval_fraction", data.eval_fraction),
@@ -206,6 +207,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,
            "' is unknown (available: adamw, muon)");
+  HP_CHECK(c.pp_timeline_step >= 0 && c.pp_timeline_step <= c.train.steps, "parallel.pp_timeline_step (",
+           c.pp_timeline_step, ") must be a step of the run, 1 to train.steps (", c.train.steps, "), or 0 for none");
+  HP_CHECK(c.pp_timeline_step == 0 || c.parallel.pp > 1, "parallel.pp_timeline_step needs parallel.pp > 1");
   if (c.parallel.pp > 1) {
     const int64_t stages = c.pipeline_stages();
     HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");

@@ -178,6 +178,19 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world, bool allocate
   return s;
 }
 
+// parallel.pp_timeline_step: that step's measured pipeline timeline, drawn as hp-pp-viz draws
+// schedules. Collective over the pipeline's ranks; the lead writes its pipeline's.
+void draw_pipeline_timeline(const pp::PipelineExecutor& pipe, int64_t step, const std::string& run_dir, bool lead) {
+  const pp::Simulation measured = pipe.measured_step();
+  if (!lead) return;
+  std::filesystem::create_directories(run_dir);
+  const std::string path = run_dir + "/pp_timeline.svg";
+  std::ofstream(path) << pp::to_svg(pipe.schedule(), measured,
+                                    pipe.schedule().name + ", step " + std::to_string(step) + " (measured)");
+  log::info("pipeline timeline of step ", step, ": bubble ", 100.0 * measured.bubble, "% over ",
+            1e3 * measured.makespan, " ms, drawn in ", path);
+}
+
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, Setup& s) {
   // Per rank: parameters (local elements), parameter bytes, and an estimate of training memory:
   // parameters + gradients + AdamW's two moments, plus ~14 activations of [micro_batch, seq, dim]
@@ -352,7 +365,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     double loss_sum = 0.0;
     if (s.pipe) {  // the schedule splits this rank's rows into `micro` micro-batches
       auto [x, y] = train_data.train_batch(step, c.train.global_batch, s.dp_rank * c.per_rank_batch(), c.per_rank_batch());
+      const bool draw = step + 1 == c.pp_timeline_step;
+      s.pipe->record_timeline(draw);
       loss_sum = s.pipe->step(x, y) * static_cast<double>(micro);
+      if (draw) draw_pipeline_timeline(*s.pipe, step + 1, c.run_dir, lead);
     } else {
       for (int64_t m = 0; m < micro; ++m) {
         auto [x, y] = train_data.train_batch(step, c.train.global_batch,

@@ -54,6 +54,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4, "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
   invalid({"parallel.reshard_after_forward_to=3"}, 4, "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
+  invalid({"parallel.pp_timeline_step=2"}, 4, "parallel.pp_timeline_step needs parallel.pp > 1");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_timeline_step=21"}, 4,
+          "parallel.pp_timeline_step (21) must be a step of the run, 1 to train.steps (20), or 0 for none");
   invalid({"optimizer.name=sgd"}, 4, "optimizer.name 'sgd' is unknown (available: adamw, muon)");
   invalid({"schedule.decay=step"}, 4, "step");
   invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");

@@ -131,5 +131,33 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
+// parallel.pp_timeline_step draws that step's measured timeline: every compute action of both
+// pipeline positions, once.
+TEST(Trainer, DrawsTheMeasuredPipelineTimelineOfAStep) {
+  const fs::path dir = test::scratch_dir("hp_trainer_timeline");
+  TrainConfig c = tiny_config(dir);
+  c.parallel.pp = 2;
+  c.train.steps = 3;
+  c.pp_timeline_step = 2;
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    TrainOptions options;
+    options.progress = false;
+    train(c, world, options);
+  });
+  std::ifstream in(fs::path(c.run_dir) / "pp_timeline.svg");
+  ASSERT_TRUE(in.good()) << "no pp_timeline.svg in " << c.run_dir;
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(svg.find("1F1B, step 2 (measured)"), std::string::npos) << svg.substr(0, 400);
+  const int64_t micro = c.micro_batches();
+  for (int stage = 0; stage < 2; ++stage)
+    for (int64_t mb = 0; mb < micro; ++mb)
+      for (const char* kind : {"F", "B"}) {
+        const std::string title = "<title>" + std::to_string(stage) + kind + std::to_string(mb) + "</title>";
+        size_t count = 0;
+        for (size_t at = svg.find(title); at != std::string::npos; at = svg.find(title, at + 1)) ++count;
+        EXPECT_EQ(count, 1u) << title;
+      }
+}
+
 }  // namespace
 }  // namespace hp::train

@@ -95,6 +95,11 @@ class PipelineExecutor {
   // same on every process of a machine), for measured bubbles and timelines (to_svg).
   void record_timeline(bool on) { record_ = on; }
   const std::vector<TimedAction>& last_timeline() const { return timeline_; }
+  // The last recorded step of the whole pipeline (each position as its first rank saw it), with its
+  // makespan and bubble, on every rank; draw it with to_svg. Collective over `group`. The clocks of
+  // processes on one machine agree; across machines each rank's times are its own clock's.
+  Simulation measured_step() const;
+  const Schedule& schedule() const { return schedule_; }
 
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;

@@ -98,6 +98,10 @@ struct Simulation {
 // send (+ latency). Validates first.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 
+// A timeline measured on `ranks` ranks (PipelineExecutor::measured_step) as a Simulation: times
+// from its first action, the makespan, and the bubble over its compute actions.
+Simulation measured(std::vector<TimedAction> timeline, int ranks);
+
 // A timeline picture: one row per rank, one box per compute action (colour by kind, labelled with
 // the micro-batch, and the stage when a rank has several).
 std::string to_svg(const Schedule& schedule, const Simulation& simulation, const std::string& title = "");
