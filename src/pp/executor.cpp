@@ -13,6 +13,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "pp/failure_notice.h"
+#include "pp/messages.h"
 #include "pp/placement.h"
 #include "pp/weight_split.h"
 
@@ -24,18 +25,6 @@ struct StoppedByPeer {
   std::string where;
 };
 
-// Message tags: one per (direction, stage, micro-batch), so messages match whatever order the
-// programs post them in; shape messages have their own range.
-int tag(bool backward, int stage, int micro_batch, int micro_batches) {
-  return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
-}
-int shape_tag(int stage) { return (1 << 28) + stage; }
-int dynamic_shape_tag(int stage, int micro_batch, int micro_batches) {
-  return (1 << 27) + tag(false, stage, micro_batch, micro_batches);
-}
-int inference_tag(int stage, bool shape) { return (1 << 29) + 2 * stage + (shape ? 1 : 0); }
-constexpr int kMaxDims = 8;
-
 }  // namespace
 
 // What a stage keeps of one micro-batch between its forward and its backward.
@@ -44,8 +33,6 @@ struct PipelineExecutor::Slot {
   at::Tensor output;       // the stage's output, or the micro-batch's loss on the last stage
   at::Tensor grad_output;  // received gradient of the output (not on the last stage)
   at::Tensor grad_input;   // computed gradient of the input, to send back
-  std::optional<std::vector<int64_t>> sent_sizes;  // of the whole output sent forward: its gradient comes back alike
-  at::ScalarType sent_dtype = at::kFloat;
   std::shared_ptr<WeightGradientSplit> split;  // between I and W (set when the output depends on the input)
 };
 
@@ -56,11 +43,11 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       group_(std::move(group)),
       loss_(std::move(loss)),
       batch_p2p_(options.batch_p2p),
-      batch_dim_(options.batch_dim),
-      dynamic_shapes_(options.dynamic_shapes) {
+      batch_dim_(options.batch_dim) {
   HP_CHECK(batch_dim_ >= 0, "PipelineExecutor: PipelineOptions::batch_dim must be >= 0, got ", batch_dim_);
   validate(schedule_);
   placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
+  messages_ = std::make_shared<StageMessages>(group_, placement_, schedule_.micro_batches, options.dynamic_shapes);
   for (int s = 0; s < schedule_.stages; ++s) {
     const bool here = placement_->hosts(s);
     int found = 0;
@@ -128,27 +115,6 @@ const PipelineStage& PipelineExecutor::stage(int index) const {
   HP_FAIL("PipelineExecutor: no stage ", index, " on this rank");
 }
 
-namespace {
-
-// A tensor's dtype and shape as a fixed-size int64 message, and back.
-at::Tensor empty_description() { return at::empty({kMaxDims + 1}, at::kLong); }
-
-at::Tensor describe(const at::Tensor& t) {
-  HP_CHECK(t.dim() <= kMaxDims, "pipeline: activations of more than ", kMaxDims, " dims");
-  at::Tensor d = at::full({kMaxDims + 1}, -1, at::kLong);
-  d[0] = static_cast<int64_t>(t.scalar_type());
-  for (int64_t i = 0; i < t.dim(); ++i) d[i + 1] = t.size(i);
-  return d;
-}
-
-at::Tensor empty_like_described(const at::Tensor& d) {
-  std::vector<int64_t> sizes;
-  for (int64_t i = 1; i < d.numel() && d[i].item<int64_t>() >= 0; ++i) sizes.push_back(d[i].item<int64_t>());
-  return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
-}
-
-}  // namespace
-
 at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
   at::NoGradGuard no_grad;
   const int last = schedule_.stages - 1;
@@ -158,25 +124,15 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
     for (int s = 0; s <= last; ++s) {
       if (!place.hosts(s)) continue;
       const PipelineStage& st = stage(s);
-      on_stage(notice, s, "the inference forward of stage " + std::to_string(s), [&] {
+      on_stage(notice, s, [s] { return "the inference forward of stage " + std::to_string(s); }, [&] {
         if (s == 0) {
           h = inputs;
         } else if (!place.hosts(s - 1)) {  // the previous stage's output arrives with its shape
-          const int from = place.source(place.position_of_stage(s - 1));
-          const at::Tensor d = empty_description();
-          notice.wait(group_.recv_async(d, from, inference_tag(s - 1, true)));
-          const at::Tensor whole = empty_like_described(d);
-          notice.wait(group_.recv_async(whole, from, inference_tag(s - 1, false)));
-          h = place.piece(whole, st.input_shard_dim);
+          h = place.piece(messages_->receive_inference(notice, s), st.input_shard_dim);
         }
         h = (*st.module)(h);
-        if (s < last && !place.hosts(s + 1)) {
-          const at::Tensor whole = place.whole(h, st.output_shard_dim);
-          for (int to : place.targets(place.position_of_stage(s + 1))) {
-            notice.wait(group_.send_async(describe(whole), to, inference_tag(s, true)));
-            notice.wait(group_.send_async(whole, to, inference_tag(s, false)));
-          }
-        }
+        if (s < last && !place.hosts(s + 1))
+          messages_->send_inference(notice, s, place.whole(h, st.output_shard_dim));
         if (s == last) {  // whole on the position's first rank, which broadcasts it
           h = place.whole(h, st.output_shard_dim);
           if (is_dtensor(h)) h = DTensor(h).full_tensor();  // e.g. vocabulary-sharded logits (loss parallel)
@@ -220,6 +176,8 @@ Simulation PipelineExecutor::measured_step() const {
   return measured(std::move(timeline), schedule_.ranks);
 }
 
+int PipelineExecutor::batched_receives() const { return messages_->batched_receives(); }
+
 int PipelineExecutor::peak_live_micro_batches(int stage) const {
   const auto it = peak_live_.find(stage);
   return it == peak_live_.end() ? 0 : it->second;
@@ -249,12 +207,11 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   std::map<int, int> live;
   peak_live_.clear();
   split_weight_actions_ = 0;
-  batched_receives_ = 0;
+  messages_->begin_pass();
   double loss_sum = 0.0;
   timeline_.clear();
   const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const StagePlacement& place = *placement_;
-  const auto position = [&](int s) { return place.position_of_stage(s); };
 
   // The actions of this pass. Forward only: the forward actions in program order (a valid
   // schedule's forward subsequence is valid: backward actions never produce what a forward waits for).
@@ -264,84 +221,19 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
         a.kind == ActionKind::kRecvForward)
       program.push_back(a);
 
-  // Where a receive action's message comes from, with its tag and a buffer for it; nullopt while
-  // its shape is unknown (the first step, before the shape has crossed).
-  struct Receive {
-    int from, tag;
-    at::Tensor buffer;
-  };
-  const auto receive_of = [&](const Action& a) -> std::optional<Receive> {
-    const int s = a.stage, mb = a.micro_batch;
-    if (a.kind == ActionKind::kRecvForward) {
-      const auto d = received_description_.find(s);
-      if (dynamic_shapes_ || d == received_description_.end()) return std::nullopt;
-      return Receive{place.source(position(s - 1)), tag(false, s - 1, mb, m), empty_like_described(d->second)};
-    }
-    const auto slot = slots.find({s, mb});
-    if (slot == slots.end() || !slot->second.sent_sizes) return std::nullopt;  // not sent forward yet
-    return Receive{place.source(position(s + 1)), tag(true, s + 1, mb, m),
-                   at::empty(*slot->second.sent_sizes, at::TensorOptions().dtype(slot->second.sent_dtype))};
-  };
-  const auto key = [](const Action& a) { return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch); };
-  // Batched P2P: posts, as one batch, the receives of the run of communication actions at `begin`.
-  const auto post_receives = [&](size_t begin) {
-    std::vector<comm::P2POp> ops;
-    std::vector<std::pair<std::tuple<int, int, int>, at::Tensor>> posted;
-    for (size_t j = begin; j < program.size() && !program[j].is_compute(); ++j) {
-      const Action& r = program[j];
-      if (r.kind != ActionKind::kRecvForward && r.kind != ActionKind::kRecvBackward) continue;
-      if (posted_receives_.count(key(r))) continue;
-      if (std::optional<Receive> receive = receive_of(r)) {
-        ops.push_back(comm::P2POp::recv(receive->buffer, receive->from, receive->tag));
-        posted.emplace_back(key(r), receive->buffer);
-      }
-    }
-    if (ops.empty()) return;
-    std::vector<comm::Work> works = group_.batch_isend_irecv(ops);
-    batched_receives_ += static_cast<int>(works.size());
-    for (size_t k = 0; k < works.size(); ++k)
-      posted_receives_[posted[k].first] = {posted[k].second, std::move(works[k])};
-  };
-  // The message of receive action `a`: waited where the batch posted it, or received now.
-  const auto receive = [&](FailureNotice& notice, const Action& a) {
-    const auto it = posted_receives_.find(key(a));
-    if (it != posted_receives_.end()) {
-      PostedReceive posted = std::move(it->second);
-      posted_receives_.erase(it);
-      notice.wait(posted.work);
-      return posted.buffer;
-    }
-    if (a.kind == ActionKind::kRecvForward && (dynamic_shapes_ || !received_description_.count(a.stage))) {
-      // The shape first: once per stage boundary, or with every message when shapes may change.
-      const int from = place.source(position(a.stage - 1));
-      at::Tensor description = empty_description();
-      notice.wait(group_.recv_async(description, from,
-                                    dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, m) : shape_tag(a.stage - 1)));
-      if (dynamic_shapes_) {
-        const at::Tensor buffer = empty_like_described(description);
-        notice.wait(group_.recv_async(buffer, from, tag(false, a.stage - 1, a.micro_batch, m)));
-        return buffer;
-      }
-      received_description_[a.stage] = description;
-    }
-    const Receive r = *receive_of(a);
-    notice.wait(group_.recv_async(r.buffer, r.from, r.tag));
-    return r.buffer;
-  };
-
   // The mean loss lives on the last stage's rank; agree() sums it over ranks.
   return agree([&](FailureNotice& notice) {
-    std::vector<comm::Work>& sends = pending_sends_;
     for (size_t i = 0; i < program.size(); ++i) {
       const Action& a = program[i];
-      if (batch_p2p_ && (a.is_compute() || i == 0 || program[i - 1].is_compute()))
-        on_stage(notice, -1, "posting the receives after " + a.str(), [&] {
-          post_receives(a.is_compute() ? i + 1 : i);  // the next run's, or this run's
-        });
+      // Batched P2P: a run of communication actions posts its receives together, one computation
+      // ahead (while the computation before the run), or at its start when that is the pass's start.
+      if (batch_p2p_ && (a.is_compute() || i == 0))
+        on_stage(notice, -1, [&] { return "posting the receives after " + a.str(); },
+                 [&] { messages_->post_receives(program, a.is_compute() ? i + 1 : i); });
       const int s = a.stage, mb = a.micro_batch;
       Slot& slot = slots[{s, mb}];
       const double started = record_ ? now() : 0.0;
-      on_stage(notice, s, a.str() + " of schedule '" + schedule_.name + "'", [&] {
+      on_stage(notice, s, [&] { return a.str() + " of schedule '" + schedule_.name + "'"; }, [&] {
         switch (a.kind) {
           case ActionKind::kForward: {
             at::Tensor in = s == 0 ? xs[mb] : slot.input;
@@ -412,69 +304,45 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
             break;
           }
           case ActionKind::kSendForward: {
-            const at::Tensor out = place.whole(slot.output.detach(), stage(s).output_shard_dim);
-            slot.sent_sizes = out.sizes().vec();
-            slot.sent_dtype = out.scalar_type();
-            // The shape travels once per stage boundary, or with every message when shapes may change.
-            bool describe_now = dynamic_shapes_;
-            if (!dynamic_shapes_) {
-              const auto [sent, first] = sent_shape_.emplace(s, *slot.sent_sizes);
-              HP_CHECK(sent->second == *slot.sent_sizes, "the output shape changed from ", c10::IntArrayRef(sent->second),
-                       " to ", out.sizes(), "; set PipelineOptions::dynamic_shapes for shapes that change from step to "
-                       "step or between micro-batches");
-              describe_now = first;
-            }
-            for (int to : place.targets(position(s + 1))) {
-              if (describe_now)
-                sends.push_back(group_.send_async(describe(out), to,
-                                                  dynamic_shapes_ ? dynamic_shape_tag(s, mb, m) : shape_tag(s)));
-              sends.push_back(group_.send_async(out, to, tag(false, s, mb, m)));
-            }
-            if (!backward) slot.output = at::Tensor();  // the sends hold `out` until they complete
+            messages_->send_forward(s, mb, place.whole(slot.output.detach(), stage(s).output_shard_dim));
+            if (!backward) slot.output = at::Tensor();  // the sends hold it until they complete
             break;
           }
           case ActionKind::kRecvForward: {
-            slot.input = place.piece(receive(notice, a), stage(s).input_shard_dim).requires_grad_(backward);
+            slot.input = place.piece(messages_->receive(notice, a), stage(s).input_shard_dim).requires_grad_(backward);
             break;
           }
           case ActionKind::kSendBackward: {
-            const at::Tensor grad = place.whole(slot.grad_input, stage(s).input_shard_dim);
-            for (int to : place.targets(position(s - 1))) sends.push_back(group_.send_async(grad, to, tag(true, s, mb, m)));
+            messages_->send_backward(s, mb, place.whole(slot.grad_input, stage(s).input_shard_dim));
             slot.grad_input = at::Tensor();  // the sends hold it until they complete
             break;
           }
           case ActionKind::kRecvBackward: {
             // The gradient of the whole output (whose shape the forward send recorded), then this rank's piece.
-            slot.grad_output = place.piece(receive(notice, a), stage(s).output_shard_dim);
+            slot.grad_output = place.piece(messages_->receive(notice, a), stage(s).output_shard_dim);
             break;
           }
         }
       });
       if (record_) timeline_.push_back({a, place.position(), started, now()});
-      // Completed sends release what they hold now, not at the end of the step.
-      sends.erase(std::remove_if(sends.begin(), sends.end(), [](const comm::Work& w) { return w.is_completed(); }),
-                  sends.end());
     }
-    on_stage(notice, -1, "the end of the step", [&] {
-      for (auto& w : sends) notice.wait(w);
-    });
-    sends.clear();
+    on_stage(notice, -1, [] { return std::string("the end of the step"); }, [&] { messages_->finish_pass(notice); });
     return loss_sum;
   });
 }
 
 // Runs one action of `stage` (-1: of no stage in particular). A failure that comes from another rank's
 // published failure (an aborted wait) is reported as such; this rank's own failure names its stage.
-void PipelineExecutor::on_stage(FailureNotice& notice, int stage, const std::string& where,
+void PipelineExecutor::on_stage(FailureNotice& notice, int stage, const std::function<std::string()>& where,
                                 const std::function<void()>& action) {
   try {
     action();
   } catch (const std::exception& e) {
-    if (notice.failed()) throw StoppedByPeer{where};
-    if (stage < 0) HP_FAIL("pipeline rank ", group_.rank(), " failed at ", where, ": ", e.what());
-    HP_FAIL("pipeline stage ", stage, " (rank ", group_.rank(), ") failed at ", where, ": ", e.what());
+    if (notice.failed()) throw StoppedByPeer{where()};
+    if (stage < 0) HP_FAIL("pipeline rank ", group_.rank(), " failed at ", where(), ": ", e.what());
+    HP_FAIL("pipeline stage ", stage, " (rank ", group_.rank(), ") failed at ", where(), ": ", e.what());
   }
-  if (notice.failed()) throw StoppedByPeer{where};  // no need to run on: the step has failed
+  if (notice.failed()) throw StoppedByPeer{where()};  // no need to run on: the step has failed
 }
 
 double PipelineExecutor::agree(const std::function<double(FailureNotice&)>& pass) {
@@ -492,13 +360,7 @@ double PipelineExecutor::agree(const std::function<double(FailureNotice&)>& pass
     notice.publish(own_failure);
   }
   notice.stop();
-  if (!own_failure.empty() || !stopped_at.empty()) {
-    // Messages whose peers stopped may never come; the group keeps their buffers.
-    for (comm::Work& w : pending_sends_) w.abort();
-    for (auto& [key, posted] : posted_receives_) posted.work.abort();
-  }
-  pending_sends_.clear();
-  posted_receives_.clear();
+  if (!own_failure.empty() || !stopped_at.empty()) messages_->abandon();
   // Every rank reaches this collective, whether its part of the pass succeeded or not.
   at::Tensor outcome = at::tensor({value, own_failure.empty() ? 0.0 : 1.0}, at::kDouble);
   group_.all_reduce(outcome);

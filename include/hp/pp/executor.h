@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "hp/comm/process_group.h"
@@ -23,6 +22,7 @@
 namespace hp::pp {
 
 class FailureNotice;
+class StageMessages;
 class StagePlacement;
 
 // The loss of one micro-batch from the last stage's output and the micro-batch's targets.
@@ -109,7 +109,7 @@ class PipelineExecutor {
   int split_weight_actions() const { return split_weight_actions_; }
   // How many receives of the last step were posted ahead in batches (batch_p2p; the first step
   // receives the shapes it needs for that first).
-  int batched_receives() const { return batched_receives_; }
+  int batched_receives() const;
 
  private:
   struct Slot;
@@ -118,7 +118,9 @@ class PipelineExecutor {
   // returns the sum over ranks of `pass`'s value, or throws on every rank when any rank failed,
   // naming the stage that failed, instead of leaving the others waiting for its messages.
   double agree(const std::function<double(FailureNotice&)>& pass);
-  void on_stage(FailureNotice& notice, int stage, const std::string& where, const std::function<void()>& action);
+  // `where` names the action for errors; it is called only when one happens.
+  void on_stage(FailureNotice& notice, int stage, const std::function<std::string()>& where,
+                const std::function<void()>& action);
   const PipelineStage& stage(int index) const;
   Schedule schedule_;
   std::vector<PipelineStage> stages_;
@@ -131,25 +133,15 @@ class PipelineExecutor {
   };
   std::vector<TiedCopy> tied_;
   void sum_tied_gradients();
-  std::map<int, at::Tensor> received_description_;     // per stage: dtype and shape of its input (exchanged once)
-  std::map<int, std::vector<int64_t>> sent_shape_;  // per stage: the whole output shape sent (once; static shapes)
   bool batch_p2p_ = true;
   int64_t batch_dim_ = 0;
-  bool dynamic_shapes_ = false;
   // Stage 0's stand-in input for splitting I from W: the latest output (with a gradient) of the
   // stage's first leaf module, set by a forward hook that holds it weakly.
   std::shared_ptr<at::Tensor> first_leaf_output_;
-  struct PostedReceive {
-    at::Tensor buffer;
-    comm::Work work;
-  };
-  // Of the current pass, by (kind, stage, micro-batch); aborted, not waited, after a failure.
-  std::map<std::tuple<int, int, int>, PostedReceive> posted_receives_;
+  std::shared_ptr<StageMessages> messages_;
   std::map<int, int> peak_live_;
   int split_weight_actions_ = 0;
-  int batched_receives_ = 0;
   bool record_ = false;
-  std::vector<comm::Work> pending_sends_;  // of the current pass; left alone (never waited) after a failure
   uint64_t passes_ = 0;                    // names each pass's failure notice
   bool broken_ = false;
   std::string broken_reason_;

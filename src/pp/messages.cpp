@@ -1,0 +1,175 @@
+#include "pp/messages.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "hp/core/error.h"
+#include "pp/failure_notice.h"
+#include "pp/placement.h"
+
+namespace hp::pp {
+namespace {
+
+// One tag per (direction, stage, micro-batch); shape messages and inference have ranges of their own.
+int tag(bool backward, int stage, int micro_batch, int micro_batches) {
+  return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
+}
+int shape_tag(int stage) { return (1 << 28) + stage; }
+int dynamic_shape_tag(int stage, int micro_batch, int micro_batches) {
+  return (1 << 27) + tag(false, stage, micro_batch, micro_batches);
+}
+int inference_tag(int stage, bool shape) { return (1 << 29) + 2 * stage + (shape ? 1 : 0); }
+
+constexpr int kMaxDims = 8;
+
+}  // namespace
+
+at::Tensor empty_description() { return at::empty({kMaxDims + 1}, at::kLong); }
+
+at::Tensor describe(const at::Tensor& t) {
+  HP_CHECK(t.dim() <= kMaxDims, "pipeline: activations of more than ", kMaxDims, " dims");
+  at::Tensor d = at::full({kMaxDims + 1}, -1, at::kLong);
+  d[0] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t i = 0; i < t.dim(); ++i) d[i + 1] = t.size(i);
+  return d;
+}
+
+at::Tensor empty_like_described(const at::Tensor& d) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 1; i < d.numel() && d[i].item<int64_t>() >= 0; ++i) sizes.push_back(d[i].item<int64_t>());
+  return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
+}
+
+StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement,
+                             int micro_batches, bool dynamic_shapes)
+    : group_(std::move(group)),
+      placement_(std::move(placement)),
+      micro_batches_(micro_batches),
+      dynamic_shapes_(dynamic_shapes) {}
+
+StageMessages::Key StageMessages::key(const Action& a) {
+  return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch);
+}
+
+void StageMessages::begin_pass() {
+  sent_.clear();
+  batched_receives_ = 0;
+}
+
+void StageMessages::send(int to_stage, const at::Tensor& tensor, int message_tag) {
+  // Completed sends release what they hold now, not at the end of the pass.
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](const comm::Work& w) { return w.is_completed(); }),
+               sends_.end());
+  for (int to : placement_->targets(placement_->position_of_stage(to_stage)))
+    sends_.push_back(group_.send_async(tensor, to, message_tag));
+}
+
+void StageMessages::send_forward(int stage, int micro_batch, const at::Tensor& output) {
+  std::vector<int64_t> sizes = output.sizes().vec();
+  bool describe_now = dynamic_shapes_;
+  if (!dynamic_shapes_) {
+    const auto [sent, first] = sent_shape_.emplace(stage, sizes);
+    HP_CHECK(sent->second == sizes, "the output shape changed from ", c10::IntArrayRef(sent->second), " to ",
+             output.sizes(), "; set PipelineOptions::dynamic_shapes for shapes that change from step to step");
+    describe_now = first;
+  }
+  if (describe_now)
+    send(stage + 1, describe(output),
+         dynamic_shapes_ ? dynamic_shape_tag(stage, micro_batch, micro_batches_) : shape_tag(stage));
+  send(stage + 1, output, tag(false, stage, micro_batch, micro_batches_));
+  sent_[{stage, micro_batch}] = {std::move(sizes), output.scalar_type()};
+}
+
+void StageMessages::send_backward(int stage, int micro_batch, const at::Tensor& grad_input) {
+  send(stage - 1, grad_input, tag(true, stage, micro_batch, micro_batches_));
+}
+
+std::optional<StageMessages::Receive> StageMessages::known_receive(const Action& a) const {
+  const int s = a.stage, mb = a.micro_batch;
+  if (a.kind == ActionKind::kRecvForward) {
+    const auto d = received_description_.find(s);
+    if (dynamic_shapes_ || d == received_description_.end()) return std::nullopt;
+    return Receive{placement_->source(placement_->position_of_stage(s - 1)), tag(false, s - 1, mb, micro_batches_),
+                   empty_like_described(d->second)};
+  }
+  const auto sent = sent_.find({s, mb});
+  if (sent == sent_.end()) return std::nullopt;  // not sent forward yet
+  return Receive{placement_->source(placement_->position_of_stage(s + 1)), tag(true, s + 1, mb, micro_batches_),
+                 at::empty(sent->second.first, at::TensorOptions().dtype(sent->second.second))};
+}
+
+void StageMessages::post_receives(const std::vector<Action>& program, size_t begin) {
+  std::vector<comm::P2POp> ops;
+  std::vector<std::pair<Key, at::Tensor>> buffers;
+  for (size_t i = begin; i < program.size() && !program[i].is_compute(); ++i) {
+    const Action& a = program[i];
+    if (a.kind != ActionKind::kRecvForward && a.kind != ActionKind::kRecvBackward) continue;
+    if (posted_.count(key(a))) continue;
+    if (std::optional<Receive> r = known_receive(a)) {
+      ops.push_back(comm::P2POp::recv(r->buffer, r->from, r->tag));
+      buffers.emplace_back(key(a), r->buffer);
+    }
+  }
+  if (ops.empty()) return;
+  std::vector<comm::Work> works = group_.batch_isend_irecv(ops);
+  batched_receives_ += static_cast<int>(works.size());
+  for (size_t k = 0; k < works.size(); ++k) posted_[buffers[k].first] = {buffers[k].second, std::move(works[k])};
+}
+
+at::Tensor StageMessages::receive(FailureNotice& notice, const Action& a) {
+  if (const auto it = posted_.find(key(a)); it != posted_.end()) {
+    Posted posted = std::move(it->second);
+    posted_.erase(it);
+    notice.wait(posted.work);
+    return posted.buffer;
+  }
+  if (a.kind == ActionKind::kRecvForward && (dynamic_shapes_ || !received_description_.count(a.stage))) {
+    // The shape first: once per stage boundary, or with every message when shapes may change.
+    const int from = placement_->source(placement_->position_of_stage(a.stage - 1));
+    const at::Tensor description = empty_description();
+    notice.wait(group_.recv_async(description, from,
+                                  dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, micro_batches_)
+                                                  : shape_tag(a.stage - 1)));
+    if (dynamic_shapes_) {
+      const at::Tensor buffer = empty_like_described(description);
+      notice.wait(group_.recv_async(buffer, from, tag(false, a.stage - 1, a.micro_batch, micro_batches_)));
+      return buffer;
+    }
+    received_description_[a.stage] = description;
+  }
+  const std::optional<Receive> r = known_receive(a);
+  HP_CHECK(r.has_value(), "pipeline: ", a.str(), " comes before its stage sent the activation it answers");
+  notice.wait(group_.recv_async(r->buffer, r->from, r->tag));
+  return r->buffer;
+}
+
+void StageMessages::finish_pass(FailureNotice& notice) {
+  for (comm::Work& w : sends_) notice.wait(w);
+  sends_.clear();
+}
+
+void StageMessages::abandon() {
+  for (comm::Work& w : sends_) w.abort();
+  for (auto& [k, posted] : posted_) posted.work.abort();
+  sends_.clear();
+  posted_.clear();
+}
+
+void StageMessages::send_inference(FailureNotice& notice, int stage, const at::Tensor& output) {
+  for (int to : placement_->targets(placement_->position_of_stage(stage + 1))) {
+    notice.wait(group_.send_async(describe(output), to, inference_tag(stage, true)));
+    notice.wait(group_.send_async(output, to, inference_tag(stage, false)));
+  }
+}
+
+at::Tensor StageMessages::receive_inference(FailureNotice& notice, int stage) {
+  const int from = placement_->source(placement_->position_of_stage(stage - 1));
+  const at::Tensor description = empty_description();
+  notice.wait(group_.recv_async(description, from, inference_tag(stage - 1, true)));
+  const at::Tensor whole = empty_like_described(description);
+  notice.wait(group_.recv_async(whole, from, inference_tag(stage - 1, false)));
+  return whole;
+}
+
+}  // namespace hp::pp
