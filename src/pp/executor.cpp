@@ -178,6 +178,23 @@ Simulation PipelineExecutor::measured_step() const {
 
 int PipelineExecutor::batched_receives() const { return messages_->batched_receives(); }
 
+const PipelineExecutor::PassPrograms& PipelineExecutor::pass_programs(bool backward) {
+  auto [it, first] = pass_programs_.try_emplace(backward);
+  if (!first) return it->second;
+  // Forward only: the forward actions in program order (a valid schedule's forward subsequence is
+  // valid: backward actions never produce what a forward waits for).
+  for (const std::vector<Action>& all : schedule_.programs) {
+    std::vector<Action>& program = it->second.programs.emplace_back();
+    for (const Action& a : all)
+      if (backward || a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
+          a.kind == ActionKind::kRecvForward)
+        program.push_back(a);
+  }
+  it->second.sends_complete_after =
+      sends_complete_after(it->second.programs, schedule_.stage_rank, placement_->position());
+  return it->second;
+}
+
 int PipelineExecutor::peak_live_micro_batches(int stage) const {
   const auto it = peak_live_.find(stage);
   return it == peak_live_.end() ? 0 : it->second;
@@ -213,13 +230,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const StagePlacement& place = *placement_;
 
-  // The actions of this pass. Forward only: the forward actions in program order (a valid
-  // schedule's forward subsequence is valid: backward actions never produce what a forward waits for).
-  std::vector<Action> program;
-  for (const Action& a : schedule_.programs[place.position()])
-    if (backward || a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
-        a.kind == ActionKind::kRecvForward)
-      program.push_back(a);
+  const std::vector<Action>& program = pass_programs(backward).programs[place.position()];
+  const std::vector<std::vector<Action>>& releases = pass_programs(backward).sends_complete_after;
 
   // The mean loss lives on the last stage's rank; agree() sums it over ranks.
   return agree([&](FailureNotice& notice) {
@@ -323,6 +335,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
             break;
           }
         }
+        for (const Action& send : releases[i]) messages_->release(notice, send);  // its buffer can go
       });
       if (record_) timeline_.push_back({a, place.position(), started, now()});
     }

@@ -41,6 +41,49 @@ at::Tensor empty_like_described(const at::Tensor& d) {
   return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
 }
 
+namespace {
+
+// The receive that takes the message of send action `a`, and the position it runs on.
+std::pair<Action, int> receive_of_send(const Action& a, const std::vector<int>& stage_rank) {
+  const bool forward = a.kind == ActionKind::kSendForward;
+  const int to = forward ? a.stage + 1 : a.stage - 1;
+  return {Action{forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward, to, a.micro_batch}, stage_rank[to]};
+}
+
+bool is_send(const Action& a) { return a.kind == ActionKind::kSendForward || a.kind == ActionKind::kSendBackward; }
+
+// The index of `a` in `program`, or -1.
+int index_of(const std::vector<Action>& program, const Action& a) {
+  const auto it = std::find(program.begin(), program.end(), a);
+  return it == program.end() ? -1 : static_cast<int>(it - program.begin());
+}
+
+}  // namespace
+
+std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vector<Action>>& programs,
+                                                      const std::vector<int>& stage_rank, int position) {
+  const std::vector<Action>& mine = programs[position];
+  std::vector<std::vector<Action>> complete(mine.size());
+  for (const Action& sent : mine) {
+    if (!is_send(sent)) continue;
+    const auto [receive, peer] = receive_of_send(sent, stage_rank);
+    const int received = index_of(programs[peer], receive);
+    if (received < 0) continue;  // a pass without that receive (forward only)
+    // The first message back to this position that the peer posts after that receive.
+    int answered = -1;
+    for (size_t j = static_cast<size_t>(received) + 1; j < programs[peer].size(); ++j) {
+      const Action& a = programs[peer][j];
+      if (!is_send(a)) continue;
+      const auto [back, at] = receive_of_send(a, stage_rank);
+      if (at != position) continue;
+      const int k = index_of(mine, back);
+      if (k >= 0 && (answered < 0 || k < answered)) answered = k;
+    }
+    if (answered >= 0) complete[static_cast<size_t>(answered)].push_back(sent);
+  }
+  return complete;
+}
+
 StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement,
                              int micro_batches, bool dynamic_shapes)
     : group_(std::move(group)),
@@ -57,12 +100,26 @@ void StageMessages::begin_pass() {
   batched_receives_ = 0;
 }
 
-void StageMessages::send(int to_stage, const at::Tensor& tensor, int message_tag) {
-  // Completed sends release what they hold now, not at the end of the pass.
-  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](const comm::Work& w) { return w.is_completed(); }),
+void StageMessages::send(const Action& action, int to_stage, const at::Tensor& tensor, int message_tag) {
+  // Sends known to be complete (where the backend says so) release what they hold now.
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](const auto& s) { return s.second.is_completed(); }),
                sends_.end());
-  for (int to : placement_->targets(placement_->position_of_stage(to_stage)))
-    sends_.push_back(group_.send_async(tensor, to, message_tag));
+  const std::vector<int> targets = placement_->targets(placement_->position_of_stage(to_stage));
+  for (int to : targets)
+    sends_.emplace_back(targets.size() == 1 ? std::optional<Key>(key(action)) : std::nullopt,
+                        group_.send_async(tensor, to, message_tag));
+}
+
+void StageMessages::release(FailureNotice& notice, const Action& send) {
+  const Key k = key(send);
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (it->first != k) {
+      ++it;
+      continue;
+    }
+    notice.wait(it->second);
+    it = sends_.erase(it);
+  }
 }
 
 void StageMessages::send_forward(int stage, int micro_batch, const at::Tensor& output) {
@@ -74,15 +131,17 @@ void StageMessages::send_forward(int stage, int micro_batch, const at::Tensor& o
              output.sizes(), "; set PipelineOptions::dynamic_shapes for shapes that change from step to step");
     describe_now = first;
   }
+  const Action action{ActionKind::kSendForward, stage, micro_batch};
   if (describe_now)
-    send(stage + 1, describe(output),
+    send(action, stage + 1, describe(output),
          dynamic_shapes_ ? dynamic_shape_tag(stage, micro_batch, micro_batches_) : shape_tag(stage));
-  send(stage + 1, output, tag(false, stage, micro_batch, micro_batches_));
+  send(action, stage + 1, output, tag(false, stage, micro_batch, micro_batches_));
   sent_[{stage, micro_batch}] = {std::move(sizes), output.scalar_type()};
 }
 
 void StageMessages::send_backward(int stage, int micro_batch, const at::Tensor& grad_input) {
-  send(stage - 1, grad_input, tag(true, stage, micro_batch, micro_batches_));
+  send(Action{ActionKind::kSendBackward, stage, micro_batch}, stage - 1, grad_input,
+       tag(true, stage, micro_batch, micro_batches_));
 }
 
 std::optional<StageMessages::Receive> StageMessages::known_receive(const Action& a) const {
@@ -145,12 +204,12 @@ at::Tensor StageMessages::receive(FailureNotice& notice, const Action& a) {
 }
 
 void StageMessages::finish_pass(FailureNotice& notice) {
-  for (comm::Work& w : sends_) notice.wait(w);
+  for (auto& [k, work] : sends_) notice.wait(work);
   sends_.clear();
 }
 
 void StageMessages::abandon() {
-  for (comm::Work& w : sends_) w.abort();
+  for (auto& [k, work] : sends_) work.abort();
   for (auto& [k, posted] : posted_) posted.work.abort();
   sends_.clear();
   posted_.clear();

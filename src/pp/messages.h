@@ -33,6 +33,13 @@ at::Tensor empty_description();
 at::Tensor describe(const at::Tensor& t);
 at::Tensor empty_like_described(const at::Tensor& description);
 
+// When each send of position `position` is surely complete, so its buffer can go: once this
+// position has received a message that the send's receiver posted after receiving it. Entry k lists
+// the sends complete once programs[position][k] has run; a send nothing answers is left to the end
+// of the pass. `programs` are the positions' actions of one pass, `stage_rank` each stage's position.
+std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vector<Action>>& programs,
+                                                      const std::vector<int>& stage_rank, int position);
+
 class StageMessages {
  public:
   StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement, int micro_batches,
@@ -51,7 +58,11 @@ class StageMessages {
   // The whole tensor a RECV_F or RECV_B action receives: waited where post_receives posted it, or
   // received now.
   at::Tensor receive(FailureNotice& notice, const Action& action);
-  void finish_pass(FailureNotice& notice);  // waits for this pass's sends
+  // Lets the buffers of `send` (a SEND_F or SEND_B action of this pass) go: its message has
+  // arrived (sends_complete_after), so the wait returns at once. Sends to several ranks of a
+  // position (MPMD) are left to the end of the pass: one answer proves only one arrival.
+  void release(FailureNotice& notice, const Action& send);
+  void finish_pass(FailureNotice& notice);  // waits for this pass's other sends
   // After a failed pass: gives up on pending sends and posted receives, whose peers may never
   // answer (the group keeps their buffers).
   void abandon();
@@ -68,7 +79,7 @@ class StageMessages {
     at::Tensor buffer;
   };
   std::optional<Receive> known_receive(const Action& action) const;
-  void send(int to_stage, const at::Tensor& tensor, int tag);
+  void send(const Action& action, int to_stage, const at::Tensor& tensor, int tag);
   using Key = std::tuple<int, int, int>;  // (kind, stage, micro-batch)
   static Key key(const Action& action);
 
@@ -85,7 +96,7 @@ class StageMessages {
     comm::Work work;
   };
   std::map<Key, Posted> posted_;
-  std::vector<comm::Work> sends_;
+  std::vector<std::pair<std::optional<Key>, comm::Work>> sends_;  // keyed by their action when releasable
   int batched_receives_ = 0;
 };
 

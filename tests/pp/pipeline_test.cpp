@@ -161,6 +161,37 @@ TEST(Pipeline, StepsDoNotAccumulateMemory) {
   });
 }
 
+// 1F1B's activations are bounded by the number of stages, not of micro-batches, in bytes too: a
+// sent activation's buffer goes once the gradient answering it has come back, not at the end of
+// the step. A step's peak with 8 micro-batches stays that of 4 (same micro-batch size): holding
+// every sent activation (or gradient) to the end would add one per extra micro-batch.
+TEST(Pipeline, OneFOneBPeakMemoryDoesNotGrowWithMicroBatches) {
+  std::map<int, std::vector<int64_t>> peaks;  // per rank: the peak at m = 4, then m = 8
+  std::mutex mu;
+  for (int m : {4, 8})
+    test::run(2, [&](const comm::ProcessGroup& world) {
+      models::Llama model(config());
+      nn::init_parameters(model, kSeed);
+      const Schedule schedule = one_f_one_b(2, m);
+      PipelineExecutor pipe(schedule, stages_of(model, schedule, world.rank()), world, loss_fn);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+      const at::Tensor tokens = at::randint(0, config().vocab, {4 * m, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor x = tokens.narrow(1, 0, kSeq).contiguous(), y = tokens.narrow(1, 1, kSeq).contiguous();
+      pipe.step(x, y);  // gradients allocated; later steps accumulate into them
+      MemoryTracker tracker;
+      pipe.step(x, y);
+      std::lock_guard<std::mutex> lock(mu);
+      peaks[world.rank()].push_back(tracker.peak());
+    });
+  for (const auto& [rank, peak] : peaks) {
+    ASSERT_EQ(peak.size(), 2u);
+    const int64_t activation = 4 * kSeq * config().dim * static_cast<int64_t>(sizeof(float));  // one boundary message
+    EXPECT_LT(peak[1] - peak[0], activation) << "rank " << rank << ": peak " << peak[0] << " bytes with 4 micro-batches, "
+                                             << peak[1] << " with 8";
+    std::cout << "rank " << rank << ": 1F1B peak " << peak[0] << " bytes with 4 micro-batches, " << peak[1] << " with 8\n";
+  }
+}
+
 // A stage 0 that takes [seq, batch] tokens (and its loss [seq, batch] targets): micro-batches split
 // the declared batch dim 1. A batch dim the inputs lack is refused on every rank.
 struct SeqFirst : nn::Module {

@@ -139,6 +139,14 @@ class PipelineExecutor {
   // stage's first leaf module, set by a forward hook that holds it weakly.
   std::shared_ptr<at::Tensor> first_leaf_output_;
   std::shared_ptr<StageMessages> messages_;
+  // The actions of a training pass (true) or a forward-only one (false), per position, and when this
+  // position's sends are complete (sends_complete_after), computed on first use.
+  struct PassPrograms {
+    std::vector<std::vector<Action>> programs;
+    std::vector<std::vector<Action>> sends_complete_after;
+  };
+  std::map<bool, PassPrograms> pass_programs_;
+  const PassPrograms& pass_programs(bool backward);
   std::map<int, int> peak_live_;
   int split_weight_actions_ = 0;
   bool record_ = false;
