@@ -255,6 +255,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
               slot.input = in;
             }
+            if (s == 0 && first_leaf_output_) *first_leaf_output_ = at::Tensor();  // nothing from other calls
             at::Tensor out = (*stage(s).module)(in);
             if (s == 0 && first_leaf_output_ && first_leaf_output_->defined())
               slot.input = std::exchange(*first_leaf_output_, at::Tensor());
@@ -289,9 +290,11 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               // at the stand-in (see first_leaf_output_) and sends nothing; without one, W does it all.
               if (slot.input.defined()) {
                 slot.split = WeightGradientSplit::prepare(slot.output, slot.input, stage(s).module->parameters());
-                slot.grad_input = slot.split ? slot.split->input_gradient(slot.output, slot.input, grad)
-                                             : torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
-                if (s == 0) slot.grad_input = at::Tensor();
+                if (slot.split)
+                  slot.grad_input = slot.split->input_gradient(slot.output, slot.input, grad);
+                else if (s > 0)
+                  slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+                if (s == 0) slot.grad_input = at::Tensor();  // stage 0 sends nothing back
               }
               slot.grad_output = grad;
             }
