@@ -45,9 +45,13 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       batch_p2p_(options.batch_p2p),
       batch_dim_(options.batch_dim) {
   HP_CHECK(batch_dim_ >= 0, "PipelineExecutor: PipelineOptions::batch_dim must be >= 0, got ", batch_dim_);
+  HP_CHECK(schedule_.stages >= 1 && schedule_.micro_batches >= 1 && schedule_.ranks >= 1, "PipelineExecutor: schedule '",
+           schedule_.name, "' has ", schedule_.ranks, " ranks, ", schedule_.stages, " stages and ",
+           schedule_.micro_batches, " micro-batches; it needs at least one of each");
   validate(schedule_);
   placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
-  messages_ = std::make_shared<StageMessages>(group_, placement_, schedule_.micro_batches, options.dynamic_shapes);
+  messages_ = std::make_shared<StageMessages>(group_, placement_, schedule_.stages, schedule_.micro_batches,
+                                              options.dynamic_shapes);
   for (int s = 0; s < schedule_.stages; ++s) {
     const bool here = placement_->hosts(s);
     int found = 0;
@@ -65,10 +69,12 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
   if (placement_->hosts(0)) {
     for (const auto& [fqn, module] : stage(0).module->named_modules_fqn()) {
       if (!module->children().empty()) continue;
-      first_leaf_output_ = std::make_shared<at::Tensor>();
-      std::weak_ptr<at::Tensor> slot = first_leaf_output_;
+      first_leaf_output_ = std::make_shared<StandIn>();
+      std::weak_ptr<StandIn> slot = first_leaf_output_;
       module->register_forward_hook([slot](nn::Module&, const nn::Inputs&, at::Tensor& output) {
-        if (auto s = slot.lock(); s && at::GradMode::is_enabled() && output.requires_grad()) *s = output;
+        // Only during the executor's forward of stage 0, and only an output computed here (a leaf,
+        // such as a parameter returned as is, has no node for W to go on from).
+        if (auto s = slot.lock(); s && s->armed && output.requires_grad() && output.grad_fn()) s->output = output;
       });
       break;
     }
@@ -255,10 +261,13 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
               if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
               slot.input = in;
             }
-            if (s == 0 && first_leaf_output_) *first_leaf_output_ = at::Tensor();  // nothing from other calls
+            const bool stand_in = s == 0 && backward && first_leaf_output_;
+            if (stand_in) first_leaf_output_->armed = true;
             at::Tensor out = (*stage(s).module)(in);
-            if (s == 0 && first_leaf_output_ && first_leaf_output_->defined())
-              slot.input = std::exchange(*first_leaf_output_, at::Tensor());
+            if (stand_in) {
+              first_leaf_output_->armed = false;
+              slot.input = std::exchange(first_leaf_output_->output, at::Tensor());
+            }
             if (s == last) {
               out = loss_(out, ys[mb]) / static_cast<double>(m);
               // Every rank of the last position computes the loss; its first reports it.
@@ -296,7 +305,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
                   slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
                 if (s == 0) slot.grad_input = at::Tensor();  // stage 0 sends nothing back
               }
-              slot.grad_output = grad;
+              // The plain W starts from the output's gradient; the split has what it needs recorded.
+              slot.grad_output = slot.split ? at::Tensor() : grad;
             }
             break;
           }

@@ -12,8 +12,9 @@ namespace hp::pp {
 namespace {
 
 // One tag per (direction, stage, micro-batch); shape messages and inference have ranges of their own.
+constexpr int kMaxStages = 4096;
 int tag(bool backward, int stage, int micro_batch, int micro_batches) {
-  return ((backward ? 1 : 0) * 4096 + stage) * (micro_batches + 1) + micro_batch + 1;
+  return ((backward ? 1 : 0) * kMaxStages + stage) * (micro_batches + 1) + micro_batch + 1;
 }
 int shape_tag(int stage) { return (1 << 28) + stage; }
 int dynamic_shape_tag(int stage, int micro_batch, int micro_batches) {
@@ -84,12 +85,18 @@ std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vec
   return complete;
 }
 
-StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement,
+StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement, int stages,
                              int micro_batches, bool dynamic_shapes)
     : group_(std::move(group)),
       placement_(std::move(placement)),
       micro_batches_(micro_batches),
-      dynamic_shapes_(dynamic_shapes) {}
+      dynamic_shapes_(dynamic_shapes) {
+  // Data tags stay below the dynamic-shape range, which stays below the shape range.
+  HP_CHECK(stages >= 1 && stages < kMaxStages && micro_batches >= 1 &&
+               static_cast<int64_t>(2 * kMaxStages) * (micro_batches + 1) < (int64_t{1} << 26),
+           "pipeline: ", stages, " stages and ", micro_batches, " micro-batches are out of range (1 to ",
+           kMaxStages - 1, " stages, 1 to ", (int64_t{1} << 26) / (2 * kMaxStages) - 2, " micro-batches)");
+}
 
 StageMessages::Key StageMessages::key(const Action& a) {
   return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch);
@@ -126,8 +133,9 @@ void StageMessages::send_forward(int stage, int micro_batch, const at::Tensor& o
   std::vector<int64_t> sizes = output.sizes().vec();
   bool describe_now = dynamic_shapes_;
   if (!dynamic_shapes_) {
-    const auto [sent, first] = sent_shape_.emplace(stage, sizes);
-    HP_CHECK(sent->second == sizes, "the output shape changed from ", c10::IntArrayRef(sent->second), " to ",
+    const auto [sent, first] = sent_shape_.emplace(stage, std::make_pair(sizes, output.scalar_type()));
+    HP_CHECK(sent->second.first == sizes && sent->second.second == output.scalar_type(), "the output changed from ",
+             sent->second.second, " ", c10::IntArrayRef(sent->second.first), " to ", output.scalar_type(), " ",
              output.sizes(), "; set PipelineOptions::dynamic_shapes for shapes that change from step to step");
     describe_now = first;
   }

@@ -42,8 +42,9 @@ std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vec
 
 class StageMessages {
  public:
-  StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement, int micro_batches,
-                bool dynamic_shapes);
+  // Checks that the schedule's stages and micro-batches fit the message tags.
+  StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement, int stages,
+                int micro_batches, bool dynamic_shapes);
 
   // A training or evaluation pass: begin, send and receive as the program says, finish.
   void begin_pass();
@@ -88,7 +89,8 @@ class StageMessages {
   int micro_batches_;
   bool dynamic_shapes_;
   std::map<int, at::Tensor> received_description_;  // per stage: dtype and shape of its input (static shapes)
-  std::map<int, std::vector<int64_t>> sent_shape_;   // per stage: the whole output shape sent (static shapes)
+  // Per stage: the dtype and shape of the whole output sent (static shapes).
+  std::map<int, std::pair<std::vector<int64_t>, at::ScalarType>> sent_shape_;
   // This pass: the dtype and shape of each (stage, micro-batch) output sent, for its gradient.
   std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, at::ScalarType>> sent_;
   struct Posted {

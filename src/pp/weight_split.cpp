@@ -134,6 +134,9 @@ void WeightGradientSplit::weight_gradients() {
   for (const auto& b : branching_) {
     HP_CHECK(!b->recording, "pipeline: W ran before its I");
     for (size_t i : b->path_edges) b->node->next_edges()[i] = Edge();
+    // The node's pre-hooks (tensor hooks such as register_hook or retain_grad on its output, and
+    // the recorder) saw these gradients during I; running them again would apply them twice.
+    b->node->pre_hooks().clear();
     for (size_t i = 0; i < b->grads.size(); ++i) {
       if (!b->grads[i].defined()) continue;  // no gradient reached this input of the node
       roots.emplace_back(b->node, static_cast<uint32_t>(i));

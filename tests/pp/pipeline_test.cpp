@@ -192,6 +192,59 @@ TEST(Pipeline, OneFOneBPeakMemoryDoesNotGrowWithMicroBatches) {
   }
 }
 
+// A stage followed by a projection whose output carries a gradient hook (halving the gradient):
+// the projection's backward node branches to its weight, so W restarts it. The hook ran in I and
+// must not run again in W.
+struct Hooked : nn::Module {
+  Hooked(std::shared_ptr<nn::Module> stage, int64_t dim)
+      : nn::Module("Hooked"), stage(register_module("stage", std::move(stage))),
+        proj(register_module("proj", std::make_shared<nn::Linear>(dim, dim, false))) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor z = (*stage)(x);
+    // A 2-D matmul, so the hooked tensor's node is the matmul's backward itself.
+    at::Tensor y = at::mm(z.reshape({-1, z.size(-1)}), proj->param("weight").t());
+    if (y.requires_grad()) y.register_hook([](const at::Tensor& g) { return g * 0.5; });
+    return y.view(z.sizes());
+  }
+  std::shared_ptr<nn::Module> stage;
+  std::shared_ptr<nn::Linear> proj;
+};
+
+TEST(Pipeline, GradientHooksInsideAStageRunOnceUnderZbv) {
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    const Schedule schedule = zero_bubble_v(2, 4);
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    std::vector<std::shared_ptr<nn::Module>> all = models::split_llama(model, {2, 2, 2, 2});
+    for (size_t s = 0; s + 1 < all.size(); ++s) {
+      auto hooked = std::make_shared<Hooked>(all[s], config().dim);
+      nn::init_parameters(*hooked->proj, kSeed + s);
+      all[s] = hooked;
+    }
+    // One device first: the stages in a row on the whole batch.
+    auto [x, y] = batch();
+    at::Tensor h = x;
+    for (const auto& st : all) h = (*st)(h);
+    loss_fn(h, y).backward();
+    std::map<const void*, at::Tensor> want;
+    for (const auto& st : all)
+      for (const at::Tensor& p : st->parameters()) {
+        want[p.unsafeGetTensorImpl()] = p.grad().clone();
+        p.mutable_grad() = at::Tensor();
+      }
+    std::vector<PipelineStage> mine;
+    for (int s = 0; s < schedule.stages; ++s)
+      if (schedule.stage_rank[s] == world.rank()) mine.push_back({all[s], s});
+    PipelineExecutor pipe(schedule, mine, world, loss_fn);
+    pipe.step(x, y);
+    for (const auto& st : mine)
+      for (const auto& item : st.module->named_parameters())
+        test::check_relative(item.value().grad(), want.at(item.value().unsafeGetTensorImpl()),
+                             "stage " + std::to_string(st.index) + " " + item.key(), 1e-6);
+    if (pipe.split_weight_actions() != 8) throw std::runtime_error("the W actions did not split");
+  });
+}
+
 // A stage 0 that takes [seq, batch] tokens (and its loss [seq, batch] targets): micro-batches split
 // the declared batch dim 1. A batch dim the inputs lack is refused on every rank.
 struct SeqFirst : nn::Module {

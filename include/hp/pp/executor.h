@@ -104,8 +104,8 @@ class PipelineExecutor {
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;
   // How many W actions of the last step restarted from where the weights' branches leave the
-  // input-gradient path (the rest walked the graph again: stages whose output does not depend on
-  // their input, and a stage 0 whose first leaf module's output has no gradient).
+  // input-gradient path (the rest walked the graph again: a stage 0 whose first leaf module gave
+  // no output with a gradient node).
   int split_weight_actions() const { return split_weight_actions_; }
   // How many receives of the last step were posted ahead in batches (batch_p2p; the first step
   // receives the shapes it needs for that first).
@@ -135,9 +135,13 @@ class PipelineExecutor {
   void sum_tied_gradients();
   bool batch_p2p_ = true;
   int64_t batch_dim_ = 0;
-  // Stage 0's stand-in input for splitting I from W: the latest output (with a gradient) of the
-  // stage's first leaf module, set by a forward hook that holds it weakly.
-  std::shared_ptr<at::Tensor> first_leaf_output_;
+  // Stage 0's stand-in input for splitting I from W: the output of the stage's first leaf module in
+  // the executor's forward of stage 0 (`armed`), set by a forward hook that holds it weakly.
+  struct StandIn {
+    bool armed = false;
+    at::Tensor output;
+  };
+  std::shared_ptr<StandIn> first_leaf_output_;
   std::shared_ptr<StageMessages> messages_;
   // The actions of a training pass (true) or a forward-only one (false), per position, and when this
   // position's sends are complete (sends_complete_after), computed on first use.
