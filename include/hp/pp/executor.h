@@ -71,7 +71,9 @@ struct PipelineOptions {
 class PipelineExecutor {
  public:
   // `stages`: the stages this rank hosts (schedule.stage_rank says which). `group`: the pipeline's
-  // ranks; group rank r runs schedule.programs[r] unless options place positions otherwise.
+  // ranks; group rank r runs schedule.programs[r] unless options place positions otherwise. Give
+  // the executor a group of its own (as new_group does): an asynchronous collective of the caller's
+  // still in flight on it when a pass starts would hold the pass's messages behind it.
   // Validates the schedule and the placement.
   PipelineExecutor(Schedule schedule, std::vector<PipelineStage> stages, comm::ProcessGroup group, LossFn loss,
                    PipelineOptions options = {});
