@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "hp/core/error.h"
 #include "pp/failure_notice.h"
@@ -53,10 +55,18 @@ std::pair<Action, int> receive_of_send(const Action& a, const std::vector<int>& 
 
 bool is_send(const Action& a) { return a.kind == ActionKind::kSendForward || a.kind == ActionKind::kSendBackward; }
 
-// The index of `a` in `program`, or -1.
-int index_of(const std::vector<Action>& program, const Action& a) {
-  const auto it = std::find(program.begin(), program.end(), a);
-  return it == program.end() ? -1 : static_cast<int>(it - program.begin());
+// Where each action stands in `program`.
+std::map<std::tuple<int, int, int>, int> indices(const std::vector<Action>& program) {
+  std::map<std::tuple<int, int, int>, int> at;
+  for (size_t i = 0; i < program.size(); ++i)
+    at.emplace(std::make_tuple(static_cast<int>(program[i].kind), program[i].stage, program[i].micro_batch),
+               static_cast<int>(i));
+  return at;
+}
+
+int index_in(const std::map<std::tuple<int, int, int>, int>& at, const Action& a) {
+  const auto it = at.find(std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch));
+  return it == at.end() ? -1 : it->second;
 }
 
 }  // namespace
@@ -64,22 +74,39 @@ int index_of(const std::vector<Action>& program, const Action& a) {
 std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vector<Action>>& programs,
                                                       const std::vector<int>& stage_rank, int position) {
   const std::vector<Action>& mine = programs[position];
+  const auto my_index = indices(mine);
+  // Per peer position: its actions' indices, and for each index j the first of this position's
+  // actions that receives a message the peer posts at j or later (-1: none). One pass per peer.
+  struct Peer {
+    std::map<std::tuple<int, int, int>, int> index;
+    std::vector<int> first_answer;
+  };
+  std::map<int, Peer> peers;
+  const auto peer = [&](int q) -> const Peer& {
+    auto [it, fresh] = peers.try_emplace(q);
+    if (!fresh) return it->second;
+    const std::vector<Action>& theirs = programs[q];
+    it->second.index = indices(theirs);
+    std::vector<int>& first = it->second.first_answer;
+    first.assign(theirs.size() + 1, -1);
+    for (size_t j = theirs.size(); j-- > 0;) {
+      first[j] = first[j + 1];
+      if (!is_send(theirs[j])) continue;
+      const auto [back, at] = receive_of_send(theirs[j], stage_rank);
+      const int k = at == position ? index_in(my_index, back) : -1;
+      if (k >= 0 && (first[j] < 0 || k < first[j])) first[j] = k;
+    }
+    return it->second;
+  };
   std::vector<std::vector<Action>> complete(mine.size());
   for (const Action& sent : mine) {
     if (!is_send(sent)) continue;
-    const auto [receive, peer] = receive_of_send(sent, stage_rank);
-    const int received = index_of(programs[peer], receive);
+    const auto [receive, q] = receive_of_send(sent, stage_rank);
+    const Peer& p = peer(q);
+    const int received = index_in(p.index, receive);
     if (received < 0) continue;  // a pass without that receive (forward only)
     // The first message back to this position that the peer posts after that receive.
-    int answered = -1;
-    for (size_t j = static_cast<size_t>(received) + 1; j < programs[peer].size(); ++j) {
-      const Action& a = programs[peer][j];
-      if (!is_send(a)) continue;
-      const auto [back, at] = receive_of_send(a, stage_rank);
-      if (at != position) continue;
-      const int k = index_of(mine, back);
-      if (k >= 0 && (answered < 0 || k < answered)) answered = k;
-    }
+    const int answered = p.first_answer[static_cast<size_t>(received) + 1];
     if (answered >= 0) complete[static_cast<size_t>(answered)].push_back(sent);
   }
   return complete;

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "hp/pp/schedule.h"
+#include "pp/messages.h"
 #include "test_util.h"
 
 namespace hp::pp {
@@ -36,6 +37,34 @@ TEST(PipelineSchedule, BuildersAreValidForEveryShape) {
 TEST(PipelineSchedule, ZeroBubbleVScalesToManyMicroBatches) {
   validate(zero_bubble_v(2, 400));
   validate(zero_bubble_v(4, 400));
+}
+
+// A send's buffer goes once a later message proves it arrived: under 1F1B an activation goes by the
+// time its gradient comes back (earlier when the receiver took later activations before answering);
+// every release comes after its send; large schedules are quick to plan.
+TEST(PipelineSchedule, SendsCompleteWhenAnswered) {
+  const Schedule s = one_f_one_b(4, 8);
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto complete = sends_complete_after(s.programs, s.stage_rank, r);
+    const auto& program = s.programs[r];
+    for (size_t k = 0; k < program.size(); ++k)
+      for (const Action& sent : complete[k]) {
+        const auto at = std::find(program.begin(), program.end(), sent) - program.begin();
+        EXPECT_LT(static_cast<size_t>(at), k) << sent.str() << " released before it was sent";
+        if (sent.kind == ActionKind::kSendForward) {  // by the time its gradient is back, at the latest
+          const Action gradient{ActionKind::kRecvBackward, sent.stage, sent.micro_batch};
+          EXPECT_LE(k, static_cast<size_t>(std::find(program.begin(), program.end(), gradient) - program.begin()))
+              << sent.str() << " released at " << program[k].str();
+        }
+      }
+    int forward_sends = 0, released = 0;
+    for (const Action& a : program) forward_sends += a.kind == ActionKind::kSendForward;
+    for (const auto& at : complete)
+      for (const Action& a : at) released += a.kind == ActionKind::kSendForward;
+    EXPECT_EQ(released, forward_sends) << "rank " << r;
+  }
+  const Schedule big = zero_bubble_v(8, 64);
+  for (int r = 0; r < big.ranks; ++r) EXPECT_EQ(sends_complete_after(big.programs, big.stage_rank, r).size(), big.programs[r].size());
 }
 
 TEST(PipelineSchedule, OneFOneBHoldsAtMostRanksMicroBatches) {
