@@ -44,6 +44,8 @@ at::Tensor empty_like_described(const at::Tensor& d) {
   return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
 }
 
+ActionKey action_key(const Action& a) { return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch); }
+
 namespace {
 
 // The receive that takes the message of send action `a`, and the position it runs on.
@@ -56,16 +58,14 @@ std::pair<Action, int> receive_of_send(const Action& a, const std::vector<int>& 
 bool is_send(const Action& a) { return a.kind == ActionKind::kSendForward || a.kind == ActionKind::kSendBackward; }
 
 // Where each action stands in `program`.
-std::map<std::tuple<int, int, int>, int> indices(const std::vector<Action>& program) {
-  std::map<std::tuple<int, int, int>, int> at;
-  for (size_t i = 0; i < program.size(); ++i)
-    at.emplace(std::make_tuple(static_cast<int>(program[i].kind), program[i].stage, program[i].micro_batch),
-               static_cast<int>(i));
+std::map<ActionKey, int> indices(const std::vector<Action>& program) {
+  std::map<ActionKey, int> at;
+  for (size_t i = 0; i < program.size(); ++i) at.emplace(action_key(program[i]), static_cast<int>(i));
   return at;
 }
 
-int index_in(const std::map<std::tuple<int, int, int>, int>& at, const Action& a) {
-  const auto it = at.find(std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch));
+int index_in(const std::map<ActionKey, int>& at, const Action& a) {
+  const auto it = at.find(action_key(a));
   return it == at.end() ? -1 : it->second;
 }
 
@@ -78,7 +78,7 @@ std::vector<std::vector<Action>> sends_complete_after(const std::vector<std::vec
   // Per peer position: its actions' indices, and for each index j the first of this position's
   // actions that receives a message the peer posts at j or later (-1: none). One pass per peer.
   struct Peer {
-    std::map<std::tuple<int, int, int>, int> index;
+    std::map<ActionKey, int> index;
     std::vector<int> first_answer;
   };
   std::map<int, Peer> peers;
@@ -125,10 +125,6 @@ StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const Sta
            kMaxStages - 1, " stages, 1 to ", (int64_t{1} << 26) / (2 * kMaxStages) - 2, " micro-batches)");
 }
 
-StageMessages::Key StageMessages::key(const Action& a) {
-  return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch);
-}
-
 void StageMessages::begin_pass() {
   sent_.clear();
   batched_receives_ = 0;
@@ -140,12 +136,12 @@ void StageMessages::send(const Action& action, int to_stage, const at::Tensor& t
                sends_.end());
   const std::vector<int> targets = placement_->targets(placement_->position_of_stage(to_stage));
   for (int to : targets)
-    sends_.emplace_back(targets.size() == 1 ? std::optional<Key>(key(action)) : std::nullopt,
+    sends_.emplace_back(targets.size() == 1 ? std::optional<ActionKey>(action_key(action)) : std::nullopt,
                         group_.send_async(tensor, to, message_tag));
 }
 
 void StageMessages::release(FailureNotice& notice, const Action& send) {
-  const Key k = key(send);
+  const ActionKey k = action_key(send);
   for (auto it = sends_.begin(); it != sends_.end();) {
     if (it->first != k) {
       ++it;
@@ -195,14 +191,14 @@ std::optional<StageMessages::Receive> StageMessages::known_receive(const Action&
 
 void StageMessages::post_receives(const std::vector<Action>& program, size_t begin) {
   std::vector<comm::P2POp> ops;
-  std::vector<std::pair<Key, at::Tensor>> buffers;
+  std::vector<std::pair<ActionKey, at::Tensor>> buffers;
   for (size_t i = begin; i < program.size() && !program[i].is_compute(); ++i) {
     const Action& a = program[i];
     if (a.kind != ActionKind::kRecvForward && a.kind != ActionKind::kRecvBackward) continue;
-    if (posted_.count(key(a))) continue;
+    if (posted_.count(action_key(a))) continue;
     if (std::optional<Receive> r = known_receive(a)) {
       ops.push_back(comm::P2POp::recv(r->buffer, r->from, r->tag));
-      buffers.emplace_back(key(a), r->buffer);
+      buffers.emplace_back(action_key(a), r->buffer);
     }
   }
   if (ops.empty()) return;
@@ -212,7 +208,7 @@ void StageMessages::post_receives(const std::vector<Action>& program, size_t beg
 }
 
 at::Tensor StageMessages::receive(FailureNotice& notice, const Action& a) {
-  if (const auto it = posted_.find(key(a)); it != posted_.end()) {
+  if (const auto it = posted_.find(action_key(a)); it != posted_.end()) {
     Posted posted = std::move(it->second);
     posted_.erase(it);
     notice.wait(posted.work);

@@ -33,6 +33,10 @@ at::Tensor empty_description();
 at::Tensor describe(const at::Tensor& t);
 at::Tensor empty_like_described(const at::Tensor& description);
 
+// An action as a map key: (kind, stage, micro-batch).
+using ActionKey = std::tuple<int, int, int>;
+ActionKey action_key(const Action& action);
+
 // When each send of position `position` is surely complete, so its buffer can go: once this
 // position has received a message that the send's receiver posted after receiving it. Entry k lists
 // the sends complete once programs[position][k] has run; a send nothing answers is left to the end
@@ -81,8 +85,6 @@ class StageMessages {
   };
   std::optional<Receive> known_receive(const Action& action) const;
   void send(const Action& action, int to_stage, const at::Tensor& tensor, int tag);
-  using Key = std::tuple<int, int, int>;  // (kind, stage, micro-batch)
-  static Key key(const Action& action);
 
   comm::ProcessGroup group_;
   std::shared_ptr<const StagePlacement> placement_;
@@ -97,8 +99,8 @@ class StageMessages {
     at::Tensor buffer;
     comm::Work work;
   };
-  std::map<Key, Posted> posted_;
-  std::vector<std::pair<std::optional<Key>, comm::Work>> sends_;  // keyed by their action when releasable
+  std::map<ActionKey, Posted> posted_;
+  std::vector<std::pair<std::optional<ActionKey>, comm::Work>> sends_;  // keyed by their action when releasable
   int batched_receives_ = 0;
 };
 

@@ -86,6 +86,16 @@ std::vector<PipelineStage> stages_of(models::Llama& model, const Schedule& sched
   return mine;
 }
 
+// Every W action of `program` (this rank's) restarted from the recorded branch points, stage 0's
+// from its embedding, instead of walking the stage's graph again.
+void expect_every_w_split(const PipelineExecutor& pipe, const std::vector<Action>& program, const std::string& what) {
+  int w_actions = 0;
+  for (const Action& a : program) w_actions += a.kind == ActionKind::kBackwardWeight;
+  if (pipe.split_weight_actions() != w_actions)
+    throw std::runtime_error(what + ": " + std::to_string(pipe.split_weight_actions()) + " of " +
+                             std::to_string(w_actions) + " W actions used the split");
+}
+
 // Runs two steps of `make(p, m)` on p ranks; checks the second step's loss and the gradients of
 // each rank's stages (the first step exchanges the shapes; the second batches every receive).
 template <typename Make>
@@ -109,12 +119,7 @@ void check_schedule(const Make& make, int p, int m, const std::string& what, Pip
                                std::to_string(receives) + " receives were batched");
     if (check_against(reference(), loss, model, mine, what) == 0)
       throw std::runtime_error(what + ": rank " + std::to_string(world.rank()) + " checked nothing");
-    // ZBV's W actions restart from the recorded branch points; stage 0's I ends at its embedding.
-    int w_actions = 0;
-    for (const Action& a : schedule.programs[world.rank()]) w_actions += a.kind == ActionKind::kBackwardWeight;
-    if (pipe.split_weight_actions() != w_actions)
-      throw std::runtime_error(what + ": " + std::to_string(pipe.split_weight_actions()) + " of " +
-                               std::to_string(w_actions) + " W actions used the split");
+    expect_every_w_split(pipe, schedule.programs[world.rank()], what);
     if (schedule.name == "1F1B")
       for (const auto& st : mine)
         if (pipe.peak_live_micro_batches(st.index) > p)
@@ -241,7 +246,7 @@ TEST(Pipeline, GradientHooksInsideAStageRunOnceUnderZbv) {
       for (const auto& item : st.module->named_parameters())
         test::check_relative(item.value().grad(), want.at(item.value().unsafeGetTensorImpl()),
                              "stage " + std::to_string(st.index) + " " + item.key(), 1e-6);
-    if (pipe.split_weight_actions() != 8) throw std::runtime_error("the W actions did not split");
+    expect_every_w_split(pipe, schedule.programs[world.rank()], "hooked stages");
   });
 }
 
@@ -272,7 +277,7 @@ TEST(Pipeline, MicroBatchesSplitTheDeclaredBatchDim) {
     auto [x, y] = batch();
     const double loss = pipe.step(x.t(), y.t());
     check_against(reference(), loss, model, mine, "batch dim 1");
-    if (pipe.split_weight_actions() != 8) throw std::runtime_error("batch dim 1: stage 0's W did not split");
+    expect_every_w_split(pipe, schedule.programs[world.rank()], "batch dim 1");
     test::expect_error([&] { pipe.step(x.t()[0], y.t()[0]); }, "micro-batches split dim 1 (PipelineOptions::batch_dim)");
   });
 }
@@ -544,11 +549,7 @@ TEST(Pipeline, TimesFsdpMatchesOneDevice) {
           if (!is_dtensor(param)) throw std::runtime_error(what + ": " + name + " is not sharded");
           test::check_relative(test::whole(param.grad()), reference().grads.at(name), what + ": grad of " + name, 1e-5);
         }
-      int w_actions = 0;
-      for (const Action& a : schedule.programs[position]) w_actions += a.kind == ActionKind::kBackwardWeight;
-      if (pipe.split_weight_actions() != w_actions)
-        throw std::runtime_error(what + ": " + std::to_string(pipe.split_weight_actions()) + " of " +
-                                 std::to_string(w_actions) + " W actions used the split");
+      expect_every_w_split(pipe, schedule.programs[position], what);
     });
 }
 
