@@ -2,7 +2,10 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <limits>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace hp {
@@ -18,17 +21,16 @@ thread_local MemoryTracker* innermost = nullptr;
 
 // One allocation charged to the counters of the trackers alive when it was made.
 struct Charged {
-  c10::DataPtr inner;
+  c10::DataPtr inner;  // owns the memory; destroying it frees through the inner allocator
   int64_t bytes;
   std::vector<std::shared_ptr<MemoryTracker::Counter>> counters;
-
-  static void release(void* ctx) {
-    auto* c = static_cast<Charged*>(ctx);
-    for (const auto& counter : c->counters) counter->current -= c->bytes;
-    delete c;  // frees the memory through the inner allocator's deleter
-  }
 };
 
+// Wraps LibTorch's CPU allocator and charges allocations to the trackers of the allocating thread.
+//
+// A charged allocation's DataPtr has the data itself as its context, and the record is found by
+// that pointer: ATen's raw_allocate (used by ops that allocate scratch memory, e.g. GELU) requires
+// context == data and frees through raw_deleter(), so both paths must release the same way.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -36,26 +38,61 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override {
     c10::DataPtr data = inner_->allocate(n);
     if (innermost == nullptr || n == 0) return data;
-    auto* charged = new Charged{std::move(data), static_cast<int64_t>(n), {}};
+    Charged charged{std::move(data), static_cast<int64_t>(n), {}};
     for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t)) {
       const auto& counter = MemoryTrackerAccess::counter(*t);
-      counter->add(charged->bytes);
-      charged->counters.push_back(counter);
+      counter->add(charged.bytes);
+      charged.counters.push_back(counter);
     }
-    void* ptr = charged->inner.get();
-    const c10::Device device = charged->inner.device();
-    return {ptr, charged, &Charged::release, device};
+    void* ptr = charged.inner.get();
+    const c10::Device device = charged.inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      charged_.emplace(ptr, std::move(charged));
+    }
+    return {ptr, ptr, &release, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  static CountingAllocator& instance() {
+    // Never destroyed: tensors may still be freed during static destruction at exit.
+    static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
+    return *counting;
   }
 
  private:
+  // Frees a pointer from allocate(): a charged one credits its counters; an uncharged one reaches
+  // here only through raw_deallocate and goes back to the inner allocator's raw deleter.
+  static void release(void* ptr) {
+    CountingAllocator& self = instance();
+    std::optional<Charged> charged;
+    {
+      std::lock_guard<std::mutex> lock(self.mu_);
+      auto it = self.charged_.find(ptr);
+      if (it != self.charged_.end()) {
+        charged.emplace(std::move(it->second));
+        self.charged_.erase(it);
+      }
+    }
+    if (!charged) {
+      const c10::DeleterFnPtr inner_delete = self.inner_->raw_deleter();
+      TORCH_INTERNAL_ASSERT(inner_delete != nullptr, "MemoryTracker: the CPU allocator has no raw deleter");
+      inner_delete(ptr);
+      return;
+    }
+    for (const auto& counter : charged->counters) counter->current -= charged->bytes;
+  }  // `charged` frees the memory here
+
   c10::Allocator* inner_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<void*, Charged> charged_;
 };
 
 void install_counting_allocator() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator counting(c10::GetCPUAllocator());  // lives for the process
-    c10::SetCPUAllocator(&counting, /*priority=*/std::numeric_limits<uint8_t>::max());
+    c10::SetCPUAllocator(&CountingAllocator::instance(), /*priority=*/std::numeric_limits<uint8_t>::max());
   });
 }
 

@@ -1,19 +1,22 @@
 #include "dcp/metadata.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "dcp/file_io.h"
 #include "dcp/safetensors.h"
 #include "dcp/xxhash64.h"
+#include "hp/core/checked_size.h"
 #include "hp/core/error.h"
 
 namespace hp::dcp::detail {
 namespace {
 
-int64_t volume(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return n;
+// Elements of a box whose sizes come from the file: an overflow is a damaged file, not a wrap.
+int64_t volume(const std::vector<int64_t>& sizes, const std::string& what) {
+  const std::optional<int64_t> n = checked_product(sizes);
+  HP_CHECK(n, what, " has sizes ", c10::IntArrayRef(sizes), " that are negative or overflow 64 bits");
+  return *n;
 }
 
 bool boxes_overlap(const ChunkRecord& a, const ChunkRecord& b) {
@@ -24,6 +27,9 @@ bool boxes_overlap(const ChunkRecord& a, const ChunkRecord& b) {
 
 void check_tensor(const std::string& name, const TensorRecord& t, uint64_t block_bytes) {
   const size_t element = dtype_bytes(t.dtype);
+  const int64_t elements = volume(t.shape, "tensor '" + name + "'");
+  HP_CHECK(checked_product({elements}, static_cast<int64_t>(element)), "tensor '", name, "' of shape ",
+           c10::IntArrayRef(t.shape), " needs more than 2^63 bytes");
   int64_t covered = 0;
   for (size_t i = 0; i < t.chunks.size(); ++i) {
     const ChunkRecord& c = t.chunks[i];
@@ -31,20 +37,21 @@ void check_tensor(const std::string& name, const TensorRecord& t, uint64_t block
              "': a chunk has ", c.offsets.size(), " offsets and ", c.sizes.size(), " sizes for a ", t.shape.size(),
              "-d tensor");
     for (size_t d = 0; d < t.shape.size(); ++d)
-      HP_CHECK(c.offsets[d] >= 0 && c.sizes[d] > 0 && c.offsets[d] + c.sizes[d] <= t.shape[d], "tensor '", name,
+      HP_CHECK(c.offsets[d] >= 0 && c.sizes[d] > 0 && c.offsets[d] <= t.shape[d] - c.sizes[d], "tensor '", name,
                "': chunk ", i, " lies outside the tensor in dim ", d);
-    HP_CHECK(c.nbytes == static_cast<uint64_t>(volume(c.sizes)) * element, "tensor '", name, "': chunk ", i, " has ",
-             c.nbytes, " bytes, its box needs ", volume(c.sizes) * static_cast<int64_t>(element));
+    // Inside a shape whose volume fits in int64 (checked first), a box's byte size fits in uint64.
+    const uint64_t box_bytes = static_cast<uint64_t>(volume(c.sizes, "a chunk")) * element;
+    HP_CHECK(c.nbytes == box_bytes, "tensor '", name, "': chunk ", i, " has ", c.nbytes, " bytes, its box needs ",
+             box_bytes);
     HP_CHECK(c.checksums.size() == (c.nbytes + block_bytes - 1) / block_bytes, "tensor '", name, "': chunk ", i,
              " has ", c.checksums.size(), " checksums for ", c.nbytes, " bytes");
     HP_CHECK(!c.file.empty() && c.file.find('/') == std::string::npos && c.file.find("..") == std::string::npos,
              "tensor '", name, "': chunk ", i, " names file '", c.file, "'");
     for (size_t j = 0; j < i; ++j)
       HP_CHECK(!boxes_overlap(c, t.chunks[j]), "tensor '", name, "': chunks ", j, " and ", i, " overlap");
-    covered += volume(c.sizes);
+    covered += volume(c.sizes, "a chunk");  // disjoint boxes inside the shape: no overflow
   }
-  HP_CHECK(covered == volume(t.shape), "tensor '", name, "': its chunks cover ", covered, " of ", volume(t.shape),
-           " elements");
+  HP_CHECK(covered == elements, "tensor '", name, "': its chunks cover ", covered, " of ", elements, " elements");
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <utility>
 
+#include "hp/core/checked_size.h"
 #include "hp/core/error.h"
 
 namespace hp::dcp::detail {
@@ -91,12 +93,13 @@ SafetensorsFile read_safetensors_header(const std::string& path) {
       HP_CHECK(offsets.size() == 2, "tensor '", e.name, "' has ", offsets.size(), " data_offsets");
       e.begin = offsets[0];
       e.end = offsets[1];
-      uint64_t bytes = dtype_bytes(e.dtype);
-      for (int64_t s : e.shape) {
-        HP_CHECK(s >= 0, "tensor '", e.name, "' has a negative size");
-        bytes *= static_cast<uint64_t>(s);
-      }
-      HP_CHECK(e.begin <= e.end && e.end - e.begin == bytes, "tensor '", e.name, "' spans ", e.end - e.begin,
+      for (int64_t s : e.shape) HP_CHECK(s >= 0, "tensor '", e.name, "' has a negative size");
+      const std::optional<int64_t> needed = checked_product(e.shape, static_cast<int64_t>(dtype_bytes(e.dtype)));
+      HP_CHECK(needed, "tensor '", e.name, "' has shape ", c10::IntArrayRef(e.shape),
+               " whose size in bytes overflows 64 bits");
+      const uint64_t bytes = static_cast<uint64_t>(*needed);
+      HP_CHECK(e.begin <= e.end, "tensor '", e.name, "' ends before it begins (data_offsets ", e.begin, ", ", e.end, ")");
+      HP_CHECK(e.end - e.begin == bytes, "tensor '", e.name, "' spans ", e.end - e.begin,
                " bytes but its shape and dtype need ", bytes);
       HP_CHECK(e.end <= data_size, "tensor '", e.name, "' ends at byte ", e.end, " of a ", data_size,
                "-byte data section (the file is truncated)");

@@ -3,6 +3,7 @@
 #include <hp/core/memory_tracker.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <thread>
 
@@ -39,6 +40,21 @@ TEST(MemoryTracker, FreesOnOtherThreadsAreCredited) {
   std::thread([t = std::move(a)]() mutable { t.reset(); }).join();
   EXPECT_EQ(tracker.current(), 0);
   EXPECT_EQ(tracker.peak(), kMiB);
+}
+
+// Raw allocations (ATen's scratch buffers, e.g. inside GELU) are charged, credited when freed, and
+// do not abort the process, with or without a tracker on the thread.
+TEST(MemoryTracker, RawAllocationsAreCountedAndFreed) {
+  MemoryTracker tracker;
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  void* charged = cpu->raw_allocate(kMiB);
+  EXPECT_EQ(tracker.current(), kMiB);
+  std::thread([cpu] { cpu->raw_deallocate(cpu->raw_allocate(kMiB)); }).join();  // uncharged, other thread
+  cpu->raw_deallocate(charged);
+  EXPECT_EQ(tracker.current(), 0);
+  EXPECT_EQ(tracker.peak(), kMiB);
+  const at::Tensor x = at::linspace(-3, 3, 4096);
+  EXPECT_NEAR(at::gelu(x)[-1].item<float>(), 3.0f * 0.99865f, 1e-4);  // aborted before the fix
 }
 
 }  // namespace

@@ -358,12 +358,14 @@ TEST(FsdpErrors, AFailedBackwardDoesNotCorruptTheNextOne) {
       auto [tokens, targets] = batch(0, g.rank() * 2, 2);
       if (fail_first) {
         // Fails when backward reaches block 0: block 1's reduce-scatter is already on its way.
-        bool armed = true;
-        model.layers->items()[0]->register_forward_hook([&armed](nn::Module&, const nn::Inputs&, at::Tensor& out) {
-          if (armed) out.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected"); });
+        // The hook outlives this block (the model keeps it), so it shares the flag rather than
+        // referring to a local.
+        auto armed = std::make_shared<bool>(true);
+        model.layers->items()[0]->register_forward_hook([armed](nn::Module&, const nn::Inputs&, at::Tensor& out) {
+          if (*armed) out.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected"); });
         });
         EXPECT_THROW(cross_entropy(model(tokens), targets).backward(), std::exception);
-        armed = false;
+        *armed = false;
         for (const auto& item : model.named_parameters()) item.value().mutable_grad().reset();
       }
       cross_entropy(model(tokens), targets).backward();

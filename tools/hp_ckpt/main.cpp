@@ -114,5 +114,8 @@ int main(int argc, char** argv) {
   } catch (const hp::Error& e) {
     std::cerr << "hp-ckpt: error: " << e.what() << "\n";
     return 1;
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, out of memory, a filesystem error
+    std::cerr << "hp-ckpt: error: " << e.what() << "\n";
+    return 1;
   }
 }
