@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "bench/timing.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/parallelize.h"
 #include "hp/nn/init.h"
 #include "hp/optim/adamw.h"
 #include "hp/testing/run_ranks.h"
@@ -23,10 +23,10 @@ int main(int argc, char** argv) {
   double torch_s = 0, foreach_s = 0;
   std::mutex mu;
   hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
-    hp::models::ParallelDims dims;
+    hp::ParallelDims dims;
     dims.dp_shard = 2;
     hp::models::Llama model(c);
-    hp::models::parallelize_llama(model, hp::models::build_mesh(world, dims), dims);
+    hp::models::parallelize_llama(model, hp::build_mesh(world, dims), dims);
     hp::nn::init_parameters(model, 1);
     for (auto& p : model.parameters()) p.mutable_grad() = p.detach().mul(0.01);
     const auto options = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);

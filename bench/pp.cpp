@@ -23,7 +23,8 @@
 #include <thread>
 
 #include "core/lambda_backward.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/parallelize.h"
+#include "hp/models/llama/pipeline.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/pp/executor.h"

@@ -29,5 +29,6 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
+#include "hp/parallel/parallel_dims.h"
 #include "hp/parallel/shard_module.h"
 #include "hp/parallel/tensor_parallel.h"

@@ -256,4 +256,12 @@ Schedule from_csv(const std::string& csv, const std::string& name) {
   return s;
 }
 
+Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank) {
+  if (name == "gpipe") return gpipe(ranks, micro_batches);
+  if (name == "1f1b") return one_f_one_b(ranks, micro_batches);
+  if (name == "interleaved") return interleaved_1f1b(ranks, stages_per_rank, micro_batches);
+  if (name == "zbv") return zero_bubble_v(ranks, micro_batches);
+  HP_FAIL("pipeline schedule '", name, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
+}
+
 }  // namespace hp::pp

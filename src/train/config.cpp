@@ -9,6 +9,7 @@
 
 #include "hp/core/error.h"
 #include "hp/data/text_data.h"
+#include "hp/models/llama/parallelize.h"
 #include "hp/optim/lr_scheduler.h"
 
 namespace hp::train {
@@ -187,7 +188,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.model_family == "llama", "model.family '", c.model_family, "' is unknown (available: llama)");
   c.model.validate();
-  c.parallel.validate(world_size, c.model);
+  c.parallel.validate(world_size);
+  models::validate_llama_dims(c.parallel, c.model);
   HP_CHECK(c.model.vocab >= data::ByteTokenizer::kVocab, "model.vocab (", c.model.vocab,
            ") is smaller than the byte tokenizer's ", data::ByteTokenizer::kVocab, " tokens");
   HP_CHECK(c.data.seq_len > 0 && c.data.seq_len <= c.model.max_seq, "data.seq_len (", c.data.seq_len,

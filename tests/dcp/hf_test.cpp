@@ -11,7 +11,8 @@
 
 #include "hp/dcp/hf.h"
 #include "hp/dcp/state_dict.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/hf_names.h"
+#include "hp/models/llama/parallelize.h"
 #include "hp/nn/init.h"
 #include "test_util.h"
 
@@ -96,9 +97,9 @@ TEST(Hf, ExportImportRoundTripIsBitwise) {
 
   test::run(4, [&](const comm::ProcessGroup& world) {
     models::Llama model(config());
-    models::ParallelDims dims;
+    ParallelDims dims;
     dims.dp_shard = 4;
-    models::parallelize_llama(model, models::build_mesh(world, dims), dims);
+    models::parallelize_llama(model, build_mesh(world, dims), dims);
     nn::init_parameters(model, 6);  // other values, overwritten by the import
     auto state = dcp::model_state_dict(model, "");
     dcp::load_hf(state, dir, models::llama_to_hf_name);

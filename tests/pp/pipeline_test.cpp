@@ -7,7 +7,8 @@
 #include <mutex>
 
 #include "hp/core/memory_tracker.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/parallelize.h"
+#include "hp/models/llama/pipeline.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"

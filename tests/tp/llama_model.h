@@ -1,7 +1,7 @@
-// The tests' Llama is the library's (hp/models/llama.h); the tests only pick small sizes.
+// The tests' Llama is the library's (hp/models/llama/model.h); the tests only pick small sizes.
 #pragma once
 
-#include <hp/models/llama.h>
+#include <hp/models/llama/model.h>
 
 namespace hp::test {
 using models::Attention;

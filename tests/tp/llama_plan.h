@@ -1,7 +1,7 @@
-// The tests use the library's Llama tensor-parallel plan (hp/models/parallelize.h).
+// The tests use the library's Llama tensor-parallel plan (hp/models/llama/parallelize.h).
 #pragma once
 
-#include <hp/models/parallelize.h>
+#include <hp/models/llama/parallelize.h>
 
 namespace hp::test {
 using models::llama_tp_plan;

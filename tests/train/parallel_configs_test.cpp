@@ -50,7 +50,7 @@ TrainConfig tiny_config(const fs::path& dir) {
 
 struct Parallel {
   int world;
-  models::ParallelDims dims;
+  ParallelDims dims;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   std::string name;
@@ -85,7 +85,7 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   const std::vector<double> one = run_config({1, {}, false, false, "1 rank"}, dir);
   ASSERT_EQ(one.size(), 20u);
   EXPECT_LT(one.back(), one.front() - 1.0) << "the loss should fall";
-  models::ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp, pp2, pp2dp2, pp2tp2;
+  ParallelDims dp2, tp2, dp2tp2, hsdp, hsdp_tp, pp2, pp2dp2, pp2tp2;
   pp2tp2.pp = 2;
   pp2tp2.tp = 2;
   pp2.pp = 2;

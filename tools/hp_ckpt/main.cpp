@@ -9,7 +9,7 @@
 #include <hp/core/error.h>
 #include <hp/dcp/checkpoint.h>
 #include <hp/dcp/hf.h>
-#include <hp/models/llama.h>
+#include <hp/models/llama/hf_names.h>
 
 #include <ATen/ATen.h>
 

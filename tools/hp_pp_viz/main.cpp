@@ -63,11 +63,7 @@ int main(int argc, char** argv) {
       schedule = hp::pp::from_csv(text.str(), csv);
     } else {
       HP_CHECK(ranks >= 1 && micro_batches >= 1, "--ranks and --micro-batches are required (or --csv)");
-      if (kind == "gpipe") schedule = hp::pp::gpipe(ranks, micro_batches);
-      else if (kind == "1f1b") schedule = hp::pp::one_f_one_b(ranks, micro_batches);
-      else if (kind == "interleaved") schedule = hp::pp::interleaved_1f1b(ranks, per_rank, micro_batches);
-      else if (kind == "zbv") schedule = hp::pp::zero_bubble_v(ranks, micro_batches);
-      else HP_FAIL("--schedule must be gpipe, 1f1b, interleaved or zbv, got '", kind, "'");
+      schedule = hp::pp::schedule_by_name(kind, ranks, micro_batches, per_rank);
     }
     const hp::pp::Simulation sim = hp::pp::simulate(schedule, costs);
     std::cout << schedule.name << ": " << schedule.ranks << " ranks, " << schedule.stages << " stages, "

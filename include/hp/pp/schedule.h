@@ -55,6 +55,9 @@ Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches);
 // bubbles. The order comes from a greedy list schedule with unit costs: I first, then F while at
 // most 2 * ranks micro-batches are in flight on the rank, then W.
 Schedule zero_bubble_v(int ranks, int micro_batches);
+// The builder named `name` (gpipe | 1f1b | interleaved | zbv); `stages_per_rank` is interleaved's.
+// An unknown name is an error listing the known ones.
+Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank = 2);
 
 // Adds the sends and receives that the compute actions need across ranks (a schedule written with
 // compute actions only, as in CSV files, can be completed with it). Replaces existing ones.

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "hp/models/llama.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/model.h"
+#include "hp/parallel/parallel_dims.h"
 
 namespace hp::train {
 
@@ -19,7 +19,7 @@ struct TrainConfig {
   std::string model_family = "llama";  // "llama" (Llama / Qwen3 dense); MoE and MLA come next
   models::LlamaConfig model{256, 128, 2, 4, 2, 384, 128};
 
-  models::ParallelDims parallel;
+  ParallelDims parallel;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;

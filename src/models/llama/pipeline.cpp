@@ -1,11 +1,33 @@
 // Llama cut into pipeline stages by layer ranges.
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "hp/core/error.h"
-#include "hp/models/parallelize.h"
+#include "hp/models/llama/pipeline.h"
 
 namespace hp::models {
 namespace {
+
+// A range of the model's blocks under their own indices ("3", "4"), so a stage's FQNs are the
+// model's ("layers.3.attn.q_proj.weight").
+class LayerRange : public nn::Module {
+ public:
+  LayerRange(Llama& model, int64_t first, int64_t count) : nn::Module("LayerRange") {
+    for (int64_t i = first; i < first + count; ++i)
+      blocks_.push_back(add_module(std::to_string(i), model.layers->items()[i]));
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = x;
+    for (const auto& block : blocks_) h = (*block)(h);
+    return h;
+  }
+
+ private:
+  std::vector<std::shared_ptr<nn::Module>> blocks_;
+};
 
 // Blocks [first, first + count) of the model, with the embedding in front on the first stage and
 // the final norm and head behind on the last.
@@ -13,8 +35,7 @@ class LlamaStage : public nn::Module {
  public:
   LlamaStage(Llama& model, int64_t first, int64_t count, bool has_embed, bool has_head) : nn::Module("LlamaStage") {
     if (has_embed) embed_ = add_module("embed", model.embed);
-    for (int64_t i = first; i < first + count; ++i)
-      blocks_.push_back(add_module("layer" + std::to_string(i), model.layers->items()[i]));
+    if (count > 0) layers_ = add_module("layers", std::make_shared<LayerRange>(model, first, count));
     if (has_head) {
       norm_ = add_module("norm", model.norm);
       if (model.output) {
@@ -30,7 +51,7 @@ class LlamaStage : public nn::Module {
  protected:
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = embed_ ? (*embed_)(x) : x;
-    for (const auto& block : blocks_) h = (*block)(h);
+    if (layers_) h = (*layers_)(h);
     if (!norm_) return h;
     h = (*norm_)(h);
     if (output_) return (*output_)(h);
@@ -39,7 +60,7 @@ class LlamaStage : public nn::Module {
 
  private:
   std::shared_ptr<nn::Embedding> embed_;
-  std::vector<std::shared_ptr<nn::Module>> blocks_;
+  std::shared_ptr<LayerRange> layers_;
   std::shared_ptr<nn::RMSNorm> norm_;
   std::shared_ptr<nn::Linear> output_;
   std::shared_ptr<nn::Embedding> head_embed_;  // tied embeddings, on a last stage without the embedding

@@ -1,14 +1,11 @@
-#include "hp/models/llama.h"
+#include "hp/models/llama/model.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
-#include <utility>
 #include <vector>
 
 #include "hp/core/error.h"
-#include "hp/dtensor/dtensor.h"
 
 namespace hp::models {
 
@@ -16,6 +13,11 @@ int64_t LlamaConfig::parameter_count() const {
   const int64_t attention = dim * heads * head_dim() * 2 + dim * kv_heads * head_dim() * 2 + (qk_norm ? 2 * head_dim() : 0);
   const int64_t block = attention + 3 * dim * ffn_hidden + 2 * dim;
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
+}
+
+double LlamaConfig::flops_per_token(int64_t seq) const {
+  const double matmul_params = static_cast<double>(parameter_count() - vocab * dim * (tie_embeddings ? 0 : 1));
+  return 6.0 * matmul_params + 12.0 * static_cast<double>(layers * dim * seq);
 }
 
 void LlamaConfig::validate() const {
@@ -112,74 +114,6 @@ Llama::Llama(const LlamaConfig& c)
 at::Tensor Llama::forward(const at::Tensor& tokens) {
   const at::Tensor h = (*norm)((*layers)((*embed)(tokens)));
   return output ? (*output)(h) : at::linear(h, embed->param("weight"));
-}
-
-namespace {
-
-// Our module path -> HF's, per segment after "layers.N." (or at the top level).
-const std::vector<std::pair<std::string, std::string>>& hf_table() {
-  static const std::vector<std::pair<std::string, std::string>> table = {
-      {"attn.q_proj", "self_attn.q_proj"}, {"attn.k_proj", "self_attn.k_proj"}, {"attn.v_proj", "self_attn.v_proj"},
-      {"attn.o_proj", "self_attn.o_proj"}, {"attn.q_norm", "self_attn.q_norm"}, {"attn.k_norm", "self_attn.k_norm"},
-      {"attn_norm", "input_layernorm"},    {"mlp_norm", "post_attention_layernorm"},
-      {"mlp.gate", "mlp.gate_proj"},       {"mlp.up", "mlp.up_proj"},         {"mlp.down", "mlp.down_proj"}};
-  return table;
-}
-
-const std::vector<std::pair<std::string, std::string>>& hf_top_table() {
-  static const std::vector<std::pair<std::string, std::string>> table = {
-      {"embed.weight", "model.embed_tokens.weight"}, {"norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
-  return table;
-}
-
-// Maps "<prefix>N.<module>.<leaf>" through `table` (from column `from` to the other one).
-std::string map_layer_name(const std::string& name, const std::string& from_prefix, const std::string& to_prefix,
-                           bool forward) {
-  if (name.rfind(from_prefix, 0) != 0) return "";
-  const std::string rest = name.substr(from_prefix.size());
-  const auto dot = rest.find('.');
-  if (dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) return "";
-  const std::string index = rest.substr(0, dot), module_and_leaf = rest.substr(dot + 1);
-  const auto last = module_and_leaf.rfind('.');
-  if (last == std::string::npos) return "";
-  const std::string module = module_and_leaf.substr(0, last), leaf = module_and_leaf.substr(last);
-  for (const auto& [ours, hf] : hf_table())
-    if ((forward ? ours : hf) == module) return to_prefix + index + "." + (forward ? hf : ours) + leaf;
-  return "";
-}
-
-}  // namespace
-
-std::string llama_to_hf_name(const std::string& fqn) {
-  for (const auto& [ours, hf] : hf_top_table())
-    if (fqn == ours) return hf;
-  return map_layer_name(fqn, "layers.", "model.layers.", /*forward=*/true);
-}
-
-std::string llama_from_hf_name(const std::string& hf_name) {
-  for (const auto& [ours, hf] : hf_top_table())
-    if (hf_name == hf) return ours;
-  return map_layer_name(hf_name, "model.layers.", "layers.", /*forward=*/false);
-}
-
-at::Tensor generate_greedy(const std::function<at::Tensor(const at::Tensor&)>& logits_of, const at::Tensor& prompt,
-                           int64_t new_tokens, int64_t max_seq) {
-  HP_CHECK(prompt.dim() == 1 && prompt.scalar_type() == at::kLong && prompt.numel() > 0,
-           "generate_greedy: the prompt must be a non-empty 1-D int64 tensor");
-  torch::NoGradGuard no_grad;
-  at::Tensor tokens = prompt.clone();
-  for (int64_t i = 0; i < new_tokens; ++i) {
-    const int64_t n = tokens.size(0), keep = std::min(n, max_seq);
-    at::Tensor logits = logits_of(tokens.narrow(0, n - keep, keep).unsqueeze(0));
-    if (is_dtensor(logits)) logits = DTensor(logits).full_tensor();
-    tokens = at::cat({tokens, logits[0][keep - 1].argmax().view({1})});
-  }
-  return tokens;
-}
-
-at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens) {
-  return generate_greedy([&](const at::Tensor& tokens) { return model(tokens); }, prompt, new_tokens,
-                         model.config().max_seq);
 }
 
 }  // namespace hp::models

@@ -1,12 +1,11 @@
 // Llama / Qwen3-style dense decoder, written once against hp::nn with no parallel code: GQA
 // attention with rotary embeddings (optional QK-norm, as Qwen3), SwiGLU MLP, RMSNorm, residuals,
 // embedding and LM head (optionally tied to the embedding). Parallelism is applied from outside
-// (hp/models/parallelize.h). Heads are reshaped with -1, so the same code runs on tensor-parallel
+// (hp/models/llama/parallelize.h). Heads are reshaped with -1, so the same code runs on tensor-parallel
 // local shards.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +27,9 @@ struct LlamaConfig {
   bool tie_embeddings = false;  // the LM head reuses the embedding matrix
   int64_t head_dim() const { return dim / heads; }
   int64_t parameter_count() const;
+  // Training FLOPs per token at sequence length `seq`: 6 per matmul weight (forward + backward)
+  // plus attention's scores and mixing.
+  double flops_per_token(int64_t seq) const;
   // Throws hp::Error naming the first inconsistent field (dim % heads, heads % kv_heads, odd head_dim, ...).
   void validate() const;
 };
@@ -84,20 +86,5 @@ class Llama : public nn::Module {
  private:
   LlamaConfig config_;
 };
-
-// Hugging Face Llama / Qwen3 names of our parameters ("layers.3.attn.q_proj.weight" <->
-// "model.layers.3.self_attn.q_proj.weight", "embed.weight" <-> "model.embed_tokens.weight", ...).
-// Our rotary embedding uses HF's rotate_half layout, so q/k weights map without permutation.
-// Unknown names give "".
-std::string llama_to_hf_name(const std::string& fqn);
-std::string llama_from_hf_name(const std::string& hf_name);
-
-// Greedy continuation of `prompt` (1-D int64) by `new_tokens` tokens, the context cropped to
-// max_seq. Collective when the model is parallelized: every rank calls it with the same prompt.
-at::Tensor generate_greedy(Llama& model, const at::Tensor& prompt, int64_t new_tokens);
-// The same with any function from tokens [1, seq] to logits [1, seq, vocab] (e.g. a pipeline's
-// forward), the context cropped to `max_seq`.
-at::Tensor generate_greedy(const std::function<at::Tensor(const at::Tensor&)>& logits_of, const at::Tensor& prompt,
-                           int64_t new_tokens, int64_t max_seq);
 
 }  // namespace hp::models

@@ -1,0 +1,48 @@
+// What one rank trains, as a model family's recipe builds it (parallelize_llama, ...): the whole
+// model or this rank's pipeline stages, the pipeline executor when there is one, the loss, and what
+// the optimizer, clipping and checkpoints need. hp::train::TrainStep runs it without asking how it
+// was parallelized.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hp/nn/module.h"
+#include "hp/pp/executor.h"
+
+namespace hp::models {
+
+struct ModelParts {
+  // The whole model. Its FQNs name every parameter (checkpoint entries, optimizer state); pipeline
+  // stages share its modules under the same FQNs.
+  std::shared_ptr<nn::Module> model;
+  // The modules this rank runs: {model}, or its pipeline stages in schedule order.
+  std::vector<std::shared_ptr<nn::Module>> modules;
+  // Runs the stages with the other pipeline ranks; null without pipeline parallelism.
+  std::unique_ptr<pp::PipelineExecutor> pipeline;
+  // The training loss of the model's output and the targets (also the pipeline's).
+  pp::LossFn loss;
+  // FQNs of parameters this rank holds as a copy of one that another rank saves and counts once in
+  // the gradient norm: a weight tied across pipeline stages, whose copies the pipeline keeps equal.
+  std::set<std::string> copies;
+  // FQN patterns for hp::get_hyper_optimizer: the hidden weight matrices (what Muon steps) and every
+  // other parameter (stepped by AdamW beside it).
+  std::vector<std::string> hidden_matrices, other_parameters;
+
+  // The parameters of `modules`, in order: what this rank's optimizer steps. Call it after
+  // hp::nn::init_parameters (which may replace parameter tensors).
+  std::vector<at::Tensor> parameters() const;
+  // parameters() without the copies (each gradient element counted once), and the copies.
+  std::vector<at::Tensor> counted_parameters() const;
+  std::vector<at::Tensor> copied_parameters() const;
+  // Every parameter and buffer of `modules` by FQN, copies included (loading fills them too; a
+  // save leaves them out).
+  std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
+};
+
+}  // namespace hp::models

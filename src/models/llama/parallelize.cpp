@@ -1,0 +1,136 @@
+#include "hp/models/llama/parallelize.h"
+
+#include <vector>
+
+#include "hp/core/error.h"
+#include "hp/models/llama/pipeline.h"
+#include "hp/parallel/loss_parallel.h"
+#include "hp/pp/schedule.h"
+
+namespace hp::models {
+
+void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model) {
+  HP_CHECK(dims.cp == 1 && dims.ep == 1, "parallel.cp and parallel.ep are reserved for context and expert "
+           "parallelism, which the llama recipe does not support yet: both must be 1 (got cp=", dims.cp, ", ep=",
+           dims.ep, ")");
+  if (dims.tp > 1) {
+    HP_CHECK(model.heads % dims.tp == 0 && model.kv_heads % dims.tp == 0, "model.heads (", model.heads,
+             ") and model.kv_heads (", model.kv_heads, ") must be divisible by parallel.tp (", dims.tp, ")");
+    HP_CHECK(model.ffn_hidden % dims.tp == 0, "model.ffn_hidden (", model.ffn_hidden,
+             ") must be divisible by parallel.tp (", dims.tp, ")");
+    HP_CHECK(model.vocab % dims.tp == 0, "model.vocab (", model.vocab, ") must be divisible by parallel.tp (", dims.tp,
+             ")");
+    HP_CHECK(!model.tie_embeddings, "model.tie_embeddings is not supported with parallel.tp > 1 yet");
+    HP_CHECK(!model.qk_norm, "model.qk_norm is not supported with parallel.tp > 1 yet");
+  }
+}
+
+ParallelizePlan llama_tp_plan(TpOptions o) {
+  // Between blocks the residual stream is replicated, or sharded on the sequence dim with SP.
+  const Placement between = o.sequence_parallel ? Shard(1) : Replicate();
+  ParallelizePlan plan = {
+      {"embed", RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(between)},
+      {"layers.*.attn.q_proj", ColwiseParallel()},
+      {"layers.*.attn.k_proj", ColwiseParallel()},
+      {"layers.*.attn.v_proj", ColwiseParallel()},
+      {"layers.*.attn.o_proj", RowwiseParallel().set_output_layouts(between)},
+      {"layers.*.mlp.gate", ColwiseParallel()},
+      {"layers.*.mlp.up", ColwiseParallel()},
+      {"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between)},
+      {"output", ColwiseParallel()
+                     .set_input_layouts(between)
+                     .set_output_layouts(o.loss_parallel ? Shard(-1) : Replicate())
+                     .set_use_local_output(!o.loss_parallel)},
+  };
+  if (o.sequence_parallel)
+    for (const char* norm : {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"}) plan.push_back({norm, SequenceParallel()});
+  // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
+  // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
+  for (const char* input : {"layers.*.attn", "layers.*.mlp"})
+    plan.push_back({input, PrepareModuleInput({between}, {Replicate()})});
+  return plan;
+}
+
+void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
+                       const LlamaParallelOptions& options) {
+  if (dims.tp > 1) parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp));
+  if (dims.dp() == 1) return;
+  const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
+  // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
+  // root only: blocks hand their outputs on in the compute dtype.
+  FullyShardOptions block_options = options.fsdp;
+  block_options.mixed_precision.output_dtype.reset();
+  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) fully_shard(*block, dp_mesh, block_options);
+  fully_shard(model, dp_mesh, options.fsdp);
+}
+
+namespace {
+
+// This rank's pipeline stages, each one FSDP unit on the data-parallel mesh (of one rank when
+// dp = 1, which keeps gradients, clipping and checkpoints on the same DTensor path), and the
+// executor of this data-parallel replica's pipeline: its (pp, tp) ranks.
+void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
+                         const LlamaParallelOptions& options) {
+  const LlamaConfig& config = model.config();
+  const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
+  const pp::Schedule schedule =
+      pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp), options.pipeline.micro_batches,
+                           options.pipeline.stages_per_rank);
+  const auto all = split_llama(model, std::vector<int64_t>(schedule.stages, config.layers / schedule.stages));
+  const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
+  // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.
+  const int64_t boundary_dim = options.tp.sequence_parallel ? 1 : -1;
+  std::vector<pp::PipelineStage> local;
+  for (int st = 0; st < schedule.stages; ++st)
+    if (schedule.stage_rank[st] == pp_rank) {
+      fully_shard(*all[st], dp_mesh, options.fsdp);
+      pp::PipelineStage stage{all[st], st};
+      if (st > 0) stage.input_shard_dim = boundary_dim;
+      if (st < schedule.stages - 1) stage.output_shard_dim = boundary_dim;
+      local.push_back(stage);
+      parts.modules.push_back(all[st]);
+    }
+  // Position p of the pipeline (pipeline rank p) is run by the tp ranks of pp index p: the (pp, tp)
+  // sub-mesh is row-major, so its group ranks p * tp .. p * tp + tp - 1.
+  const DeviceMesh pipeline_mesh = mesh[{"pp", "tp"}];
+  pp::PipelineOptions placement;
+  for (int64_t p = 0; p < dims.pp; ++p) {
+    placement.position_ranks.emplace_back();
+    for (int64_t t = 0; t < dims.tp; ++t) placement.position_ranks.back().push_back(static_cast<int>(p * dims.tp + t));
+  }
+  const comm::ProcessGroup pipeline_group =
+      dims.tp > 1 ? mesh.world().new_group(pipeline_mesh.ranks(), "pp_tp") : mesh.get_group("pp");
+  if (config.tie_embeddings) {
+    // The first and the last stage each hold the embedding; the first stage's rank saves it and
+    // counts its gradient, which the pipeline sums over both copies.
+    placement.tied = {{"embed.weight", {0, schedule.stages - 1}}};
+    if (pp_rank != 0) parts.copies.insert("embed.weight");
+  }
+  parts.pipeline =
+      std::make_unique<pp::PipelineExecutor>(schedule, std::move(local), pipeline_group, parts.loss, placement);
+}
+
+}  // namespace
+
+ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
+                             const LlamaParallelOptions& options) {
+  HP_CHECK(model != nullptr, "parallelize_llama: no model");
+  validate_llama_dims(dims, model->config());
+  ModelParts parts;
+  parts.model = model;
+  parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };
+  for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate", "mlp.up", "mlp.down"})
+    parts.hidden_matrices.push_back(std::string("layers.*.") + m + ".weight");
+  parts.other_parameters = {"*.weight", "layers.*.*.weight", "layers.*.attn.q_norm.weight", "layers.*.attn.k_norm.weight"};
+  if (dims.pp == 1) {
+    parallelize_llama(*model, mesh, dims, options);
+    parts.modules = {model};
+    return parts;
+  }
+  // Tensor parallelism first, on every rank over the whole model: each rank then runs its stages' share.
+  if (dims.tp > 1) parallelize_module(*model, mesh["tp"], llama_tp_plan(options.tp));
+  split_into_pipeline(parts, *model, mesh, dims, options);
+  return parts;
+}
+
+}  // namespace hp::models

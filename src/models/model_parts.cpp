@@ -1,0 +1,46 @@
+#include "hp/models/model_parts.h"
+
+namespace hp::models {
+namespace {
+
+// Calls fn(fqn, parameter) for every parameter of `modules`, in order.
+template <typename Fn>
+void for_each_parameter(const std::vector<std::shared_ptr<nn::Module>>& modules, const Fn& fn) {
+  for (const auto& module : modules)
+    for (const auto& item : module->named_parameters()) fn(item.key(), item.value());
+}
+
+}  // namespace
+
+std::vector<at::Tensor> ModelParts::parameters() const {
+  std::vector<at::Tensor> out;
+  for_each_parameter(modules, [&](const std::string&, const at::Tensor& p) { out.push_back(p); });
+  return out;
+}
+
+std::vector<at::Tensor> ModelParts::counted_parameters() const {
+  std::vector<at::Tensor> out;
+  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor& p) {
+    if (!copies.count(fqn)) out.push_back(p);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> ModelParts::copied_parameters() const {
+  std::vector<at::Tensor> out;
+  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor& p) {
+    if (copies.count(fqn)) out.push_back(p);
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ModelParts::named_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& module : modules) {
+    for (const auto& item : module->named_parameters()) out.emplace_back(item.key(), item.value());
+    for (const auto& item : module->named_buffers()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace hp::models

@@ -1,0 +1,98 @@
+#include "train/checkpointing.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "hp/core/log.h"
+#include "hp/dcp/state_dict.h"
+
+namespace hp::train::detail {
+namespace {
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) {
+  std::ostringstream out;
+  out << "step-" << std::setw(6) << std::setfill('0') << step;
+  return out.str();
+}
+
+// Keeps the `keep` newest step-* checkpoints (rank 0, after a commit).
+void prune_checkpoints(const std::string& root, int64_t keep) {
+  std::vector<std::pair<int64_t, fs::path>> dirs;  // by step number: names outgrow their zero padding
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0 && name.size() > 5 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos)
+      dirs.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i].second);
+}
+
+}  // namespace
+
+Checkpointing::Checkpointing(const TrainConfig& config, const models::ModelParts& parts, ChainedOptimizer& optimizer,
+                             const comm::ProcessGroup& world)
+    : config_(config), parts_(parts), optimizer_(optimizer), world_(world) {
+  for (auto& [fqn, tensor] : parts.named_tensors()) state_.tensors["model." + fqn] = tensor;
+  dcp::add_optimizer_state(state_, optimizer_, *parts.model);
+}
+
+int64_t Checkpointing::resume(LRScheduler& scheduler) {
+  const auto latest = dcp::latest_checkpoint(config_.checkpoint_dir());
+  if (!latest) return 0;
+  dcp::load(state_, *latest);
+  dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
+  const int64_t step = state_.values.at("step").get<int64_t>();
+  scheduler.set_step(step);
+  if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
+  return step;
+}
+
+void Checkpointing::commit_earlier_than(int64_t step) {
+  if (pending_step_ >= 0 && pending_step_ < step) finish();
+}
+
+void Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
+  if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return;
+  finish();
+  state_.values = {{"step", step},
+                   {"seed", config_.seed},
+                   {"data", {{"sampler", "stateless"}, {"step", step}}},
+                   {"scheduler_step", scheduler.last_step()},
+                   {"world_size", world_.size()}};
+  dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
+  dcp::SaveOptions options;
+  options.update_latest = true;
+  options.stage_in_background = true;  // the copies overlap the next step's forward and backward
+  pending_ = dcp::save_async(to_save(), config_.checkpoint_dir() + "/" + step_dir_name(step), world_, options);
+  pending_step_ = step;
+  if (!config_.checkpoint.async) finish();
+}
+
+void Checkpointing::finish() {
+  if (!pending_.pending()) return;
+  pending_.wait();
+  if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep);
+  pending_step_ = -1;
+}
+
+// The state without the copies of tied weights: their parameters and optimizer state.
+dcp::StateDict Checkpointing::to_save() const {
+  if (parts_.copies.empty()) return state_;
+  dcp::StateDict out = state_;
+  for (const std::string& fqn : parts_.copies) {
+    out.tensors.erase("model." + fqn);
+    const std::string optimizer_prefix = "optim." + fqn + ".";
+    for (auto it = out.tensors.lower_bound(optimizer_prefix);
+         it != out.tensors.end() && it->first.rfind(optimizer_prefix, 0) == 0;)
+      it = out.tensors.erase(it);
+  }
+  return out;
+}
+
+}  // namespace hp::train::detail

@@ -1,0 +1,52 @@
+// The run's checkpoints: the model parts' and the optimizer's live tensors, resumed from the latest
+// checkpoint of the run, saved every checkpoint.interval steps with staging and writing in the
+// background (each save committed at the next step, or at once when checkpoint.async is off), and
+// pruned to the newest checkpoint.keep. A copy of a tied weight is left out of saves (the rank
+// holding the original saves it) and filled by loads.
+//
+// Collective over `world`: every rank calls each method at the same step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "hp/comm/process_group.h"
+#include "hp/dcp/checkpoint.h"
+#include "hp/models/model_parts.h"
+#include "hp/optim/chained.h"
+#include "hp/optim/lr_scheduler.h"
+#include "hp/train/config.h"
+
+namespace hp::train::detail {
+
+class Checkpointing {
+ public:
+  Checkpointing(const TrainConfig& config, const models::ModelParts& parts, ChainedOptimizer& optimizer,
+                const comm::ProcessGroup& world);
+  Checkpointing(const Checkpointing&) = delete;
+  Checkpointing& operator=(const Checkpointing&) = delete;
+
+  // Loads the run's latest checkpoint into the live state and sets the scheduler to its step;
+  // returns that step, or 0 when the run has no checkpoint yet.
+  int64_t resume(LRScheduler& scheduler);
+  // Before the optimizer changes the state: a save still staging in the background reads it.
+  void wait_staged() { pending_.wait_staged(); }
+  // After optimizer step `step` (1-based): commits a save started at an earlier step.
+  void commit_earlier_than(int64_t step);
+  // After optimizer step `step`: at the interval, starts saving the state of that step.
+  void save_if_due(int64_t step, const LRScheduler& scheduler);
+  // Commits the save in flight, if any.
+  void finish();
+
+ private:
+  dcp::StateDict to_save() const;
+  const TrainConfig& config_;
+  const models::ModelParts& parts_;
+  ChainedOptimizer& optimizer_;
+  const comm::ProcessGroup& world_;
+  dcp::StateDict state_;  // aliases the live model and optimizer tensors
+  dcp::AsyncSave pending_;
+  int64_t pending_step_ = -1;
+};
+
+}  // namespace hp::train::detail

@@ -1,0 +1,16 @@
+// The plan a dry run prints (rank 0): dims and mesh, the model, the batch split, and per rank its
+// parameters and an estimate of its training memory.
+#pragma once
+
+#include "hp/comm/process_group.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/models/model_parts.h"
+#include "hp/train/config.h"
+
+namespace hp::train::detail {
+
+// Collective over `world` (gathers every rank's numbers); rank 0 prints.
+void print_plan(const TrainConfig& config, const comm::ProcessGroup& world, const DeviceMesh& mesh,
+                const models::ModelParts& parts);
+
+}  // namespace hp::train::detail
