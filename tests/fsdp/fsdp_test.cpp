@@ -1,5 +1,5 @@
 // fully_shard on the test Llama against one device with gradient accumulation over the same global
-// batch: losses and parameters after 5 AdamW steps within 1e-6 relative, for FSDP on 2 and 4 ranks
+// batch: losses and parameters after 5 AdamW steps within 1e-5 relative, for FSDP on 2 and 4 ranks
 // and HSDP on (2, 2); options and errors.
 #include <hp/core/memory_tracker.h>
 #include <hp/dtensor/dtensor.h>
@@ -24,6 +24,10 @@ constexpr int kSteps = 5;
 constexpr int64_t kGlobalBatch = 4, kSeq = 8;
 constexpr uint64_t kSeed = 21;
 constexpr double kLr = 1e-3;  // a usual LLM rate; Adam turns gradient rounding into update differences ~ lr
+// fp32 rounding of a differently split computation, after 5 Adam steps. Measured worst: 3e-6 with
+// OpenBLAS's Haswell kernels (this is what OPENBLAS_CORETYPE=Haswell gives on AVX-512 machines),
+// below 1e-6 with its SkylakeX kernels. A sharding bug is off by orders of magnitude more.
+constexpr double kRtol = 1e-5;
 
 LlamaConfig config() {
   LlamaConfig c;
@@ -89,7 +93,7 @@ void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options
 // Trains on `dp` data-parallel ranks of `mesh` (this rank is number dp_rank) and compares within
 // `rtol`. `tp`: a tensor-parallel mesh to apply the TP plan on first.
 void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::string& what, FullyShardOptions options = {},
-                       const DeviceMesh* tp = nullptr, TpOptions tp_options = {}, double rtol = 1e-6, bool prefetch = false) {
+                       const DeviceMesh* tp = nullptr, TpOptions tp_options = {}, double rtol = kRtol, bool prefetch = false) {
   Llama model(config());
   if (tp) parallelize_module(model, *tp, llama_tp_plan(tp_options));
   shard_llama(model, mesh, options, prefetch);
@@ -235,7 +239,7 @@ TEST(FsdpOptions, IgnoredParametersAreLeftAlone) {
 TEST(FsdpOptions, PrefetchingGivesTheSameNumbers) {
   single_device();
   run(2, [&](const comm::ProcessGroup& g) {
-    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "prefetch", {}, nullptr, {}, 1e-6, /*prefetch=*/true);
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "prefetch", {}, nullptr, {}, kRtol, /*prefetch=*/true);
   });
 }
 

@@ -1,5 +1,5 @@
 // Tensor parallelism on the test Llama against the same model on one device: loss and every
-// parameter gradient within 1e-5 relative (fp32) over 3 AdamW steps, for TP = 2 and 4, with and
+// parameter gradient within 5e-5 relative (fp32) over 3 AdamW steps, for TP = 2 and 4, with and
 // without sequence parallel and loss parallel. Plus: per-rank parameter bytes are total / TP plus
 // the replicated norms.
 #include <hp/dtensor/dtensor.h>
@@ -18,7 +18,9 @@ namespace {
 
 constexpr uint64_t kSeed = 1234;
 constexpr int kSteps = 3;
-constexpr double kRtol = 1e-5;
+// fp32 rounding of the split matmuls. Measured worst (k_proj gradients, step 2): 2.2e-5 with
+// OpenBLAS's Haswell kernels, below 1e-5 with its SkylakeX kernels.
+constexpr double kRtol = 5e-5;
 
 LlamaConfig config() { return LlamaConfig{}; }
 
