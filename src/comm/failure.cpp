@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <sstream>
-#include <thread>
 
 #include "comm/group_impl.h"
+#include "hp/comm/store.h"
 #include "hp/core/error.h"
 
 namespace hp::comm::detail {
@@ -54,20 +54,22 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
   std::ostringstream other_ops;
   try {
     const std::string op(site.op);
-    group.store->set(prefix + std::to_string(group.rank), std::vector<uint8_t>(op.begin(), op.end()));
-    const auto deadline = std::chrono::steady_clock::now() + window;
-    for (;;) {
-      missing.clear();
-      for (int r = 0; r < group.size(); ++r)
-        if (!group.store->check({prefix + std::to_string(r)})) missing.push_back(group.ranks[r]);
-      if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    // The group is alive (one of its collectives is failing): a handle that does not own it.
+    const GroupStore store(std::shared_ptr<GroupImpl>(std::shared_ptr<GroupImpl>(), site.group));
+    store.set(prefix + std::to_string(group.rank), op);
+    std::vector<std::string> keys;
+    for (int r = 0; r < group.size(); ++r) keys.push_back(prefix + std::to_string(r));
+    StorePollOptions poll;
+    poll.deadline = std::chrono::steady_clock::now() + window;
+    const std::vector<std::string> absent = store.wait_for(keys, poll);
     for (int r = 0; r < group.size(); ++r) {
-      if (std::count(missing.begin(), missing.end(), group.ranks[r])) continue;
-      const std::vector<uint8_t> theirs = group.store->get(prefix + std::to_string(r));
-      if (std::string(theirs.begin(), theirs.end()) != op)
-        other_ops << " World rank " << group.ranks[r] << " issued " << std::string(theirs.begin(), theirs.end())
+      if (std::count(absent.begin(), absent.end(), keys[r])) {
+        missing.push_back(group.ranks[r]);
+        continue;
+      }
+      const std::string theirs = store.get(keys[r]);
+      if (theirs != op)
+        other_ops << " World rank " << group.ranks[r] << " issued " << theirs
                   << " as this collective instead: every member must issue collectives in the same order.";
     }
   } catch (const std::exception& e) {

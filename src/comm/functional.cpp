@@ -3,10 +3,10 @@
 
 #include <ATen/ATen.h>
 
-#include "core/lambda_backward.h"
 
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 
 namespace hp::comm::functional {
 namespace {
@@ -15,7 +15,7 @@ namespace {
 // `backward` as the step from input to output.
 at::Tensor differentiable(const char* name, const at::Tensor& input,
                           const std::function<at::Tensor(const at::Tensor&)>& forward, hp::detail::BackwardFn backward) {
-  return hp::detail::record_backward(name, input, forward(input.detach()), [backward](const at::Tensor& grad) {
+  return record_backward(name, input, forward(input.detach()), [backward](const at::Tensor& grad) {
     return backward(grad.contiguous());
   });
 }

@@ -106,4 +106,10 @@ ProcessGroup init_process_group(InitOptions options) {
   return create_world_group(std::move(store), env.rank, env.world_size, group);
 }
 
+InProcessRendezvous::InProcessRendezvous() : store_(std::make_shared<shim::StorePtr>(shim::make_hash_store())) {}
+
+ProcessGroup InProcessRendezvous::join(int rank, int world_size, const ProcessGroupOptions& options) const {
+  return create_world_group(*std::static_pointer_cast<shim::StorePtr>(store_), rank, world_size, options);
+}
+
 }  // namespace hp::comm

@@ -325,6 +325,11 @@ detail::GroupImpl& ProcessGroup::impl() const {
   return *impl_;
 }
 
+GroupStore ProcessGroup::store() const {
+  impl();  // the empty-handle error
+  return GroupStore(impl_);
+}
+
 int ProcessGroup::rank() const { return impl().rank; }
 int ProcessGroup::size() const { return impl().size(); }
 const std::string& ProcessGroup::name() const { return impl().name; }

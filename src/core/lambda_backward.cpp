@@ -1,4 +1,4 @@
-#include "core/lambda_backward.h"
+#include "hp/core/lambda_backward.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -9,7 +9,7 @@
 
 #include "hp/core/error.h"
 
-namespace hp::detail {
+namespace hp {
 namespace {
 
 class LambdaBackward final : public torch::autograd::Node {
@@ -72,4 +72,4 @@ at::Tensor record_backward(const std::string& name, const at::Tensor& input, at:
                          });
 }
 
-}  // namespace hp::detail
+}  // namespace hp

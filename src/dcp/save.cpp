@@ -13,7 +13,6 @@
 #include <set>
 #include <thread>
 
-#include "comm/group_impl.h"
 #include "dcp/file_io.h"
 #include "dcp/metadata.h"
 #include "dcp/safetensors.h"
@@ -81,7 +80,7 @@ void add_missing(nlohmann::json& into, const nlohmann::json& from) {
 // keys in the group's store apart. The count lives in the store (one counter per rank), so it
 // starts afresh with every group and never depends on this process's history.
 int64_t next_save_number(const comm::ProcessGroup& group) {
-  return group.impl().store->add("hp_dcp/saves/" + std::to_string(group.rank()), 1);
+  return group.store().add("hp_dcp/saves/" + std::to_string(group.rank()), 1);
 }
 
 }  // namespace
@@ -190,35 +189,35 @@ struct AsyncSave::State {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return verified || stop; });
     }
-    auto& store = *group.impl().store;
+    const comm::GroupStore store = group.store();
     try {
-      const std::string mine = error_text();
-      store.set(key_prefix + "done/" + std::to_string(group.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+      store.set(key_prefix + "done/" + std::to_string(group.rank()), error_text());
       if (group.rank() != 0) return;
-      const std::string outcome = decide(store);
-      store.set(key_prefix + "outcome", std::vector<uint8_t>(outcome.begin(), outcome.end()));
+      store.set(key_prefix + "outcome", decide(store));
     } catch (...) {
       fail(std::current_exception());  // the store itself failed; wait() reports it
     }
   }
 
   // Rank 0: "ok" after committing, or why nothing was committed.
-  std::string decide(c10d::Store& store) {
-    const auto deadline = std::chrono::steady_clock::now() + group.options().timeout;
+  std::string decide(const comm::GroupStore& store) {
+    comm::StorePollOptions poll;
+    poll.period = std::chrono::milliseconds(2);
+    poll.deadline = std::chrono::steady_clock::now() + group.options().timeout;
+    poll.pause = [&](std::chrono::milliseconds period) {
+      std::this_thread::sleep_for(period);
+      return stopped();
+    };
     std::string failures;
     for (int r = 0; r < group.size(); ++r) {
       const std::string key = key_prefix + "done/" + std::to_string(r);
-      while (!store.check({key})) {
-        if (stopped() || std::chrono::steady_clock::now() > deadline) {
-          failures += "; rank " + std::to_string(r) + (stopped() ? " had not finished writing when rank 0 gave up"
-                                                                 : " did not finish writing within the group timeout");
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (!store.wait_for({key}, poll).empty()) {
+        failures += "; rank " + std::to_string(r) + (stopped() ? " had not finished writing when rank 0 gave up"
+                                                               : " did not finish writing within the group timeout");
+        continue;
       }
-      if (!store.check({key})) continue;
-      const std::vector<uint8_t> report = store.get(key);
-      if (!report.empty()) failures += "; rank " + std::to_string(r) + ": " + std::string(report.begin(), report.end());
+      const std::string report = store.get(key);
+      if (!report.empty()) failures += "; rank " + std::to_string(r) + ": " + report;
     }
     if (!failures.empty()) return failures.substr(2);
     try {
@@ -411,8 +410,7 @@ void AsyncSave::wait() {
   const std::string own = s->error_text();
   std::string outcome;
   try {
-    const std::vector<uint8_t> bytes = s->group.impl().store->get(s->key_prefix + "outcome");
-    outcome.assign(bytes.begin(), bytes.end());
+    outcome = s->group.store().get(s->key_prefix + "outcome");
   } catch (const std::exception& e) {
     outcome = std::string("rank 0 never reported the outcome (") + e.what() + ")";
   }

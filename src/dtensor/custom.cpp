@@ -3,9 +3,9 @@
 
 #include <ATen/ATen.h>
 
-#include "core/lambda_backward.h"
 #include "dtensor/dtensor_impl.h"
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/dtensor/redistribute.h"
 
 namespace hp {
@@ -55,7 +55,7 @@ at::Tensor DFunction::apply(const std::vector<at::Tensor>& inputs, std::optional
   const std::vector<Placements> in_specs = input_placements;
   const std::string fn_name = name;
   const Placements grad_placements = partial_as_replicate(output_placements);
-  return detail::record_backward(name, recorded, out, [=](const at::Tensor& grad) {
+  return record_backward(name, recorded, out, [=](const at::Tensor& grad) {
     const at::Tensor g = detail::redistribute_untracked(grad, grad_placements);
     std::vector<at::Tensor> local_grads = backward_fn(detail::dtensor_impl(g)->local(), locals);
     HP_CHECK(local_grads.size() == in_specs.size(), fn_name, ": backward returned ", local_grads.size(),

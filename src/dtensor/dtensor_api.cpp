@@ -3,10 +3,10 @@
 // Replicate (a partial value's gradient is the same on every rank).
 #include <ATen/ATen.h>
 
-#include "core/lambda_backward.h"
 #include "dtensor/dtensor_impl.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/redistribute.h"
 
@@ -62,7 +62,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh, Pla
            local.sizes(), " but ", spec.str(), " puts a piece of shape ", at::IntArrayRef(spec.local_shape()),
            " on world rank ", mesh.get_rank());
   at::Tensor out = make_dtensor(local.detach(), spec);
-  return DTensor(detail::record_backward("FromLocalBackward", local, out, [placements](const at::Tensor& grad) {
+  return DTensor(record_backward("FromLocalBackward", local, out, [placements](const at::Tensor& grad) {
     return dtensor_impl(grad_in_placements(grad, placements))->local();
   }));
 }
@@ -71,7 +71,7 @@ at::Tensor DTensor::to_local() const {
   const auto* impl = dtensor_impl(*this);
   at::Tensor local = impl->local().view_as(impl->local());  // a fresh alias that can carry autograd history
   const DTensorSpec spec = impl->spec();
-  return detail::record_backward("ToLocalBackward", *this, local, [spec](const at::Tensor& grad) {
+  return record_backward("ToLocalBackward", *this, local, [spec](const at::Tensor& grad) {
     const Placements placements = partial_as_replicate(spec.placements());
     return make_dtensor(grad.contiguous(), spec.with_placements(placements));
   });
@@ -84,7 +84,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements) con
   const DTensorSpec target = impl->spec().with_placements(std::move(placements));
   at::Tensor out = make_dtensor(redistribute_local(impl->local(), impl->spec(), target.placements()), target);
   const Placements before = impl->spec().placements();
-  return DTensor(detail::record_backward("RedistributeBackward", *this, out, [before](const at::Tensor& grad) {
+  return DTensor(record_backward("RedistributeBackward", *this, out, [before](const at::Tensor& grad) {
     return grad_in_placements(grad, before);
   }));
 }

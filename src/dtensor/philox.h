@@ -1,13 +1,10 @@
 // Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11): a
 // counter-based generator, so value i is computed directly from (key, counter i), in any order,
-// on any rank.
+// on any rank. Random fills by global position (hp::philox_fill, hp/dtensor/random.h) use it.
 #pragma once
-
-#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <cstdint>
-#include <vector>
 
 namespace hp::detail {
 
@@ -22,14 +19,5 @@ inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::
   }
   return counter;
 }
-
-enum class RandomFill { kUniform, kNormal, kBernoulli };
-
-// Fills `piece` (shape `piece_shape`, at `offset` within a tensor of `global_shape`) with its part
-// of the values that (seed, stream) gives the whole tensor: element at global linear index i is
-// drawn from philox4x32(counter = (i, stream), key = seed). Uniform in [a, b), normal(mean a,
-// std b), bernoulli(p = a).
-void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
-                 uint64_t seed, uint64_t stream, RandomFill kind, double a, double b);
 
 }  // namespace hp::detail

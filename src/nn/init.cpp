@@ -2,9 +2,10 @@
 
 #include <ATen/ATen.h>
 
-#include "dtensor/dtensor_impl.h"
-#include "dtensor/philox.h"
 #include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
+#include "hp/dtensor/random.h"
 #include "hp/nn/layers.h"
 
 namespace hp::nn {
@@ -21,10 +22,10 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
   switch (init.kind) {
     case Init::Kind::kConstant: piece.fill_(init.a); return;
     case Init::Kind::kNormal:
-      detail::philox_fill(piece, offset, global_shape, seed, stream, detail::RandomFill::kNormal, init.a, init.b);
+      philox_fill(piece, offset, global_shape, seed, stream, RandomFill::kNormal, init.a, init.b);
       return;
     case Init::Kind::kUniform:
-      detail::philox_fill(piece, offset, global_shape, seed, stream, detail::RandomFill::kUniform, init.a, init.b);
+      philox_fill(piece, offset, global_shape, seed, stream, RandomFill::kUniform, init.a, init.b);
       return;
   }
 }
@@ -32,9 +33,8 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
 // The parameter with storage for its values. A DTensor gets its local piece in place, keeping its
 // identity (gradient hooks that plans registered stay); a plain meta tensor is replaced.
 at::Tensor materialize(const at::Tensor& p) {
-  if (detail::DTensorImpl* impl = detail::dtensor_impl(p)) {
-    const at::Tensor& local = impl->local();
-    if (local.is_meta()) impl->set_local(at::empty(local.sizes(), local.options().device(at::kCPU)), impl->spec());
+  if (is_dtensor(p)) {
+    materialize_local(p);
     return p;
   }
   if (!p.is_meta()) return p;
@@ -50,13 +50,13 @@ void init_parameters(Module& model, uint64_t seed) {
     for (const auto& item : module->named_parameters(/*recurse=*/false)) {
       at::Tensor p = materialize(item.value());
       const Init& init = module->param_init(item.key());
-      if (const detail::DTensorImpl* impl = detail::dtensor_impl(p)) {
-        const DTensorSpec& spec = impl->spec();
+      if (is_dtensor(p)) {
+        const DTensorSpec& spec = DTensor(p).spec();
         for (const Placement& placement : spec.placements())
           HP_CHECK(!placement.is_partial(), prefix, ".", item.key(), ": cannot initialize a ",
                    to_string(spec.placements()), " parameter");
         const auto offset = spec.local_shape_and_offset(*spec.mesh().get_coordinate()).second;
-        fill(impl->local(), offset, spec.shape(), init, seed, stream);
+        fill(local_tensor(p), offset, spec.shape(), init, seed, stream);
       } else {
         fill(p, std::vector<int64_t>(p.dim(), 0), p.sizes().vec(), init, seed, stream);
       }
@@ -69,7 +69,7 @@ void init_parameters(Module& model, uint64_t seed) {
 int64_t local_parameter_bytes(Module& model) {
   int64_t bytes = 0;
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor& storage = detail::local_or_self(item.value());
+    const at::Tensor& storage = local_tensor(item.value());
     bytes += storage.numel() * static_cast<int64_t>(storage.element_size());
   }
   return bytes;

@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "dtensor/philox.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/random.h"
 
 namespace hp::nn {
 
@@ -56,8 +56,8 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
   if (p == 1.0) return x * 0.0;
   if (is_dtensor(x)) return at::dropout(x, p, /*train=*/true);
   at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
-  detail::philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, calls_++,
-                      detail::RandomFill::kBernoulli, 1.0 - p, 0.0);
+  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, calls_++,
+                      RandomFill::kBernoulli, 1.0 - p, 0.0);
   return x * keep.to(x.scalar_type()) * (1.0 / (1.0 - p));
 }
 

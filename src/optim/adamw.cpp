@@ -5,7 +5,7 @@
 #include <cmath>
 #include <map>
 
-#include "dtensor/dtensor_impl.h"
+#include "hp/dtensor/local.h"
 #include "optim/closure.h"
 
 namespace hp {
@@ -39,11 +39,11 @@ at::Tensor AdamW::step(LossClosure closure) {
       s.step(s.step() + 1);
       Batch& b = batches[s.step()];
       // DTensor parameter, gradient and state share one layout: update the local pieces.
-      b.params.push_back(detail::local_or_self(p));
-      b.grads.push_back(detail::local_or_self(p.grad()));
-      b.exp_avgs.push_back(detail::local_or_self(s.exp_avg()));
-      b.exp_avg_sqs.push_back(detail::local_or_self(s.exp_avg_sq()));
-      if (o.amsgrad()) b.max_exp_avg_sqs.push_back(detail::local_or_self(s.max_exp_avg_sq()));
+      b.params.push_back(local_tensor(p));
+      b.grads.push_back(local_tensor(p.grad()));
+      b.exp_avgs.push_back(local_tensor(s.exp_avg()));
+      b.exp_avg_sqs.push_back(local_tensor(s.exp_avg_sq()));
+      if (o.amsgrad()) b.max_exp_avg_sqs.push_back(local_tensor(s.max_exp_avg_sq()));
     }
     for (auto& [step, b] : batches) {
       const double bias_correction1 = 1 - std::pow(beta1, step), bias_correction2 = 1 - std::pow(beta2, step);

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <limits>
 
-#include "dtensor/dtensor_impl.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 
 namespace hp {
 namespace {
@@ -15,9 +15,8 @@ namespace {
 // Whether this rank's piece of `grad` is the one that counts: the first copy along every mesh
 // dim that replicates it.
 bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
-  const detail::DTensorImpl* impl = detail::dtensor_impl(grad);
-  if (impl == nullptr) return world.rank() == 0;
-  const DTensorSpec& spec = impl->spec();
+  if (!is_dtensor(grad)) return world.rank() == 0;
+  const DTensorSpec& spec = DTensor(grad).spec();
   const auto coordinate = spec.mesh().get_coordinate();
   if (!coordinate) return false;
   for (int64_t d = 0; d < spec.mesh().ndim(); ++d) {
@@ -41,7 +40,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   for (const at::Tensor& p : params) {
     const at::Tensor& grad = p.grad();
     if (!grad.defined() || !counts_here(grad, world)) continue;
-    const at::Tensor g = detail::local_or_self(grad).to(at::kDouble);
+    const at::Tensor g = local_tensor(grad).to(at::kDouble);
     if (g.numel() == 0) continue;
     total = inf ? at::maximum(total, g.abs().max().view({1})) : total + g.pow(2).sum().view({1});
   }
@@ -52,7 +51,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
     at::NoGradGuard no_grad;
     for (const auto* group : {&params, &copies})
       for (const at::Tensor& p : *group)
-        if (p.grad().defined()) detail::local_or_self(p.grad()).mul_(coef);
+        if (p.grad().defined()) local_tensor(p.grad()).mul_(coef);
   }
   return norm;
 }

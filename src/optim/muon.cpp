@@ -7,10 +7,10 @@
 #include <map>
 #include <numeric>
 
-#include "dtensor/dtensor_impl.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "optim/closure.h"
 
 namespace hp {
@@ -171,7 +171,7 @@ at::Tensor Muon::step(LossClosure closure) {
       at::Tensor& buffer = static_cast<MuonParamState&>(*slot).momentum_buffer();
       buffer.lerp_(p.grad(), 1.0 - o.momentum());
       const at::Tensor update = o.nesterov() ? p.grad().lerp(buffer, o.momentum()) : buffer;
-      pending.push_back({p, detail::local_or_self(update), at::Tensor()});
+      pending.push_back({p, local_tensor(update), at::Tensor()});
     }
     // Orthogonalize: plain and replicated updates here; sharded ones by mesh, on their owners.
     std::map<std::string, std::vector<Pending*>> by_mesh;
@@ -180,7 +180,7 @@ at::Tensor Muon::step(LossClosure closure) {
         by_mesh[DTensor(item.param).device_mesh().str()].push_back(&item);
       } else if (is_dtensor(item.param)) {
         const DTensor d(item.param);
-        const at::Tensor full = DTensor(detail::make_dtensor(item.local_update, d.spec())).full_tensor();
+        const at::Tensor full = DTensor(from_local_unchecked(item.local_update, d.spec())).full_tensor();
         const at::Tensor o_full = newton_schulz5(full.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
         item.result = DTensor(distribute_tensor(o_full, d.device_mesh(), d.placements())).to_local();
       } else {
@@ -189,7 +189,7 @@ at::Tensor Muon::step(LossClosure closure) {
     }
     for (auto& [mesh, items] : by_mesh) orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
     for (Pending& item : pending) {
-      const at::Tensor& local = detail::local_or_self(item.param);
+      const at::Tensor& local = local_tensor(item.param);
       if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());
       local.add_(item.result.to(local.scalar_type()), -o.lr());
     }

@@ -20,12 +20,12 @@
 #include <map>
 #include <mutex>
 
-#include "core/lambda_backward.h"
-#include "dtensor/dtensor_impl.h"
 #include "hp/comm/process_group.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "parallel/layout.h"
 
 namespace hp {
@@ -87,7 +87,7 @@ struct FsdpUnit {
   // Changes whenever any shard is written (an optimizer step, a checkpoint load, init_parameters).
   int64_t shards_version() const {
     int64_t v = 0;
-    for (const ManagedParam& p : params) v += p.sharded._version() + dtensor_impl(p.sharded)->local()._version();
+    for (const ManagedParam& p : params) v += p.sharded._version() + local_tensor(p.sharded)._version();
     return v;
   }
 
@@ -126,7 +126,7 @@ struct FsdpUnit {
   at::Tensor pack_shards() const {
     at::Tensor buffer = at::zeros({1, flat}, at::TensorOptions().dtype(compute_dtype()));
     for (const ManagedParam& p : params) {
-      const at::Tensor& local = dtensor_impl(p.sharded)->local();
+      const at::Tensor& local = local_tensor(p.sharded);
       buffer[0].narrow(0, p.offset, local.numel()).copy_(local.reshape({-1}));
     }
     return buffer;
@@ -239,12 +239,12 @@ struct FsdpUnit {
     at::NoGradGuard no_grad;
     for (const ManagedParam& p : params) {
       if (!p.sharded.requires_grad()) continue;
-      const at::Tensor& local = dtensor_impl(p.sharded)->local();
+      const at::Tensor& local = local_tensor(p.sharded);
       at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).to(local.scalar_type(),
                                                                                     /*non_blocking=*/false, /*copy=*/true);
       at::Tensor& slot = p.sharded.mutable_grad();
-      if (slot.defined()) detail::dtensor_impl(slot)->local().add_(g);
-      else slot = make_dtensor(g, dtensor_impl(p.sharded)->spec());
+      if (slot.defined()) local_tensor(slot).add_(g);
+      else slot = from_local_unchecked(g, DTensor(p.sharded).spec());
     }
   }
 
@@ -467,7 +467,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
         HP_CHECK(!tp_mesh || *tp_mesh == tp->mesh(), "fully_shard: the parameters of one unit must share one "
                  "tensor-parallel mesh; ", fqn, " is on ", tp->mesh().str(), ", others on ", tp_mesh->str());
         tp_mesh = tp->mesh();
-        piece = detail::dtensor_impl(p)->local();
+        piece = local_tensor(p);
       }
       if (detail::ignored(options, fqn)) continue;
       HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards a dim of it (list it in ignored_params)");
@@ -500,11 +500,11 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       placements.front() = tp_placement;
       placements.back() = Shard(mp.dim);
       const DTensorSpec spec(*combined, placements, p.sizes().vec());
-      const at::Tensor piece = mp.tp ? detail::dtensor_impl(p)->local() : p;
+      const at::Tensor piece = mp.tp ? local_tensor(p) : p;
       at::Tensor local = piece.is_meta() ? at::empty(spec.local_shape(), piece.options())
                                          : piece.detach().narrow(mp.dim, chunk_offset(piece.size(mp.dim), unit->n, unit->rank),
                                                                  mp.rows[unit->rank]).clone();
-      parallel::set_placed_parameter(*mp.owner, mp.name, detail::make_dtensor(local, spec));
+      parallel::set_placed_parameter(*mp.owner, mp.name, from_local_unchecked(local, spec));
     }
     mp.sharded = mp.owner->param(mp.name);
   }

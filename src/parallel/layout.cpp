@@ -2,9 +2,9 @@
 
 #include <ATen/ATen.h>
 
-#include "dtensor/dtensor_impl.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
+#include "hp/dtensor/local.h"
 
 namespace hp::parallel {
 
@@ -51,7 +51,7 @@ void distribute_parameter(nn::Module& module, const std::string& name, const Dev
   const Placements want = normalized(placements, p.dim());
   if (p.is_meta()) {
     const DTensorSpec spec(mesh, want, p.sizes().vec());
-    set_placed_parameter(module, name, detail::make_dtensor(at::empty(spec.local_shape(), p.options()), spec));
+    set_placed_parameter(module, name, from_local_unchecked(at::empty(spec.local_shape(), p.options()), spec));
   } else {
     set_placed_parameter(module, name, distribute_tensor(p.detach(), mesh, want));
   }

@@ -9,9 +9,9 @@
 #include <set>
 #include <utility>
 
-#include "dtensor/dtensor_impl.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "pp/failure_notice.h"
 #include "pp/messages.h"
 #include "pp/placement.h"
@@ -111,7 +111,7 @@ void PipelineExecutor::sum_tied_gradients() {
   for (TiedCopy& tie : tied_) {
     at::Tensor grad = tie.param.grad();
     HP_CHECK(grad.defined(), "PipelineExecutor: the tied parameter has no gradient after the step");
-    tie.group.all_reduce(detail::local_or_self(grad));  // in place: a DTensor gradient's local piece
+    tie.group.all_reduce(local_tensor(grad));  // in place: a DTensor gradient's local piece
   }
 }
 

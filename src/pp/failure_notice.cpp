@@ -1,6 +1,6 @@
 #include "pp/failure_notice.h"
 
-#include "comm/group_impl.h"
+#include <chrono>
 
 namespace hp::pp {
 namespace {
@@ -24,20 +24,22 @@ void FailureNotice::stop() {
 }
 
 void FailureNotice::poll() {
-  auto& store = *group_.impl().store;
+  const comm::GroupStore store = group_.store();
+  comm::StorePollOptions options;
+  options.period = kPollPeriod;
+  options.deadline = std::chrono::steady_clock::time_point::max();  // until stopped
+  // The lock is held while looking (waiting_ may be aborted) and released while pausing.
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, kPollPeriod, [&] { return stopping_; })) {
-    bool published = false;
-    try {
-      published = store.check({key_});
-    } catch (const std::exception&) {
-      return;  // the store is gone (its host died); the transport reports that failure itself
-    }
-    if (published) {
-      failed_ = true;
-      if (waiting_ != nullptr) waiting_->abort();
-      return;
-    }
+  options.pause = [&](std::chrono::milliseconds period) { return wake_.wait_for(lock, period, [&] { return stopping_; }); };
+  bool published = false;
+  try {
+    published = store.wait_for({key_}, options).empty();
+  } catch (const std::exception&) {
+    return;  // the store is gone (its host died); the transport reports that failure itself
+  }
+  if (published) {
+    failed_ = true;
+    if (waiting_ != nullptr) waiting_->abort();
   }
 }
 
@@ -58,12 +60,11 @@ at::Tensor FailureNotice::wait(comm::Work work) {
 }
 
 void FailureNotice::publish(const std::string& message) {
-  group_.impl().store->set(key_, std::vector<uint8_t>(message.begin(), message.end()));
+  group_.store().set(key_, message);
 }
 
 std::string FailureNotice::message() const {
-  const std::vector<uint8_t> bytes = group_.impl().store->get(key_);
-  return std::string(bytes.begin(), bytes.end());
+  return group_.store().get(key_);
 }
 
 }  // namespace hp::pp

@@ -8,8 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/c10d_shim.h"
-#include "comm/world.h"
+#include "hp/comm/init.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
@@ -47,15 +46,15 @@ void run_ranks(int world_size, const std::function<void(const comm::ProcessGroup
                                                                  : std::max(1, cores / world_size));
   auto state = std::make_shared<RunState>();
   state->done.assign(world_size, false);
-  auto store = comm::shim::make_hash_store();
+  const comm::InProcessRendezvous rendezvous;
 
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([state, store, fn, rank, world_size, group = options.group, barrier = options.barrier_at_exit] {
+    threads.emplace_back([state, rendezvous, fn, rank, world_size, group = options.group, barrier = options.barrier_at_exit] {
       log::LogRankGuard log_rank(rank);
       std::exception_ptr failure;
       try {
-        comm::ProcessGroup world = comm::create_world_group(store, rank, world_size, group);
+        comm::ProcessGroup world = rendezvous.join(rank, world_size, group);
         fn(world);
         // Tear down together: a rank that finished early must not close its connections while a
         // peer is still using them (e.g. still completing the creation of a group they share).

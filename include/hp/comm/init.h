@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -42,5 +43,18 @@ struct InitOptions {
 // Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT and create the world
 // group (Gloo). Every rank must call it once. Nothing is stored globally: keep the returned group.
 ProcessGroup init_process_group(InitOptions options = {});
+
+// A rendezvous for ranks that are threads of this one process (the in-process test harness,
+// hp::testing::run_ranks): an in-memory store they share. Each thread calls join with its own rank;
+// every rank of the world must join, each once.
+class InProcessRendezvous {
+ public:
+  InProcessRendezvous();
+  // Creates this rank's world group (Gloo over loopback) once every rank has joined.
+  ProcessGroup join(int rank, int world_size, const ProcessGroupOptions& options = {}) const;
+
+ private:
+  std::shared_ptr<void> store_;  // the shared in-memory store (a c10d store, kept opaque here)
+};
 
 }  // namespace hp::comm

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/store.h"
 #include "hp/comm/types.h"
 
 namespace hp::comm {
@@ -115,7 +116,12 @@ class ProcessGroup {
   // its sub-meshes share one group per distinct set of ranks.
   ProcessGroup new_group(std::vector<int> world_ranks, const std::string& name = "") const;
 
-  detail::GroupImpl& impl() const;  // for the library's own layers
+  // This group's share of the rendezvous store (hp/comm/store.h).
+  GroupStore store() const;
+
+  // The group's internals: their type is known only inside the comm layer (other layers can
+  // compare two groups' addresses, nothing else).
+  detail::GroupImpl& impl() const;
 
  private:
   std::shared_ptr<detail::GroupImpl> impl_;

@@ -24,4 +24,13 @@ void manual_seed(const DeviceMesh& mesh, uint64_t seed);
 DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);
 DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);
 
+// Values by global position, for code that fills local pieces itself (parameter initialization,
+// dropout masks): fills `piece` (at `offset` within a tensor of `global_shape`) with its part of
+// the values that (seed, stream) gives the whole tensor. Element at global linear index i is drawn
+// from Philox-4x32-10 with counter (i, stream) and key seed: uniform in [a, b), normal (mean a,
+// std b), or bernoulli (1 with probability a).
+enum class RandomFill { kUniform, kNormal, kBernoulli };
+void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
+                 uint64_t seed, uint64_t stream, RandomFill kind, double a, double b);
+
 }  // namespace hp

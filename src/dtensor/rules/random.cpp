@@ -13,7 +13,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/random.h"
 
-namespace hp::detail {
+namespace hp {
 
 namespace {
 constexpr double kTwoPow32 = 4294967296.0;
@@ -42,7 +42,7 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
   for (int64_t n = 0; n < values.numel(); ++n) {
     int64_t global = 0;
     for (size_t d = 0; d < shape.size(); ++d) global += (offset[d] + index[d]) * global_strides[d];
-    const auto r = philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
+    const auto r = detail::philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
                                static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
                               key);
     out[n] = draw(kind, r, a, b);
@@ -54,18 +54,17 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
   piece.copy_(values);
 }
 
-}  // namespace hp::detail
+}  // namespace hp
 
 namespace hp::rules {
 namespace {
 
-using detail::RandomFill;
 using Fill = RandomFill;
 
 void fill_piece(const at::Tensor& local, const DTensorSpec& spec, Fill kind, double a, double b) {
   const auto [seed, stream] = spec.mesh().claim_random_stream();
   const auto offset = spec.local_shape_and_offset(*spec.mesh().get_coordinate()).second;
-  detail::philox_fill(local, offset, spec.shape(), seed, stream, kind, a, b);
+  philox_fill(local, offset, spec.shape(), seed, stream, kind, a, b);
 }
 
 // (self, a, b?, generator?) -> self, in place.

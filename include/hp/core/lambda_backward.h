@@ -1,14 +1,16 @@
-// Recording a one-input, one-output differentiable step whose backward is a C++ lambda. Used for
-// collectives (hp::comm::functional) and DTensor conversions (from_local, to_local, redistribute),
-// whose backward needs C++ state (groups, specs) that autograd::Function's IValue context cannot hold.
+// Recording a differentiable step whose backward is a C++ lambda. Used by the layers above core for
+// collectives (hp::comm::functional), DTensor conversions (from_local, to_local, redistribute) and
+// FSDP's all-gather, whose backward needs C++ state (groups, specs) that autograd::Function's IValue
+// context cannot hold.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <string>
+#include <vector>
 
-namespace hp::detail {
+namespace hp {
 
 using BackwardFn = std::function<at::Tensor(const at::Tensor& grad_output)>;
 
@@ -29,4 +31,4 @@ using ManyToManyBackwardFn = std::function<std::vector<at::Tensor>(std::vector<a
 std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
                                         std::vector<at::Tensor> outputs, ManyToManyBackwardFn backward);
 
-}  // namespace hp::detail
+}  // namespace hp

@@ -1,0 +1,23 @@
+#include "hp/dtensor/local.h"
+
+#include <ATen/ATen.h>
+
+#include "dtensor/dtensor_impl.h"
+#include "hp/core/error.h"
+
+namespace hp {
+
+const at::Tensor& local_tensor(const at::Tensor& t) { return detail::local_or_self(t); }
+
+at::Tensor from_local_unchecked(at::Tensor local, DTensorSpec spec) {
+  return detail::make_dtensor(std::move(local), std::move(spec));
+}
+
+void materialize_local(const at::Tensor& dtensor) {
+  detail::DTensorImpl* impl = detail::dtensor_impl(dtensor);
+  HP_CHECK(impl != nullptr, "materialize_local: expected a DTensor, got a plain tensor");
+  const at::Tensor& local = impl->local();
+  if (local.is_meta()) impl->set_local(at::empty(local.sizes(), local.options().device(at::kCPU)), impl->spec());
+}
+
+}  // namespace hp
