@@ -2,13 +2,13 @@
 
 #include <cstdlib>
 
-#include "hp_build_paths.h"
+#include "hp_builtin_ops.h"
 
 namespace hp::rules {
 
 void register_builtin_rules(const Register& add) {
   // Families declared as data first: the library's own YAML, then the user's (which may override).
-  register_yaml_rules(add, HP_BUILTIN_OPS_DIR);
+  for (const BuiltinOps& file : kBuiltinOps) register_yaml_text(add, file.name, file.text);
   if (const char* user = std::getenv("HP_OPS_YAML_DIR"); user != nullptr && *user != '\0')
     register_yaml_rules(add, user);
   register_matmul_rules(add);

@@ -26,6 +26,8 @@ enum class Reduction { kSum, kMean, kMax, kMin };
 ShardingRule reduction_rule(Reduction kind, int dims_arg_index, int keepdim_arg_index);
 // Registers the rules declared in every *.yaml file of `dir` (sorted by name).
 void register_yaml_rules(const Register& add, const std::string& dir);
+// Registers the rules declared in `text`, a rule file's contents (`name` names it in errors).
+void register_yaml_text(const Register& add, const std::string& name, const std::string& text);
 
 // ---- helpers ----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// Rules declared as data: ops/*.yaml (shipped with the library) and the user's files in
+// Rules declared as data: ops/*.yaml (compiled into the library) and the user's files in
 // HP_OPS_YAML_DIR map ATen op names to a rule family and its parameters. Every op named must exist
 // in ATen, every key must be known: a typo is an error naming the file and the key, not a silently
 // missing rule.
@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "dtensor/rules/rules.h"
 #include "hp/core/error.h"
@@ -67,6 +69,21 @@ void load_reduction(const Register& add, const std::string& file, const YAML::No
 
 }  // namespace
 
+void register_yaml_text(const Register& add, const std::string& name, const std::string& text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw Error(name + ": not valid YAML: " + e.what());
+  }
+  for (const auto& family : root) {
+    const std::string kind = family.first.as<std::string>();
+    if (kind == "pointwise") load_pointwise(add, name, family.second);
+    else if (kind == "reduction") load_reduction(add, name, family.second);
+    else throw Error(name + ": unknown rule family '" + kind + "'; valid: pointwise, reduction");
+  }
+}
+
 void register_yaml_rules(const Register& add, const std::string& dir) {
   namespace fs = std::filesystem;
   HP_CHECK(fs::is_directory(dir), "sharding rules: '", dir, "' is not a directory of *.yaml rule files");
@@ -75,19 +92,11 @@ void register_yaml_rules(const Register& add, const std::string& dir) {
     if (entry.path().extension() == ".yaml") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
   for (const fs::path& path : files) {
-    const std::string file = path.string();
-    YAML::Node root;
-    try {
-      root = YAML::LoadFile(file);
-    } catch (const YAML::Exception& e) {
-      throw Error(file + ": not valid YAML: " + e.what());
-    }
-    for (const auto& family : root) {
-      const std::string name = family.first.as<std::string>();
-      if (name == "pointwise") load_pointwise(add, file, family.second);
-      else if (name == "reduction") load_reduction(add, file, family.second);
-      else throw Error(file + ": unknown rule family '" + name + "'; valid: pointwise, reduction");
-    }
+    std::ifstream in(path);
+    HP_CHECK(in, "sharding rules: cannot read ", path.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    register_yaml_text(add, path.string(), text.str());
   }
 }
 
