@@ -22,7 +22,7 @@
 #include <iostream>
 #include <thread>
 
-#include "core/lambda_backward.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/models/llama/parallelize.h"
 #include "hp/models/llama/pipeline.h"
 #include "hp/nn/init.h"
@@ -48,9 +48,9 @@ struct OnDevice : hp::nn::Module {
     const at::Tensor y = (*stage)(x);
     idle(seconds);
     const double s = seconds;
-    at::Tensor out = hp::detail::record_backward("device_input_gradient", y, y.detach().clone(),
+    at::Tensor out = hp::record_backward("device_input_gradient", y, y.detach().clone(),
                                                  [s](const at::Tensor& grad) { idle(s); return grad; });
-    at::Tensor zero = hp::detail::record_backward("device_weight_gradient", device, at::zeros({1}, y.options()),
+    at::Tensor zero = hp::record_backward("device_weight_gradient", device, at::zeros({1}, y.options()),
                                                   [s](const at::Tensor& grad) { idle(s); return grad.sum().reshape({1}) * 0; });
     return out + zero;
   }

@@ -14,7 +14,7 @@ namespace {
 // Runs `forward` on the detached input (the collective itself is not recorded), then records
 // `backward` as the step from input to output.
 at::Tensor differentiable(const char* name, const at::Tensor& input,
-                          const std::function<at::Tensor(const at::Tensor&)>& forward, hp::detail::BackwardFn backward) {
+                          const std::function<at::Tensor(const at::Tensor&)>& forward, BackwardFn backward) {
   return record_backward(name, input, forward(input.detach()), [backward](const at::Tensor& grad) {
     return backward(grad.contiguous());
   });
