@@ -34,8 +34,13 @@ std::map<std::string, detail::TensorRecord> hf_records(const std::string& dir) {
     nlohmann::json index;
     try {
       index = nlohmann::json::parse(detail::read_file((fs::path(dir) / kIndexFile).string()));
-      for (const auto& [name, file] : index.at("weight_map").items())
-        if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file);
+      for (const auto& [name, entry] : index.at("weight_map").items()) {
+        const std::string file = entry.get<std::string>();
+        // A file name in the directory, never a path out of it.
+        HP_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", "hf: ", dir,
+                 "/", kIndexFile, " maps '", name, "' to '", file, "', which is not a file name in that directory");
+        if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+      }
     } catch (const nlohmann::json::exception& e) {
       HP_FAIL("hf: ", dir, "/", kIndexFile, " is not a valid index: ", e.what());
     }
