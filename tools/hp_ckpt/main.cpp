@@ -18,9 +18,32 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
+
 namespace {
 
 constexpr const char* kModelPrefix = "model.";  // hp::dcp::model_state_dict's default prefix
+
+// The flags; the command and its directories are positional.
+struct Args {
+  std::string to, from;  // convert's format, "hf"
+};
+
+const std::vector<hp::tools::Flag<Args>>& flags() {
+  const auto format = [](const char* flag) {
+    return [flag](const std::string& v) {
+      if (v != "hf") throw hp::tools::UsageError(std::string(flag) + " takes hf, got '" + v + "'");
+      return v;
+    };
+  };
+  static const std::vector<hp::tools::Flag<Args>> table = {
+      {{"--to"}, "hf", "convert: write a Hugging Face directory (safetensors)",
+       [check = format("--to")](Args& a, const std::string& v) { a.to = check(v); }},
+      {{"--from"}, "hf", "convert: read a Hugging Face directory into a checkpoint",
+       [check = format("--from")](Args& a, const std::string& v) { a.from = check(v); }},
+  };
+  return table;
+}
 
 int usage(std::ostream& out, int code) {
   out << "usage:\n"
@@ -30,7 +53,8 @@ int usage(std::ostream& out, int code) {
          "  hp-ckpt convert --to hf CKPT OUT\n"
          "  hp-ckpt convert --from hf HF_DIR OUT\n\n"
          "CKPT is one checkpoint directory (e.g. runs/tiny_llama/checkpoints/step-000300) or a run's\n"
-         "checkpoints/ directory (its latest checkpoint is used).\n";
+         "checkpoints/ directory (its latest checkpoint is used).\n\noptions:\n"
+      << hp::tools::flag_help(flags());
   return code;
 }
 
@@ -96,21 +120,31 @@ int from_hf(const std::string& dir, const std::string& out, const hp::comm::Proc
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") return usage(args.empty() ? std::cerr : std::cout, args.empty() ? 2 : 0);
+  Args flags_given;
+  std::vector<std::string> args;  // the command and its directories
+  try {
+    if (!hp::tools::parse_flags(argc, argv, flags(), flags_given, args)) return usage(std::cout, 0);
+  } catch (const hp::tools::UsageError& e) {
+    std::cerr << "hp-ckpt: " << e.what() << "\n\n";
+    return usage(std::cerr, 2);
+  }
+  if (args.empty()) return usage(std::cerr, 2);
+  const bool converting = !flags_given.to.empty() || !flags_given.from.empty();
   try {
     const std::string& command = args[0];
-    if (command == "inspect" && args.size() == 2) return inspect(resolve(args[1]));
-    if (command == "verify" && args.size() == 2) return verify(resolve(args[1]));
+    if (command == "inspect" && args.size() == 2 && !converting) return inspect(resolve(args[1]));
+    if (command == "verify" && args.size() == 2 && !converting) return verify(resolve(args[1]));
+    const bool known = (command == "consolidate" && args.size() == 3 && !converting) ||
+                       (command == "convert" && args.size() == 3 && flags_given.to.empty() != flags_given.from.empty());
+    if (!known) {
+      std::cerr << "hp-ckpt: unknown command or wrong arguments\n\n";
+      return usage(std::cerr, 2);
+    }
     const hp::comm::ProcessGroup world = hp::comm::init_process_group();
     HP_CHECK(world.size() == 1, "hp-ckpt runs as one process (no hprun)");
-    if (command == "consolidate" && args.size() == 3) return consolidate(resolve(args[1]), args[2], world);
-    if (command == "convert" && args.size() == 5 && args[1] == "--to" && args[2] == "hf")
-      return to_hf(resolve(args[3]), args[4], world);
-    if (command == "convert" && args.size() == 5 && args[1] == "--from" && args[2] == "hf")
-      return from_hf(args[3], args[4], world);
-    std::cerr << "hp-ckpt: unknown command or wrong arguments\n\n";
-    return usage(std::cerr, 2);
+    if (command == "consolidate") return consolidate(resolve(args[1]), args[2], world);
+    if (!flags_given.to.empty()) return to_hf(resolve(args[1]), args[2], world);
+    return from_hf(args[1], args[2], world);
   } catch (const hp::Error& e) {
     std::cerr << "hp-ckpt: error: " << e.what() << "\n";
     return 1;

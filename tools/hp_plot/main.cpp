@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -37,6 +39,16 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+const std::vector<hp::tools::Flag<Options>>& flags() {
+  static const std::vector<hp::tools::Flag<Options>> table = {
+      {{"-o", "--output"}, "OUT.svg", "where to write the SVG",
+       [](Options& o, const std::string& v) { o.output = fs::path(v); }},
+      {{"--title"}, "TEXT", "the chart title (default: the metrics file name)",
+       [](Options& o, const std::string& v) { o.title = v; }},
+  };
+  return table;
+}
+
 void print_help() {
   std::cout << "usage: hp-plot RUN_DIR_OR_JSONL [-o OUT.svg] [--title TEXT]\n\n"
                "Draws the loss curve of a training run as an SVG: the \"train\" lines' loss against step,\n"
@@ -44,48 +56,24 @@ void print_help() {
                "ignored. Given a directory, reads DIR/metrics.jsonl and writes DIR/loss.svg; given a\n"
                "file, writes the file's name with the extension .svg. Prints the output path.\n\n"
                "options:\n"
-               "  -o, --output OUT.svg      where to write the SVG\n"
-               "  --title TEXT              the chart title (default: the metrics file name)\n"
-               "  -h, --help                this text\n\n"
-               "exit status: 0 on success, 2 on any error (message on stderr).\n";
+            << hp::tools::flag_help(flags()) << "\nexit status: 0 on success, 2 on any error (message on stderr).\n";
 }
 
 // Returns nullopt after printing help.
 std::optional<Options> parse_args(int argc, char** argv) {
   Options options;
-  bool have_input = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
+  std::vector<std::string> inputs;
+  try {
+    if (!hp::tools::parse_flags(argc, argv, flags(), options, inputs)) {
       print_help();
       return std::nullopt;
     }
-    // Both "--title TEXT" and "--title=TEXT", like hprun.
-    std::optional<std::string> inline_value;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const auto take_value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw UserError(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "-o" || arg == "--output") {
-      options.output = fs::path(take_value());
-    } else if (arg == "--title") {
-      options.title = take_value();
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      throw UserError("unknown option '" + arg + "' (see hp-plot --help)");
-    } else if (have_input) {
-      throw UserError("more than one input given ('" + options.input.string() + "' and '" + arg + "')");
-    } else {
-      options.input = arg;
-      have_input = true;
-    }
+  } catch (const hp::tools::UsageError& e) {
+    throw UserError(std::string(e.what()) + " (see hp-plot --help)");
   }
-  if (!have_input) throw UserError("no input given (see hp-plot --help)");
+  if (inputs.empty()) throw UserError("no input given (see hp-plot --help)");
+  if (inputs.size() > 1) throw UserError("more than one input given ('" + inputs[0] + "' and '" + inputs[1] + "')");
+  options.input = inputs[0];
   return options;
 }
 

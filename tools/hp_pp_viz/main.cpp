@@ -9,51 +9,73 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "common/flags.h"
 
 namespace {
+
+struct Args {
+  std::string kind, csv, output;
+  int ranks = 0, micro_batches = 0, per_rank = 2;
+  bool print_csv = false;
+  hp::pp::ActionCosts costs;
+};
+
+const std::vector<hp::tools::Flag<Args>>& flags() {
+  using hp::tools::parse_int;
+  static const std::vector<hp::tools::Flag<Args>> table = {
+      {{"--schedule"}, "NAME", "gpipe, 1f1b, interleaved or zbv", [](Args& a, const std::string& v) { a.kind = v; }},
+      {{"--ranks"}, "P", "pipeline ranks",
+       [](Args& a, const std::string& v) { a.ranks = static_cast<int>(parse_int("--ranks", v, 1, 4096)); }},
+      {{"--micro-batches"}, "M", "micro-batches per step",
+       [](Args& a, const std::string& v) { a.micro_batches = static_cast<int>(parse_int("--micro-batches", v, 1, 1 << 20)); }},
+      {{"--stages-per-rank"}, "V", "stages per rank of the interleaved schedule (default 2)",
+       [](Args& a, const std::string& v) { a.per_rank = static_cast<int>(parse_int("--stages-per-rank", v, 1, 1024)); }},
+      {{"--csv"}, "FILE", "read the schedule from a CSV file (the format --print-csv writes)",
+       [](Args& a, const std::string& v) { a.csv = v; }},
+      {{"--costs"}, "F,I,W", "forward, backward-input and backward-weight costs (default 1,1,1; B = I + W)",
+       [](Args& a, const std::string& v) {
+         std::istringstream in(v);
+         char comma1 = 0, comma2 = 0;
+         if (!(in >> a.costs.forward >> comma1 >> a.costs.backward_input >> comma2 >> a.costs.backward_weight) ||
+             comma1 != ',' || comma2 != ',')
+           throw hp::tools::UsageError("--costs takes F,I,W (three numbers), got '" + v + "'");
+       }},
+      {{"--send-cost"}, "S", "latency of a send/receive pair (default 0)",
+       [](Args& a, const std::string& v) { a.costs.send = hp::tools::parse_double("--send-cost", v); }},
+      {{"-o", "--output"}, "OUT.svg", "draw the schedule and its simulation",
+       [](Args& a, const std::string& v) { a.output = v; }},
+      {{"--print-csv"}, "", "print the schedule's actions as CSV (the format --csv reads)",
+       [](Args& a, const std::string&) { a.print_csv = true; }},
+  };
+  return table;
+}
 
 int usage(std::ostream& out, int code) {
   out << "usage: hp-pp-viz (--schedule gpipe|1f1b|interleaved|zbv --ranks P --micro-batches M | --csv FILE)\n"
          "                 [--stages-per-rank V] [--costs F,I,W] [--send-cost S] [-o OUT.svg] [--print-csv]\n\n"
-         "  --costs F,I,W     forward, backward-input and backward-weight costs (default 1,1,1; B = I + W)\n"
-         "  --print-csv       print the schedule's actions as CSV (the format --csv reads)\n";
+      << hp::tools::flag_help(flags());
   return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string kind, csv, output;
-  int ranks = 0, micro_batches = 0, per_rank = 2;
-  bool print_csv = false;
-  hp::pp::ActionCosts costs;
+  Args args;
+  std::vector<std::string> positionals;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      const auto value = [&]() -> std::string {
-        HP_CHECK(i + 1 < argc, arg, " needs a value");
-        return argv[++i];
-      };
-      if (arg == "-h" || arg == "--help") return usage(std::cout, 0);
-      if (arg == "--schedule") kind = value();
-      else if (arg == "--ranks") ranks = std::stoi(value());
-      else if (arg == "--micro-batches") micro_batches = std::stoi(value());
-      else if (arg == "--stages-per-rank") per_rank = std::stoi(value());
-      else if (arg == "--csv") csv = value();
-      else if (arg == "-o" || arg == "--output") output = value();
-      else if (arg == "--print-csv") print_csv = true;
-      else if (arg == "--send-cost") costs.send = std::stod(value());
-      else if (arg == "--costs") {
-        std::istringstream in(value());
-        char comma1 = 0, comma2 = 0;
-        HP_CHECK(in >> costs.forward >> comma1 >> costs.backward_input >> comma2 >> costs.backward_weight &&
-                     comma1 == ',' && comma2 == ',',
-                 "--costs takes F,I,W (three numbers)");
-      } else {
-        std::cerr << "hp-pp-viz: unknown argument '" << arg << "'\n";
-        return usage(std::cerr, 2);
-      }
-    }
+    if (!hp::tools::parse_flags(argc, argv, flags(), args, positionals)) return usage(std::cout, 0);
+    if (!positionals.empty()) throw hp::tools::UsageError("unexpected argument '" + positionals.front() + "'");
+  } catch (const hp::tools::UsageError& e) {
+    std::cerr << "hp-pp-viz: " << e.what() << "\n\n";
+    return usage(std::cerr, 2);
+  }
+  const std::string &kind = args.kind, &csv = args.csv, &output = args.output;
+  const int ranks = args.ranks, micro_batches = args.micro_batches, per_rank = args.per_rank;
+  const bool print_csv = args.print_csv;
+  const hp::pp::ActionCosts& costs = args.costs;
+  try {
     hp::pp::Schedule schedule;
     if (!csv.empty()) {
       std::ifstream in(csv);

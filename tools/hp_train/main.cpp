@@ -17,16 +17,40 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
+
 namespace {
+
+// What the command line says.
+struct Args {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  hp::train::TrainOptions options;
+};
+
+const std::vector<hp::tools::Flag<Args>>& flags() {
+  static const std::vector<hp::tools::Flag<Args>> table = {
+      {{"--config"}, "FILE", "the run's YAML config (docs/training.md lists every key)",
+       [](Args& a, const std::string& v) { a.config_path = v; }},
+      {{"--set"}, "KEY=VALUE", "override one key, e.g. --set train.steps=20 --set parallel.tp=2",
+       [](Args& a, const std::string& v) { a.overrides.push_back(v); }},
+      {{"--resume"}, "auto|never", "auto: continue from the run's latest checkpoint if there is one (default: never)",
+       [](Args& a, const std::string& v) {
+         if (v != "auto" && v != "never") throw hp::tools::UsageError("--resume takes auto or never, got '" + v + "'");
+         a.options.resume = v == "auto";
+       }},
+      {{"--dry-run"}, "", "print the plan (mesh, each rank's parameters, estimated memory) and exit",
+       [](Args& a, const std::string&) { a.options.dry_run = true; }},
+      {{"--no-progress"}, "", "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
+       [](Args& a, const std::string&) { a.options.progress = false; }},
+  };
+  return table;
+}
 
 void usage(std::ostream& out) {
   out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run] [--no-progress]\n\n"
-         "  --config FILE        the run's YAML config (docs/training.md lists every key)\n"
-         "  --set KEY=VALUE      override one key, e.g. --set train.steps=20 --set parallel.tp=2\n"
-         "  --resume auto        continue from the run's latest checkpoint if there is one (default: never)\n"
-         "  --dry-run            print the plan (mesh, each rank's parameters, estimated memory) and exit\n"
-         "  --no-progress        no progress lines (metrics still go to RUN_DIR/metrics.jsonl)\n\n"
-         "Start several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
+      << hp::tools::flag_help(flags())
+      << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
 }
 
 // Test hook: HP_TRAIN_FAULT="RANK:STEP" makes that rank SIGKILL itself after that step, like a crashed node.
@@ -56,46 +80,23 @@ void plot(const std::string& run_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path;
-  std::vector<std::string> overrides;
-  hp::train::TrainOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "hp-train: " << arg << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
+  Args args;
+  std::vector<std::string> positionals;
+  try {
+    if (!hp::tools::parse_flags(argc, argv, flags(), args, positionals)) {
       usage(std::cout);
       return 0;
-    } else if (arg == "--config") {
-      config_path = value();
-    } else if (arg == "--set") {
-      overrides.push_back(value());
-    } else if (arg == "--resume") {
-      const std::string mode = value();
-      if (mode != "auto" && mode != "never") {
-        std::cerr << "hp-train: --resume takes auto or never, got '" << mode << "'\n";
-        return 2;
-      }
-      options.resume = mode == "auto";
-    } else if (arg == "--dry-run") {
-      options.dry_run = true;
-    } else if (arg == "--no-progress") {
-      options.progress = false;
-    } else {
-      std::cerr << "hp-train: unknown argument '" << arg << "'\n\n";
-      usage(std::cerr);
-      return 2;
     }
-  }
-  if (config_path.empty()) {
+    if (!positionals.empty()) throw hp::tools::UsageError("unexpected argument '" + positionals.front() + "'");
+    if (args.config_path.empty()) throw hp::tools::UsageError("--config FILE is required");
+  } catch (const hp::tools::UsageError& e) {
+    std::cerr << "hp-train: " << e.what() << "\n\n";
     usage(std::cerr);
     return 2;
   }
+  const std::string& config_path = args.config_path;
+  const std::vector<std::string>& overrides = args.overrides;
+  hp::train::TrainOptions& options = args.options;
   try {
     // The config is read and checked before the rendezvous, so a mistake costs no waiting.
     const hp::train::TrainConfig config = hp::train::load_config(config_path, overrides);

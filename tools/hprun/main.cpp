@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/flags.h"
+
 namespace {
 
 constexpr auto kGracePeriod = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
@@ -38,34 +40,18 @@ struct Config {
   std::vector<std::string> command;
 };
 
-// The one table both the parser and --help are generated from.
-struct Flag {
-  const char* name;
-  const char* value;
-  const char* help;
-  std::function<void(Config&, const std::string&)> set;
-};
-
-int parse_int(const std::string& flag, const std::string& text, int lo, int hi) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < lo || v > hi)
-    throw std::invalid_argument(flag + " expects an integer in [" + std::to_string(lo) + ", " +
-                                std::to_string(hi) + "], got '" + text + "'");
-  return static_cast<int>(v);
-}
-
-const std::vector<Flag>& flags() {
-  static const std::vector<Flag> table = {
-      {"--nproc-per-node", "N", "ranks to start on this node (default 1)",
+const std::vector<hp::tools::Flag<Config>>& flags() {
+  using hp::tools::parse_int;
+  static const std::vector<hp::tools::Flag<Config>> table = {
+      {{"--nproc-per-node"}, "N", "ranks to start on this node (default 1)",
        [](Config& c, const std::string& v) { c.nproc_per_node = parse_int("--nproc-per-node", v, 1, 4096); }},
-      {"--nnodes", "K", "nodes in the job (default 1); start hprun once per node",
+      {{"--nnodes"}, "K", "nodes in the job (default 1); start hprun once per node",
        [](Config& c, const std::string& v) { c.nnodes = parse_int("--nnodes", v, 1, 65536); }},
-      {"--node-rank", "I", "this node's index in [0, K) (default 0); rank = I * N + local rank",
+      {{"--node-rank"}, "I", "this node's index in [0, K) (default 0); rank = I * N + local rank",
        [](Config& c, const std::string& v) { c.node_rank = parse_int("--node-rank", v, 0, 65535); }},
-      {"--master-addr", "A", "host of global rank 0, where the rendezvous store listens (default 127.0.0.1)",
+      {{"--master-addr"}, "A", "host of global rank 0, where the rendezvous store listens (default 127.0.0.1)",
        [](Config& c, const std::string& v) { c.master_addr = v; }},
-      {"--master-port", "P", "rendezvous port (default: a free port on one node, 29500 on several)",
+      {{"--master-port"}, "P", "rendezvous port (default: a free port on one node, 29500 on several)",
        [](Config& c, const std::string& v) { c.master_port = parse_int("--master-port", v, 1, 65535); }},
   };
   return table;
@@ -78,50 +64,20 @@ void print_help() {
                "hp::comm::init_process_group() reads them. Every output line is prefixed with \"[rank R] \".\n"
                "If a rank exits non-zero or is killed by a signal, the other ranks are stopped (SIGTERM,\n"
                "then SIGKILL after 3 s) and hprun exits non-zero naming that rank. SIGINT/SIGTERM sent\n"
-               "to hprun are forwarded to every rank.\n\noptions:\n";
-  for (const Flag& f : flags()) {
-    std::string left = std::string("  ") + f.name + " " + f.value;
-    std::cout << left << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ') << f.help << "\n";
-  }
-  std::cout << "  -h, --help                this text\n\n"
-               "example: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
+               "to hprun are forwarded to every rank.\n\noptions:\n"
+            << hp::tools::flag_help(flags()) << "\nexample: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
 }
 
 // Returns nullopt after printing help.
 std::optional<Config> parse(int argc, char** argv) {
   Config config;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      print_help();
-      return std::nullopt;
-    }
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.rfind("--", 0) != 0) break;  // the program starts here
-    std::string value;
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const Flag* flag = nullptr;
-    for (const Flag& f : flags())
-      if (arg == f.name) flag = &f;
-    if (flag == nullptr) throw std::invalid_argument("unknown option '" + arg + "' (see hprun --help)");
-    if (eq == std::string::npos) {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-      value = argv[++i];
-    }
-    flag->set(config, value);
+  if (!hp::tools::parse_flags(argc, argv, flags(), config, config.command, hp::tools::Positionals::kEndOptions)) {
+    print_help();
+    return std::nullopt;
   }
-  for (; i < argc; ++i) config.command.emplace_back(argv[i]);
-  if (config.command.empty()) throw std::invalid_argument("no PROGRAM given (see hprun --help)");
+  if (config.command.empty()) throw hp::tools::UsageError("no PROGRAM given");
   if (config.node_rank >= config.nnodes)
-    throw std::invalid_argument("--node-rank " + std::to_string(config.node_rank) + " must be below --nnodes " +
+    throw hp::tools::UsageError("--node-rank " + std::to_string(config.node_rank) + " must be below --nnodes " +
                                 std::to_string(config.nnodes));
   return config;
 }
@@ -344,6 +300,9 @@ int main(int argc, char** argv) {
   std::optional<Config> config;
   try {
     config = parse(argc, argv);
+  } catch (const hp::tools::UsageError& e) {
+    std::fprintf(stderr, "hprun: %s (see hprun --help)\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hprun: %s\n", e.what());
     return 2;
