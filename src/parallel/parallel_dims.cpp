@@ -3,6 +3,7 @@
 #include <sstream>
 #include <utility>
 
+#include "hp/core/checked_size.h"
 #include "hp/core/error.h"
 
 namespace hp {
@@ -11,6 +12,8 @@ void ParallelDims::validate(int64_t world_size) const {
   for (auto [name, value] : {std::pair<const char*, int64_t>{"dp_replicate", dp_replicate}, {"dp_shard", dp_shard},
                              {"cp", cp}, {"tp", tp}, {"pp", pp}, {"ep", ep}})
     HP_CHECK(value >= 1, "parallel.", name, " must be >= 1, got ", value);
+  HP_CHECK(checked_product({pp, dp_replicate, dp_shard, cp, tp}), "parallel dims ", str(),
+           " multiply beyond 64 bits; the world has ", world_size, " ranks");
   HP_CHECK(this->world_size() == world_size, "parallel dims ", str(), " multiply to ", this->world_size(),
            " but the world has ", world_size, " ranks");
   const int64_t borrowed = dp_shard * cp * tp;

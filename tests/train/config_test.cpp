@@ -62,6 +62,11 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");
   invalid({"parallel.sequence_parallel=true", "parallel.tp=1", "parallel.dp_shard=4"}, 4,
           "parallel.sequence_parallel needs parallel.tp > 1");
+  // Huge values are errors, not wrapped arithmetic or giant allocations.
+  invalid({"parallel.dp_shard=4611686018427387904", "parallel.tp=4"}, 4, "multiply beyond 64 bits");
+  invalid({"model.dim=4294967296", "model.heads=1", "model.kv_heads=1"}, 4, "the parameter count would overflow");
+  invalid({"model.vocab=-5"}, 4, "must be positive");
+  expect_error([] { parse_config(kConfig, {"train.steps=99999999999999999999"}); }, "train.steps: expected an integer");
 }
 
 }  // namespace

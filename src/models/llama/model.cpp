@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "hp/core/checked_size.h"
 #include "hp/core/error.h"
 
 namespace hp::models {
@@ -23,6 +24,14 @@ double LlamaConfig::flops_per_token(int64_t seq) const {
 void LlamaConfig::validate() const {
   HP_CHECK(vocab > 0 && dim > 0 && layers > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && max_seq > 0,
            "model: vocab, dim, layers, heads, kv_heads, ffn_hidden and max_seq must be positive");
+  // Sizes from a config file: every term of the parameter count (the largest is 4 * dim * dim per
+  // layer) must fit, with room for their sum, so no size arithmetic wraps.
+  const int64_t limit = int64_t{1} << 58;
+  for (const std::vector<int64_t>& term : std::vector<std::vector<int64_t>>{
+           {vocab, dim, 2}, {layers, dim, dim, 4}, {layers, dim, ffn_hidden, 3}, {max_seq, dim}})
+    HP_CHECK(checked_product(term).value_or(limit) < limit, "model: sizes too large (vocab ", vocab, ", dim ", dim,
+             ", layers ", layers, ", ffn_hidden ", ffn_hidden, ", max_seq ", max_seq, "): the parameter count would ",
+             "overflow 64 bits");
   HP_CHECK(dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads);
   HP_CHECK(heads % kv_heads == 0, "model: heads ", heads, " is not divisible by kv_heads ", kv_heads);
   HP_CHECK(head_dim() % 2 == 0, "model: head dim ", head_dim(), " (dim / heads) must be even for rotary embeddings");
