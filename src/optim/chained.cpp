@@ -1,23 +1,47 @@
 #include "hp/optim/chained.h"
 
 #include <algorithm>
+#include <set>
 
 #include "hp/core/error.h"
-#include "hp/optim/adamw.h"
+#include "hp/optim/optimizer_kind.h"
+#include "optim/closure.h"
 
 namespace hp {
+namespace {
 
-ChainedOptimizer::ChainedOptimizer(std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers)
-    : optimizers_(std::move(optimizers)) {
-  for (const auto& o : optimizers_) HP_CHECK(o != nullptr, "ChainedOptimizer: got an empty optimizer");
+// Checks the groups: each has options of a kind that can step one group and accepts the group,
+// and no parameter is in two groups (it would be stepped twice).
+void check_chainable(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  HP_CHECK(!groups.empty(), "ChainedOptimizer: needs at least one parameter group");
+  std::set<const void*> seen;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const at::Tensor& p : groups[i].params())
+      HP_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, "ChainedOptimizer: a parameter of shape ", p.sizes(),
+               " is in more than one group (group ", i, " repeats it)");
+    HP_CHECK(groups[i].has_options(), "ChainedOptimizer: parameter group ", i,
+             " has no options; they name the optimizer that steps it");
+    const OptimizerKind& kind = optimizer_kind(groups[i].options());
+    HP_CHECK(kind.can_step_group(), "ChainedOptimizer: parameter group ", i, " is ", kind.name(),
+             "'s, which cannot step a single group");
+    kind.validate(groups[i]);
+  }
 }
 
-void ChainedOptimizer::step() {
-  for (const auto& o : optimizers_) o->step();
+}  // namespace
+
+ChainedOptimizer::ChainedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, nullptr) {
+  check_chainable(groups);
+  defaults_ = groups.front().options().clone();  // add_param_group wants defaults; every group has its own
+  for (const auto& group : groups) add_param_group(group);
 }
 
-void ChainedOptimizer::zero_grad() {
-  for (const auto& o : optimizers_) o->zero_grad();
+at::Tensor ChainedOptimizer::step(LossClosure closure) {
+  const at::Tensor loss = detail::evaluate_closure(closure);
+  at::NoGradGuard no_grad;
+  for (auto& group : param_groups()) optimizer_kind(group.options()).step_group(group, state());
+  return loss;
 }
 
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::string>& muon_params,
@@ -34,10 +58,10 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::s
              "; every parameter needs exactly one optimizer");
     (to_muon ? muon : adamw).push_back(item.value());
   }
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> chain;
-  if (!muon.empty()) chain.push_back(std::make_shared<Muon>(muon, muon_options));
-  if (!adamw.empty()) chain.push_back(std::make_shared<AdamW>(adamw, adamw_options));
-  return ChainedOptimizer(std::move(chain));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!muon.empty()) groups.emplace_back(muon, std::make_unique<MuonOptions>(muon_options));
+  if (!adamw.empty()) groups.emplace_back(adamw, std::make_unique<torch::optim::AdamWOptions>(adamw_options));
+  return ChainedOptimizer(std::move(groups));
 }
 
 }  // namespace hp

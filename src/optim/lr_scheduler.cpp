@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "hp/core/error.h"
-#include "hp/optim/chained.h"
 
 namespace hp {
 
@@ -18,29 +17,15 @@ LRSchedule::Decay parse_decay(const std::string& name) {
   HP_FAIL("LR schedule: unknown decay '", name, "'; use cosine, linear, wsd or constant");
 }
 
-namespace {
-std::vector<torch::optim::Optimizer*> pointers(ChainedOptimizer& chain) {
-  std::vector<torch::optim::Optimizer*> out;
-  for (const auto& o : chain.optimizers()) out.push_back(o.get());
-  return out;
-}
-}  // namespace
-
-LRScheduler::LRScheduler(ChainedOptimizer& optimizers, LRSchedule schedule) : LRScheduler(pointers(optimizers), schedule) {}
-
 LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule)
-    : LRScheduler(std::vector<torch::optim::Optimizer*>{&optimizer}, schedule) {}
-
-LRScheduler::LRScheduler(std::vector<torch::optim::Optimizer*> optimizers, LRSchedule schedule)
-    : optimizers_(std::move(optimizers)), schedule_(schedule) {
+    : optimizer_(&optimizer), schedule_(schedule) {
   HP_CHECK(schedule.warmup_steps >= 0 && schedule.total_steps > 0 && schedule.warmup_steps <= schedule.total_steps,
            "LR schedule: need 0 <= warmup_steps (", schedule.warmup_steps, ") <= total_steps (", schedule.total_steps, ")");
   HP_CHECK(schedule.min_lr_ratio >= 0.0 && schedule.min_lr_ratio <= 1.0, "LR schedule: min_lr_ratio must be in [0, 1], got ",
            schedule.min_lr_ratio);
   HP_CHECK(schedule.decay_fraction > 0.0 && schedule.decay_fraction <= 1.0,
            "LR schedule: decay_fraction must be in (0, 1], got ", schedule.decay_fraction);
-  for (torch::optim::Optimizer* o : optimizers_)
-    for (const auto& group : o->param_groups()) base_lrs_.push_back(group.options().get_lr());
+  for (const auto& group : optimizer_->param_groups()) base_lrs_.push_back(group.options().get_lr());
   apply();
 }
 
@@ -67,8 +52,7 @@ double LRScheduler::factor(int64_t step) const {
 void LRScheduler::apply() {
   const double f = factor(step_);
   size_t i = 0;
-  for (torch::optim::Optimizer* o : optimizers_)
-    for (auto& group : o->param_groups()) group.options().set_lr(base_lrs_.at(i++) * f);
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(base_lrs_.at(i++) * f);
 }
 
 void LRScheduler::step() {
@@ -83,19 +67,14 @@ void LRScheduler::set_step(int64_t step) {
 }
 
 double LRScheduler::lr(size_t group) const {
-  for (torch::optim::Optimizer* o : optimizers_) {
-    if (group < o->param_groups().size()) return o->param_groups()[group].options().get_lr();
-    group -= o->param_groups().size();
-  }
-  HP_FAIL("LRScheduler::lr: no parameter group ", group);
+  const auto& groups = optimizer_->param_groups();
+  HP_CHECK(group < groups.size(), "LRScheduler::lr: no parameter group ", group, " (the optimizer has ",
+           groups.size(), ")");
+  return groups[group].options().get_lr();
 }
 
 LRScheduler get_hyper_lr_scheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule) {
   return LRScheduler(optimizer, schedule);
-}
-
-LRScheduler get_hyper_lr_scheduler(ChainedOptimizer& optimizers, LRSchedule schedule) {
-  return LRScheduler(optimizers, schedule);
 }
 
 }  // namespace hp

@@ -11,6 +11,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
+#include "optim/builtin_kinds.h"
 #include "optim/closure.h"
 
 namespace hp {
@@ -141,60 +142,88 @@ bool owner_scheme_applies(const at::Tensor& param) {
   return d.device_mesh().ndim() == 1 && d.placements()[0].is_shard();
 }
 
+// Muon's momentum buffer starts at zero.
+void init_muon_state(const at::Tensor& p, std::unique_ptr<torch::optim::OptimizerParamState>& slot) {
+  auto s = std::make_unique<MuonParamState>();
+  s->momentum_buffer(at::zeros_like(p));
+  slot = std::move(s);
+}
+
+void validate_muon_group(const torch::optim::OptimizerParamGroup& group) {
+  const auto& o = static_cast<const MuonOptions&>(group.options());
+  HP_CHECK(o.lr() >= 0 && o.momentum() >= 0 && o.momentum() < 1 && o.ns_steps() > 0,
+           "Muon: need lr >= 0, momentum in [0, 1) and ns_steps > 0");
+  for (const at::Tensor& p : group.params())
+    HP_CHECK(p.dim() == 2, "Muon: orthogonalizes matrices only; a parameter has shape ", p.sizes(),
+             " (give embeddings, norms, biases and the head to AdamW, e.g. through ChainedOptimizer)");
+}
+
+void muon_step_group(torch::optim::OptimizerParamGroup& group, OptimizerStateMap& state) {
+  const auto& o = static_cast<const MuonOptions&>(group.options());
+  std::vector<Pending> pending;
+  for (const at::Tensor& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    auto& slot = state[optimizer_state_key(p)];
+    if (!slot) init_muon_state(p, slot);
+    at::Tensor& buffer = static_cast<MuonParamState&>(*slot).momentum_buffer();
+    buffer.lerp_(p.grad(), 1.0 - o.momentum());
+    const at::Tensor update = o.nesterov() ? p.grad().lerp(buffer, o.momentum()) : buffer;
+    pending.push_back({p, local_tensor(update), at::Tensor()});
+  }
+  // Orthogonalize: plain and replicated updates here; sharded ones by mesh, on their owners.
+  std::map<std::string, std::vector<Pending*>> by_mesh;
+  for (Pending& item : pending) {
+    if (owner_scheme_applies(item.param)) {
+      by_mesh[DTensor(item.param).device_mesh().str()].push_back(&item);
+    } else if (is_dtensor(item.param)) {
+      const DTensor d(item.param);
+      const at::Tensor full = DTensor(from_local_unchecked(item.local_update, d.spec())).full_tensor();
+      const at::Tensor o_full = newton_schulz5(full.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
+      item.result = DTensor(distribute_tensor(o_full, d.device_mesh(), d.placements())).to_local();
+    } else {
+      item.result = newton_schulz5(item.local_update.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
+    }
+  }
+  for (auto& [mesh, items] : by_mesh) orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
+  for (Pending& item : pending) {
+    const at::Tensor& local = local_tensor(item.param);
+    if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());
+    local.add_(item.result.to(local.scalar_type()), -o.lr());
+  }
+}
+
+class MuonKind : public OptimizerKind {
+ public:
+  std::string name() const override { return "Muon"; }
+  void init_state(const torch::optim::OptimizerOptions& /*options*/, const at::Tensor& p,
+                  std::unique_ptr<torch::optim::OptimizerParamState>& slot) const override {
+    init_muon_state(p, slot);
+  }
+  ParamStateFields fields(torch::optim::OptimizerParamState& state) const override {
+    return {{{"momentum_buffer", static_cast<MuonParamState&>(state).momentum_buffer()}}, std::nullopt};
+  }
+  void validate(const torch::optim::OptimizerParamGroup& group) const override { validate_muon_group(group); }
+  bool can_step_group() const override { return true; }
+  void step_group(torch::optim::OptimizerParamGroup& group, OptimizerStateMap& state) const override {
+    muon_step_group(group, state);
+  }
+};
+
 }  // namespace
 
 Muon::Muon(std::vector<at::Tensor> params, MuonOptions defaults)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                               std::make_unique<MuonOptions>(defaults)) {
-  HP_CHECK(defaults.lr() >= 0 && defaults.momentum() >= 0 && defaults.momentum() < 1 && defaults.ns_steps() > 0,
-           "Muon: need lr >= 0, momentum in [0, 1) and ns_steps > 0");
-  for (const auto& group : param_groups())
-    for (const at::Tensor& p : group.params())
-      HP_CHECK(p.dim() == 2, "Muon: orthogonalizes matrices only; a parameter has shape ", p.sizes(),
-               " (give embeddings, norms, biases and the head to AdamW, e.g. through ChainedOptimizer)");
+  for (const auto& group : param_groups()) validate_muon_group(group);
 }
 
 at::Tensor Muon::step(LossClosure closure) {
   const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const MuonOptions&>(group.options());
-    std::vector<Pending> pending;
-    for (const at::Tensor& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      auto& slot = state()[c10::guts::to_string(p.unsafeGetTensorImpl())];
-      if (!slot) {
-        auto s = std::make_unique<MuonParamState>();
-        s->momentum_buffer(at::zeros_like(p));
-        slot = std::move(s);
-      }
-      at::Tensor& buffer = static_cast<MuonParamState&>(*slot).momentum_buffer();
-      buffer.lerp_(p.grad(), 1.0 - o.momentum());
-      const at::Tensor update = o.nesterov() ? p.grad().lerp(buffer, o.momentum()) : buffer;
-      pending.push_back({p, local_tensor(update), at::Tensor()});
-    }
-    // Orthogonalize: plain and replicated updates here; sharded ones by mesh, on their owners.
-    std::map<std::string, std::vector<Pending*>> by_mesh;
-    for (Pending& item : pending) {
-      if (owner_scheme_applies(item.param)) {
-        by_mesh[DTensor(item.param).device_mesh().str()].push_back(&item);
-      } else if (is_dtensor(item.param)) {
-        const DTensor d(item.param);
-        const at::Tensor full = DTensor(from_local_unchecked(item.local_update, d.spec())).full_tensor();
-        const at::Tensor o_full = newton_schulz5(full.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
-        item.result = DTensor(distribute_tensor(o_full, d.device_mesh(), d.placements())).to_local();
-      } else {
-        item.result = newton_schulz5(item.local_update.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
-      }
-    }
-    for (auto& [mesh, items] : by_mesh) orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
-    for (Pending& item : pending) {
-      const at::Tensor& local = local_tensor(item.param);
-      if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());
-      local.add_(item.result.to(local.scalar_type()), -o.lr());
-    }
-  }
+  for (auto& group : param_groups()) muon_step_group(group, state());
   return loss;
 }
+
+std::shared_ptr<const OptimizerKind> detail::muon_kind() { return std::make_shared<MuonKind>(); }
 
 }  // namespace hp

@@ -13,7 +13,6 @@
 #include "hp/comm/process_group.h"
 #include "hp/dcp/checkpoint.h"
 #include "hp/models/model_parts.h"
-#include "hp/optim/chained.h"
 #include "hp/optim/lr_scheduler.h"
 #include "hp/train/config.h"
 
@@ -21,7 +20,7 @@ namespace hp::train::detail {
 
 class Checkpointing {
  public:
-  Checkpointing(const TrainConfig& config, const models::ModelParts& parts, ChainedOptimizer& optimizer,
+  Checkpointing(const TrainConfig& config, const models::ModelParts& parts, torch::optim::Optimizer& optimizer,
                 const comm::ProcessGroup& world);
   Checkpointing(const Checkpointing&) = delete;
   Checkpointing& operator=(const Checkpointing&) = delete;
@@ -42,7 +41,7 @@ class Checkpointing {
   dcp::StateDict to_save() const;
   const TrainConfig& config_;
   const models::ModelParts& parts_;
-  ChainedOptimizer& optimizer_;
+  torch::optim::Optimizer& optimizer_;
   const comm::ProcessGroup& world_;
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;

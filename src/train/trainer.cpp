@@ -44,20 +44,18 @@ double world_mean(double value, const comm::ProcessGroup& world) {
   return t.item<double>();
 }
 
-std::unique_ptr<ChainedOptimizer> make_optimizer(const TrainConfig& c, const models::ModelParts& parts,
-                                                 const std::vector<at::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const models::ModelParts& parts,
+                                                          const std::vector<at::Tensor>& params) {
   torch::optim::AdamWOptions adamw(c.optimizer.lr);
   adamw.betas({c.optimizer.beta1, c.optimizer.beta2}).eps(c.optimizer.eps).weight_decay(c.optimizer.weight_decay);
-  if (c.optimizer.name == "adamw")
-    return std::make_unique<ChainedOptimizer>(std::vector<std::shared_ptr<torch::optim::Optimizer>>{
-        std::make_shared<AdamW>(params, adamw)});
+  if (c.optimizer.name == "adamw") return std::make_unique<AdamW>(params, adamw);
   MuonOptions muon(c.optimizer.muon_lr);
   muon.momentum(c.optimizer.muon_momentum).weight_decay(c.optimizer.weight_decay);
   return std::make_unique<ChainedOptimizer>(
       get_hyper_optimizer(*parts.model, parts.hidden_matrices, parts.other_parameters, muon, adamw));
 }
 
-LRScheduler make_scheduler(const TrainConfig& c, ChainedOptimizer& optimizer) {
+LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimizer) {
   LRSchedule schedule;
   schedule.warmup_steps = c.schedule.warmup_steps;
   schedule.total_steps = c.train.steps;
@@ -157,7 +155,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   MemoryTracker memory;
   Setup s = build(c, world);
   nn::init_parameters(*s.parts.model, c.seed);
-  const std::unique_ptr<ChainedOptimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.parts, *optimizer, world);
   TrainStep train_step(s.parts, {c.micro_batches(), c.pp_timeline_step, c.run_dir + "/pp_timeline.svg", lead});

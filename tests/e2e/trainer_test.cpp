@@ -118,6 +118,12 @@ TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
   kill_and_resume("pp_tied", "--set parallel.pp=2 --set parallel.tp=1 --set model.tie_embeddings=true");
 }
 
+// Muon for the hidden matrices and AdamW for the rest, as one ChainedOptimizer: both halves' state
+// resumes bitwise (momentum buffers; moments and step counts).
+TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) {
+  kill_and_resume("muon", "--set optimizer.name=muon");
+}
+
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {

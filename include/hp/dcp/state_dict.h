@@ -21,10 +21,6 @@ namespace torch::optim {
 class Optimizer;
 }
 
-namespace hp {
-class ChainedOptimizer;
-}
-
 namespace hp::dcp {
 
 // Parameters and buffers by `prefix` + FQN.
@@ -32,17 +28,14 @@ StateDict model_state_dict(const torch::nn::Module& model, const std::string& pr
 
 // The optimizer's per-parameter tensors as `prefix` + parameter FQN + "." + field, and its step counts
 // in values[prefix + "step"]. State a first step would create is created now (zeros, step 0, exactly
-// what that step would start from), so a fresh optimizer can be loaded into. Supports AdamW, Adam and
-// hp::Muon (and chains of them); other optimizers are an error naming them.
+// what that step would start from), so a fresh optimizer can be loaded into. Fields are named by the
+// optimizer's kind (hp/optim/optimizer_kind.h: AdamW, Adam, hp::Muon, a ChainedOptimizer of them, or
+// any registered kind); an optimizer of no registered kind is an error naming its options type.
 void add_optimizer_state(StateDict& state, torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
-                         const std::string& prefix = "optim.");
-void add_optimizer_state(StateDict& state, ChainedOptimizer& optimizer, const torch::nn::Module& model,
                          const std::string& prefix = "optim.");
 
 // After load(): sets the step counts saved in `state.values`.
 void restore_optimizer_values(const StateDict& state, torch::optim::Optimizer& optimizer,
                               const torch::nn::Module& model, const std::string& prefix = "optim.");
-void restore_optimizer_values(const StateDict& state, ChainedOptimizer& optimizer, const torch::nn::Module& model,
-                              const std::string& prefix = "optim.");
 
 }  // namespace hp::dcp

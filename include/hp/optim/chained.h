@@ -1,5 +1,8 @@
-// Several optimizers stepping disjoint parameter sets as one: typically Muon for hidden matrices
-// and AdamW for embeddings, norms, biases and the head.
+// Several optimizers stepping disjoint parameter sets as one torch::optim::Optimizer: typically Muon
+// for hidden matrices and AdamW for embeddings, norms, biases and the head. Each parameter group
+// steps by the optimizer its options name (MuonOptions: Muon, AdamWOptions: AdamW, or any kind
+// registered with hp::register_optimizer_kind), and the chain owns every group and all state, so
+// schedulers, checkpoints and zero_grad treat it as any other optimizer.
 //
 //   auto optimizer = hp::get_hyper_optimizer(model, {"layers.*.*.*.weight"}, {"*.weight", "*.*.*.weight"},
 //                                            hp::MuonOptions(0.02), torch::optim::AdamWOptions(1e-3));
@@ -7,7 +10,6 @@
 
 #include <torch/optim/adamw.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,20 +18,17 @@
 
 namespace hp {
 
-class ChainedOptimizer {
+class ChainedOptimizer : public torch::optim::Optimizer {
  public:
-  explicit ChainedOptimizer(std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers);
-  void step();
-  void zero_grad();
-  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
-
- private:
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+  // Every group needs options of a kind that can step a single group; groups are stepped in order.
+  explicit ChainedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups);
+  at::Tensor step(LossClosure closure = nullptr) override;
 };
 
 // Muon for the parameters whose FQN matches one of `muon_params`, AdamW for those matching one of
-// `adamw_params` ('*' = one segment). Every parameter must match exactly one side: a parameter
-// matching neither or both is an error naming it.
+// `adamw_params` ('*' = one segment): group 0 is Muon's, group 1 AdamW's (a side with no parameter
+// has no group). Every parameter must match exactly one side: a parameter matching neither or both
+// is an error naming it.
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::string>& muon_params,
                                      const std::vector<std::string>& adamw_params, MuonOptions muon_options,
                                      torch::optim::AdamWOptions adamw_options);

@@ -16,8 +16,6 @@ class Optimizer;
 
 namespace hp {
 
-class ChainedOptimizer;
-
 struct LRSchedule {
   enum class Decay { kCosine, kLinear, kWsd, kConstant };
   int64_t warmup_steps = 0;    // factor rises linearly to 1 over these steps: (step + 1) / warmup
@@ -33,9 +31,8 @@ class LRScheduler {
  public:
   // Base rates are the groups' rates now: build the scheduler on a freshly made optimizer. To
   // resume, build both as at the start, load the optimizer's state, then set_step(saved step).
+  // Each group at its own base rate (a ChainedOptimizer's Muon and AdamW groups alike).
   LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule);
-  // Every optimizer of the chain, each group at its own base rate.
-  LRScheduler(ChainedOptimizer& optimizers, LRSchedule schedule);
 
   // The factor of the base rate at `step` (0 = the first optimizer step).
   double factor(int64_t step) const;
@@ -47,15 +44,13 @@ class LRScheduler {
   double lr(size_t group = 0) const;
 
  private:
-  LRScheduler(std::vector<torch::optim::Optimizer*> optimizers, LRSchedule schedule);
   void apply();
-  std::vector<torch::optim::Optimizer*> optimizers_;
+  torch::optim::Optimizer* optimizer_;
   LRSchedule schedule_;
   std::vector<double> base_lrs_;
   int64_t step_ = 0;
 };
 
 LRScheduler get_hyper_lr_scheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule);
-LRScheduler get_hyper_lr_scheduler(ChainedOptimizer& optimizers, LRSchedule schedule);
 
 }  // namespace hp
