@@ -16,6 +16,7 @@
 #include "bench/timing.h"
 #include "hp_build_paths.h"
 #include "hp/data/text_data.h"
+#include "hp/models/llama/spec.h"
 #include "hp/nn/init.h"
 #include "hp/testing/run_ranks.h"
 #include "hp/train/trainer.h"
@@ -55,7 +56,7 @@ double plain_step(const hp::train::TrainConfig& c) {
   hp::testing::run_ranks(1, [&](const hp::comm::ProcessGroup&) {
     const auto corpus = hp::data::prepare_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
     const hp::data::TokenSampler sampler(hp::data::load_tokens(corpus.train_path), c.data.seq_len, c.seed);
-    hp::models::Llama model(c.model);
+    hp::models::Llama model(c.model.as<hp::models::LlamaConfig>());
     hp::nn::init_parameters(model, c.seed);
     torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(c.optimizer.lr)
                                                           .betas({c.optimizer.beta1, c.optimizer.beta2})
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const std::string dir = (fs::temp_directory_path() / ("hp_bench_trainer_" + std::to_string(::getpid()))).string();
   const hp::train::TrainConfig c = config(quick, dir);
-  std::cout << "bench_trainer: demo model (" << c.model.parameter_count() << " parameters), 1 rank, "
+  std::cout << "bench_trainer: demo model (" << c.model->parameter_count() << " parameters), 1 rank, "
             << c.train.global_batch << " x " << c.data.seq_len << " tokens per step, " << c.train.steps
             << " steps per run\n";
   double trainer = 0, plain = 0;

@@ -5,12 +5,15 @@
 
 #include <fstream>
 #include <functional>
+#include <optional>
+#include <variant>
 #include <sstream>
 
 #include "hp/core/error.h"
 #include "hp/data/text_data.h"
-#include "hp/models/llama/parallelize.h"
+#include "hp/models/model_spec.h"
 #include "hp/optim/lr_scheduler.h"
+#include "train/recipe_options.h"
 
 namespace hp::train {
 namespace {
@@ -51,22 +54,14 @@ struct Field {
         [](const TrainConfig& c) { return nlohmann::json(c.member); }                                       \
   }
 
-const std::vector<Field>& fields() {
+// The trainer's own keys.
+const std::vector<Field>& trainer_fields() {
   static const std::vector<Field> all = {
       HP_CONFIG_FIELD("run_dir", run_dir),
       HP_CONFIG_FIELD("seed", seed),
-      HP_CONFIG_FIELD("model.family", model_family),
-      HP_CONFIG_FIELD("model.vocab", model.vocab),
-      HP_CONFIG_FIELD("model.dim", model.dim),
-      HP_CONFIG_FIELD("model.layers", model.layers),
-      HP_CONFIG_FIELD("model.heads", model.heads),
-      HP_CONFIG_FIELD("model.kv_heads", model.kv_heads),
-      HP_CONFIG_FIELD("model.ffn_hidden", model.ffn_hidden),
-      HP_CONFIG_FIELD("model.max_seq", model.max_seq),
-      HP_CONFIG_FIELD("model.rope_theta", model.rope_theta),
-      HP_CONFIG_FIELD("model.norm_eps", model.norm_eps),
-      HP_CONFIG_FIELD("model.qk_norm", model.qk_norm),
-      HP_CONFIG_FIELD("model.tie_embeddings", model.tie_embeddings),
+      // The family is read before any key applies (parse_config); its own keys follow it.
+      Field{"model.family", [](TrainConfig&, const YAML::Node&) {},
+            [](const TrainConfig& c) { return nlohmann::json(c.model->family()); }},
       HP_CONFIG_FIELD("parallel.dp_replicate", parallel.dp_replicate),
       HP_CONFIG_FIELD("parallel.dp_shard", parallel.dp_shard),
       HP_CONFIG_FIELD("parallel.tp", parallel.tp),
@@ -115,27 +110,57 @@ const std::vector<Field>& fields() {
 }
 #undef HP_CONFIG_FIELD
 
-const Field* find_field(const std::string& key) {
-  for (const auto& f : fields())
-    if (f.key == key) return &f;
-  return nullptr;
+// The model family's field `name` in `config`.
+models::ConfigFieldRef model_field(TrainConfig& config, const std::string& name) {
+  for (const auto& [field, ref] : config.model->fields())
+    if (field == name) return ref;
+  HP_FAIL("config: model family ", config.model->family(), " has no field ", name);
 }
 
-std::string known_keys_under(const std::string& section) {
+// Every key of `config`: the trainer's, with its model family's after model.family.
+std::vector<Field> fields(const TrainConfig& config) {
+  std::vector<Field> all;
+  for (const Field& f : trainer_fields()) {
+    all.push_back(f);
+    if (f.key != "model.family") continue;
+    for (const auto& [name, ref] : const_cast<TrainConfig&>(config).model->fields()) {
+      const std::string key = "model." + name;
+      all.push_back(Field{key,
+                          [name = name, key](TrainConfig& c, const YAML::Node& n) {
+                            std::visit([&](auto* value) { *value = convert<std::decay_t<decltype(*value)>>(n, key); },
+                                       model_field(c, name));
+                          },
+                          [name = name](const TrainConfig& c) {
+                            return std::visit([](auto* value) { return nlohmann::json(*value); },
+                                              model_field(const_cast<TrainConfig&>(c), name));
+                          }});
+    }
+  }
+  return all;
+}
+
+std::optional<Field> find_field(const TrainConfig& config, const std::string& key) {
+  for (const auto& f : fields(config))
+    if (f.key == key) return f;
+  return std::nullopt;
+}
+
+std::string known_keys_under(const TrainConfig& config, const std::string& section) {
   std::string out;
-  for (const auto& f : fields())
+  for (const auto& f : fields(config))
     if (section.empty() ? f.key.find('.') == std::string::npos : f.key.rfind(section + ".", 0) == 0)
       out += (out.empty() ? "" : ", ") + f.key;
   return out;
 }
 
 void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, const std::string& source) {
-  const Field* field = find_field(key);
+  const std::optional<Field> field = find_field(config, key);
   if (!field) {
     const auto dot = key.find('.');
     const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+    const std::string known = known_keys_under(config, section);
     HP_FAIL("config: unknown key '", key, "' in ", source, " (known", section.empty() ? "" : " under " + section,
-            ": ", known_keys_under(section).empty() ? known_keys_under("") : known_keys_under(section), ")");
+            ": ", known.empty() ? known_keys_under(config, "") : known, ")");
   }
   field->set(config, node);
 }
@@ -144,9 +169,25 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, 
 void apply_tree(TrainConfig& config, const YAML::Node& node, const std::string& prefix, const std::string& source) {
   for (const auto& item : node) {
     const std::string key = prefix + item.first.as<std::string>();
-    if (item.second.IsMap() && !find_field(key)) apply_tree(config, item.second, key + ".", source);
+    if (item.second.IsMap() && !find_field(config, key)) apply_tree(config, item.second, key + ".", source);
     else apply(config, key, item.second, source);
   }
+}
+
+// model.family as the file or, last one winning, an override sets it; empty when neither does.
+std::string family_in(const YAML::Node& root, const std::vector<std::string>& overrides) {
+  std::string family;
+  if (root && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["family"])
+    family = convert<std::string>(root["model"]["family"], "model.family");
+  for (const auto& o : overrides) {
+    if (o.rfind("model.family=", 0) != 0) continue;
+    try {
+      family = convert<std::string>(YAML::Load(o.substr(o.find('=') + 1)), "model.family");
+    } catch (const YAML::Exception& e) {
+      HP_FAIL("config: override '", o, "': ", e.what());
+    }
+  }
+  return family;
 }
 
 }  // namespace
@@ -159,6 +200,8 @@ TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>
   } catch (const YAML::Exception& e) {
     HP_FAIL("config: ", source, " is not valid YAML: ", e.what());
   }
+  const std::string family = family_in(root, overrides);
+  if (!family.empty()) config.model = models::ModelConfig(family);
   if (root && !root.IsNull()) {
     HP_CHECK(root.IsMap(), "config: ", source, " must be a mapping of sections (model:, parallel:, train:, ...)");
     apply_tree(config, root, "", source);
@@ -186,20 +229,19 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 }
 
 void validate(const TrainConfig& c, int64_t world_size) {
-  HP_CHECK(c.model_family == "llama", "model.family '", c.model_family, "' is unknown (available: llama)");
-  c.model.validate();
+  c.model->validate();
   c.parallel.validate(world_size);
-  models::validate_llama_dims(c.parallel, c.model);
-  HP_CHECK(c.model.vocab >= data::ByteTokenizer::kVocab, "model.vocab (", c.model.vocab,
+  HP_CHECK(c.model->vocab() >= data::ByteTokenizer::kVocab, "model.vocab (", c.model->vocab(),
            ") is smaller than the byte tokenizer's ", data::ByteTokenizer::kVocab, " tokens");
-  HP_CHECK(c.data.seq_len > 0 && c.data.seq_len <= c.model.max_seq, "data.seq_len (", c.data.seq_len,
-           ") must be in 1..model.max_seq (", c.model.max_seq, ")");
+  HP_CHECK(c.data.seq_len > 0 && c.data.seq_len <= c.model->max_seq(), "data.seq_len (", c.data.seq_len,
+           ") must be in 1..model.max_seq (", c.model->max_seq(), ")");
   HP_CHECK(c.train.steps > 0, "train.steps must be positive, got ", c.train.steps);
   HP_CHECK(c.train.micro_batch > 0 && c.train.global_batch > 0, "train.global_batch and train.micro_batch must be positive");
   HP_CHECK(c.train.global_batch % c.parallel.dp() == 0, "train.global_batch (", c.train.global_batch,
            ") must be divisible by the data-parallel degree dp_replicate x dp_shard (", c.parallel.dp(), ")");
   HP_CHECK(c.per_rank_batch() % c.train.micro_batch == 0, "train.micro_batch (", c.train.micro_batch,
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
+  c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
   HP_CHECK(c.reshard_after_forward_to >= 0 && (c.reshard_after_forward_to == 0 ||
                                                 c.parallel.dp_shard % c.reshard_after_forward_to == 0),
            "parallel.reshard_after_forward_to (", c.reshard_after_forward_to, ") must divide parallel.dp_shard (",
@@ -215,11 +257,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
   if (c.parallel.pp > 1) {
     const int64_t stages = c.pipeline_stages();
     HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
-    HP_CHECK(c.model.layers % stages == 0, "model.layers (", c.model.layers, ") must be divisible by the ", stages,
+    HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ", stages,
              " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
     HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
-    HP_CHECK(!c.model.tie_embeddings || c.pp_schedule != "zbv", "model.tie_embeddings with parallel.pp_schedule zbv is "
-             "not supported yet (its first and last stages share rank 0, so they would share the tied weight)");
   }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);
   parse_decay(c.schedule.decay);  // names the valid decays on error
@@ -233,7 +273,7 @@ void validate(const TrainConfig& c, int64_t world_size) {
 
 std::string to_json(const TrainConfig& config) {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  for (const auto& f : fields()) out[f.key] = f.get(config);
+  for (const auto& f : fields(config)) out[f.key] = f.get(config);
   return out.dump();
 }
 

@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <iostream>
 
+#include "hp/models/model_spec.h"
 #include "hp/nn/init.h"
 
 namespace hp::train::detail {
@@ -12,20 +13,18 @@ namespace hp::train::detail {
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
                 const models::ModelParts& parts) {
   // Per rank: parameters (local elements), parameter bytes, and an estimate of training memory:
-  // parameters + gradients + AdamW's two moments, plus ~14 activations of [micro_batch, seq, dim]
-  // kept per layer for backward, and the logits.
+  // parameters + gradients + AdamW's two moments, plus the activations the model family estimates
+  // one micro-batch keeps for backward.
   int64_t param_bytes = 0;
   for (const auto& module : parts.modules) param_bytes += nn::local_parameter_bytes(*module);
-  const double activations = 4.0 * static_cast<double>(c.train.micro_batch * c.data.seq_len) *
-                             (14.0 * c.model.layers * c.model.dim / c.parallel.tp + 2.0 * c.model.vocab / c.parallel.tp);
+  const double activations =
+      static_cast<double>(c.train.micro_batch * c.data.seq_len) * c.model->activation_bytes_per_token(c.parallel);
   at::Tensor mine = at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes),
                                 4.0 * param_bytes + activations}, at::kDouble);
   const at::Tensor all = world.all_gather(mine);
   if (world.rank() != 0) return;
   std::cout << "plan: " << c.parallel.str() << " on " << world.size() << " ranks, " << mesh.str() << "\n"
-            << "model: llama dim " << c.model.dim << ", " << c.model.layers << " layers, " << c.model.heads
-            << " heads (" << c.model.kv_heads << " KV), ffn " << c.model.ffn_hidden << ", vocab " << c.model.vocab
-            << ": " << c.model.parameter_count() << " parameters\n"
+            << "model: " << c.model->describe() << ": " << c.model->parameter_count() << " parameters\n"
             << "batch: " << c.train.global_batch << " sequences x " << c.data.seq_len << " tokens, "
             << c.per_rank_batch() << " per data-parallel rank in " << c.micro_batches() << " micro-batch(es)\n";
   for (int r = 0; r < world.size(); ++r) {

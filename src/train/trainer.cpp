@@ -14,7 +14,7 @@
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
-#include "hp/models/llama/parallelize.h"
+#include "hp/models/model_spec.h"
 #include "hp/nn/init.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
@@ -27,6 +27,7 @@
 #include "train/generation.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/recipe_options.h"
 
 namespace hp::train {
 namespace fs = std::filesystem;
@@ -75,13 +76,7 @@ struct Setup {
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel);
-  models::LlamaParallelOptions options;
-  options.tp = {c.sequence_parallel, c.loss_parallel};
-  options.fsdp.reshard_after_forward = c.reshard_after_forward;
-  options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
-  options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches())};
-  models::ModelParts parts =
-      models::parallelize_llama(std::make_shared<models::Llama>(c.model), mesh, c.parallel, options);
+  models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
   return {std::move(mesh), std::move(parts), dp_rank};
 }
@@ -177,7 +172,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   };
 
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
-  const double flops_per_token = c.model.flops_per_token(c.data.seq_len);
+  const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
   int64_t timed_steps = 0;
   const auto run_start = Clock::now();
@@ -226,7 +221,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const data::ByteTokenizer tokenizer;
     const auto logits = [&](const at::Tensor& tokens) { return train_step.logits(tokens); };
     result.sample = tokenizer.decode(
-        detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model.max_seq));
+        detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model->max_seq()));
   }
   if (lead) {
     metrics->finish_progress();

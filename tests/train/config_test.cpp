@@ -1,6 +1,7 @@
 // The config: every key known, overrides, and the documented messages for mistakes.
 #include <gtest/gtest.h>
 
+#include "hp/models/llama/spec.h"
 #include "hp/train/config.h"
 #include "test_util.h"
 
@@ -21,7 +22,7 @@ TEST(TrainConfig, ParsesKeysAndOverrides) {
       parse_config(kConfig, {"train.steps=7", "optimizer.lr=0.01", "data.sources=[a, b]", "checkpoint.dir=/ckpt"});
   EXPECT_EQ(c.checkpoint_dir(), "/ckpt");
   EXPECT_EQ(parse_config(kConfig, {}).checkpoint_dir(), "/tmp/x/checkpoints");
-  EXPECT_EQ(c.model.dim, 64);
+  EXPECT_EQ(c.model.as<models::LlamaConfig>().dim, 64);
   EXPECT_EQ(c.parallel.dp_shard, 2);
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);

@@ -8,34 +8,20 @@
 #include <iostream>
 #include <mutex>
 
+#include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
+#include "train/test_corpus.h"
 
 namespace hp::train {
 namespace {
 namespace fs = std::filesystem;
 
-// A deterministic English-like corpus, so the test needs no installed data.
-std::string write_corpus(const fs::path& dir) {
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house",
-                         "with", "one", "small", "green", "tree", "under", "sky"};
-  std::string text;
-  uint64_t x = 7;
-  while (text.size() < 40000) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += words[(x >> 33) % 20];
-    text += ((x >> 20) % 9 == 0) ? ".\n" : " ";
-  }
-  fs::create_directories(dir);
-  std::ofstream(dir / "corpus.txt") << text;
-  return (dir / "corpus.txt").string();
-}
-
 TrainConfig tiny_config(const fs::path& dir) {
   TrainConfig c;
   c.run_dir = (dir / "run").string();
   c.seed = 3;
-  c.model = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
+  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
   c.data.sources = {write_corpus(dir / "text")};
   c.data.cache_dir = (dir / "cache").string();
   c.data.seq_len = 32;
@@ -65,8 +51,8 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.sequence_parallel = p.sequence_parallel;
   c.loss_parallel = p.loss_parallel;
   c.pp_schedule = p.pp_schedule;
-  c.model.tie_embeddings = p.tie_embeddings;
-  c.model.layers = p.layers;
+  c.model.as<models::LlamaConfig>().tie_embeddings = p.tie_embeddings;
+  c.model.as<models::LlamaConfig>().layers = p.layers;
   std::vector<double> losses;
   std::mutex mu;
   test::run(p.world, [&](const comm::ProcessGroup& world) {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/models/llama/model.h"
+#include "hp/models/registry.h"
 #include "hp/parallel/parallel_dims.h"
 
 namespace hp::train {
@@ -16,8 +16,8 @@ struct TrainConfig {
   std::string run_dir = "runs/default";  // metrics.jsonl, loss.svg, checkpoints/
   uint64_t seed = 0;
 
-  std::string model_family = "llama";  // "llama" (Llama / Qwen3 dense); MoE and MLA come next
-  models::LlamaConfig model{256, 128, 2, 4, 2, 384, 128};
+  // model.family and the family's model.* keys (hp/models/registry.h); `model->` is its ModelSpec.
+  models::ModelConfig model;
 
   ParallelDims parallel;
   bool sequence_parallel = false;

@@ -52,7 +52,7 @@ ParallelizePlan llama_tp_plan(TpOptions o) {
 }
 
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
-                       const LlamaParallelOptions& options) {
+                       const RecipeOptions& options) {
   if (dims.tp > 1) parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp));
   if (dims.dp() == 1) return;
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
@@ -70,7 +70,7 @@ namespace {
 // dp = 1, which keeps gradients, clipping and checkpoints on the same DTensor path), and the
 // executor of this data-parallel replica's pipeline: its (pp, tp) ranks.
 void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
-                         const LlamaParallelOptions& options) {
+                         const RecipeOptions& options) {
   const LlamaConfig& config = model.config();
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
   const pp::Schedule schedule =
@@ -113,7 +113,7 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
 }  // namespace
 
 ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
-                             const LlamaParallelOptions& options) {
+                             const RecipeOptions& options) {
   HP_CHECK(model != nullptr, "parallelize_llama: no model");
   validate_llama_dims(dims, model->config());
   ModelParts parts;

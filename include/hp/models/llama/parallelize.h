@@ -16,30 +16,12 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/llama/model.h"
 #include "hp/models/model_parts.h"
+#include "hp/models/model_spec.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/parallel_dims.h"
 #include "hp/parallel/tensor_parallel.h"
 
 namespace hp::models {
-
-struct TpOptions {
-  bool sequence_parallel = false;
-  bool loss_parallel = false;
-};
-
-// With parallel.pp > 1: the schedule (hp::pp::schedule_by_name) and how many micro-batches it
-// splits each rank's batch into.
-struct LlamaPipelineOptions {
-  std::string schedule = "1f1b";
-  int stages_per_rank = 2;  // interleaved only
-  int micro_batches = 1;
-};
-
-struct LlamaParallelOptions {
-  TpOptions tp;
-  FullyShardOptions fsdp;
-  LlamaPipelineOptions pipeline;
-};
 
 // What the family needs of the dims beyond ParallelDims::validate: heads, kv_heads, ffn_hidden and
 // vocab divisible by tp; cp and ep refused until context and expert parallelism land. Throws
@@ -54,7 +36,7 @@ ParallelizePlan llama_tp_plan(TpOptions options);
 // (dp_replicate, dp_shard) mesh gives HSDP) to the whole model. Call before hp::nn::init_parameters.
 // Collective over the mesh's groups.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
-                       const LlamaParallelOptions& options = {});
+                       const RecipeOptions& options = {});
 
 // The whole recipe on the mesh of hp::build_mesh(world, dims): TP, then with dims.pp > 1 the
 // pipeline split (equal layer ranges, this rank's stages each one FSDP unit on the data-parallel
@@ -62,6 +44,6 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
 // parts' parameters are still uninitialized: call hp::nn::init_parameters(*parts.model, seed).
 // Collective over the world the mesh was built from.
 ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
-                             const LlamaParallelOptions& options = {});
+                             const RecipeOptions& options = {});
 
 }  // namespace hp::models

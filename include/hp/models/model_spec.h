@@ -1,0 +1,95 @@
+// A model family as a config-driven trainer sees it (hp-train's model.* keys): the family's config
+// fields, its checks, the numbers the trainer reports, and its recipe. One subclass per family
+// (include/hp/models/<family>/spec.h), registered by name in src/models/registry.cpp; the trainer
+// knows no family.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/models/model_parts.h"
+#include "hp/models/registry.h"
+#include "hp/parallel/fsdp.h"
+#include "hp/parallel/parallel_dims.h"
+
+namespace hp::models {
+
+struct TpOptions {
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
+};
+
+// With parallel.pp > 1: the schedule (hp::pp::schedule_by_name) and how many micro-batches it
+// splits each rank's batch into.
+struct PipelineOptions {
+  std::string schedule = "1f1b";
+  int stages_per_rank = 2;  // interleaved only
+  int micro_batches = 1;
+};
+
+// How a recipe applies the parallel dims: TP details, FSDP's options, the pipeline's schedule.
+struct RecipeOptions {
+  TpOptions tp;
+  FullyShardOptions fsdp;
+  PipelineOptions pipeline;
+};
+
+// A config field of one of four types, pointing into the spec that owns it.
+using ConfigFieldRef = std::variant<int64_t*, double*, bool*, std::string*>;
+using ConfigFields = std::vector<std::pair<std::string, ConfigFieldRef>>;
+
+class ModelSpec {
+ public:
+  virtual ~ModelSpec() = default;
+  virtual std::unique_ptr<ModelSpec> clone() const = 0;
+  virtual std::string family() const = 0;
+  // The family's keys under "model." (without the prefix), in documentation order.
+  virtual ConfigFields fields() = 0;
+  // Throws hp::Error naming the first inconsistent field.
+  virtual void validate() const = 0;
+  // What the recipe needs of the dims (divisibility, dims it does not support yet), after
+  // dims.validate(world); throws hp::Error naming the config keys.
+  virtual void validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const = 0;
+
+  virtual int64_t vocab() const = 0;
+  virtual int64_t max_seq() const = 0;
+  virtual int64_t layers() const = 0;  // the blocks that pipeline stages split evenly
+  virtual int64_t parameter_count() const = 0;
+  // Training FLOPs per token at sequence length `seq` (forward + backward).
+  virtual double flops_per_token(int64_t seq) const = 0;
+  // An estimate of the activation bytes one token keeps for backward on one rank.
+  virtual double activation_bytes_per_token(const ParallelDims& dims) const = 0;
+  // One line for the dry-run plan, e.g. "llama dim 128, 2 layers, 4 heads (2 KV), ffn 384, vocab 256".
+  virtual std::string describe() const = 0;
+
+  // The family's recipe on the mesh of hp::build_mesh(world, dims); parameters still uninitialized.
+  // Collective over the world the mesh was built from.
+  virtual ModelParts build(const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options) const = 0;
+};
+
+// The spec of a family whose config is the struct `Config` (ModelConfig::as<Config>() reaches it).
+template <typename Config>
+class ModelSpecOf : public ModelSpec {
+ public:
+  explicit ModelSpecOf(Config c) : config(std::move(c)) {}
+  Config config;
+};
+
+template <typename Config>
+Config& ModelConfig::as() {
+  auto* spec = dynamic_cast<ModelSpecOf<Config>*>(spec_.get());
+  HP_CHECK(spec != nullptr, "ModelConfig::as: model.family is ", spec_->family(), ", whose config is another type");
+  return spec->config;
+}
+
+template <typename Config>
+const Config& ModelConfig::as() const {
+  return const_cast<ModelConfig*>(this)->as<Config>();
+}
+
+}  // namespace hp::models

@@ -1,0 +1,42 @@
+#include "hp/models/llama/spec.h"
+
+#include <sstream>
+
+#include "hp/models/llama/parallelize.h"
+
+namespace hp::models {
+
+ConfigFields LlamaSpec::fields() {
+  return {{"vocab", &config.vocab},         {"dim", &config.dim},
+          {"layers", &config.layers},       {"heads", &config.heads},
+          {"kv_heads", &config.kv_heads},   {"ffn_hidden", &config.ffn_hidden},
+          {"max_seq", &config.max_seq},     {"rope_theta", &config.rope_theta},
+          {"norm_eps", &config.norm_eps},   {"qk_norm", &config.qk_norm},
+          {"tie_embeddings", &config.tie_embeddings}};
+}
+
+void LlamaSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const {
+  validate_llama_dims(dims, config);
+  HP_CHECK(dims.pp == 1 || !config.tie_embeddings || options.pipeline.schedule != "zbv",
+           "model.tie_embeddings with parallel.pp_schedule zbv is not supported yet (its first and last stages "
+           "share rank 0, so they would share the tied weight)");
+}
+
+// Per token, fp32: ~14 activations of width dim per layer kept for backward (norms, q/k/v,
+// attention output, the MLP's three), plus the logits twice (values and softmax), TP-sharded.
+double LlamaSpec::activation_bytes_per_token(const ParallelDims& dims) const {
+  return 4.0 * (14.0 * config.layers * config.dim / dims.tp + 2.0 * config.vocab / dims.tp);
+}
+
+std::string LlamaSpec::describe() const {
+  std::ostringstream out;
+  out << "llama dim " << config.dim << ", " << config.layers << " layers, " << config.heads << " heads ("
+      << config.kv_heads << " KV), ffn " << config.ffn_hidden << ", vocab " << config.vocab;
+  return out.str();
+}
+
+ModelParts LlamaSpec::build(const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options) const {
+  return parallelize_llama(std::make_shared<Llama>(config), mesh, dims, options);
+}
+
+}  // namespace hp::models
