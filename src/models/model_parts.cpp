@@ -10,6 +10,15 @@ void for_each_parameter(const std::vector<std::shared_ptr<nn::Module>>& modules,
     for (const auto& item : module->named_parameters()) fn(item.key(), item.value());
 }
 
+// The parameters of `parts` that are (or are not) copies, in order.
+std::vector<at::Tensor> parameters_where(const ModelParts& parts, bool copy) {
+  std::vector<at::Tensor> out;
+  for_each_parameter(parts.modules, [&](const std::string& fqn, const at::Tensor& p) {
+    if (parts.copies.count(fqn) == (copy ? 1u : 0u)) out.push_back(p);
+  });
+  return out;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> ModelParts::parameters() const {
@@ -18,21 +27,9 @@ std::vector<at::Tensor> ModelParts::parameters() const {
   return out;
 }
 
-std::vector<at::Tensor> ModelParts::counted_parameters() const {
-  std::vector<at::Tensor> out;
-  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor& p) {
-    if (!copies.count(fqn)) out.push_back(p);
-  });
-  return out;
-}
+std::vector<at::Tensor> ModelParts::counted_parameters() const { return parameters_where(*this, false); }
 
-std::vector<at::Tensor> ModelParts::copied_parameters() const {
-  std::vector<at::Tensor> out;
-  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor& p) {
-    if (copies.count(fqn)) out.push_back(p);
-  });
-  return out;
-}
+std::vector<at::Tensor> ModelParts::copied_parameters() const { return parameters_where(*this, true); }
 
 std::vector<std::pair<std::string, at::Tensor>> ModelParts::named_tensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
 
@@ -28,7 +29,10 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
     if (draw) draw_timeline(step + 1);
     return loss;
   }
-  const int64_t micro = options_.micro_batches, rows = inputs.size(0) / micro;
+  const int64_t micro = options_.micro_batches;
+  HP_CHECK(micro > 0 && inputs.size(0) % micro == 0 && inputs.size(0) >= micro, "TrainStep: ", inputs.size(0),
+           " rows do not split into ", micro, " equal micro-batches");
+  const int64_t rows = inputs.size(0) / micro;
   double loss_sum = 0.0;
   for (int64_t m = 0; m < micro; ++m) {
     const at::Tensor loss =
