@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) torch_s = hp::bench::median(a), foreach_s = hp::bench::median(b);
   });
   std::cout << std::fixed << std::setprecision(2) << "bench_adamw: demo model (" << c.parameter_count()
-            << " parameters), FSDP on 2 ranks, median of " << steps << " steps\n  torch::optim::AdamW "
-            << 1e3 * torch_s << " ms, hp::AdamW (foreach on local shards) " << 1e3 * foreach_s << " ms, ratio "
-            << std::setprecision(3) << foreach_s / torch_s << "\n";
+            << " parameters), FSDP on 2 ranks, median of " << steps << " steps\n  torch::optim::AdamW " << 1e3 * torch_s
+            << " ms, hp::AdamW (foreach on local shards) " << 1e3 * foreach_s << " ms, ratio " << std::setprecision(3)
+            << foreach_s / torch_s << "\n";
   return 0;
 }

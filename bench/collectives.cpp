@@ -115,42 +115,42 @@ int main(int argc, char** argv) {
   std::map<std::string, std::pair<double, double>> issue_us;  // 1 KB: facade, raw median issue time
   std::mutex rows_mu;
   auto measure = [&](const ProcessGroup& g) {
-      const int n = g.size();
-      for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
-        const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
-        // Calls alternate facade / raw, each timed alone; the medians of the two lists are compared.
-        const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, quick ? 10 : 300));
-        for (Case& c : make_cases(g, numel)) {
-          c.facade();  // warm up both paths (buffers, Gloo algorithm caches)
-          c.raw();
-          std::vector<double> facade, raw;
-          for (int i = 0; i < calls; ++i) {  // swap which goes first, so neither always follows the other
-            if (i % 2 == 0) facade.push_back(time_one(c.facade));
-            raw.push_back(time_one(c.raw));
-            if (i % 2 == 1) facade.push_back(time_one(c.facade));
-          }
-          if (g.rank() == 0) {
-            std::lock_guard<std::mutex> lock(rows_mu);
-            rows.push_back({c.name, n, numel * 4, median(facade) * 1e6, median(raw) * 1e6, c.bus_factor});
-          }
-          if (bytes != 1024) continue;
-          // The facade's own CPU cost at 1 KB: time only the issuing call, then wait untimed.
-          std::vector<double> facade_issue, raw_issue;
-          for (int i = 0; i < calls; ++i) {
-            hp::comm::Work w;
-            facade_issue.push_back(time_one([&] { w = c.facade_issue(); }));
-            w.wait();
-            hp::comm::shim::NativeWork nw;
-            raw_issue.push_back(time_one([&] { nw = c.raw_issue(); }));
-            wait_raw(nw);
-          }
-          if (g.rank() == 0) {
-            std::lock_guard<std::mutex> lock(rows_mu);
-            issue_us[c.name + std::string(" ranks=") + std::to_string(n)] = {median(facade_issue) * 1e6,
-                                                                            median(raw_issue) * 1e6};
-          }
+    const int n = g.size();
+    for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+      const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
+      // Calls alternate facade / raw, each timed alone; the medians of the two lists are compared.
+      const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, quick ? 10 : 300));
+      for (Case& c : make_cases(g, numel)) {
+        c.facade();  // warm up both paths (buffers, Gloo algorithm caches)
+        c.raw();
+        std::vector<double> facade, raw;
+        for (int i = 0; i < calls; ++i) {  // swap which goes first, so neither always follows the other
+          if (i % 2 == 0) facade.push_back(time_one(c.facade));
+          raw.push_back(time_one(c.raw));
+          if (i % 2 == 1) facade.push_back(time_one(c.facade));
+        }
+        if (g.rank() == 0) {
+          std::lock_guard<std::mutex> lock(rows_mu);
+          rows.push_back({c.name, n, numel * 4, median(facade) * 1e6, median(raw) * 1e6, c.bus_factor});
+        }
+        if (bytes != 1024) continue;
+        // The facade's own CPU cost at 1 KB: time only the issuing call, then wait untimed.
+        std::vector<double> facade_issue, raw_issue;
+        for (int i = 0; i < calls; ++i) {
+          hp::comm::Work w;
+          facade_issue.push_back(time_one([&] { w = c.facade_issue(); }));
+          w.wait();
+          hp::comm::shim::NativeWork nw;
+          raw_issue.push_back(time_one([&] { nw = c.raw_issue(); }));
+          wait_raw(nw);
+        }
+        if (g.rank() == 0) {
+          std::lock_guard<std::mutex> lock(rows_mu);
+          issue_us[c.name + std::string(" ranks=") + std::to_string(n)] = {median(facade_issue) * 1e6,
+                                                                           median(raw_issue) * 1e6};
         }
       }
+    }
   };
   const bool under_launcher = std::getenv("WORLD_SIZE") != nullptr;
   if (under_launcher) {  // ranks are processes started by hprun
@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
   std::printf("ranks are %s; each figure is rank 0's median time per call, facade and c10d calls alternating\n\n",
               under_launcher ? "processes (hprun)" : "threads of one process");
 
-  std::printf("%-15s %5s %10s %12s %12s %11s %11s %9s\n", "collective", "ranks", "bytes", "hp us", "c10d us",
-              "hp GB/s", "c10d GB/s", "hp/c10d");
+  std::printf("%-15s %5s %10s %12s %12s %11s %11s %9s\n", "collective", "ranks", "bytes", "hp us", "c10d us", "hp GB/s",
+              "c10d GB/s", "hp/c10d");
   std::map<std::string, std::vector<double>> big_ratios;
   std::map<std::string, double> small_overhead_us;
   for (const Row& r : rows) {

@@ -40,8 +40,7 @@ hp::dcp::StateDict make_state(const hp::comm::ProcessGroup& world, int64_t total
   hp::dcp::StateDict state;
   const int64_t tensors = 8, rows = total_mb * (1 << 20) / 4 / tensors / 1024;
   for (int64_t i = 0; i < tensors; ++i)
-    state.tensors["t" + std::to_string(i)] =
-        hp::distribute_tensor(at::rand({rows, 1024}), mesh, {hp::Shard(0)});
+    state.tensors["t" + std::to_string(i)] = hp::distribute_tensor(at::rand({rows, 1024}), mesh, {hp::Shard(0)});
   return state;
 }
 
@@ -192,9 +191,9 @@ int main(int argc, char** argv) {
             << " ranks (threads), median of " << rounds << "\n"
             << "  save  dcp " << mb / median(dcp_save) << " MB/s, plain write+fsync " << mb / median(plain_save)
             << " MB/s, ratio " << std::setprecision(2) << median(plain_save) / median(dcp_save) << " (target >= 0.7)\n"
-            << std::setprecision(1) << "  load (" << (cold ? "page cache dropped" : "from the page cache") << ")  dcp " << mb / median(dcp_load) << " MB/s, plain read "
-            << mb / median(plain_load) << " MB/s, ratio " << std::setprecision(2)
-            << median(plain_load) / median(dcp_load) << " (target >= 0.7)\n"
+            << std::setprecision(1) << "  load (" << (cold ? "page cache dropped" : "from the page cache") << ")  dcp "
+            << mb / median(dcp_load) << " MB/s, plain read " << mb / median(plain_load) << " MB/s, ratio "
+            << std::setprecision(2) << median(plain_load) / median(dcp_load) << " (target >= 0.7)\n"
             << std::setprecision(1) << "  blocked by a save, CPU-bound step: sync " << 1e3 * median(sync_blocked)
             << " ms, async staged before returning " << 1e3 * median(async_blocked) << " ms (ratio "
             << std::setprecision(3) << median(async_blocked) / median(sync_blocked) << "), staged in the background "

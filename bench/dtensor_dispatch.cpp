@@ -27,11 +27,18 @@ using hp::bench::median;
 using hp::bench::seconds;
 
 // Median seconds per call of a and of b, timed in alternating batches of `batch` calls.
-std::pair<double, double> compare(const std::function<void()>& a, const std::function<void()>& b, int rounds, int batch) {
+std::pair<double, double> compare(const std::function<void()>& a, const std::function<void()>& b, int rounds,
+                                  int batch) {
   std::vector<double> ta, tb;
   for (int r = 0; r < rounds; ++r) {
-    ta.push_back(seconds([&] { for (int i = 0; i < batch; ++i) a(); }) / batch);
-    tb.push_back(seconds([&] { for (int i = 0; i < batch; ++i) b(); }) / batch);
+    ta.push_back(seconds([&] {
+                   for (int i = 0; i < batch; ++i) a();
+                 }) /
+                 batch);
+    tb.push_back(seconds([&] {
+                   for (int i = 0; i < batch; ++i) b();
+                 }) /
+                 batch);
   }
   return {median(ta), median(tb)};
 }
@@ -69,8 +76,8 @@ int main(int argc, char** argv) {
     const at::Tensor piece = sharded.to_local();
     const hp::comm::ProcessGroup& group = mesh.get_group(0);
     const int rounds = quick ? 2 : 9;
-    auto [t_redistribute, t_gather] = compare([&] { sharded.redistribute(mesh, {hp::Replicate()}); },
-                                              [&] { group.all_gather(piece); }, rounds, 1);
+    auto [t_redistribute, t_gather] =
+        compare([&] { sharded.redistribute(mesh, {hp::Replicate()}); }, [&] { group.all_gather(piece); }, rounds, 1);
     if (world.rank() == 0) {
       std::lock_guard<std::mutex> lock(print_mu);
       const double mb = full.numel() * 4.0 / (1 << 20);
@@ -82,7 +89,8 @@ int main(int argc, char** argv) {
       redistribute_ratio = t_gather / t_redistribute;
     }
   });
-  std::printf("\ndispatch overhead per op: add %.2f us, mm %.2f us; redistribute bandwidth / all_gather bandwidth = %.3f\n",
-              add_overhead, mm_overhead, redistribute_ratio);
+  std::printf(
+      "\ndispatch overhead per op: add %.2f us, mm %.2f us; redistribute bandwidth / all_gather bandwidth = %.3f\n",
+      add_overhead, mm_overhead, redistribute_ratio);
   return 0;
 }

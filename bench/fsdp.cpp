@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "bench/timing.h"
-#include "hp/core/cpu_threads.h"
 #include "hp/comm/init.h"
+#include "hp/core/cpu_threads.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/fsdp.h"
@@ -47,7 +47,8 @@ struct Run {
 };
 
 // Trains `steps` timed steps (after one warm-up) on this rank; world size 1 = no FSDP.
-Run train(const hp::comm::ProcessGroup* world, bool quick, bool prefetch, int steps, hp::FullyShardOptions options = {}) {
+Run train(const hp::comm::ProcessGroup* world, bool quick, bool prefetch, int steps,
+          hp::FullyShardOptions options = {}) {
   Run run;
   hp::MemoryTracker tracker;
   Llama model(config(quick));
@@ -65,8 +66,9 @@ Run train(const hp::comm::ProcessGroup* world, bool quick, bool prefetch, int st
   hp::nn::init_parameters(model, 1);
   torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
   const int64_t seq = quick ? 32 : 128, batch = quick ? 2 : 4;
-  const at::Tensor data = at::randint(0, config(quick).vocab, {batch, seq + 1}, at::make_generator<at::CPUGeneratorImpl>(3),
-                                      at::TensorOptions().dtype(at::kLong));
+  const at::Tensor data =
+      at::randint(0, config(quick).vocab, {batch, seq + 1}, at::make_generator<at::CPUGeneratorImpl>(3),
+                  at::TensorOptions().dtype(at::kLong));
   auto step = [&] {
     optimizer.zero_grad();
     hp::cross_entropy(model(data.narrow(1, 0, seq)), data.narrow(1, 1, seq)).backward();

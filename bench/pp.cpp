@@ -48,10 +48,15 @@ struct OnDevice : hp::nn::Module {
     const at::Tensor y = (*stage)(x);
     idle(seconds);
     const double s = seconds;
-    at::Tensor out = hp::record_backward("device_input_gradient", y, y.detach().clone(),
-                                                 [s](const at::Tensor& grad) { idle(s); return grad; });
-    at::Tensor zero = hp::record_backward("device_weight_gradient", device, at::zeros({1}, y.options()),
-                                                  [s](const at::Tensor& grad) { idle(s); return grad.sum().reshape({1}) * 0; });
+    at::Tensor out = hp::record_backward("device_input_gradient", y, y.detach().clone(), [s](const at::Tensor& grad) {
+      idle(s);
+      return grad;
+    });
+    at::Tensor zero =
+        hp::record_backward("device_weight_gradient", device, at::zeros({1}, y.options()), [s](const at::Tensor& grad) {
+          idle(s);
+          return grad.sum().reshape({1}) * 0;
+        });
     return out + zero;
   }
   std::shared_ptr<hp::nn::Module> stage;
@@ -64,8 +69,8 @@ struct Setup {
   int ranks;
   hp::models::LlamaConfig config;
   int micro_batches;
-  int64_t rows;                   // per step
-  double device_seconds = 0.0;    // per layer, in each of F, I and W
+  int64_t rows;                 // per step
+  double device_seconds = 0.0;  // per layer, in each of F, I and W
   int steps;
 };
 
@@ -74,38 +79,42 @@ hp::pp::Simulation measure(const Setup& setup, const hp::pp::Schedule& schedule,
   hp::testing::RunRanksOptions options;
   options.cpu_threads_per_rank = 1;
   const int64_t layers_per_stage = setup.config.layers / schedule.stages;
-  hp::testing::run_ranks(schedule.ranks, [&](const hp::comm::ProcessGroup& world) {
-    hp::models::Llama model(setup.config);
-    hp::nn::init_parameters(model, 1);
-    const auto all = hp::models::split_llama(model, std::vector<int64_t>(schedule.stages, layers_per_stage));
-    std::vector<hp::pp::PipelineStage> mine;
-    for (int s = 0; s < schedule.stages; ++s) {
-      if (schedule.stage_rank[s] != world.rank()) continue;
-      std::shared_ptr<hp::nn::Module> stage = all[s];
-      if (setup.device_seconds > 0)
-        stage = std::make_shared<OnDevice>(stage, setup.device_seconds * static_cast<double>(layers_per_stage));
-      mine.push_back({stage, s});
-    }
-    hp::pp::PipelineOptions pipeline;
-    pipeline.batch_p2p = batch_p2p;
-    hp::pp::PipelineExecutor pipe(schedule, mine, world,
-                                  [](const at::Tensor& l, const at::Tensor& t) { return hp::cross_entropy(l, t); },
-                                  pipeline);
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-    const int64_t seq = setup.config.max_seq;
-    const at::Tensor tokens = at::randint(0, setup.config.vocab, {setup.rows, seq + 1}, gen, at::TensorOptions().dtype(at::kLong));
-    const at::Tensor x = tokens.narrow(1, 0, seq).contiguous(), y = tokens.narrow(1, 1, seq).contiguous();
-    pipe.step(x, y);  // warm-up (and the shapes cross once)
-    pipe.record_timeline(true);
-    for (int i = 0; i < setup.steps; ++i) {
-      world.barrier();
-      for (const auto& st : mine)
-        for (auto& p : st.module->parameters()) p.mutable_grad() = at::Tensor();
-      pipe.step(x, y);
-      hp::pp::Simulation step = pipe.measured_step();  // collective
-      if (world.rank() == 0) runs[i] = std::move(step);
-    }
-  }, options);
+  hp::testing::run_ranks(
+      schedule.ranks,
+      [&](const hp::comm::ProcessGroup& world) {
+        hp::models::Llama model(setup.config);
+        hp::nn::init_parameters(model, 1);
+        const auto all = hp::models::split_llama(model, std::vector<int64_t>(schedule.stages, layers_per_stage));
+        std::vector<hp::pp::PipelineStage> mine;
+        for (int s = 0; s < schedule.stages; ++s) {
+          if (schedule.stage_rank[s] != world.rank()) continue;
+          std::shared_ptr<hp::nn::Module> stage = all[s];
+          if (setup.device_seconds > 0)
+            stage = std::make_shared<OnDevice>(stage, setup.device_seconds * static_cast<double>(layers_per_stage));
+          mine.push_back({stage, s});
+        }
+        hp::pp::PipelineOptions pipeline;
+        pipeline.batch_p2p = batch_p2p;
+        hp::pp::PipelineExecutor pipe(
+            schedule, mine, world, [](const at::Tensor& l, const at::Tensor& t) { return hp::cross_entropy(l, t); },
+            pipeline);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+        const int64_t seq = setup.config.max_seq;
+        const at::Tensor tokens =
+            at::randint(0, setup.config.vocab, {setup.rows, seq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+        const at::Tensor x = tokens.narrow(1, 0, seq).contiguous(), y = tokens.narrow(1, 1, seq).contiguous();
+        pipe.step(x, y);  // warm-up (and the shapes cross once)
+        pipe.record_timeline(true);
+        for (int i = 0; i < setup.steps; ++i) {
+          world.barrier();
+          for (const auto& st : mine)
+            for (auto& p : st.module->parameters()) p.mutable_grad() = at::Tensor();
+          pipe.step(x, y);
+          hp::pp::Simulation step = pipe.measured_step();  // collective
+          if (world.rank() == 0) runs[i] = std::move(step);
+        }
+      },
+      options);
   std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.bubble < b.bubble; });
   return runs[runs.size() / 2];  // the step with the median bubble
 }
@@ -116,11 +125,20 @@ hp::pp::ActionCosts mean_costs(const hp::pp::Simulation& sim) {
   for (const auto& t : sim.timeline) {
     const double d = t.end - t.start;
     switch (t.action.kind) {
-      case hp::pp::ActionKind::kForward: f += d, ++nf; break;
-      case hp::pp::ActionKind::kBackward: i += d / 2, w += d / 2, ++ni, ++nw; break;
-      case hp::pp::ActionKind::kBackwardInput: i += d, ++ni; break;
-      case hp::pp::ActionKind::kBackwardWeight: w += d, ++nw; break;
-      default: break;
+      case hp::pp::ActionKind::kForward:
+        f += d, ++nf;
+        break;
+      case hp::pp::ActionKind::kBackward:
+        i += d / 2, w += d / 2, ++ni, ++nw;
+        break;
+      case hp::pp::ActionKind::kBackwardInput:
+        i += d, ++ni;
+        break;
+      case hp::pp::ActionKind::kBackwardWeight:
+        w += d, ++nw;
+        break;
+      default:
+        break;
     }
   }
   return hp::pp::ActionCosts{f / nf, i / ni, w / nw, 0.0};
@@ -128,11 +146,14 @@ hp::pp::ActionCosts mean_costs(const hp::pp::Simulation& sim) {
 
 void run_setup(const Setup& setup, bool docs) {
   const int p = setup.ranks, m = setup.micro_batches, v = 2;
-  std::cout << "\n" << setup.name << ": " << p << " ranks, " << m << " micro-batches of " << setup.rows / m << " x "
+  std::cout << "\n"
+            << setup.name << ": " << p << " ranks, " << m << " micro-batches of " << setup.rows / m << " x "
             << setup.config.max_seq << " tokens, Llama dim " << setup.config.dim << ", " << setup.config.layers
             << " layers split evenly";
-  if (setup.device_seconds > 0) std::cout << ", " << 1e3 * setup.device_seconds << " ms of device time per layer in each of F, I, W";
-  std::cout << "\n" << std::fixed << std::setprecision(1)
+  if (setup.device_seconds > 0)
+    std::cout << ", " << 1e3 * setup.device_seconds << " ms of device time per layer in each of F, I, W";
+  std::cout << "\n"
+            << std::fixed << std::setprecision(1)
             << "schedule                 measured bubble   theory (unit costs)   simulated with measured costs\n";
   const auto report = [&](const hp::pp::Schedule& schedule, const std::string& name, double theory, bool batch_p2p) {
     const hp::pp::Simulation got = measure(setup, schedule, batch_p2p);
@@ -141,8 +162,8 @@ void run_setup(const Setup& setup, bool docs) {
     std::cout << std::left << std::setw(25) << name << std::right << std::setw(14) << 100 * got.bubble << "%"
               << std::setw(20) << 100 * theory << "%" << std::setw(24) << 100 * predicted << "%\n";
     if (docs && batch_p2p && (name == "1F1B" || name == "ZBV")) {
-      const std::string path = std::string(HP_SOURCE_DIR) + "/docs/images/pp_measured_" +
-                               (name == "1F1B" ? "1f1b" : "zbv") + ".svg";
+      const std::string path =
+          std::string(HP_SOURCE_DIR) + "/docs/images/pp_measured_" + (name == "1F1B" ? "1f1b" : "zbv") + ".svg";
       std::ofstream(path) << hp::pp::to_svg(schedule, got, schedule.name + " (measured, " + setup.name + ")");
       std::cout << "  wrote " << path << "\n";
     }
@@ -171,8 +192,10 @@ void run_setup(const Setup& setup, bool docs) {
 int main(int argc, char** argv) {
   bool quick = false, docs = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--docs")) docs = true;
+    if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!std::strcmp(argv[i], "--docs"))
+      docs = true;
   }
   const int m = quick ? 4 : 8, steps = quick ? 1 : 5;
   std::cout << "bench_pp: median step of " << steps << "\n";
@@ -182,8 +205,9 @@ int main(int argc, char** argv) {
              quick ? 0.0005 : 0.008, steps},
             docs);
   // CPU-bound: micro-batches large enough that an action computes for milliseconds.
-  run_setup({"CPU-bound", 2, hp::models::LlamaConfig{256, quick ? 64 : 192, 8, 4, 2, quick ? 128 : 512, quick ? 16 : 128},
-             m, (quick ? 2 : 4) * m, 0.0, steps},
-            /*docs=*/false);
+  run_setup(
+      {"CPU-bound", 2, hp::models::LlamaConfig{256, quick ? 64 : 192, 8, 4, 2, quick ? 128 : 512, quick ? 16 : 128}, m,
+       (quick ? 2 : 4) * m, 0.0, steps},
+      /*docs=*/false);
   return 0;
 }

@@ -103,7 +103,8 @@ double report_comm(bool quick, bool sp) {
                                                             {"reduce_scatter", {4, 4 * activation}}}
          : std::map<std::string, std::pair<double, double>>{{"all_reduce", {4, 4 * activation}}};
   double measured_bytes = 0, theory_bytes = 0;
-  std::printf("\nper layer per step, TP=2%s (activation %.0f KiB)\n", sp ? ", sequence parallel" : "", activation / 1024);
+  std::printf("\nper layer per step, TP=2%s (activation %.0f KiB)\n", sp ? ", sequence parallel" : "",
+              activation / 1024);
   std::printf("%-16s %10s %10s %14s %14s\n", "collective", "count", "theory", "KiB", "theory KiB");
   for (const auto& [op, counts] : four.ops) {
     const double count = (counts.first - two.ops.at(op).first) / 2, bytes = (counts.second - two.ops.at(op).second) / 2;
@@ -153,7 +154,8 @@ int main(int argc, char** argv) {
   const double no_sp = report_comm(quick, false);
   const double with_sp = report_comm(quick, true);
   const auto [one, tp2] = step_times(quick);
-  std::printf("\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms\n", one * 1e3, tp2 * 1e3);
+  std::printf("\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms\n", one * 1e3,
+              tp2 * 1e3);
   std::printf("ratios: per-layer bytes measured/theory without SP %.2f, with SP %.2f; step time TP=2 / 1 rank %.2f\n",
               no_sp, with_sp, tp2 / one);
 }

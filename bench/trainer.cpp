@@ -14,12 +14,12 @@
 #include <iostream>
 
 #include "bench/timing.h"
-#include "hp_build_paths.h"
 #include "hp/data/text_data.h"
 #include "hp/models/llama/spec.h"
 #include "hp/nn/init.h"
 #include "hp/testing/run_ranks.h"
 #include "hp/train/trainer.h"
+#include "hp_build_paths.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
     plain += b;
   }
   std::cout << std::setprecision(3) << "step time hp-train / plain loop = " << trainer / plain << " (target <= 1.05)\n"
-            << std::setprecision(0) << "hp-train: " << static_cast<double>(c.train.global_batch * c.data.seq_len) * rounds / trainer
+            << std::setprecision(0)
+            << "hp-train: " << static_cast<double>(c.train.global_batch * c.data.seq_len) * rounds / trainer
             << " tokens/s on one rank\n";
   fs::remove_all(dir);
   return 0;

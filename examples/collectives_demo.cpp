@@ -26,8 +26,8 @@ std::string values_of(const at::Tensor& t) {
 void report(const std::string& what, const at::Tensor& got, const at::Tensor& want) {
   const bool ok = got.sizes() == want.sizes() && at::equal(got, want);
   if (!ok) ++failures;
-  std::cout << (ok ? "ok    " : "WRONG ") << what << ": shape " << got.sizes() << " values "
-            << values_of(got) << (ok ? "" : "  expected " + values_of(want)) << "\n";
+  std::cout << (ok ? "ok    " : "WRONG ") << what << ": shape " << got.sizes() << " values " << values_of(got)
+            << (ok ? "" : "  expected " + values_of(want)) << "\n";
 }
 
 // Rank r of a group contributes r+1 in every element (rows of it, in all_gather's uneven case).
@@ -46,12 +46,15 @@ int main() try {
   for (const std::string dim : {"dp", "tp"}) {
     const hp::comm::ProcessGroup& g = mesh.get_group(dim);
     const int n = g.size(), r = g.rank();
-    const std::string tag = "[" + dim + " ranks " + std::to_string(g.ranks()[0]) + "," + std::to_string(g.ranks()[1]) + "] ";
+    const std::string tag =
+        "[" + dim + " ranks " + std::to_string(g.ranks()[0]) + "," + std::to_string(g.ranks()[1]) + "] ";
     const double total = n * (n + 1) / 2.0;  // sum of r+1 over the group
 
     report(tag + "all_reduce sum", g.all_reduce(contribution(r, 1)), at::full({1, 2}, total));
-    report(tag + "all_reduce avg", g.all_reduce(contribution(r, 1), {hp::comm::ReduceOp::kAvg}), at::full({1, 2}, total / n));
-    report(tag + "all_reduce max", g.all_reduce(contribution(r, 1), {hp::comm::ReduceOp::kMax}), at::full({1, 2}, n * 1.0));
+    report(tag + "all_reduce avg", g.all_reduce(contribution(r, 1), {hp::comm::ReduceOp::kAvg}),
+           at::full({1, 2}, total / n));
+    report(tag + "all_reduce max", g.all_reduce(contribution(r, 1), {hp::comm::ReduceOp::kMax}),
+           at::full({1, 2}, n * 1.0));
     // Uneven all_gather: rank r contributes r+1 rows.
     std::vector<int64_t> sizes;
     std::vector<at::Tensor> expected;

@@ -45,7 +45,6 @@ inline int64_t settled_current(const MemoryTracker& tracker) {
   return now;
 }
 
-
 // Throws with both tensors printed unless `got` equals `want` within tolerances chosen by dtype
 // (exact for integers; fp32 rtol 1e-5; bf16 rtol 1e-2), or bitwise if `bitwise`.
 inline void check_close(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise = false) {

@@ -1,17 +1,17 @@
 // HyperParallel C++: the umbrella header.
 #pragma once
 
+#include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/functional.h"
 #include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/comm/types.h"
 #include "hp/core/chunking.h"
+#include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
-#include "hp/comm/comm_debug_mode.h"
-#include "hp/core/cpu_threads.h"
 #include "hp/dtensor/custom.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/placement.h"

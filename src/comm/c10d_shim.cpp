@@ -11,10 +11,14 @@ namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
-    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::AVG;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -55,8 +59,13 @@ bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op) {
   if (!is_gloo(group)) return true;
   if (op == ReduceOp::kAvg) return false;  // "Cannot use ReduceOp.AVG with Gloo"
   switch (dtype) {
-    case at::kFloat: case at::kDouble: case at::kHalf:
-    case at::kChar: case at::kByte: case at::kInt: case at::kLong:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
       return true;
     default:
       return false;  // notably bf16 and bool: "Invalid scalar type"
@@ -84,8 +93,8 @@ NativeWork all_gather(NativeGroup& group, std::vector<at::Tensor> outputs, at::T
   return group.allgather(out, in);
 }
 
-NativeWork all_to_all(NativeGroup& group, at::Tensor output, at::Tensor input,
-                      std::vector<int64_t> output_splits, std::vector<int64_t> input_splits) {
+NativeWork all_to_all(NativeGroup& group, at::Tensor output, at::Tensor input, std::vector<int64_t> output_splits,
+                      std::vector<int64_t> input_splits) {
   return group.alltoall_base(output, input, output_splits, input_splits);
 }
 

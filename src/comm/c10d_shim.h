@@ -7,9 +7,9 @@
 #pragma once
 
 #include <torch/csrc/api/include/torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
@@ -44,8 +44,7 @@ StorePtr make_prefix_store(const std::string& prefix, StorePtr store);
 
 DevicePtr make_gloo_device(const std::string& hostname);
 // Blocks until all `size` members have constructed the group (full-mesh connect).
-NativeGroupPtr make_gloo_group(StorePtr store, int rank, int size, std::chrono::milliseconds timeout,
-                               DevicePtr device);
+NativeGroupPtr make_gloo_group(StorePtr store, int rank, int size, std::chrono::milliseconds timeout, DevicePtr device);
 
 // True when the backend reduces `dtype` with `op` itself (Gloo 1.13: no bf16, no avg).
 bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op);
@@ -54,8 +53,8 @@ at::Tensor to_wire(const NativeGroup& group, const at::Tensor& t);
 
 NativeWork all_reduce(NativeGroup& group, at::Tensor tensor, ReduceOp op);
 NativeWork all_gather(NativeGroup& group, std::vector<at::Tensor> outputs, at::Tensor input);
-NativeWork all_to_all(NativeGroup& group, at::Tensor output, at::Tensor input,
-                      std::vector<int64_t> output_splits, std::vector<int64_t> input_splits);
+NativeWork all_to_all(NativeGroup& group, at::Tensor output, at::Tensor input, std::vector<int64_t> output_splits,
+                      std::vector<int64_t> input_splits);
 NativeWork broadcast(NativeGroup& group, at::Tensor tensor, int root);
 NativeWork send(NativeGroup& group, at::Tensor tensor, int peer, int tag);
 NativeWork recv(NativeGroup& group, at::Tensor tensor, int peer, int tag);

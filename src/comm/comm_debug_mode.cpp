@@ -35,7 +35,8 @@ int64_t CommDebugMode::total_bytes() const {
 
 std::string CommDebugMode::str() const {
   std::ostringstream out;
-  for (const auto& [op, t] : tallies_) out << (out.tellp() > 0 ? ", " : "") << op << " x" << t.count << " (" << t.bytes << " B)";
+  for (const auto& [op, t] : tallies_)
+    out << (out.tellp() > 0 ? ", " : "") << op << " x" << t.count << " (" << t.bytes << " B)";
   return out.str();
 }
 

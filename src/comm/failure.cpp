@@ -85,9 +85,7 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
 
 }  // namespace
 
-std::string GroupImpl::describe() const {
-  return "group '" + name + "' (world ranks " + format_ranks(ranks) + ")";
-}
+std::string GroupImpl::describe() const { return "group '" + name + "' (world ranks " + format_ranks(ranks) + ")"; }
 
 void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure) {
   try {
@@ -102,8 +100,8 @@ void raise_collective_failure(const CollectiveSite& site, std::exception_ptr fai
   std::ostringstream msg;
   msg << site.op << " on " << group.describe() << ", rank " << group.ranks[group.rank];
   if (site.peer >= 0)
-    msg << (std::string(site.op) == "send" ? ", to" : ", from") << " world rank " << group.ranks[site.peer]
-        << " (tag " << site.tag << ") failed";
+    msg << (std::string(site.op) == "send" ? ", to" : ", from") << " world rank " << group.ranks[site.peer] << " (tag "
+        << site.tag << ") failed";
   else
     msg << ", collective #" << site.seq << " failed";
   if (timed_out) msg << " after the group timeout of " << group.options.timeout.count() << " ms";

@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 
-
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
@@ -15,14 +14,13 @@ namespace {
 // `backward` as the step from input to output.
 at::Tensor differentiable(const char* name, const at::Tensor& input,
                           const std::function<at::Tensor(const at::Tensor&)>& forward, BackwardFn backward) {
-  return record_backward(name, input, forward(input.detach()), [backward](const at::Tensor& grad) {
-    return backward(grad.contiguous());
-  });
+  return record_backward(name, input, forward(input.detach()),
+                         [backward](const at::Tensor& grad) { return backward(grad.contiguous()); });
 }
 
 void check_linear(const char* name, const at::Tensor& input, ReduceOp op) {
-  HP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg || !input.requires_grad(), name, ": ReduceOp ",
-           to_string(op), " is not differentiable; use sum or avg, or detach the input");
+  HP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg || !input.requires_grad(), name, ": ReduceOp ", to_string(op),
+           " is not differentiable; use sum or avg, or detach the input");
 }
 
 }  // namespace
@@ -30,8 +28,7 @@ void check_linear(const char* name, const at::Tensor& input, ReduceOp op) {
 at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, ReduceOp op) {
   check_linear("functional::all_reduce", input, op);
   return differentiable(
-      "AllReduceBackward", input,
-      [&](const at::Tensor& x) { return group.all_reduce(x.clone(), {op}); },
+      "AllReduceBackward", input, [&](const at::Tensor& x) { return group.all_reduce(x.clone(), {op}); },
       [group, op](const at::Tensor& g) { return group.all_reduce(g.clone(), {op}); });
 }
 

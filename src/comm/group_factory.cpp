@@ -31,15 +31,14 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
   try {
-    group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank,
-                                          group->size(), registry->options.timeout, registry->device);
+    group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank, group->size(),
+                                          registry->options.timeout, registry->device);
   } catch (const std::exception& e) {
-    const std::string what = dynamic_cast<const c10::Error*>(&e)
-                                 ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                                 : e.what();
-    const std::string msg = "creating " + group->describe() + " on world rank " +
-                            std::to_string(registry->world_rank) + " failed (members must all create it, " +
-                            "within the timeout of " + std::to_string(registry->options.timeout.count()) +
+    const std::string what =
+        dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace() : e.what();
+    const std::string msg = "creating " + group->describe() + " on world rank " + std::to_string(registry->world_rank) +
+                            " failed (members must all create it, " + "within the timeout of " +
+                            std::to_string(registry->options.timeout.count()) +
                             " ms): " + what.substr(0, what.find('\n'));
     if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos)
       throw hp::TimeoutError(msg);
@@ -52,8 +51,7 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
 
 ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options) {
   HP_CHECK(world_size > 0, "init_process_group: world size must be positive, got ", world_size);
-  HP_CHECK(rank >= 0 && rank < world_size, "init_process_group: rank ", rank, " is not in [0, ",
-           world_size, ")");
+  HP_CHECK(rank >= 0 && rank < world_size, "init_process_group: rank ", rank, " is not in [0, ", world_size, ")");
   auto registry = std::make_shared<detail::GroupRegistry>();
   registry->root_store = std::move(store);
   registry->options = options;
@@ -77,8 +75,8 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> world_ranks, const std::st
            "] contain a duplicate");
   HP_CHECK(*unique.begin() >= 0 && *unique.rbegin() < registry->world_size, "new_group: ranks [",
            detail::join(world_ranks), "] must lie in [0, ", registry->world_size, ")");
-  HP_CHECK(unique.count(registry->world_rank), "new_group: world rank ", registry->world_rank,
-           " is not in [", detail::join(world_ranks), "]; only members create a group");
+  HP_CHECK(unique.count(registry->world_rank), "new_group: world rank ", registry->world_rank, " is not in [",
+           detail::join(world_ranks), "]; only members create a group");
 
   std::lock_guard<std::mutex> lock(registry->mu);
   if (auto world = registry->world.lock(); world && world->ranks == world_ranks) return ProcessGroup(world);

@@ -84,8 +84,7 @@ struct WorkState {
 
 // A single native c10d collective plus a local finishing step run once after it completes.
 struct NativeWorkState final : WorkState {
-  NativeWorkState(CollectiveSite site, std::function<at::Tensor()> finish)
-      : site(site), finish(std::move(finish)) {}
+  NativeWorkState(CollectiveSite site, std::function<at::Tensor()> finish) : site(site), finish(std::move(finish)) {}
   at::Tensor wait() override;
   bool is_completed() override;
   void abort(const std::shared_ptr<WorkState>& self) override;
@@ -101,9 +100,7 @@ struct NativeWorkState final : WorkState {
 struct QueuedWorkState final : WorkState {
   explicit QueuedWorkState(std::shared_future<at::Tensor> future) : future(std::move(future)) {}
   at::Tensor wait() override { return future.get(); }
-  bool is_completed() override {
-    return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
+  bool is_completed() override { return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
   std::shared_future<at::Tensor> future;
 };
 
@@ -119,7 +116,7 @@ struct ReadyWorkState final : WorkState {
 void wait_native(const CollectiveSite& site, const shim::NativeWork& work);
 
 // Creates a group from a store (used by init_process_group, the test harness and new_group).
-std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
-                                        std::vector<int> ranks, std::string name);
+std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry, std::vector<int> ranks,
+                                        std::string name);
 
 }  // namespace hp::comm::detail

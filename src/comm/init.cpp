@@ -70,11 +70,11 @@ LaunchEnv read_launch_env(const GetEnv& getenv_override) {
   }
   if (const char* addr = getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
   env.master_port = read_int(getenv, "MASTER_PORT").value_or(29500);
-  HP_CHECK(env.master_port > 0 && env.master_port < 65536, "launch environment: MASTER_PORT=",
-           env.master_port, " is not a TCP port");
+  HP_CHECK(env.master_port > 0 && env.master_port < 65536, "launch environment: MASTER_PORT=", env.master_port,
+           " is not a TCP port");
   HP_CHECK(env.world_size == env.local_world_size || getenv("MASTER_ADDR"),
-           "launch environment: a job spanning several nodes (WORLD_SIZE ", env.world_size,
-           " > local ", env.local_world_size, ") needs MASTER_ADDR set to the host of rank 0");
+           "launch environment: a job spanning several nodes (WORLD_SIZE ", env.world_size, " > local ",
+           env.local_world_size, ") needs MASTER_ADDR set to the host of rank 0");
   return env;
 }
 
@@ -88,8 +88,7 @@ ProcessGroup init_process_group(InitOptions options) {
   }
   // A process started without a launcher is a world of one: it needs no rendezvous, and must not
   // claim the default port (two such processes would collide there).
-  if (env.world_size == 1 && env.source == "default")
-    return create_world_group(shim::make_hash_store(), 0, 1, group);
+  if (env.world_size == 1 && env.source == "default") return create_world_group(shim::make_hash_store(), 0, 1, group);
   shim::StorePtr store;
   try {
     store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
@@ -99,8 +98,8 @@ ProcessGroup init_process_group(InitOptions options) {
     std::string what = c10 ? c10->what_without_backtrace() : e.what();
     throw hp::Error("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +
                     env.master_addr + ":" + std::to_string(env.master_port) + " within " +
-                    std::to_string(options.rendezvous_timeout.count()) + " ms (" +
-                    what.substr(0, what.find('\n')) + "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
+                    std::to_string(options.rendezvous_timeout.count()) + " ms (" + what.substr(0, what.find('\n')) +
+                    "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
                     "the same on every rank?");
   }
   return create_world_group(std::move(store), env.rank, env.world_size, group);

@@ -44,17 +44,12 @@ std::vector<int64_t> with_dim0(const at::Tensor& t, int64_t rows) {
 int64_t normalize_dim(const char* op, int64_t dim, const at::Tensor& t) {
   const int64_t rank = t.dim();
   HP_CHECK(rank > 0, op, ": needs a tensor with at least one dim, got a scalar");
-  HP_CHECK(dim >= -rank && dim < rank, op, ": dim ", dim, " is out of range for a tensor of shape ",
-           t.sizes());
+  HP_CHECK(dim >= -rank && dim < rank, op, ": dim ", dim, " is out of range for a tensor of shape ", t.sizes());
   return dim < 0 ? dim + rank : dim;
 }
 
-at::Tensor to_dim0(const at::Tensor& t, int64_t dim) {
-  return (dim == 0 ? t : t.movedim(dim, 0)).contiguous();
-}
-at::Tensor from_dim0(const at::Tensor& t, int64_t dim) {
-  return dim == 0 ? t : t.movedim(0, dim).contiguous();
-}
+at::Tensor to_dim0(const at::Tensor& t, int64_t dim) { return (dim == 0 ? t : t.movedim(dim, 0)).contiguous(); }
+at::Tensor from_dim0(const at::Tensor& t, int64_t dim) { return dim == 0 ? t : t.movedim(0, dim).contiguous(); }
 
 void check_tensor(const char* op, const at::Tensor& t) {
   HP_CHECK(t.defined(), op, ": got an undefined tensor");
@@ -63,22 +58,20 @@ void check_tensor(const char* op, const at::Tensor& t) {
 }
 
 void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
-  HP_CHECK(t.scalar_type() != at::kBool && !t.is_complex(), op, ": cannot reduce dtype ",
-           t.scalar_type(), "; use a floating-point or integer dtype");
-  HP_CHECK(r != ReduceOp::kAvg || t.is_floating_point(), op,
-           ": ReduceOp avg needs a floating-point dtype, got ", t.scalar_type());
+  HP_CHECK(t.scalar_type() != at::kBool && !t.is_complex(), op, ": cannot reduce dtype ", t.scalar_type(),
+           "; use a floating-point or integer dtype");
+  HP_CHECK(r != ReduceOp::kAvg || t.is_floating_point(), op, ": ReduceOp avg needs a floating-point dtype, got ",
+           t.scalar_type());
 }
 
 // Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous) into
 // `buffer` (contiguous, n * max(sizes) rows) or a new tensor.
-Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64_t>& sizes,
-                     at::Tensor buffer = {}) {
+Step all_gather_step(GroupImpl& g, const at::Tensor& x0, const std::vector<int64_t>& sizes, at::Tensor buffer = {}) {
   const int n = g.size();
   const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
   const bool even = std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == widest; });
-  at::Tensor padded = x0.size(0) == widest
-                          ? x0
-                          : at::cat({x0, at::zeros(with_dim0(x0, widest - x0.size(0)), x0.options())});
+  at::Tensor padded =
+      x0.size(0) == widest ? x0 : at::cat({x0, at::zeros(with_dim0(x0, widest - x0.size(0)), x0.options())});
   at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(x0, widest * n), x0.options());
   Step step;
   if (out.numel() > 0) {
@@ -105,8 +98,8 @@ Step all_to_all_step(GroupImpl& g, const at::Tensor& input, const std::vector<in
   at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(in, sum_of(out_splits)), in.options());
   Step step;
   step.start = [&g, in, out, out_splits, in_splits] {
-    return shim::all_to_all(*g.native, shim::to_wire(*g.native, out), shim::to_wire(*g.native, in),
-                            out_splits, in_splits);
+    return shim::all_to_all(*g.native, shim::to_wire(*g.native, out), shim::to_wire(*g.native, in), out_splits,
+                            in_splits);
   };
   step.finish = [out] { return out; };
   return step;
@@ -205,13 +198,12 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const int n = g.size();
   if (n == 1) return ready(tensor);
 
-  const bool ordered_sum = g.options.deterministic && tensor.is_floating_point() &&
-                           (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
+  const bool ordered_sum =
+      g.options.deterministic && tensor.is_floating_point() && (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
   const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
   if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
-    Step step = in_place_step(tensor, [&g, native_op](const at::Tensor& buffer) {
-      return shim::all_reduce(*g.native, buffer, native_op);
-    });
+    Step step = in_place_step(
+        tensor, [&g, native_op](const at::Tensor& buffer) { return shim::all_reduce(*g.native, buffer, native_op); });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
     return issue_native(impl, new_site(*impl, "all_reduce", tensor.nbytes()), std::move(step));
   }
@@ -226,15 +218,15 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   });
 }
 
-Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input,
-                         ReduceScatterOptions opts, Wait wait, const at::Tensor& out = {}) {
+Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, ReduceScatterOptions opts,
+                         Wait wait, const at::Tensor& out = {}) {
   GroupImpl& g = *impl;
   check_tensor("reduce_scatter", input);
   check_reducible("reduce_scatter", input, opts.op);
   const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
   std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
-  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(),
-           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(), " entries but ",
+           g.describe(), " has ", g.size(), " ranks");
   HP_CHECK(sum_of(sizes) == input.size(dim), "reduce_scatter: sizes add up to ", sum_of(sizes),
            " but the input has size ", input.size(dim), " along dim ", dim);
   std::vector<int64_t> piece_shape(input.sizes().begin(), input.sizes().end());
@@ -247,13 +239,14 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
-  return issue_composed(impl, "reduce_scatter", input.nbytes(), wait, [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
-    if (out.defined()) {
-      reduce_scatter_dim0(site, x0, sizes, op, dim == 0 ? out : out.movedim(dim, 0));
-      return out;
-    }
-    return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
-  });
+  return issue_composed(impl, "reduce_scatter", input.nbytes(), wait,
+                        [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
+                          if (out.defined()) {
+                            reduce_scatter_dim0(site, x0, sizes, op, dim == 0 ? out : out.movedim(dim, 0));
+                            return out;
+                          }
+                          return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
+                        });
 }
 
 Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts,
@@ -263,8 +256,8 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
   const int64_t dim = normalize_dim("all_gather", opts.dim, input);
   std::vector<int64_t> sizes = opts.sizes;
   if (sizes.empty()) sizes.assign(g.size(), input.size(dim));
-  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "all_gather: sizes has ", sizes.size(),
-           " entries but ", g.describe(), " has ", g.size(), " ranks");
+  HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "all_gather: sizes has ", sizes.size(), " entries but ",
+           g.describe(), " has ", g.size(), " ranks");
   HP_CHECK(sizes[g.rank] == input.size(dim), "all_gather: sizes[", g.rank, "] = ", sizes[g.rank],
            " but this rank's input has size ", input.size(dim), " along dim ", dim);
   std::vector<int64_t> gathered_shape(input.sizes().begin(), input.sizes().end());
@@ -320,8 +313,9 @@ void Work::abort() {
 // ---- ProcessGroup -------------------------------------------------------------------------------
 
 detail::GroupImpl& ProcessGroup::impl() const {
-  HP_CHECK(impl_, "ProcessGroup: this handle is empty; create groups with init_process_group, "
-                  "new_group or a DeviceMesh");
+  HP_CHECK(impl_,
+           "ProcessGroup: this handle is empty; create groups with init_process_group, "
+           "new_group or a DeviceMesh");
   return *impl_;
 }
 
@@ -380,14 +374,14 @@ Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opt
   HP_CHECK(opts.input_split_sizes.empty() == opts.output_split_sizes.empty(),
            "all_to_all: give both input_split_sizes and output_split_sizes, or neither (even split)");
   if (opts.input_split_sizes.empty()) {
-    HP_CHECK(input.size(0) % n == 0, "all_to_all: dim 0 of size ", input.size(0),
-             " does not split evenly over ", n, " ranks; pass split sizes");
+    HP_CHECK(input.size(0) % n == 0, "all_to_all: dim 0 of size ", input.size(0), " does not split evenly over ", n,
+             " ranks; pass split sizes");
     opts.input_split_sizes.assign(n, input.size(0) / n);
     opts.output_split_sizes = opts.input_split_sizes;
   }
   for (const auto* splits : {&opts.input_split_sizes, &opts.output_split_sizes}) {
-    HP_CHECK(static_cast<int>(splits->size()) == n, "all_to_all: split sizes need ", n,
-             " entries (one per rank of ", g.describe(), "), got ", splits->size());
+    HP_CHECK(static_cast<int>(splits->size()) == n, "all_to_all: split sizes need ", n, " entries (one per rank of ",
+             g.describe(), "), got ", splits->size());
     HP_CHECK(std::all_of(splits->begin(), splits->end(), [](int64_t s) { return s >= 0; }),
              "all_to_all: split sizes must be non-negative");
   }
@@ -455,8 +449,12 @@ Work ProcessGroup::barrier_async() const {
   return issue_native(impl_, new_site(*impl_, "barrier", 0), std::move(step));
 }
 
-at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const { return all_gather_async(t, std::move(o)).wait(); }
-at::Tensor ProcessGroup::all_to_all(const at::Tensor& t, AllToAllOptions o) const { return all_to_all_async(t, std::move(o)).wait(); }
+at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const {
+  return all_gather_async(t, std::move(o)).wait();
+}
+at::Tensor ProcessGroup::all_to_all(const at::Tensor& t, AllToAllOptions o) const {
+  return all_to_all_async(t, std::move(o)).wait();
+}
 at::Tensor ProcessGroup::broadcast(const at::Tensor& t, int root) const { return broadcast_async(t, root).wait(); }
 void ProcessGroup::send(const at::Tensor& t, int peer, int tag) const { send_async(t, peer, tag).wait(); }
 at::Tensor ProcessGroup::recv(const at::Tensor& t, int peer, int tag) const { return recv_async(t, peer, tag).wait(); }

@@ -8,10 +8,14 @@ namespace hp::comm {
 
 std::string to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -22,10 +26,10 @@ at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor&
 }
 
 at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out) {
-  HP_CHECK(stacked.dim() >= 1 && stacked.size(0) > 0,
-           "tree_reduce: needs a non-empty dim 0 to reduce, got shape ", stacked.sizes());
-  HP_CHECK(!out.defined() || out.sizes() == stacked.sizes().slice(1), "tree_reduce: out has shape ",
-           out.sizes(), " but one slice of the input has shape ", stacked.sizes().slice(1));
+  HP_CHECK(stacked.dim() >= 1 && stacked.size(0) > 0, "tree_reduce: needs a non-empty dim 0 to reduce, got shape ",
+           stacked.sizes());
+  HP_CHECK(!out.defined() || out.sizes() == stacked.sizes().slice(1), "tree_reduce: out has shape ", out.sizes(),
+           " but one slice of the input has shape ", stacked.sizes().slice(1));
   const int64_t n = stacked.size(0);
   if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
     at::Tensor result = op == ReduceOp::kMax ? std::get<0>(stacked.max(0)) : std::get<0>(stacked.min(0));
@@ -40,7 +44,7 @@ at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor
   } else {
     for (int64_t s = 1;; s *= 2) {
       const int64_t pairs = (n - s + 2 * s - 1) / (2 * s);  // slots i = 0, 2s, ... with i + s < n
-      if (s * 2 >= n) {  // the root: slot 0 absorbs slot s
+      if (s * 2 >= n) {                                     // the root: slot 0 absorbs slot s
         at::Tensor target = out;
         total = out.defined() ? at::add_out(target, stacked[0], stacked[s]) : stacked[0] + stacked[s];
         break;

@@ -31,7 +31,9 @@ class ManyToManyBackward final : public torch::autograd::Node {
   ManyToManyBackward(std::string name, ManyToManyBackwardFn backward)
       : name_(std::move(name)), backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override { return backward_(std::move(grads)); }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    return backward_(std::move(grads));
+  }
 
  private:
   std::string name_;
@@ -39,8 +41,9 @@ class ManyToManyBackward final : public torch::autograd::Node {
 };
 
 bool any_requires_grad(const std::vector<at::Tensor>& inputs) {
-  return at::GradMode::is_enabled() &&
-         std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  return at::GradMode::is_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
+           return t.defined() && t.requires_grad();
+         });
 }
 
 }  // namespace
@@ -48,8 +51,8 @@ bool any_requires_grad(const std::vector<at::Tensor>& inputs) {
 at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
                            MultiBackwardFn backward) {
   if (!any_requires_grad(inputs)) return output;
-  auto node = std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward)),
-                                              torch::autograd::deleteNode);
+  auto node =
+      std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward)), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(output, node);
   return output;
@@ -66,10 +69,9 @@ std::vector<at::Tensor> record_backward(const std::string& name, const std::vect
 }
 
 at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {
-  return record_backward(name, std::vector<at::Tensor>{input}, std::move(output),
-                         [backward = std::move(backward)](const at::Tensor& grad) {
-                           return std::vector<at::Tensor>{backward(grad)};
-                         });
+  return record_backward(
+      name, std::vector<at::Tensor>{input}, std::move(output),
+      [backward = std::move(backward)](const at::Tensor& grad) { return std::vector<at::Tensor>{backward(grad)}; });
 }
 
 }  // namespace hp

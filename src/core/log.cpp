@@ -22,10 +22,14 @@ Level level_from_env() {
 
 const char* name(Level level) {
   switch (level) {
-    case Level::kDebug: return "D";
-    case Level::kInfo: return "I";
-    case Level::kWarn: return "W";
-    case Level::kError: return "E";
+    case Level::kDebug:
+      return "D";
+    case Level::kInfo:
+      return "I";
+    case Level::kWarn:
+      return "W";
+    case Level::kError:
+      return "E";
   }
   return "?";
 }

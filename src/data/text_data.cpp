@@ -169,7 +169,8 @@ std::pair<at::Tensor, at::Tensor> TokenSampler::train_batch(int64_t step, int64_
            ") outside a batch of ", global_batch);
   std::vector<int64_t> starts;
   for (int64_t r = first; r < first + count; ++r) {
-    const uint64_t sample = static_cast<uint64_t>(step) * static_cast<uint64_t>(global_batch) + static_cast<uint64_t>(r);
+    const uint64_t sample =
+        static_cast<uint64_t>(step) * static_cast<uint64_t>(global_batch) + static_cast<uint64_t>(r);
     starts.push_back(static_cast<int64_t>(mix(mix(seed_) ^ sample) % static_cast<uint64_t>(windows())));
   }
   return gather(starts);

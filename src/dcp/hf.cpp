@@ -37,8 +37,8 @@ std::map<std::string, detail::TensorRecord> hf_records(const std::string& dir) {
       for (const auto& [name, entry] : index.at("weight_map").items()) {
         const std::string file = entry.get<std::string>();
         // A file name in the directory, never a path out of it.
-        HP_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", "hf: ", dir,
-                 "/", kIndexFile, " maps '", name, "' to '", file, "', which is not a file name in that directory");
+        HP_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", "hf: ", dir, "/",
+                 kIndexFile, " maps '", name, "' to '", file, "', which is not a file name in that directory");
         if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
       }
     } catch (const nlohmann::json::exception& e) {
@@ -125,8 +125,9 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
     }
   }
   if (lead && shards.size() > 1)
-    detail::write_file_atomically((fs::path(dir) / kIndexFile).string(),
-                                  nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}).dump(1));
+    detail::write_file_atomically(
+        (fs::path(dir) / kIndexFile).string(),
+        nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}).dump(1));
   group.barrier();  // the files exist for every rank once save_hf returns
 }
 

@@ -59,7 +59,7 @@ void check_tensor(const std::string& name, const TensorRecord& t, uint64_t block
 nlohmann::json chunk_to_json(const ChunkRecord& c) {
   std::vector<std::string> sums;
   for (uint64_t s : c.checksums) sums.push_back(hex64(s));
-  return {{"offsets", c.offsets}, {"sizes", c.sizes},         {"file", c.file},
+  return {{"offsets", c.offsets},         {"sizes", c.sizes},   {"file", c.file},
           {"byte_offset", c.byte_offset}, {"nbytes", c.nbytes}, {"checksums", sums}};
 }
 
@@ -72,8 +72,8 @@ ChunkRecord chunk_from_json(const nlohmann::json& j) {
   c.nbytes = j.at("nbytes").get<uint64_t>();
   for (const auto& s : j.at("checksums")) {
     const std::string hex = s.get<std::string>();
-    HP_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "bad checksum '",
-             hex, "'");
+    HP_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "bad checksum '", hex,
+             "'");
     c.checksums.push_back(std::stoull(hex, nullptr, 16));
   }
   return c;

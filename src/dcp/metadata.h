@@ -20,7 +20,7 @@ struct ChunkRecord {
   std::string file;                     // relative to the checkpoint directory
   uint64_t byte_offset = 0;             // where its bytes start in the file
   uint64_t nbytes = 0;
-  std::vector<uint64_t> checksums;      // XXH64 of each checksum block
+  std::vector<uint64_t> checksums;  // XXH64 of each checksum block
 };
 
 struct TensorRecord {

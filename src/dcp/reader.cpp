@@ -23,8 +23,8 @@ int64_t linear_index(const std::vector<int64_t>& index, const std::vector<int64_
 
 // Copies the part of `chunk` that overlaps `target_box` into `target` (the tensor holding that box).
 // Returns the number of elements copied.
-int64_t copy_overlap(Files& files, const ChunkRecord& chunk, const TensorRecord& record,
-                     uint64_t block_bytes, const Box& target_box, at::Tensor& target, const std::string& name) {
+int64_t copy_overlap(Files& files, const ChunkRecord& chunk, const TensorRecord& record, uint64_t block_bytes,
+                     const Box& target_box, at::Tensor& target, const std::string& name) {
   const size_t ndim = record.shape.size();
   std::vector<int64_t> lo(ndim), hi(ndim), extent(ndim);
   int64_t count = 1;
@@ -74,7 +74,8 @@ void read_range(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, ui
   } catch (const Error& e) {
     HP_FAIL(e.what(), " (tensor '", tensor, "')");
   }
-  for (uint64_t at = start, b = block_bytes ? start / block_bytes : 0; block_bytes && at < stop; at += block_bytes, ++b) {
+  for (uint64_t at = start, b = block_bytes ? start / block_bytes : 0; block_bytes && at < stop;
+       at += block_bytes, ++b) {
     const uint64_t n = std::min(block_bytes, stop - at);
     HP_CHECK(xxhash64(out + (at - start), n) == chunk.checksums[b], "dcp: checksum mismatch in ", file.path(),
              " (tensor '", tensor, "', chunk bytes ", at, "..", at + n, "): the checkpoint is damaged");
@@ -94,8 +95,8 @@ ChunkBytes read_verified(Files& files, const ChunkRecord& chunk, uint64_t block_
 
 void read_tensor(Files& files, const TensorRecord& record, uint64_t block_bytes, const std::string& name,
                  at::Tensor& tensor, const std::string& where) {
-  HP_CHECK(record.shape == tensor.sizes().vec(), "dcp.load: tensor '", name, "' has shape ", tensor.sizes(),
-           " but ", where, " holds shape ", c10::IntArrayRef(record.shape));
+  HP_CHECK(record.shape == tensor.sizes().vec(), "dcp.load: tensor '", name, "' has shape ", tensor.sizes(), " but ",
+           where, " holds shape ", c10::IntArrayRef(record.shape));
   HP_CHECK(scalar_type_of(record.dtype) == tensor.scalar_type(), "dcp.load: tensor '", name, "' is ",
            tensor.scalar_type(), " but ", where, " holds ", record.dtype);
   at::Tensor target = tensor;

@@ -15,9 +15,8 @@ namespace {
 
 const std::vector<std::pair<c10::ScalarType, std::string>>& dtype_table() {
   static const std::vector<std::pair<c10::ScalarType, std::string>> table = {
-      {c10::kFloat, "F32"}, {c10::kDouble, "F64"}, {c10::kHalf, "F16"}, {c10::kBFloat16, "BF16"},
-      {c10::kLong, "I64"},  {c10::kInt, "I32"},    {c10::kShort, "I16"}, {c10::kChar, "I8"},
-      {c10::kByte, "U8"},   {c10::kBool, "BOOL"}};
+      {c10::kFloat, "F32"}, {c10::kDouble, "F64"}, {c10::kHalf, "F16"}, {c10::kBFloat16, "BF16"}, {c10::kLong, "I64"},
+      {c10::kInt, "I32"},   {c10::kShort, "I16"},  {c10::kChar, "I8"},  {c10::kByte, "U8"},       {c10::kBool, "BOOL"}};
   return table;
 }
 
@@ -37,7 +36,8 @@ c10::ScalarType scalar_type_of(const std::string& dtype) {
 
 size_t dtype_bytes(const std::string& dtype) { return c10::elementSize(scalar_type_of(dtype)); }
 
-std::string safetensors_header(std::vector<SafetensorsEntry>& entries, const std::map<std::string, std::string>& metadata) {
+std::string safetensors_header(std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -71,7 +71,8 @@ SafetensorsFile read_safetensors_header(const std::string& path) {
   HP_CHECK(header_len <= file_size - 8 && header_len < (uint64_t{100} << 20), "safetensors: ", path,
            " declares a header of ", header_len, " bytes but the file has ", file_size);
   std::string text(header_len, '\0');
-  HP_CHECK(in.read(text.data(), static_cast<std::streamsize>(header_len)), "safetensors: cannot read the header of ", path);
+  HP_CHECK(in.read(text.data(), static_cast<std::streamsize>(header_len)), "safetensors: cannot read the header of ",
+           path);
 
   SafetensorsFile file;
   file.data_start = 8 + header_len;
@@ -98,7 +99,8 @@ SafetensorsFile read_safetensors_header(const std::string& path) {
       HP_CHECK(needed, "tensor '", e.name, "' has shape ", c10::IntArrayRef(e.shape),
                " whose size in bytes overflows 64 bits");
       const uint64_t bytes = static_cast<uint64_t>(*needed);
-      HP_CHECK(e.begin <= e.end, "tensor '", e.name, "' ends before it begins (data_offsets ", e.begin, ", ", e.end, ")");
+      HP_CHECK(e.begin <= e.end, "tensor '", e.name, "' ends before it begins (data_offsets ", e.begin, ", ", e.end,
+               ")");
       HP_CHECK(e.end - e.begin == bytes, "tensor '", e.name, "' spans ", e.end - e.begin,
                " bytes but its shape and dtype need ", bytes);
       HP_CHECK(e.end <= data_size, "tensor '", e.name, "' ends at byte ", e.end, " of a ", data_size,

@@ -21,18 +21,19 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsFile {
-  uint64_t data_start = 0;  // file offset of the data section
+  uint64_t data_start = 0;                // file offset of the data section
   std::vector<SafetensorsEntry> entries;  // in data order
   std::map<std::string, std::string> metadata;
 };
 
-std::string safetensors_dtype(c10::ScalarType type);          // throws for types safetensors lacks
-c10::ScalarType scalar_type_of(const std::string& dtype);       // throws for unknown names
+std::string safetensors_dtype(c10::ScalarType type);       // throws for types safetensors lacks
+c10::ScalarType scalar_type_of(const std::string& dtype);  // throws for unknown names
 size_t dtype_bytes(const std::string& dtype);
 
 // The header bytes (length prefix included) for `entries` laid out in the given order; fills each
 // entry's begin/end.
-std::string safetensors_header(std::vector<SafetensorsEntry>& entries, const std::map<std::string, std::string>& metadata);
+std::string safetensors_header(std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata);
 
 // Parses and checks the header of `path` (sizes, dtypes, offsets inside the file, no overlaps);
 // errors name the file.

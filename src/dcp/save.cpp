@@ -71,8 +71,10 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const 
 void add_missing(nlohmann::json& into, const nlohmann::json& from) {
   if (!into.is_object() || !from.is_object()) return;
   for (const auto& [key, value] : from.items()) {
-    if (!into.contains(key)) into[key] = value;
-    else add_missing(into[key], value);
+    if (!into.contains(key))
+      into[key] = value;
+    else
+      add_missing(into[key], value);
   }
 }
 
@@ -148,10 +150,12 @@ struct AsyncSave::State {
       for (const auto& item : items) {
         const int64_t now = versions_of(item);
         if (now == item.versions) continue;
-        fail(std::make_exception_ptr(hp::Error(
-            "tensor '" + item.entry.name + "' changed while the save was staging it in the background (its version "
-            "went from " + std::to_string(item.versions) + " to " + std::to_string(now) +
-            "); call AsyncSave::wait_staged() before changing the tensors of a save")));
+        fail(std::make_exception_ptr(
+            hp::Error("tensor '" + item.entry.name +
+                      "' changed while the save was staging it in the background (its version "
+                      "went from " +
+                      std::to_string(item.versions) + " to " + std::to_string(now) +
+                      "); call AsyncSave::wait_staged() before changing the tensors of a save")));
         break;
       }
     }
@@ -212,8 +216,9 @@ struct AsyncSave::State {
     for (int r = 0; r < group.size(); ++r) {
       const std::string key = key_prefix + "done/" + std::to_string(r);
       if (!store.wait_for({key}, poll).empty()) {
-        failures += "; rank " + std::to_string(r) + (stopped() ? " had not finished writing when rank 0 gave up"
-                                                               : " did not finish writing within the group timeout");
+        failures += "; rank " + std::to_string(r) +
+                    (stopped() ? " had not finished writing when rank 0 gave up"
+                               : " did not finish writing within the group timeout");
         continue;
       }
       const std::string report = store.get(key);

@@ -13,8 +13,16 @@ constexpr uint64_t P4 = 9650029242287828579ULL;
 constexpr uint64_t P5 = 2870177450012600261ULL;
 
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }  // little-endian host
-inline uint64_t read32(const unsigned char* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline uint64_t read64(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}  // little-endian host
+inline uint64_t read32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 inline uint64_t round(uint64_t acc, uint64_t input) { return rotl(acc + input * P2, 31) * P1; }
 inline uint64_t merge(uint64_t acc, uint64_t v) { return (acc ^ round(0, v)) * P1 + P4; }
 

@@ -19,7 +19,8 @@ std::vector<DTensor> to_placements(const char* what, const DeviceMesh& mesh, con
   for (size_t k = 0; k < inputs.size(); ++k) {
     HP_CHECK(is_dtensor(inputs[k]), what, ": input ", k, " is a plain tensor; pass DTensors");
     DTensor d(inputs[k]);
-    HP_CHECK(d.device_mesh() == mesh, what, ": input ", k, " lives on ", d.device_mesh().str(), ", not on ", mesh.str());
+    HP_CHECK(d.device_mesh() == mesh, what, ": input ", k, " lives on ", d.device_mesh().str(), ", not on ",
+             mesh.str());
     out.push_back(d.placements() == placements[k] ? d : d.redistribute(mesh, placements[k]));
   }
   return out;
@@ -35,7 +36,8 @@ at::Tensor custom_shard(const LocalFn& fn, const DeviceMesh& mesh, Placements ou
   return DTensor::from_local(fn(locals), mesh, std::move(out_placements), std::move(out_shape));
 }
 
-at::Tensor DFunction::apply(const std::vector<at::Tensor>& inputs, std::optional<std::vector<int64_t>> out_shape) const {
+at::Tensor DFunction::apply(const std::vector<at::Tensor>& inputs,
+                            std::optional<std::vector<int64_t>> out_shape) const {
   HP_CHECK(forward && backward, name, ": needs both a local forward and a local backward");
   HP_CHECK(!inputs.empty(), name, ": needs at least one DTensor input");
   const DeviceMesh mesh = DTensor(inputs.at(0)).device_mesh();

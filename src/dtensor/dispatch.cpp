@@ -7,8 +7,8 @@
 //   4. run the op on the local pieces with autograd excluded (autograd already ran, globally)
 //   5. wrap each tensor result as a DTensor; in-place and out= results return the original DTensor
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/TensorUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
@@ -81,8 +81,9 @@ std::vector<Input> collect_inputs(const std::string& op, const std::vector<c10::
   auto add = [&](const at::Tensor& t, size_t arg, int list_index) {
     if (!t.defined()) return;
     if (DTensorImpl* impl = dtensor_impl(t)) {
-      HP_CHECK(impl->spec().mesh() == *mesh, "DTensor: ", op, " got operands on different meshes: ",
-               impl->spec().mesh().str(), " and ", mesh->str(), "; redistribute them onto one mesh first");
+      HP_CHECK(impl->spec().mesh() == *mesh, "DTensor: ", op,
+               " got operands on different meshes: ", impl->spec().mesh().str(), " and ", mesh->str(),
+               "; redistribute them onto one mesh first");
       inputs.push_back({arg, list_index, impl->local(), impl->spec()});
     } else {
       inputs.push_back(plain_input(op, t, *mesh, arg, list_index));
@@ -104,8 +105,10 @@ std::vector<c10::IValue> substitute(const std::vector<c10::IValue>& args, const 
   std::vector<c10::IValue> out = args;
   std::unordered_map<size_t, std::vector<at::Tensor>> lists;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (inputs[k].list_index < 0) out[inputs[k].arg] = replace(k);
-    else lists[inputs[k].arg].push_back(replace(k));
+    if (inputs[k].list_index < 0)
+      out[inputs[k].arg] = replace(k);
+    else
+      lists[inputs[k].arg].push_back(replace(k));
   }
   for (auto& [arg, tensors] : lists) out[arg] = c10::List<at::Tensor>(tensors);
   return out;
@@ -130,7 +133,8 @@ std::optional<std::vector<std::vector<int64_t>>> output_shapes_on_meta(const c10
   }
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& iv : stack) {
-    if (iv.isTensor()) shapes.emplace_back(iv.toTensor().defined() ? iv.toTensor().sizes().vec() : std::vector<int64_t>{});
+    if (iv.isTensor())
+      shapes.emplace_back(iv.toTensor().defined() ? iv.toTensor().sizes().vec() : std::vector<int64_t>{});
     if (iv.isTensorList())
       for (const at::Tensor& t : iv.toTensorList().vec()) shapes.emplace_back(t.sizes().vec());
   }
@@ -230,7 +234,8 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     if (decision->local_stride_arg >= 0) {
       std::optional<std::vector<int64_t>> strides;
       if (decision->strides_view_input) {  // a view: its strides follow the input's (which may be expanded)
-        if (auto s = at::detail::computeStride(locals[0].sizes(), locals[0].strides(), at::IntArrayRef(shape))) strides = *s;
+        if (auto s = at::detail::computeStride(locals[0].sizes(), locals[0].strides(), at::IntArrayRef(shape)))
+          strides = *s;
         if (!strides) local_args[0] = locals[0].contiguous();  // not viewable as that shape: view a copy
       }
       if (!strides) {
@@ -260,7 +265,8 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     const int aliased = aliased_argument(schema, r);
     if (aliased >= 0 && iv.isTensor()) {
       DTensorImpl* self = dtensor_impl(args[aliased].toTensor());
-      HP_CHECK(self != nullptr, "DTensor: ", name, " writes in place into a plain tensor with DTensor operands; the "
+      HP_CHECK(self != nullptr, "DTensor: ", name,
+               " writes in place into a plain tensor with DTensor operands; the "
                "result cannot become a DTensor (LibTorch 1.13's max/min(dim) backward does this: use amax/amin "
                "for differentiable maxima)");
       self->set_local(iv.toTensor(), DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output]));
@@ -273,7 +279,8 @@ void dtensor_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     } else if (iv.isTensorList()) {
       std::vector<at::Tensor> wrapped;
       for (const at::Tensor& t : iv.toTensorList().vec()) {
-        wrapped.push_back(make_dtensor(t, DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output])));
+        wrapped.push_back(
+            make_dtensor(t, DTensorSpec(mesh, decision->outputs[output], decision->output_shapes[output])));
         ++output;
       }
       iv = c10::List<at::Tensor>(wrapped);

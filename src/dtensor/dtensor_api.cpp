@@ -28,15 +28,16 @@ std::vector<int64_t> infer_global_shape(const at::Tensor& local, const DeviceMes
   for (int64_t i = mesh.ndim() - 1; i >= 0; --i) {
     if (!placements[i].is_shard()) continue;
     const int64_t d = placements[i].dim() < 0 ? placements[i].dim() + local.dim() : placements[i].dim();
-    HP_CHECK(d >= 0 && d < local.dim(), "from_local: ", placements[i].str(), " is out of range for a local tensor of shape ",
-             local.sizes());
+    HP_CHECK(d >= 0 && d < local.dim(), "from_local: ", placements[i].str(),
+             " is out of range for a local tensor of shape ", local.sizes());
     at::Tensor sizes = mesh.get_group(i).all_gather(at::full({1}, shape[d], at::kLong));
     std::vector<int64_t> got(sizes.data_ptr<int64_t>(), sizes.data_ptr<int64_t>() + sizes.numel());
     int64_t total = 0;
     for (int64_t s : got) total += s;
     HP_CHECK(got == chunk_sizes(total, mesh.size(i)), "from_local: along tensor dim ", d, " the ranks of mesh dim ",
-             mesh.dim_names()[i], " hold pieces of sizes ", at::IntArrayRef(got), ", which are not the torch.chunk pieces of ",
-             total, " (", at::IntArrayRef(chunk_sizes(total, mesh.size(i))), "); pass the global shape if that is intended");
+             mesh.dim_names()[i], " hold pieces of sizes ", at::IntArrayRef(got),
+             ", which are not the torch.chunk pieces of ", total, " (",
+             at::IntArrayRef(chunk_sizes(total, mesh.size(i))), "); pass the global shape if that is intended");
     shape[d] = total;
   }
   return shape;
@@ -55,8 +56,8 @@ const DTensorSpec& DTensor::spec() const { return dtensor_impl(*this)->spec(); }
 DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh, Placements placements,
                             std::optional<std::vector<int64_t>> shape) {
   HP_CHECK(!is_dtensor(local), "from_local: the local tensor is already a DTensor");
-  HP_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "from_local: ", placements.size(),
-           " placements ", to_string(placements), " for a ", mesh.ndim(), "-D mesh");
+  HP_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "from_local: ", placements.size(), " placements ",
+           to_string(placements), " for a ", mesh.ndim(), "-D mesh");
   DTensorSpec spec(mesh, placements, shape ? *shape : infer_global_shape(local, mesh, placements));
   HP_CHECK(local.sizes() == at::IntArrayRef(spec.local_shape()), "from_local: the local tensor has shape ",
            local.sizes(), " but ", spec.str(), " puts a piece of shape ", at::IntArrayRef(spec.local_shape()),
@@ -84,9 +85,8 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements) con
   const DTensorSpec target = impl->spec().with_placements(std::move(placements));
   at::Tensor out = make_dtensor(redistribute_local(impl->local(), impl->spec(), target.placements()), target);
   const Placements before = impl->spec().placements();
-  return DTensor(record_backward("RedistributeBackward", *this, out, [before](const at::Tensor& grad) {
-    return grad_in_placements(grad, before);
-  }));
+  return DTensor(record_backward("RedistributeBackward", *this, out,
+                                 [before](const at::Tensor& grad) { return grad_in_placements(grad, before); }));
 }
 
 at::Tensor DTensor::full_tensor() const {

@@ -35,7 +35,7 @@ void DTensorImpl::set_local(at::Tensor local, DTensorSpec spec) {
 }
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(const c10::VariableVersion& version,
-                                                                        bool allow_metadata_change) const {
+                                                                         bool allow_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
   impl->set_version_counter(version);
   impl->set_allow_tensor_metadata_change(allow_metadata_change);
@@ -43,7 +43,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(const c
 }
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(c10::VariableVersion&& version,
-                                                                        bool allow_metadata_change) const {
+                                                                         bool allow_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
   impl->set_version_counter(std::move(version));
   impl->set_allow_tensor_metadata_change(allow_metadata_change);
@@ -71,7 +71,8 @@ at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& p
   const DTensorImpl* impl = dtensor_impl(dtensor);
   HP_CHECK(impl != nullptr, "redistribute: expected a DTensor, got a plain tensor");
   if (impl->spec().placements() == placements) return dtensor;
-  return make_dtensor(redistribute_local(impl->local(), impl->spec(), placements), impl->spec().with_placements(placements));
+  return make_dtensor(redistribute_local(impl->local(), impl->spec(), placements),
+                      impl->spec().with_placements(placements));
 }
 
 }  // namespace hp::detail

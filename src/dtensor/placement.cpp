@@ -16,9 +16,12 @@ comm::ReduceOp Placement::reduce_op() const {
 
 std::string Placement::str() const {
   switch (kind_) {
-    case Kind::kShard: return "S(" + std::to_string(dim_) + ")";
-    case Kind::kReplicate: return "R";
-    case Kind::kPartial: return "P(" + comm::to_string(op_) + ")";
+    case Kind::kShard:
+      return "S(" + std::to_string(dim_) + ")";
+    case Kind::kReplicate:
+      return "R";
+    case Kind::kPartial:
+      return "P(" + comm::to_string(op_) + ")";
   }
   return "?";
 }

@@ -53,7 +53,8 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
   const DTensorSpec dst(mesh, dst_placements, src.shape());  // validates and normalizes
   const std::vector<int64_t> expected = src.local_shape();
   HP_CHECK(local.sizes() == at::IntArrayRef(expected), "redistribute: the local tensor has shape ", local.sizes(),
-           " but ", src.str(), " puts a piece of shape ", at::IntArrayRef(expected), " on world rank ", mesh.get_rank());
+           " but ", src.str(), " puts a piece of shape ", at::IntArrayRef(expected), " on world rank ",
+           mesh.get_rank());
   const std::vector<int64_t> coordinate = *mesh.get_coordinate();
 
   at::Tensor x = local;

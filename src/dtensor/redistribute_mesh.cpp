@@ -29,7 +29,8 @@ std::optional<Box> intersect(const Box& a, const Box& b) {
 // `region` (global coordinates) cut out of a piece whose box is `piece`.
 at::Tensor cut(const at::Tensor& local, const Box& piece, const Box& region) {
   at::Tensor t = local;
-  for (size_t d = 0; d < region.offset.size(); ++d) t = t.narrow(d, region.offset[d] - piece.offset[d], region.shape[d]);
+  for (size_t d = 0; d < region.offset.size(); ++d)
+    t = t.narrow(d, region.offset[d] - piece.offset[d], region.shape[d]);
   return t;
 }
 
@@ -60,7 +61,8 @@ at::Tensor redistribute_across_meshes(const at::Tensor& local, const DTensorSpec
   const DTensorSpec dst(dst_mesh, dst_placements, src.shape());
   const int me = world.rank();
   const bool in_src = src.mesh().get_coordinate().has_value(), in_dst = dst_mesh.get_coordinate().has_value();
-  HP_CHECK(!in_src || local.defined(), "redistribute_across_meshes: world rank ", me, " is in the source mesh but passed no piece");
+  HP_CHECK(!in_src || local.defined(), "redistribute_across_meshes: world rank ", me,
+           " is in the source mesh but passed no piece");
   HP_CHECK(!local.defined() || local.scalar_type() == dtype, "redistribute_across_meshes: the piece is ",
            local.scalar_type(), " but dtype says ", dtype);
 
@@ -69,7 +71,8 @@ at::Tensor redistribute_across_meshes(const at::Tensor& local, const DTensorSpec
   const auto src_coords = coordinates(src.mesh());
   for (size_t k = 0; k < src_coords.size(); ++k) {
     bool owner = true;
-    for (int64_t i = 0; i < src.mesh().ndim(); ++i) owner = owner && (src.placements()[i].is_shard() || src_coords[k][i] == 0);
+    for (int64_t i = 0; i < src.mesh().ndim(); ++i)
+      owner = owner && (src.placements()[i].is_shard() || src_coords[k][i] == 0);
     if (!owner) continue;
     auto [shape, offset] = src.local_shape_and_offset(src_coords[k]);
     owners.push_back({src.mesh().ranks()[k], Box{offset, shape}});

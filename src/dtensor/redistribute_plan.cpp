@@ -12,12 +12,18 @@ using Kind = RedistributeStep::Kind;
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kChunk: return "chunk";
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllToAll: return "all_to_all";
-    case Kind::kPartition: return "partition";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kChunk:
+      return "chunk";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllToAll:
+      return "all_to_all";
+    case Kind::kPartition:
+      return "partition";
   }
   return "?";
 }

@@ -20,9 +20,8 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* created = new Registry();  // leaked on purpose: rules may be looked up during exit
-    rules::register_builtin_rules([created](const std::string& op, ShardingRule rule) {
-      created->rules[op] = std::move(rule);
-    });
+    rules::register_builtin_rules(
+        [created](const std::string& op, ShardingRule rule) { created->rules[op] = std::move(rule); });
     for (const auto& [name, _] : created->rules) created->builtin.push_back(name);
     return created;
   }();
@@ -32,8 +31,8 @@ Registry& registry() {
 }  // namespace
 
 void load_sharding_rules(const std::string& dir) {
-  rules::register_yaml_rules([](const std::string& op, ShardingRule rule) { register_sharding_rule(op, std::move(rule)); },
-                             dir);
+  rules::register_yaml_rules(
+      [](const std::string& op, ShardingRule rule) { register_sharding_rule(op, std::move(rule)); }, dir);
 }
 
 const std::vector<int64_t>& OpCall::output_shape(size_t i) const {

@@ -91,26 +91,27 @@ std::optional<std::vector<int64_t>> coordinate_of(const std::vector<int>& ranks,
 
 DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type, std::vector<int64_t> shape,
                        std::vector<int> ranks, std::vector<std::string> dim_names)
-    : root_(std::make_shared<detail::MeshRoot>()), shape_(std::move(shape)), ranks_(std::move(ranks)),
+    : root_(std::make_shared<detail::MeshRoot>()),
+      shape_(std::move(shape)),
+      ranks_(std::move(ranks)),
       names_(std::move(dim_names)) {
   root_->world = world;
   root_->device_type = std::move(device_type);
   HP_CHECK(!shape_.empty(), "DeviceMesh: the mesh shape needs at least one dim");
   HP_CHECK(std::all_of(shape_.begin(), shape_.end(), [](int64_t s) { return s > 0; }),
            "DeviceMesh: every mesh dim needs a positive size, got shape (", join(shape_), ")");
-  HP_CHECK(product(shape_) == static_cast<int64_t>(ranks_.size()), "DeviceMesh: shape (", join(shape_),
-           ") holds ", product(shape_), " ranks but ", ranks_.size(), " ranks were given");
+  HP_CHECK(product(shape_) == static_cast<int64_t>(ranks_.size()), "DeviceMesh: shape (", join(shape_), ") holds ",
+           product(shape_), " ranks but ", ranks_.size(), " ranks were given");
   const int world_size = world.size();
   std::set<int> seen;
   for (int r : ranks_) {
-    HP_CHECK(r >= 0 && r < world_size, "DeviceMesh: rank ", r, " is not in the world (ranks 0..",
-             world_size - 1, ")");
+    HP_CHECK(r >= 0 && r < world_size, "DeviceMesh: rank ", r, " is not in the world (ranks 0..", world_size - 1, ")");
     HP_CHECK(seen.insert(r).second, "DeviceMesh: rank ", r, " appears twice in the mesh [", join(ranks_), "]");
   }
   if (names_.empty())
     for (size_t d = 0; d < shape_.size(); ++d) names_.push_back("dim" + std::to_string(d));
-  HP_CHECK(names_.size() == shape_.size(), "DeviceMesh: ", names_.size(), " dim names (", join(names_),
-           ") for a ", shape_.size(), "-D mesh");
+  HP_CHECK(names_.size() == shape_.size(), "DeviceMesh: ", names_.size(), " dim names (", join(names_), ") for a ",
+           shape_.size(), "-D mesh");
   HP_CHECK(std::set<std::string>(names_.begin(), names_.end()).size() == names_.size(),
            "DeviceMesh: dim names must be unique, got (", join(names_), ")");
   root_->dim_names = names_;
@@ -124,21 +125,26 @@ DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type,
 
 DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type, const at::Tensor& mesh,
                        std::vector<std::string> dim_names)
-    : DeviceMesh(world, std::move(device_type), std::vector<int64_t>(mesh.sizes().begin(), mesh.sizes().end()),
-                 [&] {
-                   HP_CHECK(!mesh.is_floating_point() && !mesh.is_complex() && mesh.scalar_type() != at::kBool,
-                            "DeviceMesh: the rank tensor must have an integer dtype, got ", mesh.scalar_type());
-                   at::Tensor flat = mesh.to(at::kLong).contiguous().reshape({-1});
-                   std::vector<int> ranks(flat.numel());
-                   for (int64_t i = 0; i < flat.numel(); ++i) ranks[i] = static_cast<int>(flat[i].item<int64_t>());
-                   return ranks;
-                 }(),
-                 std::move(dim_names)) {}
+    : DeviceMesh(
+          world, std::move(device_type), std::vector<int64_t>(mesh.sizes().begin(), mesh.sizes().end()),
+          [&] {
+            HP_CHECK(!mesh.is_floating_point() && !mesh.is_complex() && mesh.scalar_type() != at::kBool,
+                     "DeviceMesh: the rank tensor must have an integer dtype, got ", mesh.scalar_type());
+            at::Tensor flat = mesh.to(at::kLong).contiguous().reshape({-1});
+            std::vector<int> ranks(flat.numel());
+            for (int64_t i = 0; i < flat.numel(); ++i) ranks[i] = static_cast<int>(flat[i].item<int64_t>());
+            return ranks;
+          }(),
+          std::move(dim_names)) {}
 
 DeviceMesh::DeviceMesh(std::shared_ptr<detail::MeshRoot> root, std::vector<int64_t> shape, std::vector<int> ranks,
                        std::vector<std::string> names, std::vector<comm::ProcessGroup> groups)
-    : root_(std::move(root)), shape_(std::move(shape)), ranks_(std::move(ranks)), names_(std::move(names)),
-      groups_(std::move(groups)), coordinate_(coordinate_of(ranks_, shape_, get_rank())) {}
+    : root_(std::move(root)),
+      shape_(std::move(shape)),
+      ranks_(std::move(ranks)),
+      names_(std::move(names)),
+      groups_(std::move(groups)),
+      coordinate_(coordinate_of(ranks_, shape_, get_rank())) {}
 
 const std::string& DeviceMesh::device_type() const { return root_->device_type; }
 
@@ -159,8 +165,8 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
 }
 
 int64_t DeviceMesh::checked_dim(const char* what, int64_t dim) const {
-  HP_CHECK(dim >= -ndim() && dim < ndim(), what, ": mesh dim ", dim, " is out of range for a ", ndim(),
-           "-D mesh (", join(names_), ")");
+  HP_CHECK(dim >= -ndim() && dim < ndim(), what, ": mesh dim ", dim, " is out of range for a ", ndim(), "-D mesh (",
+           join(names_), ")");
   return dim < 0 ? dim + ndim() : dim;
 }
 
@@ -271,8 +277,8 @@ size_t DeviceMesh::hash() const {
   return h;
 }
 
-DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type,
-                            std::vector<int64_t> shape, std::vector<std::string> dim_names) {
+DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type, std::vector<int64_t> shape,
+                            std::vector<std::string> dim_names) {
   HP_CHECK(!shape.empty(), "init_device_mesh: the mesh shape needs at least one dim");
   const int64_t count = product(shape);
   HP_CHECK(count == world.size(), "init_device_mesh: mesh shape (", join(shape), ") has ", count,

@@ -20,7 +20,9 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
           const Init& init, uint64_t seed, uint64_t stream) {
   at::NoGradGuard no_grad;
   switch (init.kind) {
-    case Init::Kind::kConstant: piece.fill_(init.a); return;
+    case Init::Kind::kConstant:
+      piece.fill_(init.a);
+      return;
     case Init::Kind::kNormal:
       philox_fill(piece, offset, global_shape, seed, stream, RandomFill::kNormal, init.a, init.b);
       return;

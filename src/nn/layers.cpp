@@ -30,7 +30,9 @@ at::Tensor Embedding::forward(const at::Tensor& indices) {
   return at::embedding(param("weight"), indices);
 }
 
-RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) { add_param("weight", {d}, Init::constant(1.0)); }
+RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
+  add_param("weight", {d}, Init::constant(1.0));
+}
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   const at::Tensor x32 = x.to(at::kFloat);
@@ -56,8 +58,8 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
   if (p == 1.0) return x * 0.0;
   if (is_dtensor(x)) return at::dropout(x, p, /*train=*/true);
   at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
-  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, calls_++,
-                      RandomFill::kBernoulli, 1.0 - p, 0.0);
+  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, calls_++, RandomFill::kBernoulli, 1.0 - p,
+              0.0);
   return x * keep.to(x.scalar_type()) * (1.0 / (1.0 - p));
 }
 

@@ -11,9 +11,15 @@ namespace hp::nn {
 std::string Init::str() const {
   std::ostringstream out;
   switch (kind) {
-    case Kind::kNormal: out << "normal(" << a << ", " << b << ")"; break;
-    case Kind::kUniform: out << "uniform(" << a << ", " << b << ")"; break;
-    case Kind::kConstant: out << "constant(" << a << ")"; break;
+    case Kind::kNormal:
+      out << "normal(" << a << ", " << b << ")";
+      break;
+    case Kind::kUniform:
+      out << "uniform(" << a << ", " << b << ")";
+      break;
+    case Kind::kConstant:
+      out << "constant(" << a << ")";
+      break;
   }
   return out.str();
 }
@@ -105,7 +111,8 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules_fqn() {
   for (const auto& child : named_children()) {
     auto* hp_child = dynamic_cast<Module*>(child.value().get());
     if (hp_child == nullptr) continue;  // plain torch modules cannot carry plans
-    for (auto& [fqn, m] : hp_child->named_modules_fqn()) out.emplace_back(fqn.empty() ? child.key() : child.key() + "." + fqn, m);
+    for (auto& [fqn, m] : hp_child->named_modules_fqn())
+      out.emplace_back(fqn.empty() ? child.key() : child.key() + "." + fqn, m);
   }
   return out;
 }
@@ -144,7 +151,9 @@ Module& find_module(Module& root, const std::string& fqn) {
   return *at;
 }
 
-bool fqn_matches(const std::string& pattern, const std::string& fqn) { return matches(split_fqn(pattern), split_fqn(fqn)); }
+bool fqn_matches(const std::string& pattern, const std::string& fqn) {
+  return matches(split_fqn(pattern), split_fqn(fqn));
+}
 
 std::vector<std::pair<std::string, Module*>> match_modules(Module& root, const std::string& pattern) {
   const auto wanted = split_fqn(pattern);

@@ -20,9 +20,10 @@ LRSchedule::Decay parse_decay(const std::string& name) {
 LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule)
     : optimizer_(&optimizer), schedule_(schedule) {
   HP_CHECK(schedule.warmup_steps >= 0 && schedule.total_steps > 0 && schedule.warmup_steps <= schedule.total_steps,
-           "LR schedule: need 0 <= warmup_steps (", schedule.warmup_steps, ") <= total_steps (", schedule.total_steps, ")");
-  HP_CHECK(schedule.min_lr_ratio >= 0.0 && schedule.min_lr_ratio <= 1.0, "LR schedule: min_lr_ratio must be in [0, 1], got ",
-           schedule.min_lr_ratio);
+           "LR schedule: need 0 <= warmup_steps (", schedule.warmup_steps, ") <= total_steps (", schedule.total_steps,
+           ")");
+  HP_CHECK(schedule.min_lr_ratio >= 0.0 && schedule.min_lr_ratio <= 1.0,
+           "LR schedule: min_lr_ratio must be in [0, 1], got ", schedule.min_lr_ratio);
   HP_CHECK(schedule.decay_fraction > 0.0 && schedule.decay_fraction <= 1.0,
            "LR schedule: decay_fraction must be in (0, 1], got ", schedule.decay_fraction);
   for (const auto& group : optimizer_->param_groups()) base_lrs_.push_back(group.options().get_lr());
@@ -36,9 +37,12 @@ double LRScheduler::factor(int64_t step) const {
   const double decay_steps = static_cast<double>(std::max<int64_t>(1, s.total_steps - s.warmup_steps));
   const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / decay_steps);
   switch (s.decay) {
-    case LRSchedule::Decay::kCosine: return low + (1.0 - low) * 0.5 * (1.0 + std::cos(M_PI * progress));
-    case LRSchedule::Decay::kLinear: return 1.0 - (1.0 - low) * progress;
-    case LRSchedule::Decay::kConstant: return 1.0;
+    case LRSchedule::Decay::kCosine:
+      return low + (1.0 - low) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    case LRSchedule::Decay::kLinear:
+      return 1.0 - (1.0 - low) * progress;
+    case LRSchedule::Decay::kConstant:
+      return 1.0;
     case LRSchedule::Decay::kWsd: {
       const double decay_start = s.total_steps - s.decay_fraction * s.total_steps;
       if (step < decay_start) return 1.0;
@@ -68,8 +72,8 @@ void LRScheduler::set_step(int64_t step) {
 
 double LRScheduler::lr(size_t group) const {
   const auto& groups = optimizer_->param_groups();
-  HP_CHECK(group < groups.size(), "LRScheduler::lr: no parameter group ", group, " (the optimizer has ",
-           groups.size(), ")");
+  HP_CHECK(group < groups.size(), "LRScheduler::lr: no parameter group ", group, " (the optimizer has ", groups.size(),
+           ")");
   return groups[group].options().get_lr();
 }
 

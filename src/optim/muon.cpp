@@ -184,7 +184,8 @@ void muon_step_group(torch::optim::OptimizerParamGroup& group, OptimizerStateMap
       item.result = newton_schulz5(item.local_update.to(at::kFloat), o.ns_steps()) * shape_scale(item.param);
     }
   }
-  for (auto& [mesh, items] : by_mesh) orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
+  for (auto& [mesh, items] : by_mesh)
+    orthogonalize_on_owners(items, DTensor(items[0]->param).device_mesh(), o.ns_steps());
   for (Pending& item : pending) {
     const at::Tensor& local = local_tensor(item.param);
     if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());

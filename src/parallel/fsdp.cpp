@@ -34,12 +34,12 @@ namespace detail {
 struct ManagedParam {
   nn::Module* owner;
   std::string name, fqn;
-  at::Tensor sharded;               // the DTensor users and optimizers see
-  std::vector<int64_t> shape;       // what FSDP shards: the parameter, or its tensor-parallel piece
-  int64_t dim = 0;                  // the dim FSDP splits (shard_placement_fn; default 0)
-  std::vector<int64_t> rows;        // size along `dim` on each shard rank (torch.chunk)
+  at::Tensor sharded;                 // the DTensor users and optimizers see
+  std::vector<int64_t> shape;         // what FSDP shards: the parameter, or its tensor-parallel piece
+  int64_t dim = 0;                    // the dim FSDP splits (shard_placement_fn; default 0)
+  std::vector<int64_t> rows;          // size along `dim` on each shard rank (torch.chunk)
   int64_t row_numel = 1, offset = 0;  // elements per index of `dim`; where the padded slot starts
-  std::optional<DTensorSpec> tp;    // set when the parameter was a tensor-parallel DTensor
+  std::optional<DTensorSpec> tp;      // set when the parameter was a tensor-parallel DTensor
 };
 
 // The parameters one forward call gathered; backward refills and releases them.
@@ -93,8 +93,10 @@ struct FsdpUnit {
 
   void push_pending(at::Tensor grad) {
     if (!tree_order) {
-      if (pending.empty()) pending.emplace_back(0, grad.clone());
-      else pending[0].second.add_(grad);
+      if (pending.empty())
+        pending.emplace_back(0, grad.clone());
+      else
+        pending[0].second.add_(grad);
       return;
     }
     pending.emplace_back(0, std::move(grad));
@@ -167,13 +169,15 @@ struct FsdpUnit {
   static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<Prefetched> FsdpUnit::*slot) {
     for (const auto& weak : units)
       // Units resharded to a block gather their block's rows for backward, not the shards.
-      if (auto u = weak.lock(); u && !((*u).*slot) && !(slot == &FsdpUnit::prefetched_backward && u->post_forward_group))
+      if (auto u = weak.lock();
+          u && !((*u).*slot) && !(slot == &FsdpUnit::prefetched_backward && u->post_forward_group))
         (*u).*slot = Prefetched{u->shard_group.all_gather_async(u->pack_shards()), u->shards_version()};
   }
 
   // Backward: the units whose gathers to issue early — the explicit list, else the unit that ran
   // before this one in forward — if they will need a gather (their parameters were released).
-  std::vector<std::weak_ptr<FsdpUnit>> backward_prefetch_targets(const std::vector<std::weak_ptr<FsdpUnit>>& order) const {
+  std::vector<std::weak_ptr<FsdpUnit>> backward_prefetch_targets(
+      const std::vector<std::weak_ptr<FsdpUnit>>& order) const {
     std::vector<std::weak_ptr<FsdpUnit>> targets = backward_prefetch;
     if (targets.empty() && forward_index > 0 && forward_index <= static_cast<int64_t>(order.size()))
       targets.push_back(order[forward_index - 1]);
@@ -194,7 +198,9 @@ struct FsdpUnit {
       const ManagedParam& p = params[i];
       int64_t row = 0;
       for (int r = 0; r < n; ++r) {
-        buffer[r].narrow(0, p.offset, p.rows[r] * p.row_numel).copy_(grads[i].narrow(p.dim, row, p.rows[r]).reshape({-1}));
+        buffer[r]
+            .narrow(0, p.offset, p.rows[r] * p.row_numel)
+            .copy_(grads[i].narrow(p.dim, row, p.rows[r]).reshape({-1}));
         row += p.rows[r];
       }
       grads[i].reset();  // packed: free it now, not after the whole unit
@@ -240,11 +246,16 @@ struct FsdpUnit {
     for (const ManagedParam& p : params) {
       if (!p.sharded.requires_grad()) continue;
       const at::Tensor& local = local_tensor(p.sharded);
-      at::Tensor g = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes()).to(local.scalar_type(),
-                                                                                    /*non_blocking=*/false, /*copy=*/true);
+      at::Tensor g = mine[0]
+                         .narrow(0, p.offset, local.numel())
+                         .view(local.sizes())
+                         .to(local.scalar_type(),
+                             /*non_blocking=*/false, /*copy=*/true);
       at::Tensor& slot = p.sharded.mutable_grad();
-      if (slot.defined()) local_tensor(slot).add_(g);
-      else slot = from_local_unchecked(g, DTensor(p.sharded).spec());
+      if (slot.defined())
+        local_tensor(slot).add_(g);
+      else
+        slot = from_local_unchecked(g, DTensor(p.sharded).spec());
     }
   }
 
@@ -410,8 +421,10 @@ using detail::ManagedParam;
 
 FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options) {
   HP_CHECK(!detail::is_unit(&module), "fully_shard: ", module.name(), " is already a fully_shard unit");
-  HP_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2, "fully_shard: the mesh must be 1-D (FSDP) or 2-D (replicate, shard) "
-           "for HSDP, got ", mesh.str());
+  HP_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2,
+           "fully_shard: the mesh must be 1-D (FSDP) or 2-D (replicate, shard) "
+           "for HSDP, got ",
+           mesh.str());
   HP_CHECK(mesh.get_coordinate().has_value(), "fully_shard: this rank (", mesh.get_rank(), ") is not in ", mesh.str());
   auto unit = std::make_shared<FsdpUnit>();
   unit->name = module.name();
@@ -459,22 +472,29 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       at::Tensor piece = p;
       if (is_dtensor(p)) {
         tp = DTensor(p).spec();
-        HP_CHECK(mesh.ndim() <= 2 && tp->mesh().ndim() == 1, "fully_shard: ", fqn, " is a DTensor on ", tp->mesh().str(),
+        HP_CHECK(mesh.ndim() <= 2 && tp->mesh().ndim() == 1, "fully_shard: ", fqn, " is a DTensor on ",
+                 tp->mesh().str(),
                  "; FSDP composes with tensor parallelism on a 1-D (FSDP) or 2-D (HSDP) data-parallel mesh and a "
                  "1-D tensor-parallel mesh");
         for (const Placement& pl : tp->placements())
-          HP_CHECK(!pl.is_partial(), "fully_shard: ", fqn, " is ", to_string(tp->placements()), "; cannot shard a Partial parameter");
-        HP_CHECK(!tp_mesh || *tp_mesh == tp->mesh(), "fully_shard: the parameters of one unit must share one "
-                 "tensor-parallel mesh; ", fqn, " is on ", tp->mesh().str(), ", others on ", tp_mesh->str());
+          HP_CHECK(!pl.is_partial(), "fully_shard: ", fqn, " is ", to_string(tp->placements()),
+                   "; cannot shard a Partial parameter");
+        HP_CHECK(!tp_mesh || *tp_mesh == tp->mesh(),
+                 "fully_shard: the parameters of one unit must share one "
+                 "tensor-parallel mesh; ",
+                 fqn, " is on ", tp->mesh().str(), ", others on ", tp_mesh->str());
         tp_mesh = tp->mesh();
         piece = local_tensor(p);
       }
       if (detail::ignored(options, fqn)) continue;
-      HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn, " is a scalar; FSDP shards a dim of it (list it in ignored_params)");
+      HP_CHECK(piece.dim() >= 1, "fully_shard: ", fqn,
+               " is a scalar; FSDP shards a dim of it (list it in ignored_params)");
       int64_t dim = 0;
       if (options.shard_placement_fn)
-        if (const auto chosen = options.shard_placement_fn(fqn, p)) dim = parallel::normalized(*chosen, piece.dim()).dim();
-      HP_CHECK(dim >= 0 && dim < piece.dim(), "fully_shard: ", fqn, " has ", piece.dim(), " dims; shard_placement_fn chose dim ", dim);
+        if (const auto chosen = options.shard_placement_fn(fqn, p))
+          dim = parallel::normalized(*chosen, piece.dim()).dim();
+      HP_CHECK(dim >= 0 && dim < piece.dim(), "fully_shard: ", fqn, " has ", piece.dim(),
+               " dims; shard_placement_fn chose dim ", dim);
       HP_CHECK(piece.size(dim) >= unit->n, "fully_shard: ", fqn, " has ", piece.size(dim), " rows in dim ", dim,
                tp ? " (of its tensor-parallel piece)" : "", ", fewer than the ", unit->n,
                " ranks it would be split over; leave it to an outer unit on fewer ranks or replicate it");
@@ -502,8 +522,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       const DTensorSpec spec(*combined, placements, p.sizes().vec());
       const at::Tensor piece = mp.tp ? local_tensor(p) : p;
       at::Tensor local = piece.is_meta() ? at::empty(spec.local_shape(), piece.options())
-                                         : piece.detach().narrow(mp.dim, chunk_offset(piece.size(mp.dim), unit->n, unit->rank),
-                                                                 mp.rows[unit->rank]).clone();
+                                         : piece.detach()
+                                               .narrow(mp.dim, chunk_offset(piece.size(mp.dim), unit->n, unit->rank),
+                                                       mp.rows[unit->rank])
+                                               .clone();
       parallel::set_placed_parameter(*mp.owner, mp.name, from_local_unchecked(local, spec));
     }
     mp.sharded = mp.owner->param(mp.name);
@@ -575,8 +597,8 @@ void FSDPModule::unshard() {
 void FSDPModule::reshard() { unit_->put_shards_back(); }
 void FSDPModule::set_requires_gradient_sync(bool sync) { unit_->sync = sync; }
 void FSDPModule::set_reduce_op(comm::ReduceOp op) {
-  HP_CHECK(op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg, "set_reduce_op: gradients reduce by sum or avg, got ",
-           comm::to_string(op));
+  HP_CHECK(op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg,
+           "set_reduce_op: gradients reduce by sum or avg, got ", comm::to_string(op));
   unit_->options.reduce_op = op;
 }
 void FSDPModule::set_gradient_scaling_factor(double factor) { unit_->scale = factor; }

@@ -19,7 +19,7 @@ bool vocab_sharded(const at::Tensor& logits) {
 
 // What the backward needs from the forward, per call.
 struct Saved {
-  at::Tensor log_sum_exp;  // [tokens], over the whole vocabulary
+  at::Tensor log_sum_exp;   // [tokens], over the whole vocabulary
   at::Tensor local_target;  // [tokens], target index within this rank's slice (clamped)
   at::Tensor on_this_rank;  // [tokens], the target lies in this rank's slice (and is not ignored)
   at::Tensor valid;         // [tokens], target != ignore_index
@@ -35,7 +35,8 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
            "cross_entropy: targets must be replicated over the vocabulary-parallel mesh, got ",
            to_string(DTensor(targets).placements()));
   HP_CHECK(targets.sizes() == logits.sizes().slice(0, logits.dim() - 1), "cross_entropy: targets have shape ",
-           targets.sizes(), " but logits have shape ", logits.sizes(), "; expected the logits' shape without the last dim");
+           targets.sizes(), " but logits have shape ", logits.sizes(),
+           "; expected the logits' shape without the last dim");
   const at::Tensor target_dt = is_dtensor(targets) ? targets : DTensor::from_local(targets, mesh, {Replicate()});
   auto saved = std::make_shared<Saved>();
 
@@ -65,7 +66,8 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   f.backward = [saved](const at::Tensor& grad, const std::vector<at::Tensor>& local) -> std::vector<at::Tensor> {
     const at::Tensor slice = local[0].to(at::kFloat).reshape({-1, local[0].size(-1)});
     at::Tensor g = (slice - saved->log_sum_exp.unsqueeze(1)).exp();  // softmax over the whole vocabulary
-    if (g.size(1) > 0) g.scatter_add_(1, saved->local_target.unsqueeze(1), -saved->on_this_rank.to(at::kFloat).unsqueeze(1));
+    if (g.size(1) > 0)
+      g.scatter_add_(1, saved->local_target.unsqueeze(1), -saved->on_this_rank.to(at::kFloat).unsqueeze(1));
     g = g * (saved->valid.to(at::kFloat).unsqueeze(1) * (grad.to(at::kFloat) / saved->count));
     return {g.reshape(local[0].sizes()).to(local[0].scalar_type()), at::Tensor()};
   };

@@ -9,8 +9,12 @@
 namespace hp {
 
 void ParallelDims::validate(int64_t world_size) const {
-  for (auto [name, value] : {std::pair<const char*, int64_t>{"dp_replicate", dp_replicate}, {"dp_shard", dp_shard},
-                             {"cp", cp}, {"tp", tp}, {"pp", pp}, {"ep", ep}})
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"dp_replicate", dp_replicate},
+                             {"dp_shard", dp_shard},
+                             {"cp", cp},
+                             {"tp", tp},
+                             {"pp", pp},
+                             {"ep", ep}})
     HP_CHECK(value >= 1, "parallel.", name, " must be >= 1, got ", value);
   HP_CHECK(checked_product({pp, dp_replicate, dp_shard, cp, tp}), "parallel dims ", str(),
            " multiply beyond 64 bits; the world has ", world_size, " ranks");

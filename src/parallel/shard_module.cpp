@@ -72,7 +72,8 @@ void shard_module(nn::Module& model, const DeviceMesh& mesh, const ShardingPlan&
         if (!layouts[i]) continue;
         check_placements("input " + std::to_string(i) + " of " + m.name(), *layouts[i], mesh, in[i].dim());
         const Placements want = normalized(*layouts[i], in[i].dim());
-        in[i] = is_dtensor(in[i]) ? parallel::lay_out(in[i], want, /*use_local=*/false) : distribute_tensor(in[i], mesh, want);
+        in[i] = is_dtensor(in[i]) ? parallel::lay_out(in[i], want, /*use_local=*/false)
+                                  : distribute_tensor(in[i], mesh, want);
       }
     });
   }

@@ -17,9 +17,7 @@ using parallel::check_divisible;
 using parallel::distribute_parameter;
 using parallel::lay_out;
 
-std::string where(const ParallelStyleBase& style, const std::string& fqn) {
-  return style.name() + " on '" + fqn + "'";
-}
+std::string where(const ParallelStyleBase& style, const std::string& fqn) { return style.name() + " on '" + fqn + "'"; }
 
 void check_one_dim(const ParallelStyleBase& style, const std::string& fqn, const DeviceMesh& mesh) {
   HP_CHECK(mesh.ndim() == 1, where(style, fqn), ": tensor-parallel styles take a 1-D mesh, got ", mesh.str(),
@@ -39,10 +37,12 @@ void check_weight_split(const ParallelStyleBase& style, nn::Module& module, cons
   static const char* const kLinearDims[] = {"out_features", "in_features"};
   static const char* const kEmbeddingDims[] = {"num_embeddings", "embedding_dim"};
   const bool linear = dynamic_cast<nn::Linear*>(&module) != nullptr;
-  if (!linear && dynamic_cast<nn::Embedding*>(&module) == nullptr) unsupported(style, fqn, module, "Linear and Embedding");
+  if (!linear && dynamic_cast<nn::Embedding*>(&module) == nullptr)
+    unsupported(style, fqn, module, "Linear and Embedding");
   const int64_t dim = linear ? linear_dim : embedding_dim;
-  check_divisible(fqn + ".weight dim " + std::to_string(dim) + " (" + (linear ? kLinearDims : kEmbeddingDims)[dim] + ")",
-                  module.param("weight").size(dim), mesh.size(), where(style, fqn));
+  check_divisible(
+      fqn + ".weight dim " + std::to_string(dim) + " (" + (linear ? kLinearDims : kEmbeddingDims)[dim] + ")",
+      module.param("weight").size(dim), mesh.size(), where(style, fqn));
 }
 
 // Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor). `features`:
@@ -120,8 +120,11 @@ void SequenceParallel::apply(nn::Module& module, const std::string& fqn, const D
 // ---- PrepareModuleInput / PrepareModuleOutput ---------------------------------------------------
 
 PrepareModuleInput::PrepareModuleInput(std::vector<std::optional<Placement>> input_layouts,
-                                       std::vector<std::optional<Placement>> desired_input_layouts, bool use_local_output)
-    : input_layouts_(std::move(input_layouts)), desired_(std::move(desired_input_layouts)), use_local_output_(use_local_output) {
+                                       std::vector<std::optional<Placement>> desired_input_layouts,
+                                       bool use_local_output)
+    : input_layouts_(std::move(input_layouts)),
+      desired_(std::move(desired_input_layouts)),
+      use_local_output_(use_local_output) {
   HP_CHECK(input_layouts_.size() == desired_.size(), "PrepareModuleInput: ", input_layouts_.size(),
            " input_layouts but ", desired_.size(), " desired_input_layouts; give one of each per input");
   for (size_t i = 0; i < desired_.size(); ++i)

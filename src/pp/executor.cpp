@@ -45,9 +45,9 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       batch_p2p_(options.batch_p2p),
       batch_dim_(options.batch_dim) {
   HP_CHECK(batch_dim_ >= 0, "PipelineExecutor: PipelineOptions::batch_dim must be >= 0, got ", batch_dim_);
-  HP_CHECK(schedule_.stages >= 1 && schedule_.micro_batches >= 1 && schedule_.ranks >= 1, "PipelineExecutor: schedule '",
-           schedule_.name, "' has ", schedule_.ranks, " ranks, ", schedule_.stages, " stages and ",
-           schedule_.micro_batches, " micro-batches; it needs at least one of each");
+  HP_CHECK(schedule_.stages >= 1 && schedule_.micro_batches >= 1 && schedule_.ranks >= 1,
+           "PipelineExecutor: schedule '", schedule_.name, "' has ", schedule_.ranks, " ranks, ", schedule_.stages,
+           " stages and ", schedule_.micro_batches, " micro-batches; it needs at least one of each");
   validate(schedule_);
   placement_ = std::make_shared<StagePlacement>(schedule_, std::move(options.position_ranks), group_);
   messages_ = std::make_shared<StageMessages>(group_, placement_, schedule_.stages, schedule_.micro_batches,
@@ -60,8 +60,8 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
              " stage ", s, " in schedule '", schedule_.name, "' but was given ", found, " module(s) for it");
     // Neighbouring stages on one position hand activations over in place, so their layouts must agree.
     if (here && s > 0 && placement_->hosts(s - 1))
-      HP_CHECK(stage(s - 1).output_shard_dim == stage(s).input_shard_dim, "PipelineExecutor: stages ", s - 1,
-               " and ", s, " run on the same ranks but stage ", s - 1, "'s output is sharded on dim ",
+      HP_CHECK(stage(s - 1).output_shard_dim == stage(s).input_shard_dim, "PipelineExecutor: stages ", s - 1, " and ",
+               s, " run on the same ranks but stage ", s - 1, "'s output is sharded on dim ",
                stage(s - 1).output_shard_dim, " and stage ", s, "'s input on dim ", stage(s).input_shard_dim);
   }
   // Stage 0 splits I from W at the output of its first leaf module (the embedding, for split_llama):
@@ -88,8 +88,9 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
       HP_CHECK(s >= 0 && s < schedule_.stages, "PipelineExecutor: tied parameter '", tie.fqn, "' names stage ", s,
                " of a schedule with ", schedule_.stages, " stages");
       const int p = placement_->position_of_stage(s);
-      HP_CHECK(positions.insert(p).second, "PipelineExecutor: tied parameter '", tie.fqn, "' has two stages on position ",
-               p, "; stages sharing a rank would share one parameter, which is not supported yet");
+      HP_CHECK(positions.insert(p).second, "PipelineExecutor: tied parameter '", tie.fqn,
+               "' has two stages on position ", p,
+               "; stages sharing a rank would share one parameter, which is not supported yet");
       const std::vector<int>& ranks = placement_->ranks_of_position(p);
       HP_CHECK(ranks.size() == placement_->ranks_of_position(placement_->position()).size(),
                "PipelineExecutor: tied parameter '", tie.fqn, "' spans positions of different sizes");
@@ -101,8 +102,7 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<PipelineStage>
         HP_CHECK(found, "PipelineExecutor: stage ", s, " has no parameter '", tie.fqn, "' to tie");
       }
     }
-    if (mine && world_ranks.size() > 1)
-      tied_.push_back({*mine, group_.new_group(world_ranks, "pp_tied")});
+    if (mine && world_ranks.size() > 1) tied_.push_back({*mine, group_.new_group(world_ranks, "pp_tied")});
   }
 }
 
@@ -130,20 +130,22 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
     for (int s = 0; s <= last; ++s) {
       if (!place.hosts(s)) continue;
       const PipelineStage& st = stage(s);
-      on_stage(notice, s, [s] { return "the inference forward of stage " + std::to_string(s); }, [&] {
-        if (s == 0) {
-          h = inputs;
-        } else if (!place.hosts(s - 1)) {  // the previous stage's output arrives with its shape
-          h = place.piece(messages_->receive_inference(notice, s), st.input_shard_dim);
-        }
-        h = (*st.module)(h);
-        if (s < last && !place.hosts(s + 1))
-          messages_->send_inference(notice, s, place.whole(h, st.output_shard_dim));
-        if (s == last) {  // whole on the position's first rank, which broadcasts it
-          h = place.whole(h, st.output_shard_dim);
-          if (is_dtensor(h)) h = DTensor(h).full_tensor();  // e.g. vocabulary-sharded logits (loss parallel)
-        }
-      });
+      on_stage(
+          notice, s, [s] { return "the inference forward of stage " + std::to_string(s); },
+          [&] {
+            if (s == 0) {
+              h = inputs;
+            } else if (!place.hosts(s - 1)) {  // the previous stage's output arrives with its shape
+              h = place.piece(messages_->receive_inference(notice, s), st.input_shard_dim);
+            }
+            h = (*st.module)(h);
+            if (s < last && !place.hosts(s + 1))
+              messages_->send_inference(notice, s, place.whole(h, st.output_shard_dim));
+            if (s == last) {  // whole on the position's first rank, which broadcasts it
+              h = place.whole(h, st.output_shard_dim);
+              if (is_dtensor(h)) h = DTensor(h).full_tensor();  // e.g. vocabulary-sharded logits (loss parallel)
+            }
+          });
     }
     return 0.0;
   });
@@ -221,7 +223,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   const int m = schedule_.micro_batches, last = schedule_.stages - 1;
   const int64_t d = batch_dim_;
   HP_CHECK(inputs.dim() > d && targets.dim() > d, "PipelineExecutor: micro-batches split dim ", d,
-           " (PipelineOptions::batch_dim), but the inputs have ", inputs.dim(), " dims and the targets ", targets.dim());
+           " (PipelineOptions::batch_dim), but the inputs have ", inputs.dim(), " dims and the targets ",
+           targets.dim());
   HP_CHECK(inputs.size(d) % m == 0 && targets.size(d) == inputs.size(d), "PipelineExecutor: a batch of ",
            inputs.size(d), " along dim ", d, " does not split into ", m, " micro-batches (targets: ", targets.size(d),
            ")");
@@ -233,7 +236,9 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   messages_->begin_pass();
   double loss_sum = 0.0;
   timeline_.clear();
-  const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   const StagePlacement& place = *placement_;
 
   const std::vector<Action>& program = pass_programs(backward).programs[place.position()];
@@ -246,113 +251,119 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
       // Batched P2P: a run of communication actions posts its receives together, one computation
       // ahead (while the computation before the run), or at its start when that is the pass's start.
       if (batch_p2p_ && (a.is_compute() || i == 0))
-        on_stage(notice, -1, [&] { return "posting the receives after " + a.str(); },
-                 [&] { messages_->post_receives(program, a.is_compute() ? i + 1 : i); });
+        on_stage(
+            notice, -1, [&] { return "posting the receives after " + a.str(); },
+            [&] { messages_->post_receives(program, a.is_compute() ? i + 1 : i); });
       const int s = a.stage, mb = a.micro_batch;
       Slot& slot = slots[{s, mb}];
       const double started = record_ ? now() : 0.0;
-      on_stage(notice, s, [&] { return a.str() + " of schedule '" + schedule_.name + "'"; }, [&] {
-        switch (a.kind) {
-          case ActionKind::kForward: {
-            at::Tensor in = s == 0 ? xs[mb] : slot.input;
-            if (s > 0 && !in.defined()) {  // the previous stage is on this rank
-              Slot& previous = slots.at({s - 1, mb});
-              in = previous.output.detach().requires_grad_(backward);
-              if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
-              slot.input = in;
-            }
-            const bool stand_in = s == 0 && backward && first_leaf_output_;
-            if (stand_in) first_leaf_output_->armed = true;
-            at::Tensor out = (*stage(s).module)(in);
-            if (stand_in) {
-              first_leaf_output_->armed = false;
-              slot.input = std::exchange(first_leaf_output_->output, at::Tensor());
-            }
-            if (s == last) {
-              out = loss_(out, ys[mb]) / static_cast<double>(m);
-              // Every rank of the last position computes the loss; its first reports it.
-              if (place.is_position_leader()) loss_sum += out.detach().item<double>();
-            }
-            slot.output = out;
-            peak_live_[s] = std::max(peak_live_[s], ++live[s]);
-            break;
-          }
-          case ActionKind::kBackward:
-          case ActionKind::kBackwardInput: {
-            at::Tensor grad = slot.grad_output;
-            if (s < last && !grad.defined()) {  // the next stage is on this rank
-              Slot& next = slots.at({s + 1, mb});
-              grad = next.grad_input;
-              next.grad_input = at::Tensor();
-            }
-            HP_CHECK(s == last || grad.defined(), "no gradient for the output");
-            const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last ? std::vector<at::Tensor>{}
-                                                                                     : std::vector<at::Tensor>{grad};
-            if (a.kind == ActionKind::kBackward) {
-              torch::autograd::backward(outputs, grads);
-              const at::Tensor grad_input = s > 0 ? slot.input.grad() : at::Tensor();
-              slot = Slot{};
-              slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
-              --live[s];
-            } else {
-              // dx now, keeping the graph for W. Stage 0's input (tokens) has no gradient: its I ends
-              // at the stand-in (see first_leaf_output_) and sends nothing; without one, W does it all.
-              if (slot.input.defined()) {
-                slot.split = WeightGradientSplit::prepare(slot.output, slot.input, stage(s).module->parameters());
-                if (slot.split)
-                  slot.grad_input = slot.split->input_gradient(slot.output, slot.input, grad);
-                else if (s > 0)
-                  slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
-                if (s == 0) slot.grad_input = at::Tensor();  // stage 0 sends nothing back
+      on_stage(
+          notice, s, [&] { return a.str() + " of schedule '" + schedule_.name + "'"; },
+          [&] {
+            switch (a.kind) {
+              case ActionKind::kForward: {
+                at::Tensor in = s == 0 ? xs[mb] : slot.input;
+                if (s > 0 && !in.defined()) {  // the previous stage is on this rank
+                  Slot& previous = slots.at({s - 1, mb});
+                  in = previous.output.detach().requires_grad_(backward);
+                  if (!backward) previous.output = at::Tensor();  // nothing keeps activations without backward
+                  slot.input = in;
+                }
+                const bool stand_in = s == 0 && backward && first_leaf_output_;
+                if (stand_in) first_leaf_output_->armed = true;
+                at::Tensor out = (*stage(s).module)(in);
+                if (stand_in) {
+                  first_leaf_output_->armed = false;
+                  slot.input = std::exchange(first_leaf_output_->output, at::Tensor());
+                }
+                if (s == last) {
+                  out = loss_(out, ys[mb]) / static_cast<double>(m);
+                  // Every rank of the last position computes the loss; its first reports it.
+                  if (place.is_position_leader()) loss_sum += out.detach().item<double>();
+                }
+                slot.output = out;
+                peak_live_[s] = std::max(peak_live_[s], ++live[s]);
+                break;
               }
-              // The plain W starts from the output's gradient; the split has what it needs recorded.
-              slot.grad_output = slot.split ? at::Tensor() : grad;
+              case ActionKind::kBackward:
+              case ActionKind::kBackwardInput: {
+                at::Tensor grad = slot.grad_output;
+                if (s < last && !grad.defined()) {  // the next stage is on this rank
+                  Slot& next = slots.at({s + 1, mb});
+                  grad = next.grad_input;
+                  next.grad_input = at::Tensor();
+                }
+                HP_CHECK(s == last || grad.defined(), "no gradient for the output");
+                const std::vector<at::Tensor> outputs = {slot.output}, grads = s == last
+                                                                                   ? std::vector<at::Tensor>{}
+                                                                                   : std::vector<at::Tensor>{grad};
+                if (a.kind == ActionKind::kBackward) {
+                  torch::autograd::backward(outputs, grads);
+                  const at::Tensor grad_input = s > 0 ? slot.input.grad() : at::Tensor();
+                  slot = Slot{};
+                  slot.grad_input = grad_input;  // kept until sent (or read by the previous stage here)
+                  --live[s];
+                } else {
+                  // dx now, keeping the graph for W. Stage 0's input (tokens) has no gradient: its I ends
+                  // at the stand-in (see first_leaf_output_) and sends nothing; without one, W does it all.
+                  if (slot.input.defined()) {
+                    slot.split = WeightGradientSplit::prepare(slot.output, slot.input, stage(s).module->parameters());
+                    if (slot.split)
+                      slot.grad_input = slot.split->input_gradient(slot.output, slot.input, grad);
+                    else if (s > 0)
+                      slot.grad_input = torch::autograd::grad(outputs, {slot.input}, grads, /*retain_graph=*/true)[0];
+                    if (s == 0) slot.grad_input = at::Tensor();  // stage 0 sends nothing back
+                  }
+                  // The plain W starts from the output's gradient; the split has what it needs recorded.
+                  slot.grad_output = slot.split ? at::Tensor() : grad;
+                }
+                break;
+              }
+              case ActionKind::kBackwardWeight: {
+                // dw: from where the parameters' branches left the I path (WeightGradientSplit), or, on a
+                // stage without an input gradient (stage 0), by walking the stage's graph once more.
+                if (slot.split) {
+                  slot.split->weight_gradients();
+                  ++split_weight_actions_;
+                } else {
+                  const std::vector<at::Tensor> grads =
+                      s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
+                  torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false,
+                                            stage(s).module->parameters());
+                }
+                const at::Tensor grad_input = slot.grad_input;
+                slot = Slot{};
+                slot.grad_input = grad_input;
+                --live[s];
+                break;
+              }
+              case ActionKind::kSendForward: {
+                messages_->send_forward(s, mb, place.whole(slot.output.detach(), stage(s).output_shard_dim));
+                if (!backward) slot.output = at::Tensor();  // the sends hold it until they complete
+                break;
+              }
+              case ActionKind::kRecvForward: {
+                slot.input =
+                    place.piece(messages_->receive(notice, a), stage(s).input_shard_dim).requires_grad_(backward);
+                break;
+              }
+              case ActionKind::kSendBackward: {
+                messages_->send_backward(s, mb, place.whole(slot.grad_input, stage(s).input_shard_dim));
+                slot.grad_input = at::Tensor();  // the sends hold it until they complete
+                break;
+              }
+              case ActionKind::kRecvBackward: {
+                // The gradient of the whole output (whose shape the forward send recorded), then this rank's piece.
+                slot.grad_output = place.piece(messages_->receive(notice, a), stage(s).output_shard_dim);
+                break;
+              }
             }
-            break;
-          }
-          case ActionKind::kBackwardWeight: {
-            // dw: from where the parameters' branches left the I path (WeightGradientSplit), or, on a
-            // stage without an input gradient (stage 0), by walking the stage's graph once more.
-            if (slot.split) {
-              slot.split->weight_gradients();
-              ++split_weight_actions_;
-            } else {
-              const std::vector<at::Tensor> grads =
-                  s == last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{slot.grad_output};
-              torch::autograd::backward({slot.output}, grads, /*retain_graph=*/false, /*create_graph=*/false,
-                                        stage(s).module->parameters());
-            }
-            const at::Tensor grad_input = slot.grad_input;
-            slot = Slot{};
-            slot.grad_input = grad_input;
-            --live[s];
-            break;
-          }
-          case ActionKind::kSendForward: {
-            messages_->send_forward(s, mb, place.whole(slot.output.detach(), stage(s).output_shard_dim));
-            if (!backward) slot.output = at::Tensor();  // the sends hold it until they complete
-            break;
-          }
-          case ActionKind::kRecvForward: {
-            slot.input = place.piece(messages_->receive(notice, a), stage(s).input_shard_dim).requires_grad_(backward);
-            break;
-          }
-          case ActionKind::kSendBackward: {
-            messages_->send_backward(s, mb, place.whole(slot.grad_input, stage(s).input_shard_dim));
-            slot.grad_input = at::Tensor();  // the sends hold it until they complete
-            break;
-          }
-          case ActionKind::kRecvBackward: {
-            // The gradient of the whole output (whose shape the forward send recorded), then this rank's piece.
-            slot.grad_output = place.piece(messages_->receive(notice, a), stage(s).output_shard_dim);
-            break;
-          }
-        }
-        for (const Action& send : releases[i]) messages_->release(notice, send);  // its buffer can go
-      });
+            for (const Action& send : releases[i]) messages_->release(notice, send);  // its buffer can go
+          });
       if (record_) timeline_.push_back({a, place.position(), started, now()});
     }
-    on_stage(notice, -1, [] { return std::string("the end of the step"); }, [&] { messages_->finish_pass(notice); });
+    on_stage(
+        notice, -1, [] { return std::string("the end of the step"); }, [&] { messages_->finish_pass(notice); });
     return loss_sum;
   });
 }

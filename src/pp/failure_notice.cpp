@@ -30,7 +30,9 @@ void FailureNotice::poll() {
   options.deadline = std::chrono::steady_clock::time_point::max();  // until stopped
   // The lock is held while looking (waiting_ may be aborted) and released while pausing.
   std::unique_lock<std::mutex> lock(mutex_);
-  options.pause = [&](std::chrono::milliseconds period) { return wake_.wait_for(lock, period, [&] { return stopping_; }); };
+  options.pause = [&](std::chrono::milliseconds period) {
+    return wake_.wait_for(lock, period, [&] { return stopping_; });
+  };
   bool published = false;
   try {
     published = store.wait_for({key_}, options).empty();
@@ -59,12 +61,8 @@ at::Tensor FailureNotice::wait(comm::Work work) {
   return work.wait();
 }
 
-void FailureNotice::publish(const std::string& message) {
-  group_.store().set(key_, message);
-}
+void FailureNotice::publish(const std::string& message) { group_.store().set(key_, message); }
 
-std::string FailureNotice::message() const {
-  return group_.store().get(key_);
-}
+std::string FailureNotice::message() const { return group_.store().get(key_); }
 
 }  // namespace hp::pp

@@ -218,9 +218,9 @@ at::Tensor StageMessages::receive(FailureNotice& notice, const Action& a) {
     // The shape first: once per stage boundary, or with every message when shapes may change.
     const int from = placement_->source(placement_->position_of_stage(a.stage - 1));
     const at::Tensor description = empty_description();
-    notice.wait(group_.recv_async(description, from,
-                                  dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, micro_batches_)
-                                                  : shape_tag(a.stage - 1)));
+    notice.wait(group_.recv_async(
+        description, from,
+        dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, micro_batches_) : shape_tag(a.stage - 1)));
     if (dynamic_shapes_) {
       const at::Tensor buffer = empty_like_described(description);
       notice.wait(group_.recv_async(buffer, from, tag(false, a.stage - 1, a.micro_batch, micro_batches_)));

@@ -17,8 +17,8 @@ StagePlacement::StagePlacement(const Schedule& schedule, std::vector<std::vector
              " ranks but the group has ", group.size());
     for (int r = 0; r < schedule.ranks; ++r) positions_.push_back({r});
   }
-  HP_CHECK(static_cast<int>(positions_.size()) == schedule.ranks, "PipelineExecutor: the schedule has ",
-           schedule.ranks, " ranks (positions) but ", positions_.size(), " position rank lists were given");
+  HP_CHECK(static_cast<int>(positions_.size()) == schedule.ranks, "PipelineExecutor: the schedule has ", schedule.ranks,
+           " ranks (positions) but ", positions_.size(), " position rank lists were given");
   std::set<int> seen;
   for (size_t p = 0; p < positions_.size(); ++p) {
     HP_CHECK(!positions_[p].empty(), "PipelineExecutor: position ", p, " has no ranks");

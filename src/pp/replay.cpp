@@ -24,9 +24,9 @@ void check_complete(const Schedule& s) {
   std::map<std::tuple<ActionKind, int, int>, int> count;
   for (int r = 0; r < s.ranks; ++r)
     for (const Action& a : s.programs[r]) {
-      HP_CHECK(a.stage >= 0 && a.stage < s.stages && a.micro_batch >= 0 && a.micro_batch < s.micro_batches, "pp: ",
-               s.name, ": action ", a.str(), " on rank ", r, " is outside ", s.stages, " stages x ", s.micro_batches,
-               " micro-batches");
+      HP_CHECK(a.stage >= 0 && a.stage < s.stages && a.micro_batch >= 0 && a.micro_batch < s.micro_batches,
+               "pp: ", s.name, ": action ", a.str(), " on rank ", r, " is outside ", s.stages, " stages x ",
+               s.micro_batches, " micro-batches");
       HP_CHECK(s.stage_rank[a.stage] == r, "pp: ", s.name, ": action ", a.str(), " is on rank ", r, " but stage ",
                a.stage, " runs on rank ", s.stage_rank[a.stage]);
       ++count[{a.kind, a.stage, a.micro_batch}];
@@ -78,11 +78,13 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
       for (; pc[r] < s.programs[r].size(); ++pc[r]) {
         const Action& a = s.programs[r][pc[r]];
         const int st = a.stage, mb = a.micro_batch;
-        const bool prev_here = st > 0 && s.stage_rank[st - 1] == r, next_here = st + 1 < s.stages && s.stage_rank[st + 1] == r;
+        const bool prev_here = st > 0 && s.stage_rank[st - 1] == r,
+                   next_here = st + 1 < s.stages && s.stage_rank[st + 1] == r;
         double ready = 0.0, cost = 0.0;
         switch (a.kind) {
           case ActionKind::kForward:
-            ready = st == 0 ? 0.0 : when(prev_here ? Event::kForward : Event::kRecvForward, st - (prev_here ? 1 : 0), mb);
+            ready =
+                st == 0 ? 0.0 : when(prev_here ? Event::kForward : Event::kRecvForward, st - (prev_here ? 1 : 0), mb);
             cost = costs.forward;
             break;
           case ActionKind::kBackward:
@@ -92,15 +94,20 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
                                                    : when(next_here ? Event::kGradInput : Event::kRecvBackward,
                                                           st + (next_here ? 1 : 0), mb);
             ready = fwd == kNotYet || grad == kNotYet ? kNotYet : std::max(fwd, grad);
-            cost = a.kind == ActionKind::kBackward ? costs.backward_input + costs.backward_weight : costs.backward_input;
+            cost =
+                a.kind == ActionKind::kBackward ? costs.backward_input + costs.backward_weight : costs.backward_input;
             break;
           }
           case ActionKind::kBackwardWeight:
             ready = when(Event::kGradInput, st, mb);
             cost = costs.backward_weight;
             break;
-          case ActionKind::kSendForward: ready = when(Event::kForward, st, mb); break;
-          case ActionKind::kSendBackward: ready = when(Event::kGradInput, st, mb); break;
+          case ActionKind::kSendForward:
+            ready = when(Event::kForward, st, mb);
+            break;
+          case ActionKind::kSendBackward:
+            ready = when(Event::kGradInput, st, mb);
+            break;
           case ActionKind::kRecvForward: {
             const double sent = when(Event::kOutputSent, st - 1, mb);
             ready = sent == kNotYet ? kNotYet : sent + costs.send;
@@ -116,16 +123,30 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
         const double start = std::max(clock[r], ready), end = start + cost;
         clock[r] = a.is_compute() ? end : clock[r];
         switch (a.kind) {
-          case ActionKind::kForward: done[{Event::kForward, st, mb}] = end; break;
+          case ActionKind::kForward:
+            done[{Event::kForward, st, mb}] = end;
+            break;
           case ActionKind::kBackward:
-          case ActionKind::kBackwardInput: done[{Event::kGradInput, st, mb}] = end; break;
-          case ActionKind::kBackwardWeight: break;
-          case ActionKind::kSendForward: done[{Event::kOutputSent, st, mb}] = start; break;
-          case ActionKind::kSendBackward: done[{Event::kInputGradSent, st, mb}] = start; break;
-          case ActionKind::kRecvForward: done[{Event::kRecvForward, st, mb}] = start; break;
-          case ActionKind::kRecvBackward: done[{Event::kRecvBackward, st, mb}] = start; break;
+          case ActionKind::kBackwardInput:
+            done[{Event::kGradInput, st, mb}] = end;
+            break;
+          case ActionKind::kBackwardWeight:
+            break;
+          case ActionKind::kSendForward:
+            done[{Event::kOutputSent, st, mb}] = start;
+            break;
+          case ActionKind::kSendBackward:
+            done[{Event::kInputGradSent, st, mb}] = start;
+            break;
+          case ActionKind::kRecvForward:
+            done[{Event::kRecvForward, st, mb}] = start;
+            break;
+          case ActionKind::kRecvBackward:
+            done[{Event::kRecvBackward, st, mb}] = start;
+            break;
         }
-        if (a.kind == ActionKind::kRecvForward || a.kind == ActionKind::kRecvBackward) clock[r] = std::max(clock[r], start);
+        if (a.kind == ActionKind::kRecvForward || a.kind == ActionKind::kRecvBackward)
+          clock[r] = std::max(clock[r], start);
         timeline.push_back({a, r, start, a.is_compute() ? end : start});
         progress = true;
       }

@@ -2,8 +2,8 @@
 #include "hp/pp/schedule.h"
 
 #include <algorithm>
-#include <map>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -16,8 +16,9 @@ namespace {
 const std::vector<std::pair<ActionKind, std::string>>& kind_names() {
   // Longest names first, so parsing finds "SEND_F" before "F".
   static const std::vector<std::pair<ActionKind, std::string>> names = {
-      {ActionKind::kSendForward, "SEND_F"}, {ActionKind::kRecvForward, "RECV_F"}, {ActionKind::kSendBackward, "SEND_B"},
-      {ActionKind::kRecvBackward, "RECV_B"}, {ActionKind::kForward, "F"},         {ActionKind::kBackward, "B"},
+      {ActionKind::kSendForward, "SEND_F"},  {ActionKind::kRecvForward, "RECV_F"},
+      {ActionKind::kSendBackward, "SEND_B"}, {ActionKind::kRecvBackward, "RECV_B"},
+      {ActionKind::kForward, "F"},           {ActionKind::kBackward, "B"},
       {ActionKind::kBackwardInput, "I"},     {ActionKind::kBackwardWeight, "W"}};
   return names;
 }
@@ -130,7 +131,7 @@ Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
   // ready once the actions it needs have completed (by the given costs).
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
-                                   w_done = f_done;
+                                                                                              w_done = f_done;
   std::vector<int> in_flight(ranks, 0), remaining(ranks, 3 * 2 * micro_batches);
   std::vector<double> free_at(ranks, 0.0);
   // Decisions happen at events (time 0 and every completion), every free rank in rank order, so a

@@ -53,7 +53,7 @@ std::unordered_set<Node*> reaching(const std::vector<Node*>& targets,
 }  // namespace
 
 std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tensor& output, const at::Tensor& input,
-                                                                 const std::vector<at::Tensor>& params) {
+                                                                  const std::vector<at::Tensor>& params) {
   const std::shared_ptr<Node> root = output.grad_fn();
   const Edge input_edge = torch::autograd::impl::gradient_edge(input);
   if (!root || !input_edge.function) return nullptr;
@@ -99,8 +99,10 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tens
     for (size_t i = 0; i < edges.size(); ++i) {
       Node* next = edges[i].function.get();
       if (!next) continue;
-      if (on_path.count(next)) slot->path_edges.push_back(i);
-      else branches = branches || toward_params.count(next);
+      if (on_path.count(next))
+        slot->path_edges.push_back(i);
+      else
+        branches = branches || toward_params.count(next);
     }
     if (!branches) continue;
     slot->node = owner.at(node);
@@ -112,8 +114,8 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare(const at::Tens
 
 at::Tensor WeightGradientSplit::input_gradient(const at::Tensor& output, const at::Tensor& input,
                                                const at::Tensor& grad_output) {
-  const std::vector<at::Tensor> grads = grad_output.defined() ? std::vector<at::Tensor>{grad_output}
-                                                              : std::vector<at::Tensor>{};
+  const std::vector<at::Tensor> grads =
+      grad_output.defined() ? std::vector<at::Tensor>{grad_output} : std::vector<at::Tensor>{};
   at::Tensor dx = torch::autograd::grad({output}, {input}, grads, /*retain_graph=*/true)[0];
   for (auto& b : branching_) b->recording = false;
   // A non-leaf input (a stand-in on a stage whose real input has no gradient) leads on to

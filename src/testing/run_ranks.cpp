@@ -50,23 +50,24 @@ void run_ranks(int world_size, const std::function<void(const comm::ProcessGroup
 
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([state, rendezvous, fn, rank, world_size, group = options.group, barrier = options.barrier_at_exit] {
-      log::LogRankGuard log_rank(rank);
-      std::exception_ptr failure;
-      try {
-        comm::ProcessGroup world = rendezvous.join(rank, world_size, group);
-        fn(world);
-        // Tear down together: a rank that finished early must not close its connections while a
-        // peer is still using them (e.g. still completing the creation of a group they share).
-        if (barrier) world.barrier();
-      } catch (...) {
-        failure = std::current_exception();  // `world` is gone by now: peers see its sockets close
-      }
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (failure) state->failures.emplace_back(rank, message_of(failure));
-      state->done[rank] = true;
-      state->cv.notify_all();
-    });
+    threads.emplace_back(
+        [state, rendezvous, fn, rank, world_size, group = options.group, barrier = options.barrier_at_exit] {
+          log::LogRankGuard log_rank(rank);
+          std::exception_ptr failure;
+          try {
+            comm::ProcessGroup world = rendezvous.join(rank, world_size, group);
+            fn(world);
+            // Tear down together: a rank that finished early must not close its connections while a
+            // peer is still using them (e.g. still completing the creation of a group they share).
+            if (barrier) world.barrier();
+          } catch (...) {
+            failure = std::current_exception();  // `world` is gone by now: peers see its sockets close
+          }
+          std::lock_guard<std::mutex> lock(state->mu);
+          if (failure) state->failures.emplace_back(rank, message_of(failure));
+          state->done[rank] = true;
+          state->cv.notify_all();
+        });
   }
 
   std::unique_lock<std::mutex> lock(state->mu);

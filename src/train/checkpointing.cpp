@@ -35,8 +35,8 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
 
 }  // namespace
 
-Checkpointing::Checkpointing(const TrainConfig& config, const models::ModelParts& parts, torch::optim::Optimizer& optimizer,
-                             const comm::ProcessGroup& world)
+Checkpointing::Checkpointing(const TrainConfig& config, const models::ModelParts& parts,
+                             torch::optim::Optimizer& optimizer, const comm::ProcessGroup& world)
     : config_(config), parts_(parts), optimizer_(optimizer), world_(world) {
   for (auto& [fqn, tensor] : parts.named_tensors()) state_.tensors["model." + fqn] = tensor;
   dcp::add_optimizer_state(state_, optimizer_, *parts.model);

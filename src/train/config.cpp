@@ -1,13 +1,13 @@
 #include "hp/train/config.h"
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <functional>
 #include <optional>
-#include <variant>
 #include <sstream>
+#include <variant>
 
 #include "hp/core/error.h"
 #include "hp/data/text_data.h"
@@ -20,11 +20,16 @@ namespace {
 
 template <typename T>
 std::string type_name() {
-  if constexpr (std::is_same_v<T, bool>) return "true or false";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
-  else if constexpr (std::is_floating_point_v<T>) return "a number";
-  else if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else return "a list of strings";
+  if constexpr (std::is_same_v<T, bool>)
+    return "true or false";
+  else if constexpr (std::is_integral_v<T>)
+    return "an integer";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "a number";
+  else if constexpr (std::is_same_v<T, std::string>)
+    return "a string";
+  else
+    return "a list of strings";
 }
 
 template <typename T>
@@ -48,10 +53,10 @@ struct Field {
   std::function<nlohmann::json(const TrainConfig&)> get;
 };
 
-#define HP_CONFIG_FIELD(key, member)                                                                        \
-  Field {                                                                                                   \
-    key, [](TrainConfig& c, const YAML::Node& n) { c.member = convert<decltype(c.member)>(n, key); },      \
-        [](const TrainConfig& c) { return nlohmann::json(c.member); }                                       \
+#define HP_CONFIG_FIELD(key, member)                                                                  \
+  Field {                                                                                             \
+    key, [](TrainConfig& c, const YAML::Node& n) { c.member = convert<decltype(c.member)>(n, key); }, \
+        [](const TrainConfig& c) { return nlohmann::json(c.member); }                                 \
   }
 
 // The trainer's own keys.
@@ -159,8 +164,8 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, 
     const auto dot = key.find('.');
     const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
     const std::string known = known_keys_under(config, section);
-    HP_FAIL("config: unknown key '", key, "' in ", source, " (known", section.empty() ? "" : " under " + section,
-            ": ", known.empty() ? known_keys_under(config, "") : known, ")");
+    HP_FAIL("config: unknown key '", key, "' in ", source, " (known", section.empty() ? "" : " under " + section, ": ",
+            known.empty() ? known_keys_under(config, "") : known, ")");
   }
   field->set(config, node);
 }
@@ -169,8 +174,10 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, 
 void apply_tree(TrainConfig& config, const YAML::Node& node, const std::string& prefix, const std::string& source) {
   for (const auto& item : node) {
     const std::string key = prefix + item.first.as<std::string>();
-    if (item.second.IsMap() && !find_field(config, key)) apply_tree(config, item.second, key + ".", source);
-    else apply(config, key, item.second, source);
+    if (item.second.IsMap() && !find_field(config, key))
+      apply_tree(config, item.second, key + ".", source);
+    else
+      apply(config, key, item.second, source);
   }
 }
 
@@ -192,7 +199,8 @@ std::string family_in(const YAML::Node& root, const std::vector<std::string>& ov
 
 }  // namespace
 
-TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>& overrides, const std::string& source) {
+TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>& overrides,
+                         const std::string& source) {
   TrainConfig config;
   YAML::Node root;
   try {
@@ -236,14 +244,15 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.data.seq_len > 0 && c.data.seq_len <= c.model->max_seq(), "data.seq_len (", c.data.seq_len,
            ") must be in 1..model.max_seq (", c.model->max_seq(), ")");
   HP_CHECK(c.train.steps > 0, "train.steps must be positive, got ", c.train.steps);
-  HP_CHECK(c.train.micro_batch > 0 && c.train.global_batch > 0, "train.global_batch and train.micro_batch must be positive");
+  HP_CHECK(c.train.micro_batch > 0 && c.train.global_batch > 0,
+           "train.global_batch and train.micro_batch must be positive");
   HP_CHECK(c.train.global_batch % c.parallel.dp() == 0, "train.global_batch (", c.train.global_batch,
            ") must be divisible by the data-parallel degree dp_replicate x dp_shard (", c.parallel.dp(), ")");
   HP_CHECK(c.per_rank_batch() % c.train.micro_batch == 0, "train.micro_batch (", c.train.micro_batch,
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
-  HP_CHECK(c.reshard_after_forward_to >= 0 && (c.reshard_after_forward_to == 0 ||
-                                                c.parallel.dp_shard % c.reshard_after_forward_to == 0),
+  HP_CHECK(c.reshard_after_forward_to >= 0 &&
+               (c.reshard_after_forward_to == 0 || c.parallel.dp_shard % c.reshard_after_forward_to == 0),
            "parallel.reshard_after_forward_to (", c.reshard_after_forward_to, ") must divide parallel.dp_shard (",
            c.parallel.dp_shard, ")");
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
@@ -256,9 +265,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.pp_timeline_step == 0 || c.parallel.pp > 1, "parallel.pp_timeline_step needs parallel.pp > 1");
   if (c.parallel.pp > 1) {
     const int64_t stages = c.pipeline_stages();
-    HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
-    HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ", stages,
-             " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
+    HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule,
+             "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
+    HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ",
+             stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
     HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
   }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);

@@ -35,7 +35,8 @@ double machine_peak_flops() {
   const int reps = 10;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; ++i) at::mm_out(out, a, b);
-  const double flops = 2.0 * n * n * n * reps / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double flops =
+      2.0 * n * n * n * reps / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   cached[key] = flops;
   fs::create_directories(cache.parent_path());
   std::ofstream(cache) << cached.dump(1);

@@ -19,8 +19,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   for (const auto& module : parts.modules) param_bytes += nn::local_parameter_bytes(*module);
   const double activations =
       static_cast<double>(c.train.micro_batch * c.data.seq_len) * c.model->activation_bytes_per_token(c.parallel);
-  at::Tensor mine = at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes),
-                                4.0 * param_bytes + activations}, at::kDouble);
+  at::Tensor mine = at::tensor(
+      {static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), 4.0 * param_bytes + activations},
+      at::kDouble);
   const at::Tensor all = world.all_gather(mine);
   if (world.rank() != 0) return;
   std::cout << "plan: " << c.parallel.str() << " on " << world.size() << " ranks, " << mesh.str() << "\n"

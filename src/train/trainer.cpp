@@ -1,8 +1,8 @@
 #include "hp/train/trainer.h"
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 #include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -46,7 +46,7 @@ double world_mean(double value, const comm::ProcessGroup& world) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const models::ModelParts& parts,
-                                                          const std::vector<at::Tensor>& params) {
+                                                        const std::vector<at::Tensor>& params) {
   torch::optim::AdamWOptions adamw(c.optimizer.lr);
   adamw.betas({c.optimizer.beta1, c.optimizer.beta2}).eps(c.optimizer.eps).weight_decay(c.optimizer.weight_decay);
   if (c.optimizer.name == "adamw") return std::make_unique<AdamW>(params, adamw);
@@ -88,8 +88,14 @@ struct StepReport {
   std::optional<double> eval_loss;
 
   nlohmann::json json() const {
-    return {{"kind", "train"}, {"step", step},         {"loss", loss},       {"grad_norm", grad_norm},
-            {"lr", lr},        {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", seconds},
+    return {{"kind", "train"},
+            {"step", step},
+            {"loss", loss},
+            {"grad_norm", grad_norm},
+            {"lr", lr},
+            {"tokens_per_s", tokens_per_s},
+            {"mfu", mfu},
+            {"step_s", seconds},
             {"peak_mem_mb", peak_mem_bytes / 1e6}};
   }
   std::string line(int64_t steps) const {
@@ -125,8 +131,11 @@ Data load_data(const TrainConfig& c, const comm::ProcessGroup& world) {
 detail::MetricsLog open_metrics(const TrainConfig& c, const comm::ProcessGroup& world, const data::CorpusInfo& corpus,
                                 int64_t step, const TrainOptions& options) {
   detail::MetricsLog metrics(c.run_dir, options.resume ? step : -1, options.progress);
-  metrics.write({{"kind", "config"}, {"step", step}, {"world_size", world.size()},
-                 {"config", nlohmann::json::parse(to_json(c))}, {"unigram_entropy", corpus.unigram_entropy_nats}});
+  metrics.write({{"kind", "config"},
+                 {"step", step},
+                 {"world_size", world.size()},
+                 {"config", nlohmann::json::parse(to_json(c))},
+                 {"unigram_entropy", corpus.unigram_entropy_nats}});
   std::ofstream(fs::path(c.run_dir) / "config.json") << nlohmann::json::parse(to_json(c)).dump(1) << "\n";
   return metrics;
 }
@@ -183,8 +192,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
     const double local_loss = train_step.forward_backward(step, x, y);
     StepReport report{step + 1};
-    report.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world,
-                                       2.0, copies);
+    report.grad_norm =
+        clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
     report.lr = scheduler.lr();
     checkpoints.wait_staged();  // a checkpoint staging in the background still reads what the optimizer changes
     optimizer->step();
@@ -226,9 +235,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   if (lead) {
     metrics->finish_progress();
     metrics->write({{"kind", "eval"}, {"step", c.train.steps}, {"eval_loss", result.eval_loss}});
-    metrics->write({{"kind", "summary"}, {"step", c.train.steps}, {"eval_loss", result.eval_loss},
-                    {"unigram_entropy", data.corpus.unigram_entropy_nats}, {"tokens_per_s", result.tokens_per_s},
-                    {"mfu", result.mfu}, {"sample", result.sample}});
+    metrics->write({{"kind", "summary"},
+                    {"step", c.train.steps},
+                    {"eval_loss", result.eval_loss},
+                    {"unigram_entropy", data.corpus.unigram_entropy_nats},
+                    {"tokens_per_s", result.tokens_per_s},
+                    {"mfu", result.mfu},
+                    {"sample", result.sample}});
   }
   return result;
 }

@@ -38,9 +38,14 @@ TEST_P(Collectives, AllReduceEqualsLocalReduction) {
         if (op == ReduceOp::kAvg && dtype == at::kLong) continue;  // refused, see ErrorsTest
         const at::Tensor want = comm::tree_reduce(stack_all(world, {5, 3}, dtype), op);
         const std::string what = "all_reduce " + comm::to_string(op) + " " + dtype_name(dtype);
-        check_both(what, want,
-                   [&] { return g.all_reduce(rank_data(g.rank(), {5, 3}, dtype), {op}); },
-                   [&] { return g.all_reduce_async(rank_data(g.rank(), {5, 3}, dtype), {op}); });
+        check_both(
+            what, want,
+            [&] {
+              return g.all_reduce(rank_data(g.rank(), {5, 3}, dtype), {op});
+            },
+            [&] {
+              return g.all_reduce_async(rank_data(g.rank(), {5, 3}, dtype), {op});
+            });
       }
       // A non-contiguous tensor is reduced in place too.
       at::Tensor t = rank_data(g.rank(), {3, 4}, dtype).t();
@@ -58,9 +63,10 @@ TEST_P(Collectives, AllGatherEvenAndUneven) {
       for (int64_t dim : {0, 1, -1}) {
         std::vector<at::Tensor> pieces;
         for (int r = 0; r < world; ++r) pieces.push_back(rank_data(r, {2, 3}, dtype));
-        check_both("all_gather even dim " + std::to_string(dim) + " " + dtype_name(dtype), at::cat(pieces, dim),
-                   [&] { return g.all_gather(pieces[g.rank()], {dim}); },
-                   [&] { return g.all_gather_async(pieces[g.rank()], {dim}); });
+        check_both(
+            "all_gather even dim " + std::to_string(dim) + " " + dtype_name(dtype), at::cat(pieces, dim),
+            [&] { return g.all_gather(pieces[g.rank()], {dim}); },
+            [&] { return g.all_gather_async(pieces[g.rank()], {dim}); });
       }
       // Uneven, including a rank with nothing: rank r has (2r+1) % 3 rows -> 1, 0, 2, 1.
       for (int64_t dim : {0, 1}) {
@@ -72,9 +78,14 @@ TEST_P(Collectives, AllGatherEvenAndUneven) {
           shape[dim] = sizes.back();
           pieces.push_back(rank_data(r, shape, dtype));
         }
-        check_both("all_gather uneven dim " + std::to_string(dim) + " " + dtype_name(dtype), at::cat(pieces, dim),
-                   [&] { return g.all_gather(pieces[g.rank()], {dim, sizes}); },
-                   [&] { return g.all_gather_async(pieces[g.rank()], {dim, sizes}); });
+        check_both(
+            "all_gather uneven dim " + std::to_string(dim) + " " + dtype_name(dtype), at::cat(pieces, dim),
+            [&] {
+              return g.all_gather(pieces[g.rank()], {dim, sizes});
+            },
+            [&] {
+              return g.all_gather_async(pieces[g.rank()], {dim, sizes});
+            });
         at::Tensor out = at::full_like(at::cat(pieces, dim), 7);
         check_close(g.all_gather_into_tensor(out, pieces[g.rank()], {dim, sizes}), at::cat(pieces, dim),
                     "all_gather_into_tensor uneven dim " + std::to_string(dim));
@@ -106,13 +117,25 @@ TEST_P(Collectives, ReduceScatterEvenAndUneven) {
           const auto sizes = chunk_sizes(5, world);
           const at::Tensor want = total.narrow(dim, chunk_offset(5, world, g.rank()), sizes[g.rank()]);
           const at::Tensor input = rank_data(g.rank(), shape, dtype);
-          const std::string what = "reduce_scatter " + comm::to_string(op) + " dim " + std::to_string(dim) + " " +
-                                   dtype_name(dtype);
-          check_both(what, want, [&] { return g.reduce_scatter(input, {op, dim}); },
-                     [&] { return g.reduce_scatter_async(input, {op, dim}); });
+          const std::string what =
+              "reduce_scatter " + comm::to_string(op) + " dim " + std::to_string(dim) + " " + dtype_name(dtype);
+          check_both(
+              what, want,
+              [&] {
+                return g.reduce_scatter(input, {op, dim});
+              },
+              [&] {
+                return g.reduce_scatter_async(input, {op, dim});
+              });
           at::Tensor out = at::full_like(want, 3);
-          check_both(what + " into tensor", want, [&] { return g.reduce_scatter_tensor(out, input, {op, dim}); },
-                     [&] { return g.reduce_scatter_tensor_async(out, input, {op, dim}); });
+          check_both(
+              what + " into tensor", want,
+              [&] {
+                return g.reduce_scatter_tensor(out, input, {op, dim});
+              },
+              [&] {
+                return g.reduce_scatter_tensor_async(out, input, {op, dim});
+              });
           check_close(out, want, what + " wrote its output");
         }
       }
@@ -140,9 +163,14 @@ TEST_P(Collectives, AllToAllEvenAndUneven) {
       // Even: 2 rows per destination.
       std::vector<at::Tensor> expected;
       for (int r = 0; r < world; ++r) expected.push_back(rank_data(r, {2 * world, 3}, dtype).narrow(0, 2 * me, 2));
-      check_both("all_to_all even " + dtype_name(dtype), at::cat(expected),
-                 [&] { return g.all_to_all(rank_data(me, {2 * world, 3}, dtype)); },
-                 [&] { return g.all_to_all_async(rank_data(me, {2 * world, 3}, dtype)); });
+      check_both(
+          "all_to_all even " + dtype_name(dtype), at::cat(expected),
+          [&] {
+            return g.all_to_all(rank_data(me, {2 * world, 3}, dtype));
+          },
+          [&] {
+            return g.all_to_all_async(rank_data(me, {2 * world, 3}, dtype));
+          });
 
       // Uneven: rank r sends (r + p) % 3 rows to rank p (some zero).
       auto rows = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
@@ -160,9 +188,9 @@ TEST_P(Collectives, AllToAllEvenAndUneven) {
         for (int q = 0; q < me; ++q) offset += rows(p, q);
         expected.push_back(input_of(p).narrow(0, offset, rows(p, me)));
       }
-      check_both("all_to_all uneven " + dtype_name(dtype), at::cat(expected),
-                 [&] { return g.all_to_all(input_of(me), opts); },
-                 [&] { return g.all_to_all_async(input_of(me), opts); });
+      check_both(
+          "all_to_all uneven " + dtype_name(dtype), at::cat(expected), [&] { return g.all_to_all(input_of(me), opts); },
+          [&] { return g.all_to_all_async(input_of(me), opts); });
     }
   });
 }
@@ -174,9 +202,14 @@ TEST_P(Collectives, BroadcastSendRecvBarrier) {
     const int me = g.rank();
     for (at::ScalarType dtype : kDtypes) {
       const int root = world - 1;
-      check_both("broadcast " + dtype_name(dtype), rank_data(root, {4, 2}, dtype),
-                 [&] { return g.broadcast(rank_data(me, {4, 2}, dtype), root); },
-                 [&] { return g.broadcast_async(rank_data(me, {4, 2}, dtype), root); });
+      check_both(
+          "broadcast " + dtype_name(dtype), rank_data(root, {4, 2}, dtype),
+          [&] {
+            return g.broadcast(rank_data(me, {4, 2}, dtype), root);
+          },
+          [&] {
+            return g.broadcast_async(rank_data(me, {4, 2}, dtype), root);
+          });
       if (world == 1) continue;
       // A ring: every rank sends to the next and receives from the previous, tag per dtype.
       const int next = (me + 1) % world, prev = (me + world - 1) % world;
@@ -200,11 +233,12 @@ TEST_P(Collectives, BatchIsendIrecv) {
     const int me = g.rank(), next = (me + 1) % world, prev = (me + world - 1) % world;
     const auto exchange = [&](int salt) {
       const at::Tensor from_prev = at::empty({5}), from_next = at::empty({2, 3});
-      std::vector<comm::Work> works = g.batch_isend_irecv(
-          {comm::P2POp::recv(from_prev, prev, 1), comm::P2POp::recv(from_next, next, 2),
-           comm::P2POp::send(rank_data(me, {5}, at::kFloat, salt), next, 1),
-           comm::P2POp::send(rank_data(me, {2, 3}, at::kFloat, salt), prev, 2)});
-      if (works.size() != 4) throw std::runtime_error("batch_isend_irecv returned " + std::to_string(works.size()) + " works");
+      std::vector<comm::Work> works =
+          g.batch_isend_irecv({comm::P2POp::recv(from_prev, prev, 1), comm::P2POp::recv(from_next, next, 2),
+                               comm::P2POp::send(rank_data(me, {5}, at::kFloat, salt), next, 1),
+                               comm::P2POp::send(rank_data(me, {2, 3}, at::kFloat, salt), prev, 2)});
+      if (works.size() != 4)
+        throw std::runtime_error("batch_isend_irecv returned " + std::to_string(works.size()) + " works");
       for (comm::Work& w : works) w.wait();
       check_close(from_prev, rank_data(prev, {5}, at::kFloat, salt), "batch: from the previous rank");
       check_close(from_next, rank_data(next, {2, 3}, at::kFloat, salt), "batch: from the next rank");

@@ -34,8 +34,8 @@ TEST(TreeReduce, MatchesRecursiveDefinition) {
 // give the same bits (the property later DP-degree invariance builds on).
 TEST(TreeReduce, AlignedBlocksAreSubtrees) {
   at::Tensor v = at::randn({8, 257}, at::make_generator<at::CPUGeneratorImpl>(3));
-  at::Tensor halves = at::stack({comm::tree_reduce(v.slice(0, 0, 4), ReduceOp::kSum),
-                                 comm::tree_reduce(v.slice(0, 4, 8), ReduceOp::kSum)});
+  at::Tensor halves = at::stack(
+      {comm::tree_reduce(v.slice(0, 0, 4), ReduceOp::kSum), comm::tree_reduce(v.slice(0, 4, 8), ReduceOp::kSum)});
   EXPECT_TRUE(at::equal(comm::tree_reduce(halves, ReduceOp::kSum), comm::tree_reduce(v, ReduceOp::kSum)));
   EXPECT_TRUE(at::equal(comm::tree_reduce(v, ReduceOp::kAvg), comm::tree_reduce(v, ReduceOp::kSum) / 8));
 }
@@ -50,26 +50,29 @@ testing::RunRanksOptions deterministic() {
 // sum of all ranks' data computed on one rank; also for avg, bf16 and reduce_scatter.
 TEST(Deterministic, RepeatedAllReduceIsBitwiseStableAndEqualsLocalTree) {
   for (int world : {2, 3, 4}) {
-    run(world, [&](const ProcessGroup& g) {
-      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-        std::vector<at::Tensor> all;
-        for (int r = 0; r < world; ++r) all.push_back(rank_data(r, {1001}, dtype) * 1000);
-        const at::Tensor local_tree = comm::tree_reduce(at::stack(all), ReduceOp::kSum);
-        at::Tensor first;
-        for (int i = 0; i < 20; ++i) {
-          at::Tensor result = g.all_reduce(all[g.rank()].clone());
-          if (i == 0) first = result;
-          check_close(result, first, "repeat " + std::to_string(i), /*bitwise=*/true);
-        }
-        check_close(first, local_tree, "all_reduce vs one-rank tree " + dtype_name(dtype), true);
-        check_close(g.all_reduce(all[g.rank()].clone(), {ReduceOp::kAvg}),
-                    comm::tree_reduce(at::stack(all), ReduceOp::kAvg), "avg vs one-rank tree", true);
-        const at::Tensor piece = g.reduce_scatter(all[g.rank()]);
-        const auto sizes = chunk_sizes(1001, world);
-        check_close(piece, local_tree.narrow(0, chunk_offset(1001, world, g.rank()), sizes[g.rank()]),
-                    "reduce_scatter vs one-rank tree", true);
-      }
-    }, deterministic());
+    run(
+        world,
+        [&](const ProcessGroup& g) {
+          for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+            std::vector<at::Tensor> all;
+            for (int r = 0; r < world; ++r) all.push_back(rank_data(r, {1001}, dtype) * 1000);
+            const at::Tensor local_tree = comm::tree_reduce(at::stack(all), ReduceOp::kSum);
+            at::Tensor first;
+            for (int i = 0; i < 20; ++i) {
+              at::Tensor result = g.all_reduce(all[g.rank()].clone());
+              if (i == 0) first = result;
+              check_close(result, first, "repeat " + std::to_string(i), /*bitwise=*/true);
+            }
+            check_close(first, local_tree, "all_reduce vs one-rank tree " + dtype_name(dtype), true);
+            check_close(g.all_reduce(all[g.rank()].clone(), {ReduceOp::kAvg}),
+                        comm::tree_reduce(at::stack(all), ReduceOp::kAvg), "avg vs one-rank tree", true);
+            const at::Tensor piece = g.reduce_scatter(all[g.rank()]);
+            const auto sizes = chunk_sizes(1001, world);
+            check_close(piece, local_tree.narrow(0, chunk_offset(1001, world, g.rank()), sizes[g.rank()]),
+                        "reduce_scatter vs one-rank tree", true);
+          }
+        },
+        deterministic());
   }
 }
 

@@ -36,7 +36,9 @@ TEST_P(FunctionalBackward, AllReduceIsItsOwnTranspose) {
       if (op == ReduceOp::kAvg) want /= world;
       at::Tensor grad = grad_through([&](const at::Tensor& x) { return comm::functional::all_reduce(x, g, op); },
                                      rank_data(g.rank(), {4, 3}, at::kFloat),
-                                     [&](const at::Tensor&) { return rank_data(g.rank(), {4, 3}, at::kFloat, 1); });
+                                     [&](const at::Tensor&) {
+                                       return rank_data(g.rank(), {4, 3}, at::kFloat, 1);
+                                     });
       check_close(grad, want, "grad of all_reduce " + comm::to_string(op));
     }
   });
@@ -53,9 +55,14 @@ TEST_P(FunctionalBackward, AllGatherTransposeIsReduceScatter) {
     for (int r = 0; r < g.rank(); ++r) offset += sizes[r];
     at::Tensor want = at::zeros({3, sizes[g.rank()]});
     for (int r = 0; r < world; ++r) want += rank_data(r, {3, total}, at::kFloat, 1).narrow(1, offset, sizes[g.rank()]);
-    at::Tensor grad = grad_through([&](const at::Tensor& x) { return comm::functional::all_gather(x, g, {1, sizes}); },
-                                   rank_data(g.rank(), {3, sizes[g.rank()]}, at::kFloat),
-                                   [&](const at::Tensor&) { return rank_data(g.rank(), {3, total}, at::kFloat, 1); });
+    at::Tensor grad = grad_through(
+        [&](const at::Tensor& x) {
+          return comm::functional::all_gather(x, g, {1, sizes});
+        },
+        rank_data(g.rank(), {3, sizes[g.rank()]}, at::kFloat),
+        [&](const at::Tensor&) {
+          return rank_data(g.rank(), {3, total}, at::kFloat, 1);
+        });
     check_close(grad, want, "grad of all_gather");
   });
 }
@@ -70,9 +77,9 @@ TEST_P(FunctionalBackward, ReduceScatterTransposeIsAllGather) {
       for (int r = 0; r < world; ++r) pieces.push_back(rank_data(r, {sizes[r], 2}, at::kFloat, 1));
       at::Tensor want = at::cat(pieces);
       if (op == ReduceOp::kAvg) want /= world;
-      at::Tensor grad = grad_through(
-          [&](const at::Tensor& x) { return comm::functional::reduce_scatter(x, g, {op}); },
-          rank_data(g.rank(), {7, 2}, at::kFloat), [&](const at::Tensor&) { return pieces[g.rank()]; });
+      at::Tensor grad =
+          grad_through([&](const at::Tensor& x) { return comm::functional::reduce_scatter(x, g, {op}); },
+                       rank_data(g.rank(), {7, 2}, at::kFloat), [&](const at::Tensor&) { return pieces[g.rank()]; });
       check_close(grad, want, "grad of reduce_scatter " + comm::to_string(op));
     }
   });
@@ -101,7 +108,9 @@ TEST_P(FunctionalBackward, AllToAllTransposeIsInverseAllToAll) {
     for (int p = 0; p < world; ++p) sent_total += rows(me, p);
     at::Tensor grad = grad_through([&](const at::Tensor& x) { return comm::functional::all_to_all(x, g, opts); },
                                    rank_data(me, {sent_total, 2}, at::kFloat),
-                                   [&](const at::Tensor& y) { return rank_data(me, {y.size(0), 2}, at::kFloat, 1); });
+                                   [&](const at::Tensor& y) {
+                                     return rank_data(me, {y.size(0), 2}, at::kFloat, 1);
+                                   });
     check_close(grad, at::cat(want), "grad of all_to_all");
   });
 }

@@ -18,8 +18,12 @@ comm::LaunchEnv read(std::map<std::string, std::string> vars) {
 
 // hprun / torchrun variables, with the master address and port.
 TEST(LaunchEnv, ReadsHprunVariables) {
-  auto env = read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                   {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}});
+  auto env = read({{"RANK", "5"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"MASTER_ADDR", "node0"},
+                   {"MASTER_PORT", "1234"}});
   EXPECT_EQ(env.source, "hprun");
   EXPECT_EQ(env.rank, 5);
   EXPECT_EQ(env.world_size, 8);
@@ -31,16 +35,21 @@ TEST(LaunchEnv, ReadsHprunVariables) {
 
 // Open MPI, MPICH/PMI and Slurm variables, each mapped to the same fields.
 TEST(LaunchEnv, ReadsMpiPmiAndSlurm) {
-  auto ompi = read({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                    {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  auto ompi = read({{"OMPI_COMM_WORLD_RANK", "3"},
+                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   EXPECT_EQ(ompi.source, "mpirun");
   EXPECT_EQ(ompi.rank, 3);
   EXPECT_EQ(ompi.master_addr, "127.0.0.1");  // one node: loopback is fine
   auto pmi = read({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "2"}});
   EXPECT_EQ(pmi.source, "pmi");
   EXPECT_EQ(pmi.local_rank, 2);
-  auto slurm = read({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
-                     {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n1"}});
+  auto slurm = read({{"SLURM_PROCID", "6"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                     {"MASTER_ADDR", "n1"}});
   EXPECT_EQ(slurm.source, "slurm");
   EXPECT_EQ(slurm.rank, 6);
   EXPECT_EQ(slurm.local_world_size, 4);

@@ -46,8 +46,11 @@ std::vector<Layout> layouts() {
   std::vector<Layout> all = {{{}, {}}};
   for (int64_t w : {1, 2, 4})
     for (const Placement& p : {Shard(0), Shard(1), Replicate()}) all.push_back({{w}, {p}});
-  for (const Placements& p : std::vector<Placements>{{Shard(0), Shard(1)}, {Shard(0), Shard(0)}, {Shard(1), Replicate()},
-                                                     {Replicate(), Shard(0)}, {Replicate(), Replicate()}})
+  for (const Placements& p : std::vector<Placements>{{Shard(0), Shard(1)},
+                                                     {Shard(0), Shard(0)},
+                                                     {Shard(1), Replicate()},
+                                                     {Replicate(), Shard(0)},
+                                                     {Replicate(), Replicate()}})
     all.push_back({{2, 2}, p});
   return all;
 }
@@ -168,16 +171,20 @@ TEST(Checkpoint, DamageIsDetected) {
   fs::remove(root + "/no_meta/metadata.json");
   test::expect_error([&] { load_into_fresh(root + "/no_meta"); }, {"has no metadata.json"});
 
-  test::expect_error([&] {
-    dcp::StateDict state;
-    state.tensors["w"] = at::zeros({4, 6});
-    dcp::load(state, dir);
-  }, {"tensor 'w' has shape [4, 6]", "[6, 4]"});
-  test::expect_error([&] {
-    dcp::StateDict state;
-    state.tensors["v"] = at::zeros({6, 4});
-    dcp::load(state, dir);
-  }, {"has no tensor 'v'"});
+  test::expect_error(
+      [&] {
+        dcp::StateDict state;
+        state.tensors["w"] = at::zeros({4, 6});
+        dcp::load(state, dir);
+      },
+      {"tensor 'w' has shape [4, 6]", "[6, 4]"});
+  test::expect_error(
+      [&] {
+        dcp::StateDict state;
+        state.tensors["v"] = at::zeros({6, 4});
+        dcp::load(state, dir);
+      },
+      {"has no tensor 'v'"});
 }
 
 // An abandoned save never touches the committed checkpoint; the next save clears its leftovers.

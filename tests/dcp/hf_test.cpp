@@ -2,8 +2,8 @@
 // opens, HF names.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -104,7 +104,8 @@ TEST(Hf, ExportImportRoundTripIsBitwise) {
     auto state = dcp::model_state_dict(model, "");
     dcp::load_hf(state, dir, models::llama_to_hf_name);
     for (const auto& item : model.named_parameters())
-      test::check_close(test::whole(item.value()).detach(), original.at(item.key()), "FSDP import: " + item.key(), true);
+      test::check_close(test::whole(item.value()).detach(), original.at(item.key()), "FSDP import: " + item.key(),
+                        true);
   });
   models::Llama single(config());
   nn::init_parameters(single, 7);
@@ -112,11 +113,13 @@ TEST(Hf, ExportImportRoundTripIsBitwise) {
   dcp::load_hf(state, dir, models::llama_to_hf_name);
   for (const auto& item : single.named_parameters())
     test::check_close(item.value().detach(), original.at(item.key()), "single import: " + item.key(), true);
-  test::expect_error([&] {
-    dcp::StateDict extra;
-    extra.tensors["layers.9.attn.q_proj.weight"] = at::zeros({32, 32});
-    dcp::load_hf(extra, dir, models::llama_to_hf_name);
-  }, "has no tensor 'model.layers.9.self_attn.q_proj.weight'");
+  test::expect_error(
+      [&] {
+        dcp::StateDict extra;
+        extra.tensors["layers.9.attn.q_proj.weight"] = at::zeros({32, 32});
+        dcp::load_hf(extra, dir, models::llama_to_hf_name);
+      },
+      "has no tensor 'model.layers.9.self_attn.q_proj.weight'");
   fs::remove_all(dir);
 }
 

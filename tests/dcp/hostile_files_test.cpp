@@ -133,9 +133,14 @@ std::string mutate(const std::string& original, std::mt19937_64& random, size_t 
   std::string out = original;
   for (size_t k = 0; k < count; ++k) out[random() % out.size()] = static_cast<char>(random() & 0xff);
   switch (random() % 8) {
-    case 0: out.resize(random() % out.size()); break;                      // truncated
-    case 1: out += std::string(random() % 64, static_cast<char>(random())); break;  // trailing bytes
-    default: break;
+    case 0:
+      out.resize(random() % out.size());
+      break;  // truncated
+    case 1:
+      out += std::string(random() % 64, static_cast<char>(random()));
+      break;  // trailing bytes
+    default:
+      break;
   }
   return out;
 }

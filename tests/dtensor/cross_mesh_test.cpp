@@ -25,16 +25,21 @@ TEST(CrossMesh, FourToTwoRanksAndBack) {
     DeviceMesh two(g, "cpu", std::vector<int64_t>{2}, std::vector<int>{3, 1}, {"y"});  // ranks 3 and 1, in that order
     DeviceMesh three(g, "cpu", std::vector<int64_t>{3}, std::vector<int>{0, 2, 3}, {"z"});
     const std::vector<std::tuple<DeviceMesh, Placements, DeviceMesh, Placements>> moves = {
-        {four, {Shard(0)}, two, {Shard(1)}}, {four, {Replicate()}, two, {Shard(0)}},
-        {square, {Shard(0), Shard(1)}, three, {Shard(0)}}, {square, {Replicate(), Shard(0)}, three, {Replicate()}}};
+        {four, {Shard(0)}, two, {Shard(1)}},
+        {four, {Replicate()}, two, {Shard(0)}},
+        {square, {Shard(0), Shard(1)}, three, {Shard(0)}},
+        {square, {Replicate(), Shard(0)}, three, {Replicate()}}};
     for (const auto& [from_mesh, from, to_mesh, to] : moves) {
       const DTensorSpec src(from_mesh, from, {7, 5});
       const at::Tensor mine = src.mesh().get_coordinate() ? piece(full, src) : at::Tensor();
       at::Tensor there = redistribute_across_meshes(mine, src, to_mesh, to);
       const DTensorSpec dst(to_mesh, to, {7, 5});
-      const std::string what = to_string(from) + " on " + from_mesh.str() + " -> " + to_string(to) + " on " + to_mesh.str();
-      if (to_mesh.get_coordinate()) check_close(there, piece(full, dst), what, /*bitwise=*/true);
-      else if (there.defined()) throw std::runtime_error(what + ": a rank outside the target got a piece");
+      const std::string what =
+          to_string(from) + " on " + from_mesh.str() + " -> " + to_string(to) + " on " + to_mesh.str();
+      if (to_mesh.get_coordinate())
+        check_close(there, piece(full, dst), what, /*bitwise=*/true);
+      else if (there.defined())
+        throw std::runtime_error(what + ": a rank outside the target got a piece");
       // And back to where it came from.
       at::Tensor back = redistribute_across_meshes(there, dst, from_mesh, from);
       check_close(back, mine, "back: " + what, true);

@@ -16,8 +16,8 @@ TEST(CustomShard, LocalFunctionOnPieces) {
     (at::softmax(ref, 1) * 2.0).sum().backward();
     DTensor x = distribute_tensor(full, mesh, {Replicate()});  // custom_shard moves it to S(0)
     x.requires_grad_(true);
-    at::Tensor y = custom_shard([](const std::vector<at::Tensor>& l) { return at::softmax(l[0], 1); }, mesh,
-                                {Shard(0)}, {{Shard(0)}}, {x});
+    at::Tensor y = custom_shard([](const std::vector<at::Tensor>& l) { return at::softmax(l[0], 1); }, mesh, {Shard(0)},
+                                {{Shard(0)}}, {x});
     (y * 2.0).sum().backward();
     check_close(DTensor(y).full_tensor(), at::softmax(full, 1), "custom_shard value");
     check_close(DTensor(x.grad()).full_tensor(), ref.grad(), "custom_shard gradient");

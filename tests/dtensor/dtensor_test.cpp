@@ -54,11 +54,12 @@ TEST(DTensor, FromLocalInfersAndChecksTheGlobalShape) {
 TEST(DTensor, OpsMatchFullTensorOps) {
   for (int world : {3, 4}) {
     run(world, [world](const comm::ProcessGroup& g) {
-      DeviceMesh mesh = world == 4 ? init_device_mesh(g, "cpu", {2, 2}, {"a", "b"})
-                                   : init_device_mesh(g, "cpu", {3}, {"a"});
+      DeviceMesh mesh =
+          world == 4 ? init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}) : init_device_mesh(g, "cpu", {3}, {"a"});
       std::vector<Placements> choices;
       for (const Placement& p : {Shard(0), Shard(1), Replicate()}) {
-        if (mesh.ndim() == 1) choices.push_back({p});
+        if (mesh.ndim() == 1)
+          choices.push_back({p});
         else
           for (const Placement& q : {Shard(0), Shard(1), Replicate()}) choices.push_back({p, q});
       }
@@ -194,8 +195,14 @@ TEST(DTensor, NnOpsMatchFullTensorOpsWithGradients) {
     const std::vector<std::pair<std::string, Op>> ops = {
         {"log_softmax(1)", [](const at::Tensor& x) { return at::log_softmax(x, 1); }},
         {"softmax(0)", [](const at::Tensor& x) { return at::softmax(x, 0); }},
-        {"cat(0)", [](const at::Tensor& x) { return at::cat({x, x * 2.0}, 0); }},
-        {"stack(1)", [](const at::Tensor& x) { return at::stack({x, x * 2.0}, 1); }},
+        {"cat(0)",
+         [](const at::Tensor& x) {
+           return at::cat({x, x * 2.0}, 0);
+         }},
+        {"stack(1)",
+         [](const at::Tensor& x) {
+           return at::stack({x, x * 2.0}, 1);
+         }},
         {"split(4, 1)[1]", [](const at::Tensor& x) { return x.split(4, 1)[1] * 3.0; }},
     };
     for (const Placement& p : {Shard(0), Shard(1), Replicate()}) {
@@ -253,12 +260,15 @@ TEST(DTensor, TwoLayerMlpColwiseRowwiseMatchesSingleDevice) {
     const Placement R = Replicate();
     const std::vector<Placements> layout = {{R, Shard(0)}, {R, Shard(0)}, {R, Shard(1)}, {R, R}};  // colwise, rowwise
     std::vector<at::Tensor> params;
-    for (size_t k = 0; k < init.size(); ++k) params.push_back(distribute_tensor(init[k], mesh, layout[k]).requires_grad_(true));
-    at::Tensor loss = forward(distribute_tensor(x, mesh, {Shard(0), R}), params, distribute_tensor(target, mesh, {Shard(0), R}));
+    for (size_t k = 0; k < init.size(); ++k)
+      params.push_back(distribute_tensor(init[k], mesh, layout[k]).requires_grad_(true));
+    at::Tensor loss =
+        forward(distribute_tensor(x, mesh, {Shard(0), R}), params, distribute_tensor(target, mesh, {Shard(0), R}));
     loss.backward();
     check_close(full(loss), ref_loss.detach(), "MLP loss");
     for (size_t k = 0; k < params.size(); ++k) {
-      if (!is_dtensor(params[k].grad())) throw std::runtime_error("gradient " + std::to_string(k) + " is not a DTensor");
+      if (!is_dtensor(params[k].grad()))
+        throw std::runtime_error("gradient " + std::to_string(k) + " is not a DTensor");
       check_close(full(params[k].grad()), ref[k].grad(), "MLP grad " + std::to_string(k));
     }
   });
@@ -271,8 +281,11 @@ TEST(DTensor, ClearErrors) {
     DeviceMesh other(g, "cpu", std::vector<int64_t>{2}, std::vector<int>{1, 0}, {"y"});
     DTensor a = distribute_tensor(global_data({4, 4}, 13), mesh, {Shard(0)});
     expect_error([&] { at::cumsum(a, 0); }, "no sharding rule for aten::cumsum with inputs [S(0)] shape [4, 4]");
-    expect_error([&] { a + distribute_tensor(global_data({4, 4}, 14), other, {Replicate()}); },
-                 "operands on different meshes");
+    expect_error(
+        [&] {
+          a + distribute_tensor(global_data({4, 4}, 14), other, {Replicate()});
+        },
+        "operands on different meshes");
     expect_error([&] { a + global_data({4, 4}, 15); }, "mixes a DTensor with a plain tensor of shape [4, 4]");
     DTensor partial(a.sum(0));
     expect_error([&] { partial.add_(1.0); }, "in-place op on a P(sum) tensor would have to reduce it first");

@@ -12,7 +12,8 @@ namespace {
 std::vector<Placements> layouts(const DeviceMesh& mesh) {
   std::vector<Placements> out;
   for (const Placement& p : {Shard(0), Shard(1), Replicate()}) {
-    if (mesh.ndim() == 1) out.push_back({p});
+    if (mesh.ndim() == 1)
+      out.push_back({p});
     else
       for (const Placement& q : {Shard(0), Shard(1), Replicate()}) out.push_back({p, q});
   }
@@ -26,7 +27,8 @@ at::Tensor full(const at::Tensor& t) { return DTensor(t).full_tensor(); }
 TEST(DistributedRng, ValuesDoNotDependOnTheSharding) {
   for (int world : {3, 4}) {
     run(world, [world](const comm::ProcessGroup& g) {
-      DeviceMesh mesh = world == 4 ? init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}) : init_device_mesh(g, "cpu", {3}, {"a"});
+      DeviceMesh mesh =
+          world == 4 ? init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}) : init_device_mesh(g, "cpu", {3}, {"a"});
       at::Tensor want_normal, want_uniform, want_mask;
       for (const Placements& p : layouts(mesh)) {
         manual_seed(mesh, 1234);

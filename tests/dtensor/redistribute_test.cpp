@@ -110,14 +110,16 @@ TEST(Redistribute, BackwardOfEveryPair) {
       for (const DeviceMesh& mesh : meshes) {
         std::vector<Placements> layouts;
         for (const Placement& p : kChoices) {
-          if (mesh.ndim() == 1) layouts.push_back({p});
+          if (mesh.ndim() == 1)
+            layouts.push_back({p});
           else
             for (const Placement& q : kChoices) layouts.push_back({p, q});
         }
         for (const Placements& src : layouts) {
           for (const Placements& dst : layouts) {
             const DTensorSpec spec(mesh, src, kShape);
-            DTensor x = DTensor::from_local(local_input(full, integers(5), spec, *mesh.get_coordinate()), mesh, src, kShape);
+            DTensor x =
+                DTensor::from_local(local_input(full, integers(5), spec, *mesh.get_coordinate()), mesh, src, kShape);
             x.requires_grad_(true);
             at::Tensor y = x.redistribute(mesh, dst).full_tensor();
             check_close(y, full, "value " + to_string(src) + " -> " + to_string(dst), true);

@@ -64,106 +64,238 @@ std::vector<Case> cases() {
     c.push_back({std::move(name), {std::move(a), std::move(b)}, [f](const Args& x) { return f(x[0], x[1]); }, simd});
   };
   // Pointwise, unary (their backward ops come along).
-  unary("gelu", [](auto& x) { return at::gelu(x); }, real(M), true);
-  unary("relu", [](auto& x) { return at::relu(x); }, real(M));
-  unary("silu", [](auto& x) { return at::silu(x); }, real(M), true);
-  unary("mish", [](auto& x) { return at::mish(x); }, real(M), true);
-  unary("sigmoid", [](auto& x) { return at::sigmoid(x); }, real(M), true);
-  unary("tanh", [](auto& x) { return at::tanh(x); }, real(M), true);
-  unary("exp", [](auto& x) { return at::exp(x * 0.1); }, real(M), true);
-  unary("log", [](auto& x) { return at::log(x); }, positive(M), true);
-  unary("log1p", [](auto& x) { return at::log1p(x); }, positive(M), true);
-  unary("sqrt", [](auto& x) { return at::sqrt(x); }, positive(M));
-  unary("rsqrt", [](auto& x) { return at::rsqrt(x); }, positive(M), true);
-  unary("reciprocal", [](auto& x) { return at::reciprocal(x); }, positive(M));
-  unary("abs", [](auto& x) { return at::abs(x); }, real(M));
-  unary("neg", [](auto& x) { return -x; }, real(M));
-  unary("sin cos", [](auto& x) { return at::sin(x) + at::cos(x); }, real(M), true);
-  unary("erf", [](auto& x) { return at::erf(x); }, real(M), true);
-  unary("sign", [](auto& x) { return at::sign(x); }, real(M));
-  unary("pow scalar", [](auto& x) { return at::pow(x, 2.0); }, real(M));
-  unary("clamp", [](auto& x) { return at::clamp(x, -1.5, 2.0) + at::clamp_min(x, 0.5) + at::clamp_max(x, 1.0); }, real(M));
-  unary("scalar arithmetic", [](auto& x) { return (x + 1.0) * 2.0 - 3.0 / (x * x + 1.0) - (1.0 - x); }, real(M));
-  unary("to double", [](auto& x) { return x.to(at::kDouble).to(at::kFloat); }, real(M));
-  unary("comparisons", [](auto& x) { return at::where(at::logical_not(x.gt(0.5)), x.lt(0.5).to(at::kFloat), x.ge(1.0).to(at::kFloat) + x.le(2.0) + x.eq(1.0) + x.ne(2.0)); }, real(M));
-  c.push_back({"in place unary", {real(M)}, [](const Args& x) {
-    const at::Tensor& a = x[0];
-    return a.clone().neg_() + a.clone().exp_() + a.abs().add_(1.0).sqrt_() + a.clone().relu_() + a.clone().clamp_(0, 3) +
-           a.clone().pow_(2.0);
-  }, true, true});
-  unary("fill zero copy", [](auto& x) {
-    at::Tensor y = x.clone();
-    at::Tensor z = at::empty_like(y).fill_(2.0);
-    return y.mul_(z) + at::zeros_like(x).zero_() + at::full_like(x, 3.0) + at::ones_like(x).copy_(x);
-  }, real(M));
-  unary("detach alias", [](auto& x) { return x.detach() * x + x.alias(); }, real(M));
+  unary(
+      "gelu", [](auto& x) { return at::gelu(x); }, real(M), true);
+  unary(
+      "relu", [](auto& x) { return at::relu(x); }, real(M));
+  unary(
+      "silu", [](auto& x) { return at::silu(x); }, real(M), true);
+  unary(
+      "mish", [](auto& x) { return at::mish(x); }, real(M), true);
+  unary(
+      "sigmoid", [](auto& x) { return at::sigmoid(x); }, real(M), true);
+  unary(
+      "tanh", [](auto& x) { return at::tanh(x); }, real(M), true);
+  unary(
+      "exp", [](auto& x) { return at::exp(x * 0.1); }, real(M), true);
+  unary(
+      "log", [](auto& x) { return at::log(x); }, positive(M), true);
+  unary(
+      "log1p", [](auto& x) { return at::log1p(x); }, positive(M), true);
+  unary(
+      "sqrt", [](auto& x) { return at::sqrt(x); }, positive(M));
+  unary(
+      "rsqrt", [](auto& x) { return at::rsqrt(x); }, positive(M), true);
+  unary(
+      "reciprocal", [](auto& x) { return at::reciprocal(x); }, positive(M));
+  unary(
+      "abs", [](auto& x) { return at::abs(x); }, real(M));
+  unary(
+      "neg", [](auto& x) { return -x; }, real(M));
+  unary(
+      "sin cos", [](auto& x) { return at::sin(x) + at::cos(x); }, real(M), true);
+  unary(
+      "erf", [](auto& x) { return at::erf(x); }, real(M), true);
+  unary(
+      "sign", [](auto& x) { return at::sign(x); }, real(M));
+  unary(
+      "pow scalar", [](auto& x) { return at::pow(x, 2.0); }, real(M));
+  unary(
+      "clamp", [](auto& x) { return at::clamp(x, -1.5, 2.0) + at::clamp_min(x, 0.5) + at::clamp_max(x, 1.0); },
+      real(M));
+  unary(
+      "scalar arithmetic", [](auto& x) { return (x + 1.0) * 2.0 - 3.0 / (x * x + 1.0) - (1.0 - x); }, real(M));
+  unary(
+      "to double", [](auto& x) { return x.to(at::kDouble).to(at::kFloat); }, real(M));
+  unary(
+      "comparisons",
+      [](auto& x) {
+        return at::where(at::logical_not(x.gt(0.5)), x.lt(0.5).to(at::kFloat),
+                         x.ge(1.0).to(at::kFloat) + x.le(2.0) + x.eq(1.0) + x.ne(2.0));
+      },
+      real(M));
+  c.push_back({"in place unary",
+               {real(M)},
+               [](const Args& x) {
+                 const at::Tensor& a = x[0];
+                 return a.clone().neg_() + a.clone().exp_() + a.abs().add_(1.0).sqrt_() + a.clone().relu_() +
+                        a.clone().clamp_(0, 3) + a.clone().pow_(2.0);
+               },
+               true,
+               true});
+  unary(
+      "fill zero copy",
+      [](auto& x) {
+        at::Tensor y = x.clone();
+        at::Tensor z = at::empty_like(y).fill_(2.0);
+        return y.mul_(z) + at::zeros_like(x).zero_() + at::full_like(x, 3.0) + at::ones_like(x).copy_(x);
+      },
+      real(M));
+  unary(
+      "detach alias", [](auto& x) { return x.detach() * x + x.alias(); }, real(M));
   // Pointwise, binary, with broadcasting.
-  binary("add sub", [](auto& a, auto& b) { return a + b * 2.0 - b; }, real(M), real(M));
-  binary("mul div", [](auto& a, auto& b) { return a * b / (b * b + 1.0); }, real(M), real(M));
-  binary("broadcast row", [](auto& a, auto& b) { return a * b + b; }, real(M), real({5}));
-  binary("broadcast column", [](auto& a, auto& b) { return a - b; }, real(M), real({7, 1}));
-  binary("ne logical_or", [](auto& a, auto& b) {
-    return (a.ne(b).logical_or(a.gt(b)).to(at::kFloat) + a.gt(0.0).logical_or_(b.gt(0.0)).to(at::kFloat)) * 1.0;
-  }, real(M), real(M));
-  binary("maximum minimum", [](auto& a, auto& b) { return at::maximum(a, b) + at::minimum(a, b); }, real(M), real(M));
-  binary("pow tensor rsub", [](auto& a, auto& b) { return at::pow(a, b * 0.0 + 2.0) + at::rsub(a, b) + at::rsub(a, 1.0); }, positive(M), real(M));
-  binary("lerp", [](auto& a, auto& b) { return at::lerp(a, b, 0.25) + at::lerp(a, b, b * 0.1); }, real(M), real(M));
-  binary("addcmul addcdiv", [](auto& a, auto& b) { return at::addcmul(a, a, b, 0.5) + at::addcdiv(a, b, b * b + 1.0, 2.0); }, real(M), real(M));
-  c.push_back({"in place binary", {real(M), real(M)}, [](const Args& x) {
-    const at::Tensor &a = x[0], &b = x[1];
-    return a.clone().add_(b).sub_(b, 0.5).mul_(b).div_(b * b + 1.0).add_(1.0).sub_(0.5).mul_(2.0).div_(4.0)
-        .lerp_(b, 0.5).lerp_(b, b * 0.0 + 0.25).addcmul_(b, b, 0.1).addcdiv_(b, b * b + 1.0, 0.1);
-  }, false, true});
-  binary("masked_fill where", [](auto& a, auto& m) {
-    return a.masked_fill(m, 0.5) + a.masked_fill(m, at::scalar_tensor(2.0)) + at::where(m, a, a * 2.0);
-  }, real(M), boolean(M));
-  c.push_back({"masked_fill_ in place", {real(M), boolean(M)}, [](const Args& x) { return x[0].clone().masked_fill_(x[1], 1.0); },
-               false, true});
+  binary(
+      "add sub", [](auto& a, auto& b) { return a + b * 2.0 - b; }, real(M), real(M));
+  binary(
+      "mul div", [](auto& a, auto& b) { return a * b / (b * b + 1.0); }, real(M), real(M));
+  binary(
+      "broadcast row", [](auto& a, auto& b) { return a * b + b; }, real(M), real({5}));
+  binary(
+      "broadcast column", [](auto& a, auto& b) { return a - b; }, real(M), real({7, 1}));
+  binary(
+      "ne logical_or",
+      [](auto& a, auto& b) {
+        return (a.ne(b).logical_or(a.gt(b)).to(at::kFloat) + a.gt(0.0).logical_or_(b.gt(0.0)).to(at::kFloat)) * 1.0;
+      },
+      real(M), real(M));
+  binary(
+      "maximum minimum", [](auto& a, auto& b) { return at::maximum(a, b) + at::minimum(a, b); }, real(M), real(M));
+  binary(
+      "pow tensor rsub", [](auto& a, auto& b) { return at::pow(a, b * 0.0 + 2.0) + at::rsub(a, b) + at::rsub(a, 1.0); },
+      positive(M), real(M));
+  binary(
+      "lerp", [](auto& a, auto& b) { return at::lerp(a, b, 0.25) + at::lerp(a, b, b * 0.1); }, real(M), real(M));
+  binary(
+      "addcmul addcdiv",
+      [](auto& a, auto& b) { return at::addcmul(a, a, b, 0.5) + at::addcdiv(a, b, b * b + 1.0, 2.0); }, real(M),
+      real(M));
+  c.push_back({"in place binary",
+               {real(M), real(M)},
+               [](const Args& x) {
+                 const at::Tensor &a = x[0], &b = x[1];
+                 return a.clone()
+                     .add_(b)
+                     .sub_(b, 0.5)
+                     .mul_(b)
+                     .div_(b * b + 1.0)
+                     .add_(1.0)
+                     .sub_(0.5)
+                     .mul_(2.0)
+                     .div_(4.0)
+                     .lerp_(b, 0.5)
+                     .lerp_(b, b * 0.0 + 0.25)
+                     .addcmul_(b, b, 0.1)
+                     .addcdiv_(b, b * b + 1.0, 0.1);
+               },
+               false,
+               true});
+  binary(
+      "masked_fill where",
+      [](auto& a, auto& m) {
+        return a.masked_fill(m, 0.5) + a.masked_fill(m, at::scalar_tensor(2.0)) + at::where(m, a, a * 2.0);
+      },
+      real(M), boolean(M));
+  c.push_back({"masked_fill_ in place",
+               {real(M), boolean(M)},
+               [](const Args& x) { return x[0].clone().masked_fill_(x[1], 1.0); },
+               false,
+               true});
   // Reductions.
-  unary("sum", [](auto& x) { return x.sum(); }, real(M));
-  unary("sum dims", [](auto& x) { return x.sum(1) + x.sum(at::IntArrayRef{0, 1}, true).squeeze(1); }, real(M));
-  unary("mean", [](auto& x) { return x.mean() + x.mean(0).sum() + x.mean(1, true).sum(); }, real(M));
-  unary("amax amin", [](auto& x) { return x.amax(1) + x.amin(1); }, real(M));
+  unary(
+      "sum", [](auto& x) { return x.sum(); }, real(M));
+  unary(
+      "sum dims",
+      [](auto& x) {
+        return x.sum(1) + x.sum(at::IntArrayRef{0, 1}, true).squeeze(1);
+      },
+      real(M));
+  unary(
+      "mean", [](auto& x) { return x.mean() + x.mean(0).sum() + x.mean(1, true).sum(); }, real(M));
+  unary(
+      "amax amin", [](auto& x) { return x.amax(1) + x.amin(1); }, real(M));
   // Forward only: LibTorch 1.13's backward of max/min(dim) scatters into a plain tensor (see dispatch.cpp).
-  unary("max min with indices", [](auto& x) {
-    auto [values, where] = x.detach().max(1);
-    auto [low, at_low] = x.detach().min(0, /*keepdim=*/true);
-    return values.unsqueeze(1) + where.unsqueeze(1).to(at::kFloat) + low + at_low.to(at::kFloat);
-  }, real(M));
+  unary(
+      "max min with indices",
+      [](auto& x) {
+        auto [values, where] = x.detach().max(1);
+        auto [low, at_low] = x.detach().min(0, /*keepdim=*/true);
+        return values.unsqueeze(1) + where.unsqueeze(1).to(at::kFloat) + low + at_low.to(at::kFloat);
+      },
+      real(M));
   c.push_back({"gather scatter", {real(M), index({7, 2}, 5)}, [](const Args& x) {
-    return x[0].gather(1, x[1]) + at::zeros_like(x[0]).scatter(1, x[1], x[0].narrow(1, 0, 2)).narrow(1, 0, 2) +
-           x[0].new_ones({7, 2}) + x[0].new_full({7, 2}, 2.0) + x[0].new_empty({7, 2}).fill_(1.0) +
-           at::zeros_like(x[0]).scatter_add(1, x[1], x[0].narrow(1, 1, 2)).narrow(1, 0, 2);
-  }});
-  c.push_back({"layer_norm", {real(M), real({5}), real({5})},
-               [](const Args& x) { return F::layer_norm(x[0], F::LayerNormFuncOptions({5}).weight(x[1]).bias(x[2])); }, true});
-  binary("rms_norm", [](auto& x, auto& w) { return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * w; }, real(M), real({5}), true);
+                 return x[0].gather(1, x[1]) +
+                        at::zeros_like(x[0]).scatter(1, x[1], x[0].narrow(1, 0, 2)).narrow(1, 0, 2) +
+                        x[0].new_ones({7, 2}) + x[0].new_full({7, 2}, 2.0) + x[0].new_empty({7, 2}).fill_(1.0) +
+                        at::zeros_like(x[0]).scatter_add(1, x[1], x[0].narrow(1, 1, 2)).narrow(1, 0, 2);
+               }});
+  c.push_back({"layer_norm",
+               {real(M), real({5}), real({5})},
+               [](const Args& x) { return F::layer_norm(x[0], F::LayerNormFuncOptions({5}).weight(x[1]).bias(x[2])); },
+               true});
+  binary(
+      "rms_norm", [](auto& x, auto& w) { return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * w; }, real(M),
+      real({5}), true);
   // Softmax family and losses.
-  unary("softmax", [](auto& x) { return at::softmax(x, 1) + at::softmax(x, 0); }, real(M), true);
-  unary("log_softmax", [](auto& x) { return at::log_softmax(x, 1) * at::log_softmax(x, 0); }, real(M), true);
-  binary("nll_loss sum none", [](auto& x, auto& t) { return F::nll_loss(at::log_softmax(x, 1), t, F::NLLLossFuncOptions().reduction(torch::kSum)) + F::nll_loss(at::log_softmax(x, 1), t, F::NLLLossFuncOptions().reduction(torch::kNone)).sum(); }, real(M), index({7}, 5), true);
-  binary("cross_entropy mean", [](auto& x, auto& t) { return F::cross_entropy(x, t); }, real(M), index({7}, 5), true);
-  binary("embedding", [](auto& w, auto& i) { return at::embedding(w, i); }, real({11, 5}), index({7, 3}, 11));
+  unary(
+      "softmax", [](auto& x) { return at::softmax(x, 1) + at::softmax(x, 0); }, real(M), true);
+  unary(
+      "log_softmax", [](auto& x) { return at::log_softmax(x, 1) * at::log_softmax(x, 0); }, real(M), true);
+  binary(
+      "nll_loss sum none",
+      [](auto& x, auto& t) {
+        return F::nll_loss(at::log_softmax(x, 1), t, F::NLLLossFuncOptions().reduction(torch::kSum)) +
+               F::nll_loss(at::log_softmax(x, 1), t, F::NLLLossFuncOptions().reduction(torch::kNone)).sum();
+      },
+      real(M), index({7}, 5), true);
+  binary(
+      "cross_entropy mean", [](auto& x, auto& t) { return F::cross_entropy(x, t); }, real(M), index({7}, 5), true);
+  binary(
+      "embedding", [](auto& w, auto& i) { return at::embedding(w, i); }, real({11, 5}), index({7, 3}, 11));
   // Matrix products.
-  binary("mm", [](auto& a, auto& b) { return at::mm(a, b); }, real(M), real({5, 6}));
+  binary(
+      "mm", [](auto& a, auto& b) { return at::mm(a, b); }, real(M), real({5, 6}));
   c.push_back({"addmm", {real({6}), real(M), real({5, 6})}, [](const Args& x) { return at::addmm(x[0], x[1], x[2]); }});
-  c.push_back({"addmm 2-D bias", {real({7, 6}), real(M), real({5, 6})}, [](const Args& x) { return at::addmm(x[0], x[1], x[2], 0.5, 2.0); }});
-  binary("matmul 3-D by 2-D", [](auto& a, auto& b) { return at::matmul(a, b); }, real({3, 7, 5}), real({5, 4}));
-  binary("bmm", [](auto& a, auto& b) { return at::bmm(a, b); }, real({3, 7, 5}), real({3, 5, 4}));
-  c.push_back({"baddbmm", {real({3, 7, 4}), real({3, 7, 5}), real({3, 5, 4})}, [](const Args& x) { return at::baddbmm(x[0], x[1], x[2]); }});
-  binary("linear", [](auto& x, auto& w) { return F::linear(x, w); }, real(M), real({6, 5}));
+  c.push_back({"addmm 2-D bias", {real({7, 6}), real(M), real({5, 6})}, [](const Args& x) {
+                 return at::addmm(x[0], x[1], x[2], 0.5, 2.0);
+               }});
+  binary(
+      "matmul 3-D by 2-D", [](auto& a, auto& b) { return at::matmul(a, b); }, real({3, 7, 5}), real({5, 4}));
+  binary(
+      "bmm", [](auto& a, auto& b) { return at::bmm(a, b); }, real({3, 7, 5}), real({3, 5, 4}));
+  c.push_back({"baddbmm", {real({3, 7, 4}), real({3, 7, 5}), real({3, 5, 4})}, [](const Args& x) {
+                 return at::baddbmm(x[0], x[1], x[2]);
+               }});
+  binary(
+      "linear", [](auto& x, auto& w) { return F::linear(x, w); }, real(M), real({6, 5}));
   // Shape ops.
-  unary("t transpose permute", [](auto& x) { return x.t().t() + x.transpose(0, 1).permute({1, 0}); }, real(M));
-  unary("unsqueeze squeeze expand", [](auto& x) { return x.unsqueeze(0).expand({3, 7, 5}).sum(0) + x.unsqueeze(1).squeeze(1); }, real(M));
-  unary("view reshape", [](auto& x) { return x.view({35}).view({7, 5}) + x.reshape({7, 5, 1}).squeeze(2) + x.t().reshape({35}).view({5, 7}).t(); }, real(M));
-  unary("view split dims", [](auto& x) { return x.view({7, 5, 1, 1}).sum({2, 3}); }, real(M));
-  unary("slice select", [](auto& x) { return x.slice(0, 1, 6).sum(0) + x.select(1, 2).sum() + x.narrow(1, 1, 3).sum(1).sum(); }, real(M));
-  unary("cat stack split", [](auto& x) {
-    auto parts = x.split(2, 1);
-    auto sized = x.split_with_sizes({3, 2}, 1);
-    return at::cat({parts[0], parts[1] * 2.0, parts[2]}, 1) + at::stack({x, x}, 0).sum(0) + at::cat({sized[1], sized[0]}, 1);
-  }, real(M));
-  unary("item", [](auto& x) { return x * (x.sum().template item<float>() * 0.0) + x; }, real(M));
+  unary(
+      "t transpose permute",
+      [](auto& x) {
+        return x.t().t() + x.transpose(0, 1).permute({1, 0});
+      },
+      real(M));
+  unary(
+      "unsqueeze squeeze expand",
+      [](auto& x) {
+        return x.unsqueeze(0).expand({3, 7, 5}).sum(0) + x.unsqueeze(1).squeeze(1);
+      },
+      real(M));
+  unary(
+      "view reshape",
+      [](auto& x) {
+        return x.view({35}).view({7, 5}) + x.reshape({7, 5, 1}).squeeze(2) + x.t().reshape({35}).view({5, 7}).t();
+      },
+      real(M));
+  unary(
+      "view split dims",
+      [](auto& x) {
+        return x.view({7, 5, 1, 1}).sum({2, 3});
+      },
+      real(M));
+  unary(
+      "slice select",
+      [](auto& x) { return x.slice(0, 1, 6).sum(0) + x.select(1, 2).sum() + x.narrow(1, 1, 3).sum(1).sum(); }, real(M));
+  unary(
+      "cat stack split",
+      [](auto& x) {
+        auto parts = x.split(2, 1);
+        auto sized = x.split_with_sizes({3, 2}, 1);
+        return at::cat({parts[0], parts[1] * 2.0, parts[2]}, 1) + at::stack({x, x}, 0).sum(0) +
+               at::cat({sized[1], sized[0]}, 1);
+      },
+      real(M));
+  unary(
+      "item", [](auto& x) { return x * (x.sum().template item<float>() * 0.0) + x; }, real(M));
   return c;
 }
 
@@ -186,10 +318,14 @@ std::vector<Placements> choices(const Arg& arg, const DeviceMesh& mesh, bool par
 at::Tensor make_full(const Arg& arg, int seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   switch (arg.kind) {
-    case Arg::kReal: return at::randint(-4, 5, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
-    case Arg::kPositive: return at::randint(1, 9, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
-    case Arg::kIndex: return at::randint(0, arg.index_max, arg.shape, gen, at::TensorOptions().dtype(at::kLong));
-    case Arg::kBool: return at::randint(0, 2, arg.shape, gen, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
+    case Arg::kReal:
+      return at::randint(-4, 5, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
+    case Arg::kPositive:
+      return at::randint(1, 9, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
+    case Arg::kIndex:
+      return at::randint(0, arg.index_max, arg.shape, gen, at::TensorOptions().dtype(at::kLong));
+    case Arg::kBool:
+      return at::randint(0, 2, arg.shape, gen, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
   }
   return {};
 }
@@ -204,7 +340,8 @@ at::Tensor place(const at::Tensor& full, const DeviceMesh& mesh, const Placement
   const auto coordinate = *mesh.get_coordinate();
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
     if (!placements[i].is_partial()) continue;
-    const at::Tensor noise = at::randint(-3, 4, piece.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed + i), piece.options());
+    const at::Tensor noise =
+        at::randint(-3, 4, piece.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed + i), piece.options());
     piece = coordinate[i] == 0 ? piece - (mesh.size(i) - 1) * noise : noise;
   }
   return DTensor::from_local(piece, mesh, placements, full.sizes().vec());
@@ -230,7 +367,8 @@ struct Tally {
 
 void compare(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise, Tally& tally) {
   ++(bitwise ? tally.bitwise : tally.rtol);
-  if (got.sizes() != want.sizes()) throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
+  if (got.sizes() != want.sizes())
+    throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
   // rtol 1e-6 relative to the tensor's scale: sums that cancel leave errors of eps * |terms|.
   const double scale = want.numel() ? want.abs().max().item<double>() : 0.0;
   const bool ok = bitwise ? at::equal(got, want) : at::allclose(got, want, 1e-6, 1e-6 * std::max(scale, 1.0));
@@ -277,11 +415,13 @@ void check_case(const Case& c, const DeviceMesh& mesh, bool exhaustive, Tally& t
   for (const auto& f : full) ref.push_back(f.is_floating_point() ? f.clone().requires_grad_(true) : f);
   const at::Tensor ref_out = c.fn(ref);
   const bool differentiable = ref_out.requires_grad();
-  const at::Tensor w = at::randint(-3, 4, ref_out.sizes(), at::make_generator<at::CPUGeneratorImpl>(7), ref_out.options().requires_grad(false));
+  const at::Tensor w = at::randint(-3, 4, ref_out.sizes(), at::make_generator<at::CPUGeneratorImpl>(7),
+                                   ref_out.options().requires_grad(false));
   if (differentiable) (ref_out * w).sum().backward();
 
   std::vector<std::vector<Placements>> options;
-  for (size_t k = 0; k < c.args.size(); ++k) options.push_back(choices(c.args[k], mesh, !(k == 0 && c.in_place_on_first)));
+  for (size_t k = 0; k < c.args.size(); ++k)
+    options.push_back(choices(c.args[k], mesh, !(k == 0 && c.in_place_on_first)));
   for (const std::vector<size_t>& pick : combinations(options, exhaustive)) {
     Args inputs;
     std::string layout;
@@ -332,14 +472,17 @@ class RuleCase : public ::testing::TestWithParam<size_t> {};
 TEST_P(RuleCase, MatchesSingleDevice) {
   const Case& c = all_cases().at(GetParam());
   const bool exhaustive = std::getenv("HP_EXHAUSTIVE") != nullptr;
-  run(4, [&](const comm::ProcessGroup& g) {
-    Tally tally;
-    check_case(c, init_device_mesh(g, "cpu", {4}, {"x"}), /*exhaustive=*/true, tally);
-    check_case(c, init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}), exhaustive, tally);
-    if (g.rank() == 0)
-      std::cout << c.name << ": " << tally.bitwise << " comparisons bitwise, " << tally.rtol << " within rtol 1e-6"
-                << (portable_kernels() ? " (portable ATen kernels)" : "") << "\n";
-  }, options());
+  run(
+      4,
+      [&](const comm::ProcessGroup& g) {
+        Tally tally;
+        check_case(c, init_device_mesh(g, "cpu", {4}, {"x"}), /*exhaustive=*/true, tally);
+        check_case(c, init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}), exhaustive, tally);
+        if (g.rank() == 0)
+          std::cout << c.name << ": " << tally.bitwise << " comparisons bitwise, " << tally.rtol << " within rtol 1e-6"
+                    << (portable_kernels() ? " (portable ATen kernels)" : "") << "\n";
+      },
+      options());
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, RuleCase, ::testing::Range<size_t>(0, all_cases().size()), [](const auto& info) {
@@ -351,28 +494,32 @@ INSTANTIATE_TEST_SUITE_P(Table, RuleCase, ::testing::Range<size_t>(0, all_cases(
 
 // Every registered rule is consulted by some case (forward or backward), so none goes untested.
 TEST(ShardingRules, EveryRegisteredRuleIsExercised) {
-  run(4, [](const comm::ProcessGroup& g) {
-    DeviceMesh line = init_device_mesh(g, "cpu", {4}, {"x"});
-    const char* only = std::getenv("HP_RULE_CASES");  // debugging: run the cases whose name contains this
-    for (const Case& c : all_cases()) try {
-      if (only != nullptr && c.name.find(only) == std::string::npos) continue;
-      Args inputs;
-      for (size_t k = 0; k < c.args.size(); ++k) {
-        at::Tensor d = distribute_tensor(make_full(c.args[k], 100 + static_cast<int>(k)), line, {k == 0 ? Shard(0) : Replicate()});
-        if (d.is_floating_point()) d.requires_grad_(true);
-        inputs.push_back(d);
-      }
-      at::Tensor out = c.fn(inputs);
-      if (out.requires_grad()) out.sum().backward();
-    } catch (const std::exception& e) {
-      throw std::runtime_error(c.name + ": " + e.what());
-    }
-    // Random fills have their own test (random_test.cpp); run them once so their rules count too.
-    manual_seed(line, 1);
-    at::dropout(distribute_tensor(at::ones({4, 4}), line, {Shard(0)}), 0.5, true);
-    randn({4}, line, {Replicate()});
-    rand({4}, line, {Replicate()});
-  }, options());
+  run(
+      4,
+      [](const comm::ProcessGroup& g) {
+        DeviceMesh line = init_device_mesh(g, "cpu", {4}, {"x"});
+        const char* only = std::getenv("HP_RULE_CASES");  // debugging: run the cases whose name contains this
+        for (const Case& c : all_cases()) try {
+            if (only != nullptr && c.name.find(only) == std::string::npos) continue;
+            Args inputs;
+            for (size_t k = 0; k < c.args.size(); ++k) {
+              at::Tensor d = distribute_tensor(make_full(c.args[k], 100 + static_cast<int>(k)), line,
+                                               {k == 0 ? Shard(0) : Replicate()});
+              if (d.is_floating_point()) d.requires_grad_(true);
+              inputs.push_back(d);
+            }
+            at::Tensor out = c.fn(inputs);
+            if (out.requires_grad()) out.sum().backward();
+          } catch (const std::exception& e) {
+            throw std::runtime_error(c.name + ": " + e.what());
+          }
+        // Random fills have their own test (random_test.cpp); run them once so their rules count too.
+        manual_seed(line, 1);
+        at::dropout(distribute_tensor(at::ones({4, 4}), line, {Shard(0)}), 0.5, true);
+        randn({4}, line, {Replicate()});
+        rand({4}, line, {Replicate()});
+      },
+      options());
   std::set<std::string> unused;
   const auto used = sharding_rule_lookups();
   for (const std::string& rule : registered_sharding_rules(/*builtin_only=*/true))

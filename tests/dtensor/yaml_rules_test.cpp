@@ -52,7 +52,8 @@ TEST(YamlRules, MistakesNameTheFile) {
     }
     ADD_FAILURE() << "no error for " << name;
   };
-  fails("family", "softmaxy:\n  nonlinear: [aten::exp]\n", "unknown rule family 'softmaxy'; valid: pointwise, reduction");
+  fails("family", "softmaxy:\n  nonlinear: [aten::exp]\n",
+        "unknown rule family 'softmaxy'; valid: pointwise, reduction");
   fails("linearity", "pointwise:\n  mostly_linear: [aten::exp]\n", "unknown pointwise linearity 'mostly_linear'");
   fails("op", "pointwise:\n  nonlinear: [aten::no_such_op]\n", "'aten::no_such_op' is not an ATen op");
   fails("key", "reduction:\n  - {op: aten::sum, kind: sum, dim: 1}\n", "unknown reduction key 'dim'");

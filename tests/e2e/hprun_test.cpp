@@ -24,7 +24,6 @@ using hp::e2e::bin_dir;
 using hp::e2e::Result;
 using hp::e2e::run_job;
 
-
 std::string program(const std::string& scenario) { return bin_dir() + "/e2e_rank_program " + scenario; }
 
 // 4 processes rendezvous through TCPStore on a free port and all_reduce correctly; every output
@@ -52,7 +51,8 @@ int free_port() {
 // node_rank * nproc + local rank, and the rendezvous spans both.
 TEST(Hprun, TwoNodesFormOneJob) {
   const std::string common = "--nnodes 2 --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " ";
-  auto node1 = std::async(std::launch::async, [&] { return run_job(common + "--node-rank 1 " + program("allreduce")); });
+  auto node1 =
+      std::async(std::launch::async, [&] { return run_job(common + "--node-rank 1 " + program("allreduce")); });
   Result node0 = run_job(common + "--node-rank 0 " + program("allreduce"));
   Result other = node1.get();
   EXPECT_EQ(node0.exit_code, 0) << node0.output;
@@ -96,8 +96,10 @@ TEST(Hprun, PeerNeverArrivesTimesOut) {
 // HP_OPS_YAML_DIR adds the user's rule files to the library's own at start-up.
 TEST(Hprun, UserRuleFilesFromTheEnvironment) {
   const std::string dir = "/tmp/hp_e2e_user_rules_" + std::to_string(getpid());
-  ASSERT_EQ(std::system(("mkdir -p " + dir + " && printf 'pointwise:\\n  nonlinear: [aten::frac]\\n' > " + dir +
-                         "/user.yaml").c_str()), 0);
+  ASSERT_EQ(
+      std::system(("mkdir -p " + dir + " && printf 'pointwise:\\n  nonlinear: [aten::frac]\\n' > " + dir + "/user.yaml")
+                      .c_str()),
+      0);
   Result r = run_job("--nproc-per-node 2 env HP_OPS_YAML_DIR=" + dir + " " + program("user_yaml"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 1] frac through a user rule ok"), std::string::npos) << r.output;

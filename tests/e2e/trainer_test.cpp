@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "e2e/e2e_util.h"
-#include "scratch_dir.h"
 #include "hp_build_paths.h"
+#include "scratch_dir.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -120,16 +120,14 @@ TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
 
 // Muon for the hidden matrices and AdamW for the rest, as one ChainedOptimizer: both halves' state
 // resumes bitwise (momentum buffers; moments and step counts).
-TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) {
-  kill_and_resume("muon", "--set optimizer.name=muon");
-}
+TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) { kill_and_resume("muon", "--set optimizer.name=muon"); }
 
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
   const std::string dir = scratch("killsave");
-  const Result crash = hp::e2e::run_command("HP_TRAIN_FAULT=1:10 " + bin_dir() + "/hprun " +
-                                            train_command(dir, "--set train.steps=12"));
+  const Result crash =
+      hp::e2e::run_command("HP_TRAIN_FAULT=1:10 " + bin_dir() + "/hprun " + train_command(dir, "--set train.steps=12"));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000010"));
   std::ifstream latest(dir + "/checkpoints/latest");

@@ -33,44 +33,49 @@ Trace train(int dp) {
   options.group.set_timeout(std::chrono::seconds(20)).set_deterministic(true);
   options.cpu_threads_per_rank = 1;  // ATen's reductions split work by thread count: keep it fixed
   Trace trace;
-  run(dp, [&](const comm::ProcessGroup& g) {
-    DeviceMesh mesh = init_device_mesh(g, "cpu", {dp}, {"dp"});
-    Llama model(LlamaConfig{});
-    std::vector<FSDPModule> units;
-    for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) units.push_back(fully_shard(*block, mesh));
-    units.push_back(fully_shard(model, mesh));
-    nn::init_parameters(model, 3);
-    torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2));
-    const int micro = kGlobalBatch / dp;
-    for (int step = 0; step < kSteps; ++step) {
-      optimizer.zero_grad();
-      std::vector<at::Tensor> losses;
-      for (int m = 0; m < micro; ++m) {
-        for (auto& u : units) u.set_requires_gradient_sync(m == micro - 1);
-        const at::Tensor seq = sequence(step, g.rank() * micro + m);
-        at::Tensor loss = cross_entropy(model(seq.narrow(1, 0, 8)), seq.narrow(1, 1, 8));
-        (loss / static_cast<double>(micro)).backward();
-        losses.push_back(loss.detach());
-      }
-      // The global mean in the same tree: this rank's micro-batches, then across ranks.
-      const at::Tensor mine = comm::tree_reduce(at::stack(losses), comm::ReduceOp::kSum);
-      const at::Tensor global = g.all_reduce(mine.clone()) / static_cast<double>(kGlobalBatch);
-      if (g.rank() == 0) trace.losses.push_back(global);
-      optimizer.step();
-    }
-    for (const auto& item : model.named_parameters()) {
-      const at::Tensor full = DTensor(item.value()).full_tensor().detach();
-      if (g.rank() == 0) trace.params[item.key()] = full;
-    }
-  }, options);
+  run(
+      dp,
+      [&](const comm::ProcessGroup& g) {
+        DeviceMesh mesh = init_device_mesh(g, "cpu", {dp}, {"dp"});
+        Llama model(LlamaConfig{});
+        std::vector<FSDPModule> units;
+        for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) units.push_back(fully_shard(*block, mesh));
+        units.push_back(fully_shard(model, mesh));
+        nn::init_parameters(model, 3);
+        torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2));
+        const int micro = kGlobalBatch / dp;
+        for (int step = 0; step < kSteps; ++step) {
+          optimizer.zero_grad();
+          std::vector<at::Tensor> losses;
+          for (int m = 0; m < micro; ++m) {
+            for (auto& u : units) u.set_requires_gradient_sync(m == micro - 1);
+            const at::Tensor seq = sequence(step, g.rank() * micro + m);
+            at::Tensor loss = cross_entropy(model(seq.narrow(1, 0, 8)), seq.narrow(1, 1, 8));
+            (loss / static_cast<double>(micro)).backward();
+            losses.push_back(loss.detach());
+          }
+          // The global mean in the same tree: this rank's micro-batches, then across ranks.
+          const at::Tensor mine = comm::tree_reduce(at::stack(losses), comm::ReduceOp::kSum);
+          const at::Tensor global = g.all_reduce(mine.clone()) / static_cast<double>(kGlobalBatch);
+          if (g.rank() == 0) trace.losses.push_back(global);
+          optimizer.step();
+        }
+        for (const auto& item : model.named_parameters()) {
+          const at::Tensor full = DTensor(item.value()).full_tensor().detach();
+          if (g.rank() == 0) trace.params[item.key()] = full;
+        }
+      },
+      options);
   return trace;
 }
 
 TEST(DeterministicFsdp, DataParallelDegreeDoesNotChangeOneBit) {
   const Trace one = train(1), two = train(2), four = train(4);
   for (int step = 0; step < kSteps; ++step) {
-    check_close(two.losses[step], one.losses[step], "loss at step " + std::to_string(step) + ", dp 2 vs 1", /*bitwise=*/true);
-    check_close(four.losses[step], one.losses[step], "loss at step " + std::to_string(step) + ", dp 4 vs 1", /*bitwise=*/true);
+    check_close(two.losses[step], one.losses[step], "loss at step " + std::to_string(step) + ", dp 2 vs 1",
+                /*bitwise=*/true);
+    check_close(four.losses[step], one.losses[step], "loss at step " + std::to_string(step) + ", dp 4 vs 1",
+                /*bitwise=*/true);
   }
   for (const auto& [fqn, p] : one.params) {
     check_close(two.params.at(fqn), p, fqn + ", dp 2 vs 1", /*bitwise=*/true);

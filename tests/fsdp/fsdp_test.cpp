@@ -38,14 +38,15 @@ LlamaConfig config() {
 
 // Sequences [kGlobalBatch, kSeq + 1] of step `step`; rows [first, first + count) are one rank's.
 std::pair<at::Tensor, at::Tensor> batch(int step, int64_t first, int64_t count) {
-  const at::Tensor all = at::randint(0, config().vocab, {kGlobalBatch, kSeq + 1}, at::make_generator<at::CPUGeneratorImpl>(50 + step),
-                                     at::TensorOptions().dtype(at::kLong));
+  const at::Tensor all =
+      at::randint(0, config().vocab, {kGlobalBatch, kSeq + 1}, at::make_generator<at::CPUGeneratorImpl>(50 + step),
+                  at::TensorOptions().dtype(at::kLong));
   const at::Tensor mine = all.narrow(0, first, count);
   return {mine.narrow(1, 0, kSeq).contiguous(), mine.narrow(1, 1, kSeq).contiguous()};
 }
 
 struct Result {
-  std::vector<double> losses;               // mean over the global batch, per step
+  std::vector<double> losses;                // mean over the global batch, per step
   std::map<std::string, at::Tensor> params;  // after the last step
 };
 
@@ -81,7 +82,8 @@ void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options
   FullyShardOptions block_options = options;
   block_options.mixed_precision.output_dtype.reset();
   std::vector<FSDPModule> blocks;
-  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) blocks.push_back(fully_shard(*block, mesh, block_options));
+  for (auto& [fqn, block] : nn::match_modules(model, "layers.*"))
+    blocks.push_back(fully_shard(*block, mesh, block_options));
   fully_shard(model, mesh, options);
   if (!prefetch) return;
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -92,8 +94,9 @@ void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options
 
 // Trains on `dp` data-parallel ranks of `mesh` (this rank is number dp_rank) and compares within
 // `rtol`. `tp`: a tensor-parallel mesh to apply the TP plan on first.
-void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::string& what, FullyShardOptions options = {},
-                       const DeviceMesh* tp = nullptr, TpOptions tp_options = {}, double rtol = kRtol, bool prefetch = false) {
+void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::string& what,
+                       FullyShardOptions options = {}, const DeviceMesh* tp = nullptr, TpOptions tp_options = {},
+                       double rtol = kRtol, bool prefetch = false) {
   Llama model(config());
   if (tp) parallelize_module(model, *tp, llama_tp_plan(tp_options));
   shard_llama(model, mesh, options, prefetch);
@@ -144,7 +147,8 @@ TEST(FsdpTp, TwoByTwoMatchesSingleDevice) {
     run(4, [&](const comm::ProcessGroup& g) {
       DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"dp", "tp"});
       DeviceMesh tp = mesh["tp"];
-      train_and_compare(mesh["dp"], 2, static_cast<int>(mesh.get_local_rank("dp")), "FSDP x TP", {}, &tp, tp_options, 1e-5);
+      train_and_compare(mesh["dp"], 2, static_cast<int>(mesh.get_local_rank("dp")), "FSDP x TP", {}, &tp, tp_options,
+                        1e-5);
     });
   }
 }
@@ -198,7 +202,8 @@ TEST_P(FsdpLevels, MatchSingleDevice) {
   run(2, [&](const comm::ProcessGroup& g) {
     FullyShardOptions options;
     options.level = GetParam();
-    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "level " + std::to_string(static_cast<int>(GetParam())), options);
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(),
+                      "level " + std::to_string(static_cast<int>(GetParam())), options);
   });
 }
 
@@ -239,7 +244,8 @@ TEST(FsdpOptions, IgnoredParametersAreLeftAlone) {
 TEST(FsdpOptions, PrefetchingGivesTheSameNumbers) {
   single_device();
   run(2, [&](const comm::ProcessGroup& g) {
-    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "prefetch", {}, nullptr, {}, kRtol, /*prefetch=*/true);
+    train_and_compare(init_device_mesh(g, "cpu", {2}, {"dp"}), 2, g.rank(), "prefetch", {}, nullptr, {}, kRtol,
+                      /*prefetch=*/true);
   });
 }
 
@@ -271,8 +277,8 @@ TEST(FsdpOptions, ReshardingToABlockHoldsAFractionBetweenForwardAndBackward) {
   int64_t unsharded = 0;  // bytes of the blocks' parameters, whole
   run(4, [&](const comm::ProcessGroup& g) {
     const DeviceMesh mesh = init_device_mesh(g, "cpu", {4}, {"dp"});
-    for (const auto& [name, to, keep] : {std::tuple<std::string, int, bool>{"reshard", 0, false},
-                                         {"block of 2", 2, false}, {"keep", 0, true}}) {
+    for (const auto& [name, to, keep] :
+         {std::tuple<std::string, int, bool>{"reshard", 0, false}, {"block of 2", 2, false}, {"keep", 0, true}}) {
       Llama model(config());
       FullyShardOptions options;
       options.reshard_after_forward = !keep;
@@ -346,7 +352,8 @@ TEST(FsdpOptions, AccumulatingWithoutSyncEqualsOneBigBatch) {
       return grads;
     };
     const auto accumulated = grads_of(true), one_batch = grads_of(false);
-    for (const auto& [fqn, grad] : one_batch) check_relative(accumulated.at(fqn), grad, "accumulated grad of " + fqn, 1e-6);
+    for (const auto& [fqn, grad] : one_batch)
+      check_relative(accumulated.at(fqn), grad, "accumulated grad of " + fqn, 1e-6);
   });
 }
 
@@ -395,7 +402,8 @@ TEST(FsdpErrors, BadInputIsAClearError) {
     if (g.rank() == 1) expect_error([&] { fully_shard(layer, only_rank_zero); }, "this rank (1) is not in");
     FullyShardOptions odd;
     odd.reshard_after_forward_to = 3;
-    expect_error([&] { fully_shard(layer, mesh, odd); }, "reshard_after_forward_to (3) must divide the shard group's size (2)");
+    expect_error([&] { fully_shard(layer, mesh, odd); },
+                 "reshard_after_forward_to (3) must divide the shard group's size (2)");
   });
 }
 

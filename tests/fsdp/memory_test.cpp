@@ -54,7 +54,8 @@ TEST(FsdpMemory, PeakWithinTheBound) {
   for (const auto& item : reference.named_parameters()) {
     params += item.value().numel();
     const std::string& fqn = item.key();
-    units[fqn.rfind("layers.", 0) == 0 ? fqn.substr(0, fqn.find('.', 7)) : fqn.substr(0, fqn.find('.'))] += item.value().numel();
+    units[fqn.rfind("layers.", 0) == 0 ? fqn.substr(0, fqn.find('.', 7)) : fqn.substr(0, fqn.find('.'))] +=
+        item.value().numel();
   }
   std::vector<int64_t> sizes;
   for (const auto& [unit, n] : units) sizes.push_back(n);
@@ -63,7 +64,8 @@ TEST(FsdpMemory, PeakWithinTheBound) {
   const int64_t no_fsdp = peak_of_training(nullptr);
   const int64_t activations = no_fsdp - 16 * params;
   std::printf("%-8s %14s %14s %8s\n", "ranks", "peak bytes", "bound", "ratio");
-  std::printf("%-8s %14ld %14s %8s   (activations %ld B, parameters %ld)\n", "no FSDP", no_fsdp, "-", "-", activations, params);
+  std::printf("%-8s %14ld %14s %8s   (activations %ld B, parameters %ld)\n", "no FSDP", no_fsdp, "-", "-", activations,
+              params);
   for (int n : {2, 4}) {
     run(n, [&](const comm::ProcessGroup& g) {
       DeviceMesh dp = init_device_mesh(g, "cpu", {n}, {"dp"});

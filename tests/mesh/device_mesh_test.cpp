@@ -71,8 +71,8 @@ TEST(DeviceMesh, World8Shape2x2x2SliceAndFlatten) {
     expect_error([&] { mesh[{"tp", "dp"}]; }, "in mesh order");
     expect_error([&] { mesh["tp"].flatten("dp"); }, "the name 'dp' is already a mesh dim of (dp, cp, tp)");
     // Non-adjacent dims flatten too.
-    expect_eq(mesh[{"dp", "tp"}].flatten("dp_tp").ranks(),
-              r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}), "dp_tp");
+    expect_eq(mesh[{"dp", "tp"}].flatten("dp_tp").ranks(), r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}),
+              "dp_tp");
   });
 }
 
@@ -88,7 +88,8 @@ TEST(DeviceMesh, GroupsAreCreatedOncePerRankSet) {
     expect_value(&line.get_group(0).impl(), &world.impl(), "a 1-D mesh over the world is the world group");
     expect_value(a == b, false, "different names, different meshes");
     expect_value(a == init_device_mesh(world, "cpu", {2, 2}, {"dp", "tp"}), true, "same mesh compares equal");
-    expect_value(std::hash<DeviceMesh>()(a), std::hash<DeviceMesh>()(init_device_mesh(world, "cpu", {2, 2}, {"dp", "tp"})),
+    expect_value(std::hash<DeviceMesh>()(a),
+                 std::hash<DeviceMesh>()(init_device_mesh(world, "cpu", {2, 2}, {"dp", "tp"})),
                  "equal meshes hash equally");
   });
 }
@@ -102,7 +103,8 @@ TEST(DeviceMesh, ExplicitRanksAndNonMembers) {
     DeviceMesh half(world, "cpu", std::vector<int64_t>{2}, std::vector<int>{0, 1}, {"pair"});
     if (r >= 2) {
       expect_value(half.get_coordinate().has_value(), false, "non-member has no coordinate");
-      expect_error([&] { half.get_group("pair"); }, "world rank " + std::to_string(r) + " is not in DeviceMesh(cpu, (pair=2)");
+      expect_error([&] { half.get_group("pair"); },
+                   "world rank " + std::to_string(r) + " is not in DeviceMesh(cpu, (pair=2)");
     } else {
       expect_value(half.get_group("pair").all_reduce(at::ones({1})).item<float>(), 2.0f, "pair sum");
     }
@@ -112,20 +114,32 @@ TEST(DeviceMesh, ExplicitRanksAndNonMembers) {
 // Bad meshes are hp::Errors whose message names the problem.
 TEST(DeviceMesh, ClearErrors) {
   run(4, [](const ProcessGroup& world) {
-    expect_error([&] { init_device_mesh(world, "cpu", {2, 3}, {"dp", "tp"}); },
-                 "mesh shape (2, 3) has 6 ranks but the world group has 4");
+    expect_error(
+        [&] {
+          init_device_mesh(world, "cpu", {2, 3}, {"dp", "tp"});
+        },
+        "mesh shape (2, 3) has 6 ranks but the world group has 4");
     expect_error([&] { init_device_mesh(world, "cpu", {2, 2}, {"dp", "dp"}); }, "dim names must be unique");
     expect_error([&] { init_device_mesh(world, "cpu", {2, 2}, {"dp"}); }, "1 dim names (dp) for a 2-D mesh");
     expect_error([&] { init_device_mesh(world, "tpu", {4}); }, "device type 'tpu'");
     DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2}, {"dp", "tp"});
     expect_error([&] { mesh["pp"]; }, "no mesh dim named 'pp'; this mesh has (dp, tp)");
     expect_error([&] { mesh.get_group(2); }, "mesh dim 2 is out of range");
-    expect_error([&] { DeviceMesh(world, "cpu", std::vector<int64_t>{2}, std::vector<int>{0, 7}); },
-                 "rank 7 is not in the world (ranks 0..3)");
-    expect_error([&] { DeviceMesh(world, "cpu", std::vector<int64_t>{2}, std::vector<int>{1, 1}); },
-                 "rank 1 appears twice");
-    expect_error([&] { DeviceMesh(world, "cpu", std::vector<int64_t>{3}, std::vector<int>{0, 1}); },
-                 "shape (3) holds 3 ranks but 2 ranks were given");
+    expect_error(
+        [&] {
+          DeviceMesh(world, "cpu", std::vector<int64_t>{2}, std::vector<int>{0, 7});
+        },
+        "rank 7 is not in the world (ranks 0..3)");
+    expect_error(
+        [&] {
+          DeviceMesh(world, "cpu", std::vector<int64_t>{2}, std::vector<int>{1, 1});
+        },
+        "rank 1 appears twice");
+    expect_error(
+        [&] {
+          DeviceMesh(world, "cpu", std::vector<int64_t>{3}, std::vector<int>{0, 1});
+        },
+        "shape (3) holds 3 ranks but 2 ranks were given");
   });
 }
 

@@ -17,7 +17,8 @@ TEST(NnModule, HooksRunInOrderAndCanReplaceInputsAndOutputs) {
   nn::init_parameters(linear, 7);
   std::vector<std::string> seen;
   linear.register_forward_pre_hook([&](nn::Module&, nn::Inputs& in) { seen.push_back("pre1"), in[0] = in[0] * 2.0; });
-  const nn::HookHandle second = linear.register_forward_pre_hook([&](nn::Module&, nn::Inputs&) { seen.push_back("pre2"); });
+  const nn::HookHandle second =
+      linear.register_forward_pre_hook([&](nn::Module&, nn::Inputs&) { seen.push_back("pre2"); });
   linear.register_forward_hook([&](nn::Module&, const nn::Inputs& in, at::Tensor& out) {
     seen.push_back("post");
     EXPECT_TRUE(at::equal(in[0], at::full({4, 3}, 2.0)));  // hooks see the replaced input
@@ -41,8 +42,8 @@ TEST(NnModule, ParametersByFqnAndPatterns) {
   EXPECT_EQ(names, (std::vector<std::string>{"layers.0.attn.q_proj", "layers.1.attn.q_proj"}));
   EXPECT_EQ(nn::match_modules(model, "layers.*").size(), 2u);
   EXPECT_TRUE(nn::match_modules(model, "layers.*.q_proj").empty());  // '*' is one segment
-  EXPECT_EQ(&nn::find_module(model, "layers.1.mlp.down"), model.layers->operator[](1).named_children()[3].value().get()
-                                                            ->named_children()[2].value().get());
+  EXPECT_EQ(&nn::find_module(model, "layers.1.mlp.down"),
+            model.layers->operator[](1).named_children()[3].value().get()->named_children()[2].value().get());
   expect_error([&] { nn::find_module(model, "layers.1.mlp.nope"); }, {"no hp::nn module 'nope'", "layers.1.mlp"});
 
   nn::init_parameters(model, 1);
@@ -100,10 +101,17 @@ TEST(ParallelizeModule, BadPlansFailBeforeChangingAnything) {
   run(2, [](const comm::ProcessGroup& g) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
     Llama model(LlamaConfig{});
-    expect_error([&] { parallelize_module(model, mesh, {{"layers.*.attn.q_proj", ColwiseParallel()}, {"layers.*.atn.o_proj", RowwiseParallel()}}); },
-                 {"'layers.*.atn.o_proj'", "matches no module"});
-    expect_error([&] { parallelize_module(model, mesh, {{"layers.0.attn", ColwiseParallel()}}); },
-                 {"ColwiseParallel on 'layers.0.attn'", "Attention", "supports Linear and Embedding"});
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh,
+                             {{"layers.*.attn.q_proj", ColwiseParallel()}, {"layers.*.atn.o_proj", RowwiseParallel()}});
+        },
+        {"'layers.*.atn.o_proj'", "matches no module"});
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh, {{"layers.0.attn", ColwiseParallel()}});
+        },
+        {"ColwiseParallel on 'layers.0.attn'", "Attention", "supports Linear and Embedding"});
     expect_error([&] { parallelize_module(model, mesh, {{"layers.*.attn_norm", RowwiseParallel()}}); }, "RMSNorm");
     expect_error([&] { parallelize_module(model, mesh, {{"layers.0.attn", SequenceParallel()}}); }, "supports RMSNorm");
     // Nothing above touched the model: every parameter is still a plain (deferred) tensor.
@@ -112,8 +120,11 @@ TEST(ParallelizeModule, BadPlansFailBeforeChangingAnything) {
     LlamaConfig odd;
     odd.vocab = 63;
     Llama uneven(odd);
-    expect_error([&] { parallelize_module(uneven, mesh, {{"output", ColwiseParallel()}}); },
-                 {"output.weight dim 0", "63", "does not split evenly over 2"});
+    expect_error(
+        [&] {
+          parallelize_module(uneven, mesh, {{"output", ColwiseParallel()}});
+        },
+        {"output.weight dim 0", "63", "does not split evenly over 2"});
     DeviceMesh square = init_device_mesh(g, "cpu", {1, 2}, {"dp", "tp"});
     expect_error([&] { parallelize_module(model, square, {{"output", ColwiseParallel()}}); }, "take a 1-D mesh");
   });

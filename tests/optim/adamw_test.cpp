@@ -24,16 +24,18 @@ std::vector<at::Tensor> three_steps(const std::vector<at::Tensor>& params, const
 }
 
 void expect_bitwise_equal_to_torch(const std::vector<at::Tensor>& params, const torch::optim::AdamWOptions& options) {
-  const auto ours = three_steps(params, [&](std::vector<at::Tensor> ps) { return std::make_unique<AdamW>(ps, options); });
-  const auto torchs =
-      three_steps(params, [&](std::vector<at::Tensor> ps) { return std::make_unique<torch::optim::AdamW>(ps, options); });
+  const auto ours =
+      three_steps(params, [&](std::vector<at::Tensor> ps) { return std::make_unique<AdamW>(ps, options); });
+  const auto torchs = three_steps(
+      params, [&](std::vector<at::Tensor> ps) { return std::make_unique<torch::optim::AdamW>(ps, options); });
   for (size_t i = 0; i < params.size(); ++i)
     test::check_close(test::whole(ours[i].detach()), test::whole(torchs[i].detach()), "parameter " + std::to_string(i),
                       /*bitwise=*/true);
 }
 
 TEST(AdamWForeach, PlainParametersMatchTorchBitwise) {
-  const std::vector<at::Tensor> params = {test::rank_data(0, {7, 5}, at::kFloat, 1), test::rank_data(0, {13}, at::kFloat, 2),
+  const std::vector<at::Tensor> params = {test::rank_data(0, {7, 5}, at::kFloat, 1),
+                                          test::rank_data(0, {13}, at::kFloat, 2),
                                           test::rank_data(0, {4, 4, 3}, at::kFloat, 3)};
   expect_bitwise_equal_to_torch(params, torch::optim::AdamWOptions(1e-2));
   expect_bitwise_equal_to_torch(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1).betas({0.8, 0.95}));

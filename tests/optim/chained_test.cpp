@@ -28,7 +28,8 @@ TEST(ChainedOptimizer, AssignsParametersAsConfigured) {
   EXPECT_TRUE(dynamic_cast<MuonOptions*>(&chain.param_groups()[0].options()) != nullptr);
   EXPECT_TRUE(dynamic_cast<torch::optim::AdamWOptions*>(&chain.param_groups()[1].options()) != nullptr);
   for (const auto& item : model.named_parameters()) {
-    const bool hidden_matrix = item.key().find("_proj") != std::string::npos || item.key().find(".mlp.") != std::string::npos;
+    const bool hidden_matrix =
+        item.key().find("_proj") != std::string::npos || item.key().find(".mlp.") != std::string::npos;
     EXPECT_EQ(muon.count(item.value().unsafeGetTensorImpl()), hidden_matrix ? 1u : 0u) << item.key();
     EXPECT_EQ(adamw.count(item.value().unsafeGetTensorImpl()), hidden_matrix ? 0u : 1u) << item.key();
   }
@@ -37,12 +38,13 @@ TEST(ChainedOptimizer, AssignsParametersAsConfigured) {
   schedule.warmup_steps = 2;
   schedule.total_steps = 10;
   LRScheduler scheduler = get_hyper_lr_scheduler(chain, schedule);
-  EXPECT_DOUBLE_EQ(scheduler.lr(0), 0.01);   // Muon's group
-  EXPECT_DOUBLE_EQ(scheduler.lr(1), 5e-4);   // AdamW's group
+  EXPECT_DOUBLE_EQ(scheduler.lr(0), 0.01);  // Muon's group
+  EXPECT_DOUBLE_EQ(scheduler.lr(1), 5e-4);  // AdamW's group
 
   std::map<std::string, at::Tensor> before;
   for (const auto& item : model.named_parameters()) before[item.key()] = item.value().detach().clone();
-  const at::Tensor tokens = at::randint(0, 64, {2, 8}, at::make_generator<at::CPUGeneratorImpl>(1), at::TensorOptions().dtype(at::kLong));
+  const at::Tensor tokens =
+      at::randint(0, 64, {2, 8}, at::make_generator<at::CPUGeneratorImpl>(1), at::TensorOptions().dtype(at::kLong));
   chain.zero_grad();
   cross_entropy(model(tokens), tokens).backward();
   chain.step();
@@ -55,10 +57,12 @@ TEST(ChainedOptimizer, EveryParameterNeedsExactlyOneOptimizer) {
   Llama model(LlamaConfig{});
   expect_error([&] { get_hyper_optimizer(model, {"layers.*.*.*.weight"}, {"*.weight"}, {}, {}); },
                {"layers.0.attn_norm.weight", "neither"});
-  expect_error([&] { get_hyper_optimizer(model, {"layers.*.*.*.weight", "*.weight"}, {"*.weight", "layers.*.*.weight"}, {}, {}); },
-               {"embed.weight", "both"});
+  expect_error(
+      [&] {
+        get_hyper_optimizer(model, {"layers.*.*.*.weight", "*.weight"}, {"*.weight", "layers.*.*.weight"}, {}, {});
+      },
+      {"embed.weight", "both"});
 }
-
 
 // The chain is one optimizer: its groups step exactly as Muon and AdamW stepping their halves
 // separately (bitwise), over three steps.
@@ -75,7 +79,8 @@ TEST(ChainedOptimizer, StepsBitwiseAsItsOptimizersAlone) {
     (nn::fqn_matches(hidden[0], item.key()) ? muon_params : adamw_params).push_back(item.value());
   Muon muon(muon_params, muon_options);
   AdamW adamw(adamw_params, adamw_options);
-  const at::Tensor tokens = at::randint(0, 64, {2, 8}, at::make_generator<at::CPUGeneratorImpl>(4), at::TensorOptions().dtype(at::kLong));
+  const at::Tensor tokens =
+      at::randint(0, 64, {2, 8}, at::make_generator<at::CPUGeneratorImpl>(4), at::TensorOptions().dtype(at::kLong));
   for (int step = 0; step < 3; ++step) {
     chain.zero_grad();
     cross_entropy(chained_model(tokens), tokens).backward();
@@ -96,9 +101,14 @@ TEST(ChainedOptimizer, RefusesGroupsItCannotStep) {
   using Group = torch::optim::OptimizerParamGroup;
   expect_error([&] { ChainedOptimizer({}); }, "at least one parameter group");
   expect_error([&] { ChainedOptimizer({Group({w})}); }, {"group 0", "no options"});
-  expect_error([&] { ChainedOptimizer({Group({w}, std::make_unique<MuonOptions>(0.1)), Group({w}, std::make_unique<MuonOptions>(0.1))}); },
-               {"more than one group", "group 1"});
-  expect_error([&] { ChainedOptimizer({Group({v}, std::make_unique<MuonOptions>(0.1))}); }, {"Muon", "matrices only", "[4]"});
+  expect_error(
+      [&] {
+        ChainedOptimizer(
+            {Group({w}, std::make_unique<MuonOptions>(0.1)), Group({w}, std::make_unique<MuonOptions>(0.1))});
+      },
+      {"more than one group", "group 1"});
+  expect_error([&] { ChainedOptimizer({Group({v}, std::make_unique<MuonOptions>(0.1))}); },
+               {"Muon", "matrices only", "[4]"});
   expect_error([&] { ChainedOptimizer({Group({v}, std::make_unique<torch::optim::AdamOptions>(0.1))}); },
                {"group 0 is Adam's", "cannot step a single group"});
   expect_error([&] { ChainedOptimizer({Group({v}, std::make_unique<torch::optim::SGDOptions>(0.1))}); },

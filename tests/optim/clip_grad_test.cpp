@@ -68,9 +68,9 @@ TEST_P(ClipGradNorm, EqualsSingleDeviceAndClips) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClipGradNorm,
-                         ::testing::Values(Layout{"tp2", 2, 1, false}, Layout{"tp2_sp", 2, 1, true}, Layout{"fsdp2", 1, 2},
-                                           Layout{"fsdp4", 1, 4}, Layout{"fsdp2_tp2_sp", 2, 2, true},
-                                           Layout{"fsdp2_tp2", 2, 2, false}),
+                         ::testing::Values(Layout{"tp2", 2, 1, false}, Layout{"tp2_sp", 2, 1, true},
+                                           Layout{"fsdp2", 1, 2}, Layout{"fsdp4", 1, 4},
+                                           Layout{"fsdp2_tp2_sp", 2, 2, true}, Layout{"fsdp2_tp2", 2, 2, false}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(ClipGradNormErrors, BadArguments) {

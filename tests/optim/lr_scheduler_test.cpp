@@ -17,7 +17,7 @@ TEST(LRScheduler, WarmupThenCosineLinearWsdConstant) {
   LRScheduler cosine(optimizer, s);
   EXPECT_DOUBLE_EQ(cosine.lr(), 0.1 * 0.25);  // step 0 of 4 warmup steps
   for (int i = 0; i < 3; ++i) cosine.step();
-  EXPECT_DOUBLE_EQ(cosine.lr(), 0.1);         // end of warmup
+  EXPECT_DOUBLE_EQ(cosine.lr(), 0.1);  // end of warmup
   EXPECT_DOUBLE_EQ(cosine.factor(9), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.5)));
   EXPECT_DOUBLE_EQ(cosine.factor(14), 0.1);
   EXPECT_DOUBLE_EQ(cosine.factor(100), 0.1);  // stays at the floor

@@ -76,7 +76,8 @@ TEST(Muon, DistributedMatchesSingleDevice) {
       params.push_back(distribute_tensor(initial(i), mesh, layouts[i]).requires_grad_(true));
     Muon muon(params, MuonOptions(0.02));
     for (int step = 0; step < kSteps; ++step) {
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = distribute_tensor(gradient(i, step), mesh, layouts[i]);
+      for (size_t i = 0; i < params.size(); ++i)
+        params[i].mutable_grad() = distribute_tensor(gradient(i, step), mesh, layouts[i]);
       comm::CommDebugMode comm;
       muon.step();
       EXPECT_EQ(comm.count("all_to_all"), 2);  // pieces to their owners and back, for all matrices at once

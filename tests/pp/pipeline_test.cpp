@@ -30,7 +30,8 @@ models::LlamaConfig config() {
 
 std::pair<at::Tensor, at::Tensor> batch() {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const at::Tensor tokens = at::randint(0, config().vocab, {kRows, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor tokens =
+      at::randint(0, config().vocab, {kRows, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
   return {tokens.narrow(1, 0, kSeq).contiguous(), tokens.narrow(1, 1, kSeq).contiguous()};
 }
 
@@ -62,7 +63,7 @@ const Reference& reference() {
 
 // The loss and the gradients of `stages`' parameters against `want`; returns how many it checked.
 int check_against(const Reference& want, double loss, models::Llama& model, const std::vector<PipelineStage>& stages,
-                   const std::string& what) {
+                  const std::string& what) {
   test::check_relative(at::scalar_tensor(loss), at::scalar_tensor(want.loss), what + ": loss", 1e-6);
   std::map<const void*, std::string> fqn;
   for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();
@@ -181,7 +182,8 @@ TEST(Pipeline, OneFOneBPeakMemoryDoesNotGrowWithMicroBatches) {
       const Schedule schedule = one_f_one_b(2, m);
       PipelineExecutor pipe(schedule, stages_of(model, schedule, world.rank()), world, loss_fn);
       auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-      const at::Tensor tokens = at::randint(0, config().vocab, {4 * m, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor tokens =
+          at::randint(0, config().vocab, {4 * m, kSeq + 1}, gen, at::TensorOptions().dtype(at::kLong));
       const at::Tensor x = tokens.narrow(1, 0, kSeq).contiguous(), y = tokens.narrow(1, 1, kSeq).contiguous();
       pipe.step(x, y);  // gradients allocated; later steps accumulate into them
       MemoryTracker tracker;
@@ -192,9 +194,10 @@ TEST(Pipeline, OneFOneBPeakMemoryDoesNotGrowWithMicroBatches) {
   for (const auto& [rank, peak] : peaks) {
     ASSERT_EQ(peak.size(), 2u);
     const int64_t activation = 4 * kSeq * config().dim * static_cast<int64_t>(sizeof(float));  // one boundary message
-    EXPECT_LT(peak[1] - peak[0], activation) << "rank " << rank << ": peak " << peak[0] << " bytes with 4 micro-batches, "
-                                             << peak[1] << " with 8";
-    std::cout << "rank " << rank << ": 1F1B peak " << peak[0] << " bytes with 4 micro-batches, " << peak[1] << " with 8\n";
+    EXPECT_LT(peak[1] - peak[0], activation)
+        << "rank " << rank << ": peak " << peak[0] << " bytes with 4 micro-batches, " << peak[1] << " with 8";
+    std::cout << "rank " << rank << ": 1F1B peak " << peak[0] << " bytes with 4 micro-batches, " << peak[1]
+              << " with 8\n";
   }
 }
 
@@ -203,7 +206,8 @@ TEST(Pipeline, OneFOneBPeakMemoryDoesNotGrowWithMicroBatches) {
 // must not run again in W.
 struct Hooked : nn::Module {
   Hooked(std::shared_ptr<nn::Module> stage, int64_t dim)
-      : nn::Module("Hooked"), stage(register_module("stage", std::move(stage))),
+      : nn::Module("Hooked"),
+        stage(register_module("stage", std::move(stage))),
         proj(register_module("proj", std::make_shared<nn::Linear>(dim, dim, false))) {}
   at::Tensor forward(const at::Tensor& x) override {
     const at::Tensor z = (*stage)(x);
@@ -254,7 +258,8 @@ TEST(Pipeline, GradientHooksInsideAStageRunOnceUnderZbv) {
 // A stage 0 that takes [seq, batch] tokens (and its loss [seq, batch] targets): micro-batches split
 // the declared batch dim 1. A batch dim the inputs lack is refused on every rank.
 struct SeqFirst : nn::Module {
-  explicit SeqFirst(std::shared_ptr<nn::Module> stage) : nn::Module("SeqFirst"), stage(register_module("stage", std::move(stage))) {}
+  explicit SeqFirst(std::shared_ptr<nn::Module> stage)
+      : nn::Module("SeqFirst"), stage(register_module("stage", std::move(stage))) {}
   at::Tensor forward(const at::Tensor& x) override { return (*stage)(x.t().contiguous()); }
   std::shared_ptr<nn::Module> stage;
 };
@@ -270,16 +275,16 @@ TEST(Pipeline, MicroBatchesSplitTheDeclaredBatchDim) {
       if (st.index == 0) st.module = std::make_shared<SeqFirst>(st.module);
     PipelineOptions options;
     options.batch_dim = 1;
-    PipelineExecutor pipe(schedule, mine, world,
-                          [](const at::Tensor& logits, const at::Tensor& targets) {
-                            return loss_fn(logits, targets.t().contiguous());
-                          },
-                          options);
+    PipelineExecutor pipe(
+        schedule, mine, world,
+        [](const at::Tensor& logits, const at::Tensor& targets) { return loss_fn(logits, targets.t().contiguous()); },
+        options);
     auto [x, y] = batch();
     const double loss = pipe.step(x.t(), y.t());
     check_against(reference(), loss, model, mine, "batch dim 1");
     expect_every_w_split(pipe, schedule.programs[world.rank()], "batch dim 1");
-    test::expect_error([&] { pipe.step(x.t()[0], y.t()[0]); }, "micro-batches split dim 1 (PipelineOptions::batch_dim)");
+    test::expect_error([&] { pipe.step(x.t()[0], y.t()[0]); },
+                       "micro-batches split dim 1 (PipelineOptions::batch_dim)");
   });
 }
 
@@ -361,15 +366,18 @@ TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
       testing::RunRanksOptions options;
       options.group.set_timeout(std::chrono::seconds(300));
       options.watchdog = std::chrono::seconds(60);
-      testing::run_ranks(4, [&](const comm::ProcessGroup& world) {
-        models::Llama model(config());
-        nn::init_parameters(model, kSeed);
-        auto all = models::split_llama(model, {2, 2, 2, 2});
-        if (world.rank() == 2) all[2] = std::make_shared<Failing>(all[2], 8);
-        PipelineExecutor pipe(one_f_one_b(4, 8), {{all[world.rank()], world.rank()}}, world, loss_fn);
-        auto [x, y] = batch();
-        for (int pass_index = 0; pass_index < 2; ++pass_index) backward ? pipe.step(x, y) : pipe.evaluate(x, y);
-      }, options);
+      testing::run_ranks(
+          4,
+          [&](const comm::ProcessGroup& world) {
+            models::Llama model(config());
+            nn::init_parameters(model, kSeed);
+            auto all = models::split_llama(model, {2, 2, 2, 2});
+            if (world.rank() == 2) all[2] = std::make_shared<Failing>(all[2], 8);
+            PipelineExecutor pipe(one_f_one_b(4, 8), {{all[world.rank()], world.rank()}}, world, loss_fn);
+            auto [x, y] = batch();
+            for (int pass_index = 0; pass_index < 2; ++pass_index) backward ? pipe.step(x, y) : pipe.evaluate(x, y);
+          },
+          options);
       FAIL() << pass << ": expected the pass to fail";
     } catch (const TimeoutError& e) {
       FAIL() << pass << ": a rank was left waiting: " << e.what();
@@ -394,26 +402,31 @@ TEST(Pipeline, AFailingStageFailsEveryRankNamingIt) {
 TEST(Pipeline, AnExecutorStopsAfterAFailedStep) {
   testing::RunRanksOptions options;
   options.barrier_at_exit = true;
-  testing::run_ranks(2, [&](const comm::ProcessGroup& world) {
-    models::Llama model(config());
-    nn::init_parameters(model, kSeed);
-    const auto all = models::split_llama(model, {4, 4});
-    PipelineExecutor pipe(gpipe(2, 2), {{all[world.rank()], world.rank()}}, world,
-                          [](const at::Tensor&, const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad loss"); });
-    auto [x, y] = batch();
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      try {
-        pipe.step(x, y);
-        throw std::runtime_error("the step did not fail");
-      } catch (const Error& e) {
-        const std::string what = e.what();
-        const std::string expected = attempt == 0 ? "pipeline stage 1 (rank 1) failed at 1F0 of schedule 'GPipe': bad loss"
-                                                  : "an earlier pass failed (pipeline stage 1";
-        if (what.find(expected) == std::string::npos)
-          throw std::runtime_error("attempt " + std::to_string(attempt) + ": " + what);
-      }
-    }
-  }, options);
+  testing::run_ranks(
+      2,
+      [&](const comm::ProcessGroup& world) {
+        models::Llama model(config());
+        nn::init_parameters(model, kSeed);
+        const auto all = models::split_llama(model, {4, 4});
+        PipelineExecutor pipe(
+            gpipe(2, 2), {{all[world.rank()], world.rank()}}, world,
+            [](const at::Tensor&, const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad loss"); });
+        auto [x, y] = batch();
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          try {
+            pipe.step(x, y);
+            throw std::runtime_error("the step did not fail");
+          } catch (const Error& e) {
+            const std::string what = e.what();
+            const std::string expected = attempt == 0
+                                             ? "pipeline stage 1 (rank 1) failed at 1F0 of schedule 'GPipe': bad loss"
+                                             : "an earlier pass failed (pipeline stage 1";
+            if (what.find(expected) == std::string::npos)
+              throw std::runtime_error("attempt " + std::to_string(attempt) + ": " + what);
+          }
+        }
+      },
+      options);
 }
 
 }  // namespace
@@ -470,7 +483,8 @@ TEST(Pipeline, MpmdStageOnATensorParallelMeshMatchesOneDevice) {
       nn::init_parameters(single, kSeed);
       for (int64_t seq : {kSeq, int64_t{5}}) {
         const at::Tensor prompt = tokens.narrow(0, 0, 2).narrow(1, 0, seq);
-        test::check_relative(pipe.forward(prompt), single(prompt), what + ": forward, seq " + std::to_string(seq), 1e-5);
+        test::check_relative(pipe.forward(prompt), single(prompt), what + ": forward, seq " + std::to_string(seq),
+                             1e-5);
       }
     });
   }
@@ -539,8 +553,9 @@ TEST(Pipeline, TimesFsdpMatchesOneDevice) {
       auto [x, y] = batch();
       const int64_t half = kRows / 2;
       const double loss = pipe.step(x.narrow(0, dp_rank * half, half), y.narrow(0, dp_rank * half, half));
-      const double mean = mesh.get_group("dp").all_reduce(at::scalar_tensor(loss, at::kDouble).reshape({1}),
-                                                          {comm::ReduceOp::kAvg}).item<double>();
+      const double mean = mesh.get_group("dp")
+                              .all_reduce(at::scalar_tensor(loss, at::kDouble).reshape({1}), {comm::ReduceOp::kAvg})
+                              .item<double>();
       test::check_relative(at::scalar_tensor(mean), at::scalar_tensor(reference().loss), what + ": loss", 1e-5);
       std::map<const void*, std::string> fqn;
       for (const auto& item : model.named_parameters()) fqn[item.value().unsafeGetTensorImpl()] = item.key();

@@ -64,7 +64,8 @@ TEST(PipelineSchedule, SendsCompleteWhenAnswered) {
     EXPECT_EQ(released, forward_sends) << "rank " << r;
   }
   const Schedule big = zero_bubble_v(8, 64);
-  for (int r = 0; r < big.ranks; ++r) EXPECT_EQ(sends_complete_after(big.programs, big.stage_rank, r).size(), big.programs[r].size());
+  for (int r = 0; r < big.ranks; ++r)
+    EXPECT_EQ(sends_complete_after(big.programs, big.stage_rank, r).size(), big.programs[r].size());
 }
 
 TEST(PipelineSchedule, OneFOneBHoldsAtMostRanksMicroBatches) {
@@ -121,7 +122,8 @@ TEST(PipelineSchedule, ValidatorRejectsBrokenSchedules) {
       "rank,actions\n"
       "0,0F0 0RECV_B0 0SEND_F0 0B0\n"
       "1,1RECV_F0 1F0 1B0 1SEND_B0\n";
-  test::expect_error([&] { from_csv(cycle, "cycle"); }, {"deadlocks", "rank 0 waits at 0RECV_B0", "rank 1 waits at 1RECV_F0"});
+  test::expect_error([&] { from_csv(cycle, "cycle"); },
+                     {"deadlocks", "rank 0 waits at 0RECV_B0", "rank 1 waits at 1RECV_F0"});
   test::expect_error([&] { from_csv("rank,actions\n0,0F0 0X0\n"); }, "unknown action kind");
 
   // Messages where none belong: a stray send after the last stage, and a second send.

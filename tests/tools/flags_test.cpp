@@ -84,8 +84,8 @@ TEST(Flags, MistakesNameTheFlag) {
 // The help lists every flag of the table with its value and text, and -h.
 TEST(Flags, HelpComesFromTheTable) {
   const std::string help = flag_help(kFlags);
-  for (const char* row : {"  --config FILE", "  --set KEY=VALUE", "  -o, --output OUT", "  --count N", "  --dry-run ",
-                          "  -h, --help"})
+  for (const char* row :
+       {"  --config FILE", "  --set KEY=VALUE", "  -o, --output OUT", "  --count N", "  --dry-run ", "  -h, --help"})
     EXPECT_NE(help.find(row), std::string::npos) << row << " not in\n" << help;
   for (const Flag<Options>& f : kFlags) EXPECT_NE(help.find(f.help), std::string::npos) << f.help;
 }

@@ -15,7 +15,8 @@ constexpr int64_t kTokens = 32, kVocab = 4096;
 
 at::Tensor logits_full() { return at::randn({2, kTokens / 2, kVocab}, at::make_generator<at::CPUGeneratorImpl>(5)); }
 at::Tensor targets_full() {
-  at::Tensor t = at::randint(0, kVocab, {2, kTokens / 2}, at::make_generator<at::CPUGeneratorImpl>(6), at::TensorOptions().dtype(at::kLong));
+  at::Tensor t = at::randint(0, kVocab, {2, kTokens / 2}, at::make_generator<at::CPUGeneratorImpl>(6),
+                             at::TensorOptions().dtype(at::kLong));
   t[0][3] = -100;  // ignored
   return t;
 }
@@ -47,12 +48,16 @@ Result loss_parallel_on(const DeviceMesh& mesh) {
 TEST(LossParallel, MatchesSingleDeviceInAboutOneOverTpOfTheMemory) {
   const int64_t full_bytes = kTokens * kVocab * 4;
   int64_t peak_one_rank = 0;
-  run(1, [&](const comm::ProcessGroup& g) { peak_one_rank = loss_parallel_on(init_device_mesh(g, "cpu", {1}, {"tp"})).peak; });
+  run(1, [&](const comm::ProcessGroup& g) {
+    peak_one_rank = loss_parallel_on(init_device_mesh(g, "cpu", {1}, {"tp"})).peak;
+  });
   std::cout << "whole logits " << full_bytes << " B; loss + grad peak on 1 rank " << peak_one_rank << " B\n";
   for (int tp : {2, 4}) {
     run(tp, [&](const comm::ProcessGroup& g) {
       const Result r = loss_parallel_on(init_device_mesh(g, "cpu", {tp}, {"tp"}));
-      if (g.rank() == 0) std::cout << "TP=" << tp << ": peak " << r.peak << " B = " << double(r.peak) / peak_one_rank << " of one rank's\n";
+      if (g.rank() == 0)
+        std::cout << "TP=" << tp << ": peak " << r.peak << " B = " << double(r.peak) / peak_one_rank
+                  << " of one rank's\n";
       // ~1/TP: the per-token vectors ([tokens] floats, a few KB) are the only part that does not shrink.
       EXPECT_LE(r.peak, peak_one_rank / tp + 16 * 1024) << "TP=" << tp;
     });

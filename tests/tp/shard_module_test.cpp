@@ -76,15 +76,18 @@ TEST(ShardModule, TwoDimensionalTensorParallelMatchesSingleDevice) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"a", "b"});
     TwoLayers model;
     ShardingPlan plan;
-    plan.plan = {{"fc1.weight", {Shard(0), Shard(1)}}, {"fc1.bias", {Shard(0), Replicate()}},
-                 {"fc2.weight", {Shard(1), Shard(0)}}, {"fc2.bias", {Replicate(), Shard(0)}}};
+    plan.plan = {{"fc1.weight", {Shard(0), Shard(1)}},
+                 {"fc1.bias", {Shard(0), Replicate()}},
+                 {"fc2.weight", {Shard(1), Shard(0)}},
+                 {"fc2.bias", {Replicate(), Shard(0)}}};
     plan.input_plan = {{"", {Placements{Replicate(), Shard(1)}}}};  // features split like fc1's inputs
     plan.output_plan = {{"", {Replicate(), Replicate()}}};
     shard_module(model, mesh, plan);
     nn::init_parameters(model, 12);
     const auto coordinate = *mesh.get_coordinate();  // each rank holds one block of each weight
     EXPECT_EQ(DTensor(model.fc1->param("weight")).to_local().sizes(), (std::vector<int64_t>{4, 3}));
-    EXPECT_EQ(DTensor(model.fc2->param("weight")).to_local().sizes(), (std::vector<int64_t>{coordinate[1] == 0 ? 3 : 2, 4}));
+    EXPECT_EQ(DTensor(model.fc2->param("weight")).to_local().sizes(),
+              (std::vector<int64_t>{coordinate[1] == 0 ? 3 : 2, 4}));
     expect_matches(model, reference, want);
   });
 }

@@ -12,8 +12,8 @@ namespace {
 
 // Runs `make()` on one device and under `style` on `tp` ranks with input `x`; compares the output
 // (gathered as `gather` says) and every parameter gradient.
-void check_style(const std::function<std::shared_ptr<nn::Module>()>& make, const ParallelStyle& style, const at::Tensor& x,
-                 int tp, const std::string& what) {
+void check_style(const std::function<std::shared_ptr<nn::Module>()>& make, const ParallelStyle& style,
+                 const at::Tensor& x, int tp, const std::string& what) {
   auto reference = make();
   nn::init_parameters(*reference, 5);
   const at::Tensor want = (*reference)(x);
@@ -28,15 +28,21 @@ void check_style(const std::function<std::shared_ptr<nn::Module>()>& make, const
     check_close(got, want.detach(), what + ": output");
     (out * out).sum().backward();
     for (const auto& item : reference->named_parameters())
-      check_close(whole(module->named_parameters()[item.key()].grad()), item.value().grad(), what + ": grad of " + item.key());
+      check_close(whole(module->named_parameters()[item.key()].grad()), item.value().grad(),
+                  what + ": grad of " + item.key());
   });
 }
 
 const at::Tensor kFeatures = at::randn({3, 4, 8}, at::make_generator<at::CPUGeneratorImpl>(1));
-const at::Tensor kTokens = at::randint(0, 12, {3, 5}, at::make_generator<at::CPUGeneratorImpl>(2), at::TensorOptions().dtype(at::kLong));
+const at::Tensor kTokens =
+    at::randint(0, 12, {3, 5}, at::make_generator<at::CPUGeneratorImpl>(2), at::TensorOptions().dtype(at::kLong));
 
-auto linear() { return [] { return std::static_pointer_cast<nn::Module>(std::make_shared<nn::Linear>(8, 6, /*bias=*/true)); }; }
-auto embedding() { return [] { return std::static_pointer_cast<nn::Module>(std::make_shared<nn::Embedding>(12, 8)); }; }
+auto linear() {
+  return [] { return std::static_pointer_cast<nn::Module>(std::make_shared<nn::Linear>(8, 6, /*bias=*/true)); };
+}
+auto embedding() {
+  return [] { return std::static_pointer_cast<nn::Module>(std::make_shared<nn::Embedding>(12, 8)); };
+}
 
 TEST(ParallelStyles, ColwiseLinearWithBias) {
   check_style(linear(), ColwiseParallel().set_output_layouts(Replicate()), kFeatures, 2, "colwise linear");

@@ -67,7 +67,8 @@ void expect_same_training(const Trace& got, const std::string& what) {
   const Trace& want = single_device();
   for (int step = 0; step < kSteps; ++step) {
     const std::string at_step = what + ", step " + std::to_string(step);
-    check_relative(at::scalar_tensor(got.losses[step]), at::scalar_tensor(want.losses[step]), "loss, " + at_step, kRtol);
+    check_relative(at::scalar_tensor(got.losses[step]), at::scalar_tensor(want.losses[step]), "loss, " + at_step,
+                   kRtol);
     ASSERT_EQ(got.grads[step].size(), want.grads[step].size());
     for (const auto& [fqn, grad] : want.grads[step])
       check_relative(got.grads[step].at(fqn), grad, "grad of " + fqn + ", " + at_step, kRtol);
@@ -100,9 +101,9 @@ TEST_P(TpLlama, MatchesSingleDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, TpLlama,
-                         ::testing::Values(TpCase{2, {false, false}}, TpCase{2, {true, false}}, TpCase{2, {false, true}},
-                                           TpCase{2, {true, true}}, TpCase{4, {false, false}}, TpCase{4, {true, false}},
-                                           TpCase{4, {false, true}}, TpCase{4, {true, true}}),
+                         ::testing::Values(TpCase{2, {false, false}}, TpCase{2, {true, false}},
+                                           TpCase{2, {false, true}}, TpCase{2, {true, true}}, TpCase{4, {false, false}},
+                                           TpCase{4, {true, false}}, TpCase{4, {false, true}}, TpCase{4, {true, true}}),
                          [](const auto& info) {
                            const TpCase& c = info.param;
                            return "tp" + std::to_string(c.tp) + (c.options.sequence_parallel ? "_sp" : "") +

@@ -43,7 +43,8 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
     expect_error([&] { validate(parse_config(kConfig, overrides), world); }, message);
   };
   invalid({}, 2, "parallel dims dp_replicate=1 dp_shard=2 tp=2 pp=1 multiply to 4 but the world has 2 ranks");
-  invalid({"parallel.tp=4", "parallel.dp_shard=1"}, 4, "model.heads (4) and model.kv_heads (2) must be divisible by parallel.tp (4)");
+  invalid({"parallel.tp=4", "parallel.dp_shard=1"}, 4,
+          "model.heads (4) and model.kv_heads (2) must be divisible by parallel.tp (4)");
   invalid({"model.heads=3"}, 4, "model: dim 64 is not divisible by heads 3");
   invalid({"train.global_batch=6", "parallel.dp_shard=4", "parallel.tp=1"}, 4,
           "train.global_batch (6) must be divisible by the data-parallel degree dp_replicate x dp_shard (4)");
@@ -52,9 +53,11 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"model.vocab=64"}, 4, "model.vocab (64) is smaller than the byte tokenizer's 256 tokens");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv"}, 4,
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
-  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4, "parallel.pp_schedule 'dualpipe' is unknown");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4,
+          "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
-  invalid({"parallel.reshard_after_forward_to=3"}, 4, "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
+  invalid({"parallel.reshard_after_forward_to=3"}, 4,
+          "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
   invalid({"parallel.pp_timeline_step=2"}, 4, "parallel.pp_timeline_step needs parallel.pp > 1");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_timeline_step=21"}, 4,
           "parallel.pp_timeline_step (21) must be a step of the run, 1 to train.steps (20), or 0 for none");

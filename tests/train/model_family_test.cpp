@@ -59,11 +59,15 @@ class MixerSpec : public models::ModelSpecOf<MixerConfig> {
   std::unique_ptr<models::ModelSpec> clone() const override { return std::make_unique<MixerSpec>(*this); }
   std::string family() const override { return "mixer"; }
   models::ConfigFields fields() override {
-    return {{"vocab", &config.vocab}, {"dim", &config.dim}, {"hidden", &config.hidden},
-            {"layers", &config.layers}, {"max_seq", &config.max_seq}};
+    return {{"vocab", &config.vocab},
+            {"dim", &config.dim},
+            {"hidden", &config.hidden},
+            {"layers", &config.layers},
+            {"max_seq", &config.max_seq}};
   }
   void validate() const override {
-    HP_CHECK(config.vocab > 0 && config.dim > 0 && config.hidden > 0 && config.layers > 0, "mixer: sizes must be positive");
+    HP_CHECK(config.vocab > 0 && config.dim > 0 && config.hidden > 0 && config.layers > 0,
+             "mixer: sizes must be positive");
   }
   void validate_parallel(const ParallelDims& dims, const models::RecipeOptions&) const override {
     HP_CHECK(dims.tp == 1 && dims.pp == 1 && dims.cp == 1 && dims.ep == 1, "the mixer recipe only shards data");
@@ -104,7 +108,8 @@ const bool kRegistered = [] {
 
 TEST(ModelFamily, AnOutsideFamilyParsesAndValidatesThroughTheRegistry) {
   ASSERT_TRUE(kRegistered);
-  const TrainConfig c = parse_config("model: {family: mixer, hidden: 96}\nparallel: {dp_shard: 2}\ntrain: {micro_batch: 8}", {"model.layers=3"});
+  const TrainConfig c = parse_config(
+      "model: {family: mixer, hidden: 96}\nparallel: {dp_shard: 2}\ntrain: {micro_batch: 8}", {"model.layers=3"});
   EXPECT_EQ(c.model->family(), "mixer");
   EXPECT_EQ(c.model.as<MixerConfig>().hidden, 96);
   EXPECT_EQ(c.model.as<MixerConfig>().layers, 3);
@@ -113,7 +118,8 @@ TEST(ModelFamily, AnOutsideFamilyParsesAndValidatesThroughTheRegistry) {
   test::expect_error([] { parse_config("model: {family: mixer, heads: 4}", {}); },
                      {"unknown key 'model.heads'", "model.hidden"});
   test::expect_error([] { parse_config("model: {heads: 4}", {"model.family=mixer"}); }, "unknown key 'model.heads'");
-  test::expect_error([] { parse_config("model: {family: gpt9}", {}); }, {"model.family 'gpt9' is unknown", "llama", "mixer"});
+  test::expect_error([] { parse_config("model: {family: gpt9}", {}); },
+                     {"model.family 'gpt9' is unknown", "llama", "mixer"});
   test::expect_error([&] { validate(parse_config("model: {family: mixer}\nparallel: {tp: 2}", {}), 2); },
                      "the mixer recipe only shards data");
   test::expect_error([&] { (void)c.model.as<int>(); }, "model.family is mixer");

@@ -10,8 +10,8 @@ namespace hp::train {
 
 // A deterministic English-like corpus, so the test needs no installed data.
 inline std::string write_corpus(const std::filesystem::path& dir) {
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house",
-                         "with", "one", "small", "green", "tree", "under", "sky"};
+  const char* words[] = {"the", "cat", "sat",   "on",   "a",   "mat",   "and",   "dog",  "ran",   "to",
+                         "big", "red", "house", "with", "one", "small", "green", "tree", "under", "sky"};
   std::string text;
   uint64_t x = 7;
   while (text.size() < 40000) {

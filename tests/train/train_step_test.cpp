@@ -35,8 +35,11 @@ TEST(TrainStep, MicroBatchesAccumulateTheMeanLossGradient) {
 TEST(TrainStep, RowsThatDoNotSplitIntoMicroBatchesAreAnError) {
   models::ModelParts parts = linear_parts();
   TrainStep step(parts, {4});
-  test::expect_error([&] { step.forward_backward(0, at::zeros({6, 4}), at::zeros({6, 3})); },
-                     "6 rows do not split into 4 equal micro-batches");
+  test::expect_error(
+      [&] {
+        step.forward_backward(0, at::zeros({6, 4}), at::zeros({6, 3}));
+      },
+      "6 rows do not split into 4 equal micro-batches");
 }
 
 }  // namespace

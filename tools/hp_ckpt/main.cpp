@@ -37,9 +37,13 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
     };
   };
   static const std::vector<hp::tools::Flag<Args>> table = {
-      {{"--to"}, "hf", "convert: write a Hugging Face directory (safetensors)",
+      {{"--to"},
+       "hf",
+       "convert: write a Hugging Face directory (safetensors)",
        [check = format("--to")](Args& a, const std::string& v) { a.to = check(v); }},
-      {{"--from"}, "hf", "convert: read a Hugging Face directory into a checkpoint",
+      {{"--from"},
+       "hf",
+       "convert: read a Hugging Face directory into a checkpoint",
        [check = format("--from")](Args& a, const std::string& v) { a.from = check(v); }},
   };
   return table;

@@ -41,9 +41,13 @@ struct UserError : std::runtime_error {
 
 const std::vector<hp::tools::Flag<Options>>& flags() {
   static const std::vector<hp::tools::Flag<Options>> table = {
-      {{"-o", "--output"}, "OUT.svg", "where to write the SVG",
+      {{"-o", "--output"},
+       "OUT.svg",
+       "where to write the SVG",
        [](Options& o, const std::string& v) { o.output = fs::path(v); }},
-      {{"--title"}, "TEXT", "the chart title (default: the metrics file name)",
+      {{"--title"},
+       "TEXT",
+       "the chart title (default: the metrics file name)",
        [](Options& o, const std::string& v) { o.title = v; }},
   };
   return table;
@@ -108,9 +112,7 @@ std::string kind_of(const nlohmann::json& object) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-bool is_blank(const std::string& line) {
-  return line.find_first_not_of(" \t\r\n") == std::string::npos;
-}
+bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 void sort_by_step(std::vector<Point>& points) {
   // Stable, so that repeated steps (a resumed run) keep the order they were logged in.
@@ -145,7 +147,8 @@ Metrics read_metrics(const fs::path& file) {
   if (in.bad()) throw UserError(file.string() + ": read error");
   if (records == 0) throw UserError(file.string() + ": empty, nothing to plot");
   if (metrics.train.empty())
-    throw UserError(file.string() + ": no train points (no line with \"kind\":\"train\" and numeric \"step\" and \"loss\")");
+    throw UserError(file.string() +
+                    ": no train points (no line with \"kind\":\"train\" and numeric \"step\" and \"loss\")");
   sort_by_step(metrics.train);
   sort_by_step(metrics.eval);
   return metrics;
@@ -168,14 +171,10 @@ std::string format_fixed(double value, int decimals) {
 }
 
 // Pixel coordinates: a tenth of a pixel is finer than any screen and keeps the file small.
-std::string coord(double pixels) {
-  return format_fixed(pixels, 1);
-}
+std::string coord(double pixels) { return format_fixed(pixels, 1); }
 
 // Losses in the summary: four significant digits reads well for 3.2 as well as for 0.00012.
-std::string format_loss(double loss) {
-  return format("%.4g", loss);
-}
+std::string format_loss(double loss) { return format("%.4g", loss); }
 
 // Steps are integers in practice; only print decimals if someone logged fractional steps.
 std::string format_step(double step) {
@@ -185,11 +184,11 @@ std::string format_step(double step) {
 // ---- axis ticks ---------------------------------------------------------------------------------
 
 struct Axis {
-  double lo;    // the axis starts here (the first tick)
-  double hi;    // and ends here (the last tick)
-  double step;  // distance between ticks
-  int ticks;    // number of ticks, lo and hi included
-  int decimals; // decimals that show every tick label exactly
+  double lo;     // the axis starts here (the first tick)
+  double hi;     // and ends here (the last tick)
+  double step;   // distance between ticks
+  int ticks;     // number of ticks, lo and hi included
+  int decimals;  // decimals that show every tick label exactly
 };
 
 // The "nice number" of Heckbert's Graphics Gems algorithm: 1, 2, 5 or 10 times a power of ten.
@@ -230,7 +229,7 @@ Axis nice_axis(double data_lo, double data_hi, int target, double min_step) {
 }
 
 double tick_value(const Axis& axis, int i) {
-  const double value = axis.lo + i * axis.step;  // not accumulated, so no drift
+  const double value = axis.lo + i * axis.step;              // not accumulated, so no drift
   return std::fabs(value) < axis.step * 1e-9 ? 0.0 : value;  // avoid "-0.0" labels
 }
 
@@ -314,14 +313,22 @@ std::string xml_text(const std::string& text, size_t max_chars = 1000) {
       continue;
     }
     const char c = text[i];
-    if (length > 1) out.append(text, i, length);
-    else if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else if (c == '\'') out += "&apos;";
-    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) out += ' ';
-    else out += c;
+    if (length > 1)
+      out.append(text, i, length);
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '"')
+      out += "&quot;";
+    else if (c == '\'')
+      out += "&apos;";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
+      out += ' ';
+    else
+      out += c;
     i += length;
   }
   return out;
@@ -413,8 +420,8 @@ std::string text_element(double x, double y, const std::string& attributes, cons
 }
 
 std::string line_element(double x1, double y1, double x2, double y2, const std::string& attributes) {
-  return "<line x1=\"" + coord(x1) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x2) + "\" y2=\"" + coord(y2) +
-         "\" " + attributes + "/>\n";
+  return "<line x1=\"" + coord(x1) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x2) + "\" y2=\"" + coord(y2) + "\" " +
+         attributes + "/>\n";
 }
 
 std::string grid_and_ticks(const Chart& chart) {
@@ -445,9 +452,8 @@ std::string axes_and_titles(const Chart& chart) {
          "\" height=\"" + coord(a.bottom - a.top) + "\" fill=\"none\" stroke=\"#333\"/>\n";
   svg += text_element((a.left + a.right) / 2, kHeight - 14, "font-size=\"13\" text-anchor=\"middle\"", "step");
   const double mid_y = (a.top + a.bottom) / 2;
-  svg += text_element(18, mid_y,
-                      "font-size=\"13\" text-anchor=\"middle\" transform=\"rotate(-90 18 " + coord(mid_y) + ")\"",
-                      "loss");
+  svg += text_element(
+      18, mid_y, "font-size=\"13\" text-anchor=\"middle\" transform=\"rotate(-90 18 " + coord(mid_y) + ")\"", "loss");
   return svg;
 }
 
@@ -495,7 +501,8 @@ std::string summary(const Metrics& metrics) {
                                          [](const Point& a, const Point& b) { return a.loss < b.loss; });
     eval_line = "min eval loss " + format_loss(best.loss) + " (step " + format_step(best.step) + ")";
   }
-  const std::string train_line = "final train loss " + format_loss(last.loss) + " (step " + format_step(last.step) + ")";
+  const std::string train_line =
+      "final train loss " + format_loss(last.loss) + " (step " + format_step(last.step) + ")";
   std::string svg = "<g font-size=\"11\" fill=\"#555\" text-anchor=\"end\">\n";
   svg += text_element(kWidth - 24, 20, "", xml_text(train_line));
   svg += text_element(kWidth - 24, 36, "", xml_text(eval_line));
@@ -533,9 +540,12 @@ Paths resolve_paths(const Options& options) {
   const bool is_dir = fs::is_directory(options.input, ec);
   Paths paths;
   paths.metrics = is_dir ? options.input / "metrics.jsonl" : options.input;
-  if (options.output) paths.svg = *options.output;
-  else if (is_dir) paths.svg = options.input / "loss.svg";
-  else paths.svg = fs::path(options.input).replace_extension(".svg");
+  if (options.output)
+    paths.svg = *options.output;
+  else if (is_dir)
+    paths.svg = options.input / "loss.svg";
+  else
+    paths.svg = fs::path(options.input).replace_extension(".svg");
   // Only possible for an input that already ends in .svg, but overwriting the data is not undoable.
   if (paths.svg.lexically_normal() == paths.metrics.lexically_normal())
     throw UserError(paths.metrics.string() + ": output would overwrite the input; pass -o");

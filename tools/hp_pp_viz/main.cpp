@@ -26,15 +26,29 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
   using hp::tools::parse_int;
   static const std::vector<hp::tools::Flag<Args>> table = {
       {{"--schedule"}, "NAME", "gpipe, 1f1b, interleaved or zbv", [](Args& a, const std::string& v) { a.kind = v; }},
-      {{"--ranks"}, "P", "pipeline ranks",
+      {{"--ranks"},
+       "P",
+       "pipeline ranks",
        [](Args& a, const std::string& v) { a.ranks = static_cast<int>(parse_int("--ranks", v, 1, 4096)); }},
-      {{"--micro-batches"}, "M", "micro-batches per step",
-       [](Args& a, const std::string& v) { a.micro_batches = static_cast<int>(parse_int("--micro-batches", v, 1, 1 << 20)); }},
-      {{"--stages-per-rank"}, "V", "stages per rank of the interleaved schedule (default 2)",
-       [](Args& a, const std::string& v) { a.per_rank = static_cast<int>(parse_int("--stages-per-rank", v, 1, 1024)); }},
-      {{"--csv"}, "FILE", "read the schedule from a CSV file (the format --print-csv writes)",
+      {{"--micro-batches"},
+       "M",
+       "micro-batches per step",
+       [](Args& a, const std::string& v) {
+         a.micro_batches = static_cast<int>(parse_int("--micro-batches", v, 1, 1 << 20));
+       }},
+      {{"--stages-per-rank"},
+       "V",
+       "stages per rank of the interleaved schedule (default 2)",
+       [](Args& a, const std::string& v) {
+         a.per_rank = static_cast<int>(parse_int("--stages-per-rank", v, 1, 1024));
+       }},
+      {{"--csv"},
+       "FILE",
+       "read the schedule from a CSV file (the format --print-csv writes)",
        [](Args& a, const std::string& v) { a.csv = v; }},
-      {{"--costs"}, "F,I,W", "forward, backward-input and backward-weight costs (default 1,1,1; B = I + W)",
+      {{"--costs"},
+       "F,I,W",
+       "forward, backward-input and backward-weight costs (default 1,1,1; B = I + W)",
        [](Args& a, const std::string& v) {
          std::istringstream in(v);
          char comma1 = 0, comma2 = 0;
@@ -42,11 +56,17 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
              comma1 != ',' || comma2 != ',')
            throw hp::tools::UsageError("--costs takes F,I,W (three numbers), got '" + v + "'");
        }},
-      {{"--send-cost"}, "S", "latency of a send/receive pair (default 0)",
+      {{"--send-cost"},
+       "S",
+       "latency of a send/receive pair (default 0)",
        [](Args& a, const std::string& v) { a.costs.send = hp::tools::parse_double("--send-cost", v); }},
-      {{"-o", "--output"}, "OUT.svg", "draw the schedule and its simulation",
+      {{"-o", "--output"},
+       "OUT.svg",
+       "draw the schedule and its simulation",
        [](Args& a, const std::string& v) { a.output = v; }},
-      {{"--print-csv"}, "", "print the schedule's actions as CSV (the format --csv reads)",
+      {{"--print-csv"},
+       "",
+       "print the schedule's actions as CSV (the format --csv reads)",
        [](Args& a, const std::string&) { a.print_csv = true; }},
   };
   return table;

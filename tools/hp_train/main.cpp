@@ -1,17 +1,17 @@
 // hp-train: train a model from a YAML config, on as many ranks as hprun starts.
 //
 //   hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml [--set train.steps=50] [--resume auto]
-#include <hp/core/error.h>
 #include <hp/comm/init.h>
+#include <hp/core/error.h>
 #include <hp/train/trainer.h>
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <functional>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <string>
@@ -30,18 +30,28 @@ struct Args {
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
   static const std::vector<hp::tools::Flag<Args>> table = {
-      {{"--config"}, "FILE", "the run's YAML config (docs/training.md lists every key)",
+      {{"--config"},
+       "FILE",
+       "the run's YAML config (docs/training.md lists every key)",
        [](Args& a, const std::string& v) { a.config_path = v; }},
-      {{"--set"}, "KEY=VALUE", "override one key, e.g. --set train.steps=20 --set parallel.tp=2",
+      {{"--set"},
+       "KEY=VALUE",
+       "override one key, e.g. --set train.steps=20 --set parallel.tp=2",
        [](Args& a, const std::string& v) { a.overrides.push_back(v); }},
-      {{"--resume"}, "auto|never", "auto: continue from the run's latest checkpoint if there is one (default: never)",
+      {{"--resume"},
+       "auto|never",
+       "auto: continue from the run's latest checkpoint if there is one (default: never)",
        [](Args& a, const std::string& v) {
          if (v != "auto" && v != "never") throw hp::tools::UsageError("--resume takes auto or never, got '" + v + "'");
          a.options.resume = v == "auto";
        }},
-      {{"--dry-run"}, "", "print the plan (mesh, each rank's parameters, estimated memory) and exit",
+      {{"--dry-run"},
+       "",
+       "print the plan (mesh, each rank's parameters, estimated memory) and exit",
        [](Args& a, const std::string&) { a.options.dry_run = true; }},
-      {{"--no-progress"}, "", "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
+      {{"--no-progress"},
+       "",
+       "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
        [](Args& a, const std::string&) { a.options.progress = false; }},
   };
   return table;

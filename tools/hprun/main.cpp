@@ -43,15 +43,25 @@ struct Config {
 const std::vector<hp::tools::Flag<Config>>& flags() {
   using hp::tools::parse_int;
   static const std::vector<hp::tools::Flag<Config>> table = {
-      {{"--nproc-per-node"}, "N", "ranks to start on this node (default 1)",
+      {{"--nproc-per-node"},
+       "N",
+       "ranks to start on this node (default 1)",
        [](Config& c, const std::string& v) { c.nproc_per_node = parse_int("--nproc-per-node", v, 1, 4096); }},
-      {{"--nnodes"}, "K", "nodes in the job (default 1); start hprun once per node",
+      {{"--nnodes"},
+       "K",
+       "nodes in the job (default 1); start hprun once per node",
        [](Config& c, const std::string& v) { c.nnodes = parse_int("--nnodes", v, 1, 65536); }},
-      {{"--node-rank"}, "I", "this node's index in [0, K) (default 0); rank = I * N + local rank",
+      {{"--node-rank"},
+       "I",
+       "this node's index in [0, K) (default 0); rank = I * N + local rank",
        [](Config& c, const std::string& v) { c.node_rank = parse_int("--node-rank", v, 0, 65535); }},
-      {{"--master-addr"}, "A", "host of global rank 0, where the rendezvous store listens (default 127.0.0.1)",
+      {{"--master-addr"},
+       "A",
+       "host of global rank 0, where the rendezvous store listens (default 127.0.0.1)",
        [](Config& c, const std::string& v) { c.master_addr = v; }},
-      {{"--master-port"}, "P", "rendezvous port (default: a free port on one node, 29500 on several)",
+      {{"--master-port"},
+       "P",
+       "rendezvous port (default: a free port on one node, 29500 on several)",
        [](Config& c, const std::string& v) { c.master_port = parse_int("--master-port", v, 1, 65535); }},
   };
   return table;
@@ -311,7 +321,7 @@ int main(int argc, char** argv) {
   try {
     int port = config->master_port;
     if (port == 0) port = config->nnodes == 1 ? pick_free_port() : 29500;
-    struct sigaction action{};
+    struct sigaction action {};
     action.sa_handler = on_signal;
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);

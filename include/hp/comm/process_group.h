@@ -77,15 +77,19 @@ class ProcessGroup {
   at::Tensor all_gather(const at::Tensor& input, AllGatherOptions opts = {}) const;
   // The same into a preallocated `output` of the gathered shape (returned). An even dim-0 gather
   // into a contiguous output receives in place, with no copy.
-  Work all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input, AllGatherOptions opts = {}) const;
-  at::Tensor all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, AllGatherOptions opts = {}) const;
+  Work all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input,
+                                    AllGatherOptions opts = {}) const;
+  at::Tensor all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                    AllGatherOptions opts = {}) const;
 
   // Returns this rank's piece (along opts.dim) of the reduction of every rank's input.
   Work reduce_scatter_async(const at::Tensor& input, ReduceScatterOptions opts = {}) const;
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceScatterOptions opts = {}) const;
   // The same into a preallocated `output` of this rank's piece's shape (returned).
-  Work reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input, ReduceScatterOptions opts = {}) const;
-  at::Tensor reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceScatterOptions opts = {}) const;
+  Work reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input,
+                                   ReduceScatterOptions opts = {}) const;
+  at::Tensor reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                   ReduceScatterOptions opts = {}) const;
 
   // Returns the pieces received from every rank, concatenated along dim 0.
   Work all_to_all_async(const at::Tensor& input, AllToAllOptions opts = {}) const;

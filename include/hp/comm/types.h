@@ -24,9 +24,18 @@ struct ProcessGroupOptions {
   // Host the Gloo transport binds to; empty = loopback for single-node jobs, else the hostname.
   std::string gloo_hostname;
 
-  ProcessGroupOptions& set_timeout(std::chrono::milliseconds t) { timeout = t; return *this; }
-  ProcessGroupOptions& set_deterministic(bool d) { deterministic = d; return *this; }
-  ProcessGroupOptions& set_gloo_hostname(std::string h) { gloo_hostname = std::move(h); return *this; }
+  ProcessGroupOptions& set_timeout(std::chrono::milliseconds t) {
+    timeout = t;
+    return *this;
+  }
+  ProcessGroupOptions& set_deterministic(bool d) {
+    deterministic = d;
+    return *this;
+  }
+  ProcessGroupOptions& set_gloo_hostname(std::string h) {
+    gloo_hostname = std::move(h);
+    return *this;
+  }
 };
 
 struct AllReduceOptions {

@@ -34,8 +34,8 @@ std::string str_cat(const Args&... args) {
 }  // namespace hp
 
 // HP_CHECK(cond, parts...) throws hp::Error(parts...) when cond is false.
-#define HP_CHECK(cond, ...)                                   \
-  do {                                                        \
+#define HP_CHECK(cond, ...)                                             \
+  do {                                                                  \
     if (!(cond)) throw ::hp::Error(::hp::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 

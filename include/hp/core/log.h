@@ -27,12 +27,20 @@ class LogRankGuard {
 };
 
 template <typename... Args>
-void debug(const Args&... a) { if (enabled(Level::kDebug)) write(Level::kDebug, detail::str_cat(a...)); }
+void debug(const Args&... a) {
+  if (enabled(Level::kDebug)) write(Level::kDebug, detail::str_cat(a...));
+}
 template <typename... Args>
-void info(const Args&... a) { if (enabled(Level::kInfo)) write(Level::kInfo, detail::str_cat(a...)); }
+void info(const Args&... a) {
+  if (enabled(Level::kInfo)) write(Level::kInfo, detail::str_cat(a...));
+}
 template <typename... Args>
-void warn(const Args&... a) { if (enabled(Level::kWarn)) write(Level::kWarn, detail::str_cat(a...)); }
+void warn(const Args&... a) {
+  if (enabled(Level::kWarn)) write(Level::kWarn, detail::str_cat(a...));
+}
 template <typename... Args>
-void error(const Args&... a) { if (enabled(Level::kError)) write(Level::kError, detail::str_cat(a...)); }
+void error(const Args&... a) {
+  if (enabled(Level::kError)) write(Level::kError, detail::str_cat(a...));
+}
 
 }  // namespace hp::log

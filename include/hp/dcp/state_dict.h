@@ -1,13 +1,13 @@
 // State dicts of models and optimizers for hp::dcp: the live tensors themselves (so load() writes
 // straight into the model and the optimizer, each at its own layout) under stable names.
 //
-//   auto state = hp::dcp::model_state_dict(model);                  // "model.layers.0.attn.q_proj.weight", ...
-//   hp::dcp::add_optimizer_state(state, optimizer, model);           // "optim.layers.0.attn.q_proj.weight.exp_avg", ...
+//   auto state = hp::dcp::model_state_dict(model);              // "model.layers.0.attn.q_proj.weight", ...
+//   hp::dcp::add_optimizer_state(state, optimizer, model);       // "optim.layers.0.attn.q_proj.weight.exp_avg", ...
 //   state.values["step"] = step;
 //   hp::dcp::save(state, dir, world);
 //   ...
-//   hp::dcp::load(state, dir);                                       // fresh model + optimizer, any layout
-//   hp::dcp::restore_optimizer_values(state, optimizer, model);      // per-parameter step counts
+//   hp::dcp::load(state, dir);                                   // fresh model + optimizer, any layout
+//   hp::dcp::restore_optimizer_values(state, optimizer, model);  // per-parameter step counts
 #pragma once
 
 #include <string>

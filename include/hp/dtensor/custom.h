@@ -39,7 +39,8 @@ struct DFunction {
   // that input (Partial inputs get Replicate gradients). An undefined tensor means "no gradient".
   std::function<std::vector<at::Tensor>(const at::Tensor& grad_output, const std::vector<at::Tensor>& locals)> backward;
 
-  at::Tensor apply(const std::vector<at::Tensor>& inputs, std::optional<std::vector<int64_t>> out_shape = std::nullopt) const;
+  at::Tensor apply(const std::vector<at::Tensor>& inputs,
+                   std::optional<std::vector<int64_t>> out_shape = std::nullopt) const;
 };
 
 }  // namespace hp

@@ -28,13 +28,15 @@ class Placement {
   bool is_shard(int64_t dim) const { return kind_ == Kind::kShard && dim_ == dim; }
   bool is_replicate() const { return kind_ == Kind::kReplicate; }
   bool is_partial() const { return kind_ == Kind::kPartial; }
-  int64_t dim() const;                // Shard only
-  comm::ReduceOp reduce_op() const;   // Partial only
+  int64_t dim() const;               // Shard only
+  comm::ReduceOp reduce_op() const;  // Partial only
 
   std::string str() const;  // "S(0)", "R", "P(sum)"
   bool operator==(const Placement& o) const { return kind_ == o.kind_ && dim_ == o.dim_ && op_ == o.op_; }
   bool operator!=(const Placement& o) const { return !(*this == o); }
-  size_t hash() const { return (static_cast<size_t>(kind_) << 16) ^ (static_cast<size_t>(dim_) << 4) ^ static_cast<size_t>(op_); }
+  size_t hash() const {
+    return (static_cast<size_t>(kind_) << 16) ^ (static_cast<size_t>(dim_) << 4) ^ static_cast<size_t>(op_);
+  }
 
  private:
   Placement(Kind kind, int64_t dim, comm::ReduceOp op) : kind_(kind), dim_(dim), op_(op) {}

@@ -20,10 +20,10 @@ namespace hp {
 
 // One call of an op, as a rule sees it.
 struct OpCall {
-  std::string op;                       // "aten::add.Tensor"
-  std::vector<c10::IValue> args;        // all arguments; DTensor arguments are None here
-  std::vector<int> dtensor_arg;         // for each DTensor input: its argument index
-  std::vector<DTensorSpec> inputs;      // each DTensor input's spec, in argument order (lists flattened)
+  std::string op;                   // "aten::add.Tensor"
+  std::vector<c10::IValue> args;    // all arguments; DTensor arguments are None here
+  std::vector<int> dtensor_arg;     // for each DTensor input: its argument index
+  std::vector<DTensorSpec> inputs;  // each DTensor input's spec, in argument order (lists flattened)
   // Global shape of each tensor output, from running the op on meta tensors; empty when the op
   // has no meta kernel (then the rule must fill OpSharding::output_shapes).
   std::vector<std::vector<int64_t>> output_shapes;

@@ -17,8 +17,8 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/comm/process_group.h"
@@ -65,8 +65,8 @@ class DeviceMesh {
   // by "_"). The name is registered on the root mesh, so root[name] works afterwards. Collective.
   DeviceMesh flatten(const std::string& name = "") const;
 
-  int get_rank() const;  // this process's world rank
-  const comm::ProcessGroup& world() const;  // the world group the mesh was built from
+  int get_rank() const;                                        // this process's world rank
+  const comm::ProcessGroup& world() const;                     // the world group the mesh was built from
   std::optional<std::vector<int64_t>> get_coordinate() const;  // nullopt if not in the mesh
   int64_t get_local_rank(int64_t dim) const;
   int64_t get_local_rank(const std::string& dim) const;
@@ -98,8 +98,8 @@ class DeviceMesh {
 };
 
 // A mesh of shape `shape` over world ranks 0..N-1 in row-major order (N must be the world size).
-DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type,
-                            std::vector<int64_t> shape, std::vector<std::string> dim_names = {});
+DeviceMesh init_device_mesh(const comm::ProcessGroup& world, const std::string& device_type, std::vector<int64_t> shape,
+                            std::vector<std::string> dim_names = {});
 
 }  // namespace hp
 

@@ -18,11 +18,11 @@ namespace hp {
 
 struct LRSchedule {
   enum class Decay { kCosine, kLinear, kWsd, kConstant };
-  int64_t warmup_steps = 0;    // factor rises linearly to 1 over these steps: (step + 1) / warmup
-  int64_t total_steps = 1;     // decay ends here
+  int64_t warmup_steps = 0;  // factor rises linearly to 1 over these steps: (step + 1) / warmup
+  int64_t total_steps = 1;   // decay ends here
   Decay decay = Decay::kCosine;
-  double min_lr_ratio = 0.0;   // the factor decays to this
-  double decay_fraction = 0.1; // WSD: the last fraction of total_steps decays linearly
+  double min_lr_ratio = 0.0;    // the factor decays to this
+  double decay_fraction = 0.1;  // WSD: the last fraction of total_steps decays linearly
 };
 
 LRSchedule::Decay parse_decay(const std::string& name);  // "cosine", "linear", "wsd", "constant"

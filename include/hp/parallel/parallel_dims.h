@@ -26,7 +26,7 @@ struct ParallelDims {
 
   // The ranks the dense dims span: pp * dp_replicate * dp_shard * cp * tp (ep borrows, it adds none).
   int64_t world_size() const { return pp * dp_replicate * dp_shard * cp * tp; }
-  int64_t dp() const { return dp_replicate * dp_shard; }  // data-parallel replicas of the dense part
+  int64_t dp() const { return dp_replicate * dp_shard; }     // data-parallel replicas of the dense part
   int64_t efsdp() const { return dp_shard * cp * tp / ep; }  // ranks sharding each expert
   // Throws hp::Error naming the dims when one is < 1, when they do not multiply to `world_size`, or
   // when ep does not divide dp_shard * cp * tp.

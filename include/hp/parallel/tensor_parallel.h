@@ -41,9 +41,18 @@ class ParallelStyleBase {
 // Defaults: input_layouts Replicate, output_layouts Shard(-1), use_local_output true.
 class ColwiseParallel : public ParallelStyleBase {
  public:
-  ColwiseParallel& set_input_layouts(Placement p) { input_layout_ = p; return *this; }
-  ColwiseParallel& set_output_layouts(Placement p) { output_layout_ = p; return *this; }
-  ColwiseParallel& set_use_local_output(bool b) { use_local_output_ = b; return *this; }
+  ColwiseParallel& set_input_layouts(Placement p) {
+    input_layout_ = p;
+    return *this;
+  }
+  ColwiseParallel& set_output_layouts(Placement p) {
+    output_layout_ = p;
+    return *this;
+  }
+  ColwiseParallel& set_use_local_output(bool b) {
+    use_local_output_ = b;
+    return *this;
+  }
   std::string name() const override { return "ColwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -61,9 +70,18 @@ class ColwiseParallel : public ParallelStyleBase {
 // Replicate, use_local_output true.
 class RowwiseParallel : public ParallelStyleBase {
  public:
-  RowwiseParallel& set_input_layouts(Placement p) { input_layout_ = p; return *this; }
-  RowwiseParallel& set_output_layouts(Placement p) { output_layout_ = p; return *this; }
-  RowwiseParallel& set_use_local_output(bool b) { use_local_output_ = b; return *this; }
+  RowwiseParallel& set_input_layouts(Placement p) {
+    input_layout_ = p;
+    return *this;
+  }
+  RowwiseParallel& set_output_layouts(Placement p) {
+    output_layout_ = p;
+    return *this;
+  }
+  RowwiseParallel& set_use_local_output(bool b) {
+    use_local_output_ = b;
+    return *this;
+  }
   std::string name() const override { return "RowwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;

@@ -130,8 +130,8 @@ class PipelineExecutor {
   LossFn loss_;
   std::shared_ptr<StagePlacement> placement_;
   struct TiedCopy {
-    at::Tensor param;           // this rank's copy
-    comm::ProcessGroup group;   // the ranks holding a copy
+    at::Tensor param;          // this rank's copy
+    comm::ProcessGroup group;  // the ranks holding a copy
   };
   std::vector<TiedCopy> tied_;
   void sum_tied_gradients();
@@ -156,7 +156,7 @@ class PipelineExecutor {
   std::map<int, int> peak_live_;
   int split_weight_actions_ = 0;
   bool record_ = false;
-  uint64_t passes_ = 0;                    // names each pass's failure notice
+  uint64_t passes_ = 0;  // names each pass's failure notice
   bool broken_ = false;
   std::string broken_reason_;
   std::vector<TimedAction> timeline_;

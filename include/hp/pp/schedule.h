@@ -26,11 +26,9 @@ struct Action {
   ActionKind kind;
   int stage;
   int micro_batch;
-  std::string str() const;  // "2F5": stage 2 forward of micro-batch 5; "0SEND_B1", "3W0", ...
+  std::string str() const;                       // "2F5": stage 2 forward of micro-batch 5; "0SEND_B1", "3W0", ...
   static Action parse(const std::string& text);  // the inverse of str(); throws hp::Error
-  bool operator==(const Action& o) const {
-    return kind == o.kind && stage == o.stage && micro_batch == o.micro_batch;
-  }
+  bool operator==(const Action& o) const { return kind == o.kind && stage == o.stage && micro_batch == o.micro_batch; }
   bool is_compute() const { return kind <= ActionKind::kBackwardWeight; }
 };
 
@@ -77,7 +75,7 @@ Schedule from_csv(const std::string& csv, const std::string& name = "csv");
 
 struct ActionCosts {
   double forward = 1.0, backward_input = 1.0, backward_weight = 1.0;  // full backward = I + W
-  double send = 0.0;  // latency of a send/receive pair
+  double send = 0.0;                                                  // latency of a send/receive pair
 };
 
 // ZBV built by the same greedy list schedule with these action costs (e.g. measured ones, as the

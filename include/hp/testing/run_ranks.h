@@ -28,8 +28,8 @@ struct RunRanksOptions {
 };
 
 // Runs fn(world) on `world_size` threads; world.rank() is the thread's rank. Returns when every
-// rank has returned (see RunRanksOptions::barrier_at_exit). If any rank throws, throws hp::Error naming each failed rank and its message,
-// the first to fail first. A rank that throws tears down its groups, so peers blocked on it fail
+// rank has returned (see RunRanksOptions::barrier_at_exit). If any rank throws, throws hp::Error naming each failed
+// rank and its message, the first to fail first. A rank that throws tears down its groups, so peers blocked on it fail
 // promptly instead of waiting for the timeout.
 void run_ranks(int world_size, const std::function<void(const comm::ProcessGroup& world)>& fn,
                RunRanksOptions options = {});

@@ -24,9 +24,9 @@ struct TrainConfig {
   bool loss_parallel = false;
   bool reshard_after_forward = true;
   int64_t reshard_after_forward_to = 0;  // FSDP2's integer form: keep 1/k after forward (0: all ranks)
-  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zbv (pp > 1)
-  int64_t pp_stages_per_rank = 2;    // interleaved only
-  int64_t pp_timeline_step = 0;      // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
+  std::string pp_schedule = "1f1b";      // gpipe | 1f1b | interleaved | zbv (pp > 1)
+  int64_t pp_stages_per_rank = 2;        // interleaved only
+  int64_t pp_timeline_step = 0;          // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
 
   struct Data {
     std::vector<std::string> sources = {"/usr/share/games/fortunes"};
@@ -37,9 +37,9 @@ struct TrainConfig {
 
   struct Train {
     int64_t steps = 100;
-    int64_t global_batch = 16;  // sequences per optimizer step, over all data-parallel ranks
-    int64_t micro_batch = 16;   // sequences per forward/backward on one rank (gradient accumulation below it)
-    double max_grad_norm = 1.0; // 0 = no clipping
+    int64_t global_batch = 16;   // sequences per optimizer step, over all data-parallel ranks
+    int64_t micro_batch = 16;    // sequences per forward/backward on one rank (gradient accumulation below it)
+    double max_grad_norm = 1.0;  // 0 = no clipping
     bool deterministic = true;
   } train;
 
@@ -53,14 +53,14 @@ struct TrainConfig {
     std::string decay = "cosine";  // cosine | linear | wsd | constant
     int64_t warmup_steps = 0;
     double min_lr_ratio = 0.1;
-    double decay_fraction = 0.1;   // wsd only
+    double decay_fraction = 0.1;  // wsd only
   } schedule;
 
   struct Checkpoint {
     int64_t interval = 0;  // steps between checkpoints; 0 = none
     std::string dir;       // default: <run_dir>/checkpoints
     bool async = true;
-    int64_t keep = 2;      // most recent checkpoints kept
+    int64_t keep = 2;  // most recent checkpoints kept
   } checkpoint;
 
   struct Eval {

@@ -16,22 +16,22 @@
 namespace hp::train {
 
 struct TrainOptions {
-  bool resume = false;    // continue from the latest checkpoint of the run, when there is one
-  bool dry_run = false;   // print the plan (mesh, each rank's parameters, estimated memory) and stop
-  bool progress = true;   // a progress line on rank 0 (on a terminal; plain log lines otherwise)
+  bool resume = false;   // continue from the latest checkpoint of the run, when there is one
+  bool dry_run = false;  // print the plan (mesh, each rank's parameters, estimated memory) and stop
+  bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
   // Called on every rank after each optimizer step (tests use it to stop a run part-way).
   std::function<void(int64_t step)> after_step;
 };
 
 struct TrainResult {
-  int64_t first_step = 0;         // 0, or the step resumed from
-  std::vector<double> losses;     // global training loss of each step run here
+  int64_t first_step = 0;      // 0, or the step resumed from
+  std::vector<double> losses;  // global training loss of each step run here
   std::vector<double> grad_norms;
-  double eval_loss = 0.0;         // at the end
-  double unigram_entropy = 0.0;   // of the corpus, in nats: the no-context baseline
-  double tokens_per_s = 0.0;      // mean over the steps after the first
+  double eval_loss = 0.0;        // at the end
+  double unigram_entropy = 0.0;  // of the corpus, in nats: the no-context baseline
+  double tokens_per_s = 0.0;     // mean over the steps after the first
   double mfu = 0.0;
-  std::string sample;             // greedy continuation of config.sample.prompt
+  std::string sample;  // greedy continuation of config.sample.prompt
 };
 
 TrainResult train(const TrainConfig& config, const comm::ProcessGroup& world, const TrainOptions& options = {});

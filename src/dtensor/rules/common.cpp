@@ -28,8 +28,10 @@ OpSharding all_replicated(const OpCall& call, size_t outputs) {
 
 std::vector<int64_t> dims_arg(const c10::IValue& value, int64_t ndim) {
   std::vector<int64_t> dims;
-  if (value.isIntList()) dims = value.toIntVector();
-  else if (value.isInt()) dims = {value.toInt()};
+  if (value.isIntList())
+    dims = value.toIntVector();
+  else if (value.isInt())
+    dims = {value.toInt()};
   if (dims.empty()) {
     for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
     return dims;

@@ -53,25 +53,41 @@ const Placement P = Partial();
 
 void register_matmul_rules(const Register& add) {
   add("aten::mm", [](const OpCall& c) {
-    return choose(c, {{{Shard(0), R}, Shard(0)}, {{R, Shard(1)}, Shard(1)}, {{Shard(1), Shard(0)}, P},
-                      {{P, R}, P}, {{R, P}, P}, {{R, R}, R}});
+    return choose(c, {{{Shard(0), R}, Shard(0)},
+                      {{R, Shard(1)}, Shard(1)},
+                      {{Shard(1), Shard(0)}, P},
+                      {{P, R}, P},
+                      {{R, P}, P},
+                      {{R, R}, R}});
   });
   // addmm(bias, A, B): the bias follows the output (a 1-D bias spans output dim 1).
   add("aten::addmm", [](const OpCall& c) {
     const bool row_bias = c.inputs[0].ndim() == 1;
     const Placement bias_cols = row_bias ? Shard(0) : Shard(1);
     const Placement bias_rows = row_bias ? R : Shard(0);
-    return choose(c, {{{bias_rows, Shard(0), R}, Shard(0)}, {{bias_cols, R, Shard(1)}, Shard(1)},
-                      {{P, Shard(1), Shard(0)}, P}, {{P, P, R}, P}, {{P, R, P}, P}, {{R, R, R}, R}});
+    return choose(c, {{{bias_rows, Shard(0), R}, Shard(0)},
+                      {{bias_cols, R, Shard(1)}, Shard(1)},
+                      {{P, Shard(1), Shard(0)}, P},
+                      {{P, P, R}, P},
+                      {{P, R, P}, P},
+                      {{R, R, R}, R}});
   });
   // baddbmm(self [b, m, n], b1 [b, m, k], b2 [b, k, n]): self follows the output.
   add("aten::baddbmm", [](const OpCall& c) {
-    return choose(c, {{{Shard(0), Shard(0), Shard(0)}, Shard(0)}, {{Shard(1), Shard(1), R}, Shard(1)},
-                      {{Shard(2), R, Shard(2)}, Shard(2)}, {{P, Shard(2), Shard(1)}, P}, {{R, R, R}, R}});
+    return choose(c, {{{Shard(0), Shard(0), Shard(0)}, Shard(0)},
+                      {{Shard(1), Shard(1), R}, Shard(1)},
+                      {{Shard(2), R, Shard(2)}, Shard(2)},
+                      {{P, Shard(2), Shard(1)}, P},
+                      {{R, R, R}, R}});
   });
   add("aten::bmm", [](const OpCall& c) {
-    return choose(c, {{{Shard(0), Shard(0)}, Shard(0)}, {{Shard(1), R}, Shard(1)}, {{R, Shard(2)}, Shard(2)},
-                      {{Shard(2), Shard(1)}, P}, {{P, R}, P}, {{R, P}, P}, {{R, R}, R}});
+    return choose(c, {{{Shard(0), Shard(0)}, Shard(0)},
+                      {{Shard(1), R}, Shard(1)},
+                      {{R, Shard(2)}, Shard(2)},
+                      {{Shard(2), Shard(1)}, P},
+                      {{P, R}, P},
+                      {{R, P}, P},
+                      {{R, R}, R}});
   });
 }
 

@@ -170,7 +170,8 @@ void register_nn_rules(const Register& add) {
   add("aten::native_layer_norm", layer_norm);
   // gather / scatter along `dim`: that dim must be whole.
   add("aten::gather", [](const OpCall& c) { return softmax_like(c, c.args[1].toInt()); });
-  for (const char* op : {"aten::scatter.src", "aten::scatter_add", "aten::scatter_add_"})  // scatter_add_: gather's backward
+  for (const char* op :
+       {"aten::scatter.src", "aten::scatter_add", "aten::scatter_add_"})  // scatter_add_: gather's backward
     add(op, [](const OpCall& c) { return softmax_like(c, c.args[1].toInt()); });
   add("aten::native_layer_norm_backward", layer_norm_backward);
   for (const char* op : {"aten::_softmax", "aten::_log_softmax"})

@@ -79,7 +79,8 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
     // In place, self keeps its placement: a replicated self must not turn Partial (R * P is P).
     if (in_place && !at(0).is_partial()) keep_partial = false;
     if (in_place && at(0).is_partial() && !keep_partial)
-      throw Error(call.op + ": in-place op on a " + at(0).str() + " tensor would have to reduce it first; "
+      throw Error(call.op + ": in-place op on a " + at(0).str() +
+                  " tensor would have to reduce it first; "
                   "redistribute it to Replicate before the op");
     if (keep_partial) {
       for (size_t k = 0; k < n_inputs; ++k) s.inputs[k][i] = at(k).is_partial() ? at(k) : Replicate();

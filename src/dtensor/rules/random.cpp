@@ -20,12 +20,14 @@ constexpr double kTwoPow32 = 4294967296.0;
 
 double draw(RandomFill kind, const std::array<uint32_t, 4>& r, double a, double b) {
   switch (kind) {
-    case RandomFill::kUniform: return a + (b - a) * (r[0] / kTwoPow32);
+    case RandomFill::kUniform:
+      return a + (b - a) * (r[0] / kTwoPow32);
     case RandomFill::kNormal: {
       const double u1 = (r[0] + 1.0) / kTwoPow32, u2 = r[1] / kTwoPow32;  // u1 in (0, 1]: log is finite
       return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
     }
-    case RandomFill::kBernoulli: return r[0] / kTwoPow32 < a ? 1.0 : 0.0;
+    case RandomFill::kBernoulli:
+      return r[0] / kTwoPow32 < a ? 1.0 : 0.0;
   }
   return 0;
 }
@@ -43,8 +45,8 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
     int64_t global = 0;
     for (size_t d = 0; d < shape.size(); ++d) global += (offset[d] + index[d]) * global_strides[d];
     const auto r = detail::philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
-                               static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-                              key);
+                                       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                                      key);
     out[n] = draw(kind, r, a, b);
     for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {  // odometer
       if (++index[d] < shape[d]) break;

@@ -2,8 +2,8 @@
 //
 // Per mesh dim: a shard of a reduced dim makes the output Partial (sum -> P(sum), amax -> P(max),
 // mean -> P(avg); mean and amax/amin only when every split is even, since the mean of uneven
-// pieces is not the average of their means and an empty piece has no maximum); a shard of a kept dim stays a shard of the matching output dim;
-// Partial inputs stay Partial where the reduction is linear in them (sum/mean of P(sum|avg),
+// pieces is not the average of their means and an empty piece has no maximum); a shard of a kept dim stays a shard of
+// the matching output dim; Partial inputs stay Partial where the reduction is linear in them (sum/mean of P(sum|avg),
 // amax of P(max)); everything else is reduced to Replicate first.
 #include "dtensor/rules/rules.h"
 
@@ -43,8 +43,10 @@ OpSharding reduce(const OpCall& call, Reduction kind, int dims_arg_index, int ke
       const bool linear = (kind == Reduction::kSum || kind == Reduction::kMean)
                               ? (p.reduce_op() == comm::ReduceOp::kSum || p.reduce_op() == comm::ReduceOp::kAvg)
                               : p.reduce_op() == partial_op;
-      if (linear) s.outputs[0][i] = p;
-      else s.inputs[0][i] = Replicate();
+      if (linear)
+        s.outputs[0][i] = p;
+      else
+        s.inputs[0][i] = Replicate();
     }
   }
   return s;

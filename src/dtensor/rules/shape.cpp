@@ -44,9 +44,12 @@ OpSharding view_rule(const OpCall& call) {
     const size_t i0 = i, j0 = j;
     int64_t pa = a[i++], pb = b[j++];
     while (pa != pb) {
-      if (pa < pb && i < a.size()) pa *= a[i++];
-      else if (pb < pa && j < b.size()) pb *= b[j++];
-      else break;
+      if (pa < pb && i < a.size())
+        pa *= a[i++];
+      else if (pb < pa && j < b.size())
+        pb *= b[j++];
+      else
+        break;
     }
     if (pa != pb) break;
     const bool one_to_one = i - i0 == 1 && j - j0 == 1;
@@ -64,7 +67,7 @@ OpSharding view_rule(const OpCall& call) {
       if (in.placements()[m].is_shard(d)) parts *= in.mesh().size(m);
     return b[j0] % parts == 0 ? j0 : -1;
   });
-  s.local_shape_arg = 1;                                           // view(self, size), _reshape_alias(self, size, stride)
+  s.local_shape_arg = 1;  // view(self, size), _reshape_alias(self, size, stride)
   if (call.op == "aten::_reshape_alias") {
     s.local_stride_arg = 2;
     s.strides_view_input = true;
@@ -105,9 +108,8 @@ void register_shape_rules(const Register& add) {
       return follow_dims(c, [=](int64_t d) { return d == cut ? -1 : d; });
     });
   }
-  add("aten::t", [](const OpCall& c) {
-    return follow_dims(c, [&](int64_t d) { return c.inputs[0].ndim() < 2 ? d : 1 - d; });
-  });
+  add("aten::t",
+      [](const OpCall& c) { return follow_dims(c, [&](int64_t d) { return c.inputs[0].ndim() < 2 ? d : 1 - d; }); });
   add("aten::transpose.int", [](const OpCall& c) {
     const int64_t n = c.inputs[0].ndim();
     const int64_t a = norm(c.args[1].toInt(), n), b = norm(c.args[2].toInt(), n);

@@ -18,9 +18,9 @@ namespace hp::rules {
 namespace {
 
 const std::map<std::string, Linearity> kLinearities = {{"sum_of_partials", Linearity::kSumOfPartials},
-                                                        {"one_partial", Linearity::kOnePartial},
-                                                        {"unary_linear", Linearity::kUnary},
-                                                        {"nonlinear", Linearity::kNone}};
+                                                       {"one_partial", Linearity::kOnePartial},
+                                                       {"unary_linear", Linearity::kUnary},
+                                                       {"nonlinear", Linearity::kNone}};
 const std::map<std::string, Reduction> kReductions = {
     {"sum", Reduction::kSum}, {"mean", Reduction::kMean}, {"max", Reduction::kMax}, {"min", Reduction::kMin}};
 
@@ -78,9 +78,12 @@ void register_yaml_text(const Register& add, const std::string& name, const std:
   }
   for (const auto& family : root) {
     const std::string kind = family.first.as<std::string>();
-    if (kind == "pointwise") load_pointwise(add, name, family.second);
-    else if (kind == "reduction") load_reduction(add, name, family.second);
-    else throw Error(name + ": unknown rule family '" + kind + "'; valid: pointwise, reduction");
+    if (kind == "pointwise")
+      load_pointwise(add, name, family.second);
+    else if (kind == "reduction")
+      load_reduction(add, name, family.second);
+    else
+      throw Error(name + ": unknown rule family '" + kind + "'; valid: pointwise, reduction");
   }
 }
 

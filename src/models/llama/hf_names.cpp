@@ -9,16 +9,19 @@ namespace {
 // Our module path -> HF's, per segment after "layers.N." (or at the top level).
 const std::vector<std::pair<std::string, std::string>>& hf_table() {
   static const std::vector<std::pair<std::string, std::string>> table = {
-      {"attn.q_proj", "self_attn.q_proj"}, {"attn.k_proj", "self_attn.k_proj"}, {"attn.v_proj", "self_attn.v_proj"},
-      {"attn.o_proj", "self_attn.o_proj"}, {"attn.q_norm", "self_attn.q_norm"}, {"attn.k_norm", "self_attn.k_norm"},
+      {"attn.q_proj", "self_attn.q_proj"}, {"attn.k_proj", "self_attn.k_proj"},
+      {"attn.v_proj", "self_attn.v_proj"}, {"attn.o_proj", "self_attn.o_proj"},
+      {"attn.q_norm", "self_attn.q_norm"}, {"attn.k_norm", "self_attn.k_norm"},
       {"attn_norm", "input_layernorm"},    {"mlp_norm", "post_attention_layernorm"},
-      {"mlp.gate", "mlp.gate_proj"},       {"mlp.up", "mlp.up_proj"},         {"mlp.down", "mlp.down_proj"}};
+      {"mlp.gate", "mlp.gate_proj"},       {"mlp.up", "mlp.up_proj"},
+      {"mlp.down", "mlp.down_proj"}};
   return table;
 }
 
 const std::vector<std::pair<std::string, std::string>>& hf_top_table() {
-  static const std::vector<std::pair<std::string, std::string>> table = {
-      {"embed.weight", "model.embed_tokens.weight"}, {"norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
+  static const std::vector<std::pair<std::string, std::string>> table = {{"embed.weight", "model.embed_tokens.weight"},
+                                                                         {"norm.weight", "model.norm.weight"},
+                                                                         {"output.weight", "lm_head.weight"}};
   return table;
 }
 

@@ -11,7 +11,8 @@
 namespace hp::models {
 
 int64_t LlamaConfig::parameter_count() const {
-  const int64_t attention = dim * heads * head_dim() * 2 + dim * kv_heads * head_dim() * 2 + (qk_norm ? 2 * head_dim() : 0);
+  const int64_t attention =
+      dim * heads * head_dim() * 2 + dim * kv_heads * head_dim() * 2 + (qk_norm ? 2 * head_dim() : 0);
   const int64_t block = attention + 3 * dim * ffn_hidden + 2 * dim;
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }

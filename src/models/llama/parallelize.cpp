@@ -10,9 +10,10 @@
 namespace hp::models {
 
 void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model) {
-  HP_CHECK(dims.cp == 1 && dims.ep == 1, "parallel.cp and parallel.ep are reserved for context and expert "
-           "parallelism, which the llama recipe does not support yet: both must be 1 (got cp=", dims.cp, ", ep=",
-           dims.ep, ")");
+  HP_CHECK(dims.cp == 1 && dims.ep == 1,
+           "parallel.cp and parallel.ep are reserved for context and expert "
+           "parallelism, which the llama recipe does not support yet: both must be 1 (got cp=",
+           dims.cp, ", ep=", dims.ep, ")");
   if (dims.tp > 1) {
     HP_CHECK(model.heads % dims.tp == 0 && model.kv_heads % dims.tp == 0, "model.heads (", model.heads,
              ") and model.kv_heads (", model.kv_heads, ") must be divisible by parallel.tp (", dims.tp, ")");
@@ -43,7 +44,8 @@ ParallelizePlan llama_tp_plan(TpOptions o) {
                      .set_use_local_output(!o.loss_parallel)},
   };
   if (o.sequence_parallel)
-    for (const char* norm : {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"}) plan.push_back({norm, SequenceParallel()});
+    for (const char* norm : {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"})
+      plan.push_back({norm, SequenceParallel()});
   // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
   // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
   for (const char* input : {"layers.*.attn", "layers.*.mlp"})
@@ -51,8 +53,7 @@ ParallelizePlan llama_tp_plan(TpOptions o) {
   return plan;
 }
 
-void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
-                       const RecipeOptions& options) {
+void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options) {
   if (dims.tp > 1) parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp));
   if (dims.dp() == 1) return;
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
@@ -73,9 +74,8 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
                          const RecipeOptions& options) {
   const LlamaConfig& config = model.config();
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
-  const pp::Schedule schedule =
-      pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp), options.pipeline.micro_batches,
-                           options.pipeline.stages_per_rank);
+  const pp::Schedule schedule = pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp),
+                                                     options.pipeline.micro_batches, options.pipeline.stages_per_rank);
   const auto all = split_llama(model, std::vector<int64_t>(schedule.stages, config.layers / schedule.stages));
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.
@@ -121,7 +121,8 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
   parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };
   for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate", "mlp.up", "mlp.down"})
     parts.hidden_matrices.push_back(std::string("layers.*.") + m + ".weight");
-  parts.other_parameters = {"*.weight", "layers.*.*.weight", "layers.*.attn.q_norm.weight", "layers.*.attn.k_norm.weight"};
+  parts.other_parameters = {"*.weight", "layers.*.*.weight", "layers.*.attn.q_norm.weight",
+                            "layers.*.attn.k_norm.weight"};
   if (dims.pp == 1) {
     parallelize_llama(*model, mesh, dims, options);
     parts.modules = {model};

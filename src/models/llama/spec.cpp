@@ -7,11 +7,16 @@
 namespace hp::models {
 
 ConfigFields LlamaSpec::fields() {
-  return {{"vocab", &config.vocab},         {"dim", &config.dim},
-          {"layers", &config.layers},       {"heads", &config.heads},
-          {"kv_heads", &config.kv_heads},   {"ffn_hidden", &config.ffn_hidden},
-          {"max_seq", &config.max_seq},     {"rope_theta", &config.rope_theta},
-          {"norm_eps", &config.norm_eps},   {"qk_norm", &config.qk_norm},
+  return {{"vocab", &config.vocab},
+          {"dim", &config.dim},
+          {"layers", &config.layers},
+          {"heads", &config.heads},
+          {"kv_heads", &config.kv_heads},
+          {"ffn_hidden", &config.ffn_hidden},
+          {"max_seq", &config.max_seq},
+          {"rope_theta", &config.rope_theta},
+          {"norm_eps", &config.norm_eps},
+          {"qk_norm", &config.qk_norm},
           {"tie_embeddings", &config.tie_embeddings}};
 }
 

@@ -20,10 +20,10 @@ struct LlamaConfig {
   int64_t heads = 8;
   int64_t kv_heads = 4;
   int64_t ffn_hidden = 48;
-  int64_t max_seq = 32;      // longest sequence (rotary tables are built for it)
+  int64_t max_seq = 32;  // longest sequence (rotary tables are built for it)
   double rope_theta = 10000.0;
   double norm_eps = 1e-6;
-  bool qk_norm = false;      // RMSNorm over each head of q and k before RoPE (Qwen3)
+  bool qk_norm = false;         // RMSNorm over each head of q and k before RoPE (Qwen3)
   bool tie_embeddings = false;  // the LM head reuses the embedding matrix
   int64_t head_dim() const { return dim / heads; }
   int64_t parameter_count() const;
