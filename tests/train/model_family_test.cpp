@@ -12,7 +12,7 @@
 #include "hp/parallel/loss_parallel.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
-#include "train/test_corpus.h"
+#include "train/train_helpers.h"
 
 namespace hp::train {
 namespace {
@@ -138,16 +138,7 @@ std::vector<double> train_mixer(int world, const fs::path& dir) {
   c.train.micro_batch = 2;
   c.optimizer.lr = 3e-3;
   c.eval.batches = 1;
-  std::vector<double> losses;
-  std::mutex mu;
-  test::run(world, [&](const comm::ProcessGroup& group) {
-    TrainOptions options;
-    options.progress = false;
-    const TrainResult r = train(c, group, options);
-    std::lock_guard<std::mutex> lock(mu);
-    if (group.rank() == 0) losses = r.losses;
-  });
-  return losses;
+  return rank0_losses(c, world);
 }
 
 TEST(ModelFamily, TheTrainerTrainsAnOutsideFamilyOnOneRankAndUnderFsdpAlike) {

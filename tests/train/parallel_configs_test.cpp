@@ -11,7 +11,7 @@
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
-#include "train/test_corpus.h"
+#include "train/train_helpers.h"
 
 namespace hp::train {
 namespace {
@@ -53,16 +53,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.pp_schedule = p.pp_schedule;
   c.model.as<models::LlamaConfig>().tie_embeddings = p.tie_embeddings;
   c.model.as<models::LlamaConfig>().layers = p.layers;
-  std::vector<double> losses;
-  std::mutex mu;
-  test::run(p.world, [&](const comm::ProcessGroup& world) {
-    TrainOptions options;
-    options.progress = false;
-    const TrainResult r = train(c, world, options);
-    std::lock_guard<std::mutex> lock(mu);
-    if (world.rank() == 0) losses = r.losses;
-  });
-  return losses;
+  return rank0_losses(c, p.world);
 }
 
 TEST(Trainer, ParallelConfigsAgreeWithOneRank) {

@@ -1,10 +1,16 @@
-// A small deterministic corpus for training tests, written to disk so that no installed data is needed.
+// For tests that train: a small deterministic corpus written to disk (no installed data needed),
+// and a run of hp::train::train on ranks as threads.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <vector>
+
+#include "hp/train/trainer.h"
+#include "test_util.h"
 
 namespace hp::train {
 
@@ -22,6 +28,20 @@ inline std::string write_corpus(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "corpus.txt") << text;
   return (dir / "corpus.txt").string();
+}
+
+// Trains `config` on `world` ranks (threads) without progress output; rank 0's losses.
+inline std::vector<double> rank0_losses(const TrainConfig& config, int world) {
+  std::vector<double> losses;
+  std::mutex mu;
+  test::run(world, [&](const comm::ProcessGroup& group) {
+    TrainOptions options;
+    options.progress = false;
+    const TrainResult r = train(config, group, options);
+    std::lock_guard<std::mutex> lock(mu);
+    if (group.rank() == 0) losses = r.losses;
+  });
+  return losses;
 }
 
 }  // namespace hp::train
