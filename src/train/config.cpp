@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <sstream>
+#include <utility>
 #include <variant>
 
 #include "hp/core/error.h"
@@ -181,19 +182,24 @@ void apply_tree(TrainConfig& config, const YAML::Node& node, const std::string& 
   }
 }
 
+// An override "dotted.key=value": the key, and the value read as YAML.
+std::pair<std::string, YAML::Node> parse_override(const std::string& o) {
+  const auto eq = o.find('=');
+  HP_CHECK(eq != std::string::npos && eq > 0, "config: override '", o, "' is not key=value");
+  try {
+    return {o.substr(0, eq), YAML::Load(o.substr(eq + 1))};
+  } catch (const YAML::Exception& e) {
+    HP_FAIL("config: override '", o, "': ", e.what());
+  }
+}
+
 // model.family as the file or, last one winning, an override sets it; empty when neither does.
 std::string family_in(const YAML::Node& root, const std::vector<std::string>& overrides) {
   std::string family;
   if (root && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["family"])
     family = convert<std::string>(root["model"]["family"], "model.family");
-  for (const auto& o : overrides) {
-    if (o.rfind("model.family=", 0) != 0) continue;
-    try {
-      family = convert<std::string>(YAML::Load(o.substr(o.find('=') + 1)), "model.family");
-    } catch (const YAML::Exception& e) {
-      HP_FAIL("config: override '", o, "': ", e.what());
-    }
-  }
+  for (const auto& o : overrides)
+    if (o.rfind("model.family=", 0) == 0) family = convert<std::string>(parse_override(o).second, "model.family");
   return family;
 }
 
@@ -215,15 +221,8 @@ TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>
     apply_tree(config, root, "", source);
   }
   for (const auto& o : overrides) {
-    const auto eq = o.find('=');
-    HP_CHECK(eq != std::string::npos && eq > 0, "config: override '", o, "' is not key=value");
-    YAML::Node value;
-    try {
-      value = YAML::Load(o.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-      HP_FAIL("config: override '", o, "': ", e.what());
-    }
-    apply(config, o.substr(0, eq), value, "--set");
+    const auto [key, value] = parse_override(o);
+    apply(config, key, value, "--set");
   }
   return config;
 }
