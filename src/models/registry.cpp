@@ -5,9 +5,21 @@
 
 #include "hp/models/llama/spec.h"
 #include "hp/models/model_spec.h"
+#include "hp/models/qwen3_moe/spec.h"
 
 namespace hp::models {
 namespace {
+
+// hp-train's default qwen3_moe: byte-level, 8 experts of which each token runs 2.
+Qwen3MoeConfig tiny_qwen3_moe() {
+  Qwen3MoeConfig c;
+  c.llama = {256, 128, 2, 4, 2, /*ffn_hidden (unused)=*/384, 128};
+  c.llama.qk_norm = true;
+  c.experts = 8;
+  c.top_k = 2;
+  c.expert_hidden = 128;
+  return c;
+}
 
 class Families {
  public:
@@ -48,6 +60,7 @@ class Families {
   // model.* key.
   Families() {
     factories_["llama"] = [] { return std::make_unique<LlamaSpec>(LlamaConfig{256, 128, 2, 4, 2, 384, 128}); };
+    factories_["qwen3_moe"] = [] { return std::make_unique<Qwen3MoeSpec>(tiny_qwen3_moe()); };
   }
 
   static std::string join(const std::vector<std::string>& names) {

@@ -2,11 +2,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <sstream>
 
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/dtensor/dtensor.h"
 
 namespace hp::nn {
@@ -15,7 +19,9 @@ namespace {
 // Runs every expert here.
 class LocalDispatcher : public TokenDispatcher {
  public:
-  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts) override {
+  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+                 const CapacityOverflow& overflow) override {
+    HP_CHECK(overflow.expert < 0, "MoE: ", overflow.str());
     return experts(rows, counts);
   }
 };
@@ -23,6 +29,27 @@ class LocalDispatcher : public TokenDispatcher {
 // The piece of a parameter this rank computes with: a DTensor's local piece (differentiably), else
 // the tensor. Under expert parallelism the experts' weights are Shard(0): this rank's experts.
 at::Tensor local_weight(const at::Tensor& p) { return is_dtensor(p) ? DTensor(p).to_local() : p; }
+
+// Marks the (token, choice) slots beyond each expert's capacity as dropped by giving them the expert
+// id `experts`, which sorts after every real one; counts become the kept rows.
+at::Tensor drop_over_capacity(at::Tensor slot_expert, const at::Tensor& slot_gate, std::vector<int64_t>& counts,
+                              int64_t capacity, CapacityPolicy policy) {
+  const int64_t experts = static_cast<int64_t>(counts.size());
+  for (int64_t e = 0; e < experts; ++e) {
+    if (counts[e] <= capacity) continue;
+    const at::Tensor slots = at::nonzero(slot_expert == e).view({-1});  // in token order
+    at::Tensor dropped;
+    if (policy == CapacityPolicy::kDropLast) {
+      dropped = slots.narrow(0, capacity, counts[e] - capacity);
+    } else {  // the lowest gates; a stable sort keeps ties in token order
+      const at::Tensor by_gate = std::get<1>(at::sort(slot_gate.index_select(0, slots), /*stable=*/true, 0, true));
+      dropped = slots.index_select(0, by_gate.narrow(0, capacity, counts[e] - capacity));
+    }
+    slot_expert.index_fill_(0, dropped, experts);
+    counts[e] = capacity;
+  }
+  return slot_expert;
+}
 
 void check_router_options(const RouterOptions& o) {
   HP_CHECK(o.experts > 0 && o.top_k > 0 && o.top_k <= o.experts, "MoE router: need 1 <= top_k (", o.top_k,
@@ -52,7 +79,8 @@ TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, RouterOptions options)
       gate(add_module("gate", std::make_shared<Linear>(dim, options.experts, false))),
       options_(std::move(options)) {
   check_router_options(options_);
-  if (options_.expert_bias) add_param("expert_bias", {options_.experts}, Init::constant(0.0), false);
+  if (options_.expert_bias) expert_bias = register_buffer("expert_bias", at::zeros({options_.experts}, at::kFloat));
+  tokens_per_expert = at::zeros({options_.experts}, at::kDouble);
 }
 
 Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
@@ -62,7 +90,7 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   const at::Tensor scores = o.score_func == "softmax" ? at::softmax(logits, -1) : at::sigmoid(logits);
   // Which experts: the scores (plus the balancing bias), within the best groups.
   at::Tensor choice = scores.detach();
-  if (o.expert_bias) choice = choice + param("expert_bias").detach().to(at::kFloat);
+  if (o.expert_bias) choice = choice + expert_bias;
   if (o.limited_groups < o.expert_groups) {
     const int64_t tokens = choice.size(0);
     const at::Tensor grouped = choice.view({tokens, o.expert_groups, -1});
@@ -80,8 +108,11 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   if (o.norm_topk_prob) gates = gates / gates.sum(-1, /*keepdim=*/true);
   if (o.route_scale != 1.0) gates = gates * o.route_scale;
   routing.gates = gates;
+  routing.logits = logits;
+  routing.scores = scores;
   const at::Tensor counts = at::bincount(routing.experts.reshape({-1}), {}, o.experts);
   routing.counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + o.experts);
+  if (at::GradMode::is_enabled()) tokens_per_expert.add_(counts);
   return routing;
 }
 
@@ -122,6 +153,13 @@ at::Tensor GroupedExperts::run(const at::Tensor& rows, const std::vector<int64_t
   return grouped_mm(h, w2, counts);
 }
 
+at::Tensor GroupedExperts::forward_inputs(const Inputs& inputs) {
+  HP_CHECK(inputs.size() == 2 && inputs[1].dim() == 1 && inputs[1].scalar_type() == at::kLong,
+           "GroupedExperts: takes (rows, counts as a 1-D int64 tensor)");
+  const at::Tensor counts = inputs[1].contiguous();
+  return run(inputs[0], std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()));
+}
+
 // ---- SwiGLU, MoE --------------------------------------------------------------------------------
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden)
@@ -138,7 +176,12 @@ MoE::MoE(int64_t dim, MoEOptions options)
       experts(add_module("experts", std::make_shared<GroupedExperts>(options.router.experts, dim, options.hidden))),
       options_(std::move(options)),
       dispatcher_(std::make_shared<LocalDispatcher>()) {
+  HP_CHECK(options_.capacity_factor >= 0 && std::isfinite(options_.capacity_factor),
+           "MoE: capacity_factor must be >= 0 (0: no capacity), got ", options_.capacity_factor);
   if (options_.shared_hidden > 0) shared = add_module("shared", std::make_shared<SwiGLU>(dim, options_.shared_hidden));
+  for (double coeff : {options_.aux_loss_coeff, options_.seq_aux_loss_coeff, options_.z_loss_coeff})
+    HP_CHECK(coeff >= 0 && std::isfinite(coeff), "MoE: auxiliary loss coefficients must be >= 0, got ", coeff);
+  aux_loss_since_balance = at::zeros({}, at::kDouble);
 }
 
 void MoE::set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) {
@@ -151,22 +194,90 @@ at::Tensor MoE::forward(const at::Tensor& x) {
   routing_ = router->route(tokens);
   at::Tensor out = routed_output(tokens, routing_);
   if (shared) out = out + (*shared)(tokens);
+  // [batch, seq, dim]: batch sequences; otherwise the tokens are one sequence.
+  if (const at::Tensor aux = aux_loss(routing_, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
+    if (at::GradMode::is_enabled()) {
+      aux_loss_since_balance.add_(aux.detach());
+      ++forwards_since_balance;
+    }
+    // The output unchanged; backward also sends the scaled unit gradient into the losses.
+    const double scale = AuxLossScale::current();
+    out = record_backward("moe_aux_loss", {out, aux}, out.detach(), [scale](const at::Tensor& grad) {
+      return std::vector<at::Tensor>{grad, at::full({}, scale, at::kFloat)};
+    });
+  }
   return out.view(x.sizes());
 }
+
+at::Tensor MoE::aux_loss(const Routing& routing, int64_t sequences) const {
+  const MoEOptions& o = options_;
+  if (o.aux_loss_coeff == 0 && o.seq_aux_loss_coeff == 0 && o.z_loss_coeff == 0) return {};
+  const int64_t tokens = routing.scores.size(0), experts = routing.scores.size(1), k = routing.experts.size(1);
+  HP_CHECK(sequences > 0 && tokens % sequences == 0, "MoE: ", tokens, " tokens do not form ", sequences,
+           " equal sequences");
+  // p: the scores as a distribution over the experts; chosen: the choices, one-hot.
+  const at::Tensor p =
+      o.router.score_func == "softmax" ? routing.scores : routing.scores / routing.scores.sum(-1, true);
+  const at::Tensor chosen = at::zeros({tokens, experts}, at::kFloat).scatter_(1, routing.experts, 1.0f);
+  at::Tensor total = at::zeros({}, at::kFloat);
+  if (o.aux_loss_coeff != 0) {
+    const at::Tensor f = chosen.sum(0) * (static_cast<double>(experts) / static_cast<double>(k * tokens));
+    total = total + o.aux_loss_coeff * (f * p.mean(0)).sum();
+  }
+  if (o.seq_aux_loss_coeff != 0) {
+    const int64_t length = tokens / sequences;
+    const at::Tensor f = chosen.view({sequences, length, experts}).sum(1) *
+                         (static_cast<double>(experts) / static_cast<double>(k * length));
+    total = total + o.seq_aux_loss_coeff * (f * p.view({sequences, length, experts}).mean(1)).sum(-1).mean();
+  }
+  if (o.z_loss_coeff != 0) total = total + o.z_loss_coeff * at::logsumexp(routing.logits, -1).pow(2).mean();
+  return total;
+}
+
+namespace {
+thread_local double aux_loss_scale = 1.0;
+}  // namespace
+
+AuxLossScale::AuxLossScale(double scale) : previous_(aux_loss_scale) { aux_loss_scale = scale; }
+AuxLossScale::~AuxLossScale() { aux_loss_scale = previous_; }
+double AuxLossScale::current() { return aux_loss_scale; }
 
 at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) {
   HP_CHECK(tokens.dim() == 2 && routing.experts.dim() == 2 && routing.experts.size(0) == tokens.size(0),
            "MoE: a routing of ", routing.experts.sizes(), " for tokens of shape ", tokens.sizes());
   const int64_t dim = tokens.size(1), k = routing.experts.size(1);
+  at::Tensor slot_expert = routing.experts.reshape({-1});
+  std::vector<int64_t> counts = routing.counts;
+  CapacityOverflow overflow;
+  dropped_ = 0;
+  if (options_.capacity_factor > 0) {
+    const double ideal = static_cast<double>(tokens.size(0) * k) / static_cast<double>(counts.size());
+    const auto capacity = static_cast<int64_t>(std::ceil(options_.capacity_factor * ideal));
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    if (options_.capacity_policy == CapacityPolicy::kError) {
+      const auto worst = std::max_element(counts.begin(), counts.end());
+      if (*worst > capacity) overflow = {worst - counts.begin(), *worst, capacity};
+    } else {
+      slot_expert = drop_over_capacity(slot_expert.clone(), routing.gates.detach().reshape({-1}), counts, capacity,
+                                       options_.capacity_policy);
+      dropped_ = total - std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      if (at::GradMode::is_enabled()) dropped_since_balance += dropped_;
+    }
+  }
   // Rows grouped by expert: a stable sort of the (token, choice) slots keeps token order within
-  // an expert, so an expert's rows do not depend on how the tokens were split over ranks.
-  const at::Tensor order = std::get<1>(at::sort(routing.experts.reshape({-1}), /*stable=*/true, 0, false));
-  at::Tensor rows = tokens.index_select(0, at::div(order, k, "floor"));
+  // an expert, so an expert's rows do not depend on how the tokens were split over ranks. Dropped
+  // slots sort last and are not sent.
+  const at::Tensor order = std::get<1>(at::sort(slot_expert, /*stable=*/true, 0, false));
+  const at::Tensor sent = order.narrow(0, 0, order.numel() - dropped_);
+  at::Tensor rows = tokens.index_select(0, at::div(sent, k, "floor"));
   if (options_.gate_before_experts)
-    rows = (rows.to(at::kFloat) * routing.gates.reshape({-1}).index_select(0, order).unsqueeze(1))
-               .to(tokens.scalar_type());
-  const at::Tensor out_rows = dispatcher_->run(
-      rows, routing.counts, [this](const at::Tensor& r, const std::vector<int64_t>& c) { return experts->run(r, c); });
+    rows =
+        (rows.to(at::kFloat) * routing.gates.reshape({-1}).index_select(0, sent).unsqueeze(1)).to(tokens.scalar_type());
+  at::Tensor out_rows = dispatcher_->run(
+      rows, counts,
+      [this](const at::Tensor& r, const std::vector<int64_t>& c) { return (*experts)(r, at::tensor(c, at::kLong)); },
+      overflow);
+  if (dropped_ > 0) out_rows = at::cat({out_rows, at::zeros({dropped_, dim}, out_rows.options())});
   // Back to (token, choice) order; a token's k outputs are summed in choice order.
   const at::Tensor row_of_slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
   const at::Tensor by_slot = out_rows.index_select(0, row_of_slot).view({-1, k, dim});
@@ -178,6 +289,70 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
     out = j == 0 ? term : out + term;
   }
   return out;
+}
+
+std::string CapacityOverflow::str() const {
+  std::ostringstream out;
+  out << "expert " << expert << " got " << rows << " rows, over its capacity of " << capacity
+      << " (raise capacity_factor, or choose a policy that drops rows)";
+  return out.str();
+}
+
+// ---- load balancing ----------------------------------------------------------------------------
+
+std::vector<ExpertLoad> balance_experts(Module& model, double rate,
+                                        const std::function<void(at::Tensor& counts)>& sum_over_data_ranks) {
+  HP_CHECK(rate >= 0.0, "balance_experts: the rate must be >= 0, got ", rate);
+  std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers;
+  std::map<const TokenChoiceTopKRouter*, MoE*> layer_of;
+  for (auto& [fqn, m] : model.named_modules_fqn()) {
+    if (auto* router = dynamic_cast<TokenChoiceTopKRouter*>(m)) routers.emplace_back(fqn, router);
+    if (auto* moe = dynamic_cast<MoE*>(m)) layer_of[moe->router.get()] = moe;
+  }
+  std::vector<ExpertLoad> loads;
+  if (routers.empty()) return loads;
+  // One reduction for all routers: each one's counts, then its layer's dropped rows, auxiliary
+  // loss sum and forwards.
+  std::vector<at::Tensor> each;
+  for (const auto& [fqn, router] : routers) {
+    const auto layer = layer_of.find(router);
+    const double dropped = layer == layer_of.end() ? 0.0 : static_cast<double>(layer->second->dropped_since_balance);
+    const MoE* moe = layer == layer_of.end() ? nullptr : layer->second;
+    each.push_back(router->tokens_per_expert);
+    each.push_back(
+        at::tensor({dropped, 0.0, moe ? static_cast<double>(moe->forwards_since_balance) : 0.0}, at::kDouble));
+    if (moe) each.back()[1] = moe->aux_loss_since_balance;
+  }
+  at::Tensor counts = at::cat(each);
+  sum_over_data_ranks(counts);
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& [fqn, router] : routers) {
+    const at::Tensor c = counts.narrow(0, offset, router->options().experts);
+    const at::Tensor extra = counts.narrow(0, offset + router->options().experts, 3);  // dropped, aux sum, forwards
+    offset += router->options().experts + 3;
+    const double dropped = extra[0].item<double>(), forwards = extra[2].item<double>();
+    const double mean = c.mean().item<double>();
+    ExpertLoad load{fqn, std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel())};
+    load.max_over_mean = mean > 0 ? c.max().item<double>() / mean : 0.0;
+    if (router->expert_bias.defined()) {
+      if (rate > 0 && mean > 0) {
+        router->expert_bias.add_((rate * at::sign(mean - c)).to(at::kFloat));
+        router->expert_bias.sub_(router->expert_bias.mean());
+      }
+      load.bias_norm = router->expert_bias.norm().item<double>();
+    }
+    load.dropped = dropped;
+    load.aux_loss = forwards > 0 ? extra[1].item<double>() / forwards : 0.0;
+    router->tokens_per_expert.zero_();
+    if (const auto layer = layer_of.find(router); layer != layer_of.end()) {
+      layer->second->dropped_since_balance = 0;
+      layer->second->aux_loss_since_balance.zero_();
+      layer->second->forwards_since_balance = 0;
+    }
+    loads.push_back(std::move(load));
+  }
+  return loads;
 }
 
 }  // namespace hp::nn

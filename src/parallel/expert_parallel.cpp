@@ -24,12 +24,24 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
  public:
   AllToAllDispatcher(comm::ProcessGroup group, int64_t experts) : group_(std::move(group)), experts_(experts) {}
 
-  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts) override {
+  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+                 const nn::CapacityOverflow& overflow) override {
     const int64_t ranks = group_.size(), local = experts_ / ranks;
     HP_CHECK(static_cast<int64_t>(counts.size()) == experts_, "ExpertParallel: ", counts.size(),
              " expert counts for a layer of ", experts_, " experts");
-    // 1. Who sends how many rows to each of my experts: received[src * local + e].
-    const at::Tensor received_counts = group_.all_to_all(index_tensor(counts));
+    // 1. Who sends how many rows to each of my experts: from[src * local + e]. Each message also
+    //    carries the sender's capacity overflow, so that every rank learns of one at once.
+    std::vector<int64_t> message;
+    for (int64_t r = 0; r < ranks; ++r) {
+      message.insert(message.end(), counts.begin() + r * local, counts.begin() + (r + 1) * local);
+      message.insert(message.end(), {overflow.expert, overflow.rows, overflow.capacity});
+    }
+    const at::Tensor received = group_.all_to_all(index_tensor(message)).view({ranks, local + 3});
+    for (int64_t src = 0; src < ranks; ++src) {
+      const int64_t* o = received[src].data_ptr<int64_t>() + local;
+      HP_CHECK(o[0] < 0, "MoE: rank ", group_.ranks()[src], ": ", nn::CapacityOverflow{o[0], o[1], o[2]}.str());
+    }
+    const at::Tensor received_counts = received.narrow(1, 0, local).contiguous();
     const std::vector<int64_t> from(received_counts.data_ptr<int64_t>(),
                                     received_counts.data_ptr<int64_t>() + received_counts.numel());
     std::vector<int64_t> send_splits(ranks), receive_splits(ranks), local_counts(local, 0);

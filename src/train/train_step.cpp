@@ -8,6 +8,7 @@
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/nn/moe.h"
 
 namespace hp::train {
 namespace {
@@ -25,6 +26,8 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   if (parts_.pipeline) {
     const bool draw = step + 1 == options_.timeline_step;
     parts_.pipeline->record_timeline(draw);
+    // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
+    const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(parts_.pipeline->schedule().micro_batches));
     const double loss = parts_.pipeline->step(inputs, targets);
     if (draw) draw_timeline(step + 1);
     return loss;
@@ -33,6 +36,7 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   HP_CHECK(micro > 0 && inputs.size(0) % micro == 0 && inputs.size(0) >= micro, "TrainStep: ", inputs.size(0),
            " rows do not split into ", micro, " equal micro-batches");
   const int64_t rows = inputs.size(0) / micro;
+  const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(micro));  // the loss's own scale below
   double loss_sum = 0.0;
   for (int64_t m = 0; m < micro; ++m) {
     const at::Tensor loss =

@@ -86,17 +86,20 @@ struct StepReport {
   int64_t step;
   double loss, grad_norm, lr, tokens_per_s, mfu, seconds, peak_mem_bytes, eta_seconds;
   std::optional<double> eval_loss;
+  models::StepStats model_stats;  // from the recipe's step hook
 
   nlohmann::json json() const {
-    return {{"kind", "train"},
-            {"step", step},
-            {"loss", loss},
-            {"grad_norm", grad_norm},
-            {"lr", lr},
-            {"tokens_per_s", tokens_per_s},
-            {"mfu", mfu},
-            {"step_s", seconds},
-            {"peak_mem_mb", peak_mem_bytes / 1e6}};
+    nlohmann::json j = {{"kind", "train"},
+                        {"step", step},
+                        {"loss", loss},
+                        {"grad_norm", grad_norm},
+                        {"lr", lr},
+                        {"tokens_per_s", tokens_per_s},
+                        {"mfu", mfu},
+                        {"step_s", seconds},
+                        {"peak_mem_mb", peak_mem_bytes / 1e6}};
+    for (const auto& [name, value] : model_stats.values) j[name] = value;
+    return j;
   }
   std::string line(int64_t steps) const {
     std::ostringstream out;
@@ -105,6 +108,7 @@ struct StepReport {
         << std::fixed << "  " << std::setprecision(0) << tokens_per_s << " tok/s  MFU " << std::setprecision(1)
         << 100.0 * mfu << "%  mem " << std::setprecision(1) << peak_mem_bytes / 1e6 << " MB  eta "
         << detail::format_duration(eta_seconds);
+    if (!model_stats.summary.empty()) out << "  " << model_stats.summary;
     if (eval_loss) out << "  eval " << std::setprecision(4) << *eval_loss;
     return out.str();
   }
@@ -195,7 +199,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     report.grad_norm =
         clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
     report.lr = scheduler.lr();
-    checkpoints.wait_staged();  // a checkpoint staging in the background still reads what the optimizer changes
+    // A checkpoint staging in the background still reads what the hook and the optimizer change.
+    checkpoints.wait_staged();
+    if (s.parts.before_optimizer_step) report.model_stats = s.parts.before_optimizer_step();
     optimizer->step();
     scheduler.step();
     report.loss = world_mean(local_loss, world);

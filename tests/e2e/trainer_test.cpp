@@ -20,8 +20,9 @@ using hp::e2e::run_job;
 std::string scratch(const std::string& name) { return hp::test::scratch_dir("train_e2e_" + name); }
 
 // The demo config, shortened: 10 steps, a checkpoint every 5, data cached in `dir`.
-std::string train_command(const std::string& dir, const std::string& extra = "") {
-  return "--nproc-per-node 4 " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR + "/examples/tiny_llama.yaml" +
+std::string train_command(const std::string& dir, const std::string& extra = "",
+                          const std::string& example = "tiny_llama.yaml") {
+  return "--nproc-per-node 4 " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR + "/examples/" + example +
          " --set run_dir=" + dir + " --set data.cache_dir=" + dir + "/data --set train.steps=10" +
          " --set checkpoint.interval=5 --set schedule.warmup_steps=2 --set eval.interval=5 --set sample.tokens=16" +
          " --no-progress " + extra;
@@ -85,18 +86,19 @@ TEST(HpTrain, DemoRunsInReducedForm) {
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and
 // the final parameters and optimizer state are bitwise those of an uninterrupted run.
-void kill_and_resume(const std::string& name, const std::string& parallel) {
+void kill_and_resume(const std::string& name, const std::string& parallel,
+                     const std::string& example = "tiny_llama.yaml") {
   const std::string straight = scratch(name + "_straight"), killed = scratch(name + "_killed");
-  ASSERT_EQ(run_job(train_command(straight, parallel)).exit_code, 0);
+  ASSERT_EQ(run_job(train_command(straight, parallel, example)).exit_code, 0);
 
   const Result crash =
-      hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed, parallel));
+      hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed, parallel, example));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_NE(crash.output.find("rank 1"), std::string::npos) << crash.output;
   ASSERT_TRUE(fs::exists(killed + "/checkpoints/step-000005/metadata.json")) << crash.output;
   EXPECT_FALSE(fs::exists(killed + "/checkpoints/step-000010"));
 
-  const Result resumed = run_job(train_command(killed, parallel + " --resume auto"));
+  const Result resumed = run_job(train_command(killed, parallel + " --resume auto", example));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto want = train_losses(straight), got = train_losses(killed);
   ASSERT_EQ(got.size(), 10u);
@@ -121,6 +123,12 @@ TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
 // Muon for the hidden matrices and AdamW for the rest, as one ChainedOptimizer: both halves' state
 // resumes bitwise (momentum buffers; moments and step counts).
 TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) { kill_and_resume("muon", "--set optimizer.name=muon"); }
+
+// The Qwen3-MoE example (dp_shard 4 with ep 2 borrowed from it): each rank's experts and their
+// optimizer state resume bitwise from their expert-sharded checkpoint chunks.
+TEST(HpTrain, KillAndResumeWithExpertParallelismIsBitwiseIdentical) {
+  kill_and_resume("qwen3_moe_ep", "--set train.global_batch=8 --set train.micro_batch=2", "tiny_qwen3_moe.yaml");
+}
 
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.

@@ -68,14 +68,17 @@ TEST(ExpertParallel, DispatchAndCombineRoundTripIsBitwise) {
         const at::Tensor x =
             rank_data(group.rank(), {rows, 6}, at::kFloat, static_cast<int>(c)).set_requires_grad(true);
         const auto dispatcher = expert_parallel_dispatcher(group, experts);
-        const at::Tensor out = dispatcher->run(x, counts, [&](const at::Tensor& r, const std::vector<int64_t>& local) {
-          int64_t want = 0;
-          for (int src = 0; src < world; ++src)
-            for (int64_t e = 0; e < 2; ++e) want += layouts[c](src, group.rank() * 2 + e);
-          EXPECT_EQ(local[0] + local[1], want);
-          EXPECT_EQ(r.size(0), want);
-          return r * 1.0;  // identity, through autograd
-        });
+        const at::Tensor out = dispatcher->run(
+            x, counts,
+            [&](const at::Tensor& r, const std::vector<int64_t>& local) {
+              int64_t want = 0;
+              for (int src = 0; src < world; ++src)
+                for (int64_t e = 0; e < 2; ++e) want += layouts[c](src, group.rank() * 2 + e);
+              EXPECT_EQ(local[0] + local[1], want);
+              EXPECT_EQ(r.size(0), want);
+              return r * 1.0;  // identity, through autograd
+            },
+            nn::CapacityOverflow{});
         const at::Tensor combined = out * 0.5 + out * 0.5;  // k = 2, gates 1/k
         check_close(combined, x.detach(), "round trip, layout " + std::to_string(c), /*bitwise=*/true);
         combined.sum().backward();
@@ -218,6 +221,35 @@ TEST(ExpertParallel, MoELayerMatchesOneDevice) {
       EXPECT_EQ(ep.forward_comm.at("all_to_all"), ep_degree > 1 ? 3 : 0) << what;
       EXPECT_EQ(ep.backward_comm.at("all_to_all"), ep_degree > 1 ? 2 : 0) << what;
     }
+}
+
+// Under the error policy, a rank whose rows overflow an expert's capacity stops every rank of the
+// expert-parallel group with the same error, naming that rank; none waits in a collective.
+TEST(ExpertParallel, ACapacityOverflowStopsEveryRankNamingTheRank) {
+  std::vector<std::string> errors(2);
+  run(2, [&](const comm::ProcessGroup& group) {
+    const DeviceMesh mesh = init_device_mesh(group, "cpu", {2}, {"ep"});
+    nn::MoEOptions o = layer_options(false);
+    o.router.top_k = 1;
+    o.capacity_factor = 1.0;
+    nn::MoE moe(16, o);
+    parallelize_module(moe, mesh, {{"", ExpertParallel()}});
+    nn::init_parameters(moe, 3);
+    const int64_t experts = o.router.experts;
+    nn::Routing routing;  // 8 tokens: rank 1 sends all of them to expert 1, over its capacity of 1
+    routing.experts =
+        group.rank() == 1 ? at::ones({8, 1}, at::kLong) : at::arange(8, at::kLong).remainder(experts).view({8, 1});
+    routing.gates = at::ones({8, 1});
+    routing.counts = std::vector<int64_t>(experts, 0);
+    for (int64_t t = 0; t < 8; ++t) ++routing.counts[routing.experts[t][0].item<int64_t>()];
+    try {
+      moe.routed_output(at::randn({8, 16}), routing);
+    } catch (const Error& e) {
+      errors[group.rank()] = e.what();
+    }
+  });
+  for (const std::string& error : errors)
+    EXPECT_NE(error.find("rank 1: expert 1 got 8 rows, over its capacity of"), std::string::npos) << error;
 }
 
 TEST(ExpertParallel, RefusesWhatItCannotSplit) {

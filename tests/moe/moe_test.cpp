@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <torch/csrc/autograd/autograd.h>
+#include <algorithm>
+#include <cmath>
+
 #include "hp/nn/init.h"
 #include "hp/nn/moe.h"
 #include "test_util.h"
@@ -63,7 +67,7 @@ void expect_router_matches_per_token(nn::RouterOptions o, const std::string& wha
   if (o.expert_bias) {  // a bias large enough to change choices
     bias = at::linspace(-0.5, 0.5, o.experts);
     at::NoGradGuard no_grad;
-    router.param("expert_bias").copy_(bias);
+    router.expert_bias.copy_(bias);
   }
   const at::Tensor x = tokens(40, 16, 11);
   const nn::Routing r = router.route(x);
@@ -147,6 +151,146 @@ TEST(MoE, LayerComputesThePerTokenSum) {
     for (int64_t c : moe.last_routing().counts) routed += c;
     EXPECT_EQ(routed, 60);
   }
+}
+
+// 16 tokens, top-1 of 4 experts, expert 0 chosen by 10 of them: capacity_factor 1 gives each
+// expert ceil(16 / 4) = 4 rows. The drop policies keep exactly 4 of expert 0's rows (the first 4 in
+// token order, or the 4 with the highest gates), whose outputs equal the dropless layer's; the 6
+// dropped tokens get 0 (only the residual). The error policy names the expert, its rows and the
+// capacity.
+TEST(MoE, CapacityPoliciesKeepExactlyTheCapacity) {
+  nn::MoEOptions o;
+  o.router.experts = 4;
+  o.router.top_k = 1;
+  o.hidden = 8;
+  nn::MoE moe(6, o);
+  nn::init_parameters(moe, 9);
+  const at::Tensor x = tokens(16, 6, 4);
+  nn::Routing routing;
+  const std::vector<int64_t> choice = {0, 1, 0, 0, 2, 0, 0, 3, 0, 0, 1, 0, 2, 0, 3, 0};
+  routing.experts = at::tensor(choice, at::kLong).view({16, 1});
+  routing.gates = at::linspace(0.9, 0.1, 16).view({16, 1});  // falling: token order is gate order reversed
+  routing.counts = {10, 2, 2, 2};
+  const at::Tensor dropless = moe.routed_output(x, routing);
+  EXPECT_EQ(moe.last_dropped(), 0);
+  const std::vector<int64_t> expert0 = {0, 2, 3, 5, 6, 8, 9, 11, 13, 15};
+  // Drop last keeps expert 0's first 4 tokens; drop lowest keeps its 4 highest gates, which are
+  // the same 4 here: so make the gates rise for drop lowest, to tell the policies apart.
+  for (const auto policy : {nn::CapacityPolicy::kDropLast, nn::CapacityPolicy::kDropLowest}) {
+    nn::MoEOptions capped = o;
+    capped.capacity_factor = 1.0;
+    capped.capacity_policy = policy;
+    nn::MoE limited(6, capped);
+    nn::init_parameters(limited, 9);
+    nn::Routing r = routing;
+    if (policy == nn::CapacityPolicy::kDropLowest) r.gates = at::linspace(0.1, 0.9, 16).view({16, 1});
+    const at::Tensor reference = policy == nn::CapacityPolicy::kDropLast ? dropless : moe.routed_output(x, r);
+    const at::Tensor out = limited.routed_output(x, r);
+    EXPECT_EQ(limited.last_dropped(), 6);
+    const std::vector<int64_t> kept = policy == nn::CapacityPolicy::kDropLast ? std::vector<int64_t>{0, 2, 3, 5}
+                                                                              : std::vector<int64_t>{9, 11, 13, 15};
+    for (int64_t t = 0; t < 16; ++t) {
+      const bool to_expert0 = std::find(expert0.begin(), expert0.end(), t) != expert0.end();
+      const bool dropped = to_expert0 && std::find(kept.begin(), kept.end(), t) == kept.end();
+      if (dropped)
+        EXPECT_EQ(out[t].abs().sum().item<float>(), 0.0f) << "token " << t;
+      else
+        check_relative(out[t], reference[t], "token " + std::to_string(t), 1e-6);
+    }
+  }
+  nn::MoEOptions strict = o;
+  strict.capacity_factor = 1.0;
+  nn::MoE checked(6, strict);
+  nn::init_parameters(checked, 9);
+  expect_error([&] { checked.routed_output(x, routing); }, "expert 0 got 10 rows, over its capacity of 4");
+  strict.capacity_factor = 2.5;  // ceil(2.5 * 4) = 10: fits
+  nn::MoE roomy(6, strict);
+  nn::init_parameters(roomy, 9);
+  check_close(roomy.routed_output(x, routing), dropless, "within capacity", /*bitwise=*/true);
+  strict.capacity_factor = -1;
+  expect_error([&] { nn::MoE(6, strict); }, "capacity_factor must be >= 0");
+}
+
+// The auxiliary losses against a per-sequence transcription of their formulas (softmax and
+// sigmoid scores), and their gradient: the router's gate gets exactly AuxLossScale times the
+// gradient of the losses on top of the layer's own.
+TEST(MoE, AuxiliaryLossesFollowTheirFormulasAndReachTheGate) {
+  for (const std::string score : {"softmax", "sigmoid"}) {
+    nn::MoEOptions o;
+    o.router.experts = 4;
+    o.router.top_k = 2;
+    o.router.score_func = score;
+    o.hidden = 8;
+    o.aux_loss_coeff = 0.3;
+    o.seq_aux_loss_coeff = 0.2;
+    o.z_loss_coeff = 0.1;
+    nn::MoE moe(6, o);
+    nn::init_parameters(moe, 12);
+    const at::Tensor x = tokens(12, 6, 5);  // 3 sequences of 4 tokens
+    const nn::Routing r = moe.router->route(x);
+    double want = 0.0, lse2 = 0.0;
+    std::vector<double> f_all(4, 0.0), p_all(4, 0.0);
+    for (int64_t b = 0; b < 3; ++b) {
+      std::vector<double> f(4, 0.0), p(4, 0.0);
+      for (int64_t t = b * 4; t < b * 4 + 4; ++t) {
+        double sum = 0.0;
+        for (int64_t e = 0; e < 4; ++e) sum += r.scores[t][e].item<double>();
+        for (int64_t e = 0; e < 4; ++e) p[e] += r.scores[t][e].item<double>() / sum / 4;
+        for (int64_t j = 0; j < 2; ++j) f[r.experts[t][j].item<int64_t>()] += 4.0 / (2 * 4);
+        double m = 0.0;
+        for (int64_t e = 0; e < 4; ++e) m += std::exp(r.logits[t][e].item<double>());
+        lse2 += std::pow(std::log(m), 2) / 12;
+      }
+      for (int64_t e = 0; e < 4; ++e) {
+        want += 0.2 * f[e] * p[e] / 3;
+        f_all[e] += f[e] / 3;
+        p_all[e] += p[e] / 3;
+      }
+    }
+    for (int64_t e = 0; e < 4; ++e) want += 0.3 * f_all[e] * p_all[e];
+    want += 0.1 * lse2;
+    EXPECT_NEAR(moe.aux_loss(r, 3).item<double>(), want, 1e-6 * want) << score;
+
+    // The gate's gradient: the layer's with the losses minus the layer's without them.
+    const at::Tensor weight = at::randn({3, 4, 6}, at::make_generator<at::CPUGeneratorImpl>(7));
+    const auto gate_grad = [&](nn::MoE& layer, double scale) {
+      layer.router->gate->param("weight").mutable_grad() = at::Tensor();
+      const nn::AuxLossScale scoped(scale);
+      (layer(x.view({3, 4, 6})) * weight).sum().backward();
+      return layer.router->gate->param("weight").grad().clone();
+    };
+    nn::MoEOptions plain_options = o;
+    plain_options.aux_loss_coeff = plain_options.seq_aux_loss_coeff = plain_options.z_loss_coeff = 0;
+    nn::MoE plain(6, plain_options);
+    nn::init_parameters(plain, 12);
+    const at::Tensor added = gate_grad(moe, 0.25) - gate_grad(plain, 0.25);
+    const at::Tensor gate = moe.router->gate->param("weight");
+    const at::Tensor direct = torch::autograd::grad({moe.aux_loss(moe.router->route(x), 3)}, {gate})[0];
+    check_relative(added, 0.25 * direct, score + ": the losses' gradient in the gate", 1e-5);
+  }
+}
+
+// seq_aux_loss is a mean over sequences: one micro-batch of 4 sequences (scale 1) and four of one
+// (scale 1/4) give the gate the same gradient.
+TEST(MoE, SeqAuxLossGradientDoesNotDependOnMicroBatching) {
+  nn::MoEOptions o;
+  o.router.experts = 4;
+  o.router.top_k = 2;
+  o.hidden = 8;
+  o.seq_aux_loss_coeff = 0.5;
+  nn::MoE moe(6, o);
+  nn::init_parameters(moe, 13);
+  const at::Tensor x = tokens(16, 6, 6).view({4, 4, 6});
+  const at::Tensor gate = moe.router->gate->param("weight");
+  const auto aux_grad = [&](int64_t micro) {
+    gate.mutable_grad() = at::Tensor();
+    const nn::AuxLossScale scoped(1.0 / static_cast<double>(micro));
+    for (const at::Tensor& part : x.chunk(micro)) (moe(part) * 0.0).sum().backward();  // the losses' gradient only
+    return gate.grad().clone();
+  };
+  const at::Tensor whole = aux_grad(1);
+  EXPECT_GT(whole.abs().max().item<float>(), 0.0f);
+  check_relative(aux_grad(4), whole, "4 micro-batches of one sequence", 1e-6);
 }
 
 // grouped_mm: experts with no rows are skipped, and with no rows at all the weights still get a

@@ -30,18 +30,23 @@ inline std::string write_corpus(const std::filesystem::path& dir) {
   return (dir / "corpus.txt").string();
 }
 
-// Trains `config` on `world` ranks (threads) without progress output; rank 0's losses.
-inline std::vector<double> rank0_losses(const TrainConfig& config, int world) {
-  std::vector<double> losses;
+// Trains `config` on `world` ranks (threads) without progress output; rank 0's result.
+inline TrainResult rank0_result(const TrainConfig& config, int world) {
+  TrainResult result;
   std::mutex mu;
   test::run(world, [&](const comm::ProcessGroup& group) {
     TrainOptions options;
     options.progress = false;
-    const TrainResult r = train(config, group, options);
+    TrainResult r = train(config, group, options);
     std::lock_guard<std::mutex> lock(mu);
-    if (group.rank() == 0) losses = r.losses;
+    if (group.rank() == 0) result = std::move(r);
   });
-  return losses;
+  return result;
+}
+
+// Rank 0's losses of rank0_result.
+inline std::vector<double> rank0_losses(const TrainConfig& config, int world) {
+  return rank0_result(config, world).losses;
 }
 
 }  // namespace hp::train

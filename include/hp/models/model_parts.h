@@ -17,6 +17,12 @@
 
 namespace hp::models {
 
+// Numbers a recipe's step hook reports for one step.
+struct StepStats {
+  std::vector<std::pair<std::string, double>> values;  // fields of the step's metrics.jsonl record
+  std::string summary;                                 // appended to the progress line ("" = nothing)
+};
+
 struct ModelParts {
   // The whole model. Its FQNs name every parameter (checkpoint entries, optimizer state); pipeline
   // stages share its modules under the same FQNs.
@@ -33,6 +39,9 @@ struct ModelParts {
   // FQN patterns for hp::get_hyper_optimizer: the hidden weight matrices (what Muon steps) and every
   // other parameter (stepped by AdamW beside it).
   std::vector<std::string> hidden_matrices, other_parameters;
+  // Runs on every rank once per step, after backward and before the optimizer steps (a mixture of
+  // experts' load balancing); collective over the ranks the recipe gave it. Null: nothing to run.
+  std::function<StepStats()> before_optimizer_step;
 
   // The parameters of `modules`, in order: what this rank's optimizer steps. Call it after
   // hp::nn::init_parameters (which may replace parameter tensors).

@@ -35,8 +35,8 @@ struct RouterOptions {
   int64_t expert_groups = 1;
   int64_t limited_groups = 1;
   // A per-expert bias added to the scores only to choose the experts (auxiliary-loss-free load
-  // balancing); the gate values come from the unbiased scores. A parameter without gradient,
-  // "expert_bias", initialized to zeros.
+  // balancing, moved by hp::nn::balance_experts); the gate values come from the unbiased scores. A
+  // buffer, "expert_bias" (fp32 zeros at first), so checkpoints keep it and no optimizer steps it.
   bool expert_bias = false;
 };
 
@@ -45,16 +45,20 @@ struct Routing {
   at::Tensor experts;           // [tokens, top_k] int64: the chosen experts, best first
   at::Tensor gates;             // [tokens, top_k] fp32: their gate values (differentiable)
   std::vector<int64_t> counts;  // [experts]: how many (token, choice) rows each expert gets
+  at::Tensor logits, scores;    // [tokens, experts] fp32, differentiable: the gate's output, its scores
 };
 
 // Token-choice top-k routing: gate = Linear(dim, experts, no bias), computed in fp32.
 class TokenChoiceTopKRouter : public Module {
  public:
   TokenChoiceTopKRouter(int64_t dim, RouterOptions options);
-  // x: [tokens, dim].
+  // x: [tokens, dim]. With autograd recording (a training forward), adds the counts to
+  // tokens_per_expert; evaluation under no_grad counts nothing.
   Routing route(const at::Tensor& x);
   const RouterOptions& options() const { return options_; }
   std::shared_ptr<Linear> gate;
+  at::Tensor expert_bias;        // [experts] fp32, a buffer; undefined without options().expert_bias
+  at::Tensor tokens_per_expert;  // [experts] fp64: rows routed since hp::nn::balance_experts last ran
 
  private:
   RouterOptions options_;
@@ -70,9 +74,20 @@ class GroupedExperts : public Module {
  public:
   GroupedExperts(int64_t experts, int64_t dim, int64_t hidden);
   // rows [N, dim], grouped by expert: counts[e] rows for each expert this module holds (all of
-  // them, or this rank's share under expert parallelism), in expert order.
+  // them, or this rank's share under expert parallelism), in expert order. The MoE layer calls the
+  // module, (*experts)(rows, counts as an int64 tensor), so that hooks (fully_shard's gather) run.
   at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts);
   int64_t experts, dim, hidden;
+
+ protected:
+  at::Tensor forward_inputs(const Inputs& inputs) override;  // (rows, counts)
+};
+
+// An expert given more rows than its capacity under CapacityPolicy::kError (expert < 0: none).
+struct CapacityOverflow {
+  int64_t expert = -1, rows = 0, capacity = 0;
+  // "expert 3 got 40 rows, over its capacity of 12 (raise capacity_factor, ...)"
+  std::string str() const;
 };
 
 // Runs the experts on rows grouped by expert. The default runs them here, on all experts; expert
@@ -82,8 +97,11 @@ class TokenDispatcher {
   using Experts = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts)>;
   virtual ~TokenDispatcher() = default;
   // rows [N, dim]: counts[e] rows for each of the layer's experts, in expert order. Returns the
-  // experts' outputs for the same rows, in the same order.
-  virtual at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts) = 0;
+  // experts' outputs for the same rows, in the same order. A defined `overflow` is an hp::Error,
+  // raised before the experts run; a dispatcher over several ranks raises it on all of them, naming
+  // the rank it came from, so that none is left waiting in a collective.
+  virtual at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+                         const CapacityOverflow& overflow) = 0;
 };
 
 // A dense SwiGLU MLP: w2(silu(w1 x) * w3 x), the shared experts of a MoE layer.
@@ -96,11 +114,47 @@ class SwiGLU : public Module {
   at::Tensor forward(const at::Tensor& x) override;
 };
 
+// What happens to an expert's rows beyond its capacity.
+enum class CapacityPolicy {
+  kError,       // an hp::Error naming the rank, the expert, its rows and the capacity
+  kDropLowest,  // keep the rows with the highest gate values (ties: token order)
+  kDropLast,    // keep the first rows in token order
+};
+
+// The factor the caller applies to the loss of the forwards run in its scope before backward
+// (1 / micro-batches under gradient accumulation). The auxiliary losses' gradients are scaled
+// alike, so that a step's gradient does not depend on how its batch is split. Thread-local, 1
+// outside any scope; hp::train::TrainStep sets it.
+class AuxLossScale {
+ public:
+  explicit AuxLossScale(double scale);
+  ~AuxLossScale();
+  AuxLossScale(const AuxLossScale&) = delete;
+  AuxLossScale& operator=(const AuxLossScale&) = delete;
+  static double current();
+
+ private:
+  double previous_;
+};
+
 struct MoEOptions {
   RouterOptions router;
   int64_t hidden = 0;                // each expert's hidden size
   int64_t shared_hidden = 0;         // > 0: shared experts, a dense SwiGLU of this hidden size added to the output
   bool gate_before_experts = false;  // scale rows by their gate value before the experts instead of after
+  // > 0: of one forward's tokens (on a rank, its own), each expert takes at most
+  // ceil(capacity_factor * tokens * top_k / experts) rows; the rest follow capacity_policy. A
+  // dropped (token, choice) adds nothing to the token's output: the token passes through the
+  // block's residual. 0: dropless.
+  double capacity_factor = 0.0;
+  CapacityPolicy capacity_policy = CapacityPolicy::kError;
+  // Auxiliary losses, each times its coefficient (0: off), added to the training loss through the
+  // gradient: the layer's output is unchanged, and in backward the router receives the gradient of
+  // their sum times AuxLossScale::current(). With p the scores normalized over the experts and f_e
+  // the share of a group's k * tokens choices that went to expert e, times E:
+  double aux_loss_coeff = 0.0;      // sum_e f_e * mean_t p_te over the forward's tokens (Switch)
+  double seq_aux_loss_coeff = 0.0;  // the same per sequence, averaged over sequences (DeepSeek-V3)
+  double z_loss_coeff = 0.0;        // mean_t logsumexp(logits_t)^2 (ST-MoE)
 };
 
 // [..., dim] -> [..., dim]. Rows go to the experts grouped by expert with a stable sort of the
@@ -119,6 +173,17 @@ class MoE : public Module {
   at::Tensor routed_output(const at::Tensor& tokens, const Routing& routing);
   // The routing of the last forward.
   const Routing& last_routing() const { return routing_; }
+  // The (token, choice) rows the last routed_output dropped over capacity.
+  int64_t last_dropped() const { return dropped_; }
+  // Rows dropped by forwards under autograd since hp::nn::balance_experts last ran.
+  int64_t dropped_since_balance = 0;
+  // The auxiliary losses (coefficients applied) of those forwards, summed (fp64, kept on the
+  // device: no host read per forward), and how many there were.
+  at::Tensor aux_loss_since_balance;
+  int64_t forwards_since_balance = 0;
+  // The auxiliary losses of `routing` (coefficients applied) for `sequences` equal sequences of its
+  // tokens; an undefined tensor when every coefficient is 0.
+  at::Tensor aux_loss(const Routing& routing, int64_t sequences) const;
   const MoEOptions& options() const { return options_; }
 
  protected:
@@ -128,6 +193,27 @@ class MoE : public Module {
   MoEOptions options_;
   std::shared_ptr<TokenDispatcher> dispatcher_;
   Routing routing_;
+  int64_t dropped_ = 0;
 };
+
+// One router's load over a step (what balance_experts saw).
+struct ExpertLoad {
+  std::string fqn;             // the router's
+  std::vector<double> counts;  // rows per expert, summed over the step's forwards and the data ranks
+  double max_over_mean = 0.0;  // the busiest expert's count over the mean count (1 = balanced)
+  double bias_norm = 0.0;      // L2 norm of the expert bias after the update (0 without one)
+  double dropped = 0.0;        // rows its MoE layer dropped over capacity, summed like the counts
+  double aux_loss = 0.0;       // its MoE layer's auxiliary losses, the mean over forwards and ranks
+};
+
+// Auxiliary-loss-free load balancing (DeepSeek-V3), run once per step before the optimizer steps.
+// For every router of `model`, in model order: its tokens_per_expert (and its MoE layer's dropped
+// rows and auxiliary losses) are summed over the ranks that saw other tokens by `sum_over_data_ranks` (one call on all
+// routers' numbers concatenated, e.g. an all_reduce over the data-parallel group; nothing to do on
+// one rank), then, with
+// `rate` > 0 and an expert bias, bias += rate * sign(mean - count), re-centred to zero mean, and
+// the counts restart from zero. Counts are integers, so every rank computes the same bias bitwise.
+std::vector<ExpertLoad> balance_experts(Module& model, double rate,
+                                        const std::function<void(at::Tensor& counts)>& sum_over_data_ranks);
 
 }  // namespace hp::nn

@@ -6,7 +6,8 @@
 // Each rank holds experts/ep experts (the weights become DTensors, Shard(0)): rank r holds experts
 // [r E/ep, (r+1) E/ep). The layer's rows, grouped by expert, travel dropless to the ranks holding
 // their experts:
-//   1. one all_to_all of the per-expert row counts, read on the host to size the exchange;
+//   1. one all_to_all of the per-expert row counts, read on the host to size the exchange (with
+//      each rank's capacity overflow, if any: then every rank raises it, naming the rank);
 //   2. one all_to_all of the rows, with uneven splits, arriving grouped by source rank;
 //   3. a local regroup to expert order (expert_major_order), the experts, and the inverse regroup;
 //   4. one all_to_all back with the splits swapped.

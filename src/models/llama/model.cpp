@@ -10,41 +10,48 @@
 
 namespace hp::models {
 
-int64_t LlamaConfig::parameter_count() const {
+int64_t LlamaConfig::parameter_count(int64_t ffn_parameters) const {
   const int64_t attention =
-      dim * heads * head_dim() * 2 + dim * kv_heads * head_dim() * 2 + (qk_norm ? 2 * head_dim() : 0);
-  const int64_t block = attention + 3 * dim * ffn_hidden + 2 * dim;
+      dim * heads * head_size() * 2 + dim * kv_heads * head_size() * 2 + (qk_norm ? 2 * head_size() : 0);
+  const int64_t block = attention + ffn_parameters + 2 * dim;
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }
 
-double LlamaConfig::flops_per_token(int64_t seq) const {
-  const double matmul_params = static_cast<double>(parameter_count() - vocab * dim * (tie_embeddings ? 0 : 1));
-  return 6.0 * matmul_params + 12.0 * static_cast<double>(layers * dim * seq);
+double LlamaConfig::flops_per_token(int64_t seq, int64_t ffn_parameters) const {
+  // Every weight but the embedding's lookup is a matmul (a tied head is one).
+  const double matmul_params =
+      static_cast<double>(parameter_count(ffn_parameters) - vocab * dim * (tie_embeddings ? 0 : 1));
+  return 6.0 * matmul_params + 12.0 * static_cast<double>(layers * heads * head_size() * seq);
 }
 
 void LlamaConfig::validate() const {
   HP_CHECK(vocab > 0 && dim > 0 && layers > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && max_seq > 0,
            "model: vocab, dim, layers, heads, kv_heads, ffn_hidden and max_seq must be positive");
-  // Sizes from a config file: every term of the parameter count (the largest is 4 * dim * dim per
-  // layer) must fit, with room for their sum, so no size arithmetic wraps.
+  HP_CHECK(head_dim >= 0, "model: head_dim must be positive, or 0 for dim / heads; got ", head_dim);
+  // Sizes from a config file: every term of the parameter count (attention's four projections,
+  // the MLP's three per layer) must fit, with room for their sum, so no size arithmetic wraps.
   const int64_t limit = int64_t{1} << 58;
-  for (const std::vector<int64_t>& term : std::vector<std::vector<int64_t>>{
-           {vocab, dim, 2}, {layers, dim, dim, 4}, {layers, dim, ffn_hidden, 3}, {max_seq, dim}})
+  for (const std::vector<int64_t>& term : std::vector<std::vector<int64_t>>{{vocab, dim, 2},
+                                                                            {layers, dim, heads, head_size(), 4},
+                                                                            {layers, dim, ffn_hidden, 3},
+                                                                            {max_seq, dim},
+                                                                            {max_seq, head_size()}})
     HP_CHECK(checked_product(term).value_or(limit) < limit, "model: sizes too large (vocab ", vocab, ", dim ", dim,
-             ", layers ", layers, ", ffn_hidden ", ffn_hidden, ", max_seq ", max_seq, "): the parameter count would ",
-             "overflow 64 bits");
-  HP_CHECK(dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads);
+             ", layers ", layers, ", ffn_hidden ", ffn_hidden, ", max_seq ", max_seq, ", head_dim ", head_dim,
+             "): the parameter count would ", "overflow 64 bits");
+  HP_CHECK(head_dim > 0 || dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads,
+           " (or set model.head_dim)");
   HP_CHECK(heads % kv_heads == 0, "model: heads ", heads, " is not divisible by kv_heads ", kv_heads);
-  HP_CHECK(head_dim() % 2 == 0, "model: head dim ", head_dim(), " (dim / heads) must be even for rotary embeddings");
+  HP_CHECK(head_size() % 2 == 0, "model: the head size ", head_size(), " must be even for rotary embeddings");
 }
 
 Attention::Attention(const LlamaConfig& c)
     : nn::Module("Attention"),
-      q_proj(add_module("q_proj", std::make_shared<nn::Linear>(c.dim, c.heads * c.head_dim(), false))),
-      k_proj(add_module("k_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_dim(), false))),
-      v_proj(add_module("v_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_dim(), false))),
-      o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_dim(), c.dim, false))),
-      head_dim_(c.head_dim()) {
+      q_proj(add_module("q_proj", std::make_shared<nn::Linear>(c.dim, c.heads * c.head_size(), false))),
+      k_proj(add_module("k_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
+      v_proj(add_module("v_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
+      o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_size(), c.dim, false))),
+      head_dim_(c.head_size()) {
   if (c.qk_norm) {
     q_norm = add_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
     k_norm = add_module("k_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
@@ -97,26 +104,26 @@ Mlp::Mlp(const LlamaConfig& c)
 
 at::Tensor Mlp::forward(const at::Tensor& x) { return (*down)(at::silu((*gate)(x)) * (*up)(x)); }
 
-Block::Block(const LlamaConfig& c)
+Block::Block(const LlamaConfig& c, std::shared_ptr<nn::Module> ffn)
     : nn::Module("Block"),
       attn_norm(add_module("attn_norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps))),
       attn(add_module("attn", std::make_shared<Attention>(c))),
       mlp_norm(add_module("mlp_norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps))),
-      mlp(add_module("mlp", std::make_shared<Mlp>(c))) {}
+      mlp(add_module("mlp", ffn ? std::move(ffn) : std::make_shared<Mlp>(c))) {}
 
 at::Tensor Block::forward(const at::Tensor& x) {
   const at::Tensor h = x + (*attn)((*attn_norm)(x));
   return h + (*mlp)((*mlp_norm)(h));
 }
 
-Llama::Llama(const LlamaConfig& c)
+Llama::Llama(const LlamaConfig& c, const FfnFactory& ffn)
     : nn::Module("Llama"),
       embed(add_module("embed", std::make_shared<nn::Embedding>(c.vocab, c.dim))),
       layers(add_module("layers", std::make_shared<nn::Sequential>())),
       norm(add_module("norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps))),
       config_(c) {
   c.validate();
-  for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<Block>(c));
+  for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<Block>(c, ffn ? ffn(i) : nullptr));
   if (!c.tie_embeddings) output = add_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab, false));
   embed->set_param_init("weight", nn::Init::normal(0.0, 0.5));
 }

@@ -1,24 +1,24 @@
 #include "hp/models/llama/spec.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "hp/models/llama/parallelize.h"
 
 namespace hp::models {
 
-ConfigFields LlamaSpec::fields() {
-  return {{"vocab", &config.vocab},
-          {"dim", &config.dim},
-          {"layers", &config.layers},
-          {"heads", &config.heads},
-          {"kv_heads", &config.kv_heads},
-          {"ffn_hidden", &config.ffn_hidden},
-          {"max_seq", &config.max_seq},
-          {"rope_theta", &config.rope_theta},
-          {"norm_eps", &config.norm_eps},
-          {"qk_norm", &config.qk_norm},
-          {"tie_embeddings", &config.tie_embeddings}};
+ConfigFields llama_config_fields(LlamaConfig& config, bool with_mlp) {
+  ConfigFields fields = {
+      {"vocab", &config.vocab},           {"dim", &config.dim},           {"layers", &config.layers},
+      {"heads", &config.heads},           {"kv_heads", &config.kv_heads}, {"head_dim", &config.head_dim},
+      {"ffn_hidden", &config.ffn_hidden}, {"max_seq", &config.max_seq},   {"rope_theta", &config.rope_theta},
+      {"norm_eps", &config.norm_eps},     {"qk_norm", &config.qk_norm},   {"tie_embeddings", &config.tie_embeddings}};
+  if (!with_mlp)
+    fields.erase(std::find_if(fields.begin(), fields.end(), [](const auto& f) { return f.first == "ffn_hidden"; }));
+  return fields;
 }
+
+ConfigFields LlamaSpec::fields() { return llama_config_fields(config, /*with_mlp=*/true); }
 
 void LlamaSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const {
   validate_llama_dims(dims, config);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,11 +26,19 @@ struct LlamaConfig {
   double norm_eps = 1e-6;
   bool qk_norm = false;         // RMSNorm over each head of q and k before RoPE (Qwen3)
   bool tie_embeddings = false;  // the LM head reuses the embedding matrix
-  int64_t head_dim() const { return dim / heads; }
-  int64_t parameter_count() const;
+  // Each head's size; 0: dim / heads. Qwen3 sets it apart (128 at dim 2048 and 32 heads). Last, so
+  // that positional initializers of the fields above keep their meaning.
+  int64_t head_dim = 0;
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
+  int64_t parameter_count() const { return parameter_count(3 * dim * ffn_hidden); }
+  // With each layer's MLP replaced by a feed-forward module of `ffn_parameters` parameters.
+  int64_t parameter_count(int64_t ffn_parameters) const;
   // Training FLOPs per token at sequence length `seq`: 6 per matmul weight (forward + backward)
   // plus attention's scores and mixing.
-  double flops_per_token(int64_t seq) const;
+  double flops_per_token(int64_t seq) const { return flops_per_token(seq, 3 * dim * ffn_hidden); }
+  // With each layer's MLP replaced by one whose matmuls touch `ffn_parameters` weights per token
+  // (a mixture of experts' active parameters).
+  double flops_per_token(int64_t seq, int64_t ffn_parameters) const;
   // Throws hp::Error naming the first inconsistent field (dim % heads, heads % kv_heads, odd head_dim, ...).
   void validate() const;
 };
@@ -58,22 +67,28 @@ class Mlp : public nn::Module {
   at::Tensor forward(const at::Tensor& x) override;
 };
 
+// x + attn(norm(x)), then h + mlp(norm(h)); `mlp` is the dense Mlp unless the block is given
+// another feed-forward module ([..., dim] -> [..., dim]), such as a mixture of experts.
 class Block : public nn::Module {
  public:
-  explicit Block(const LlamaConfig& c);
+  explicit Block(const LlamaConfig& c, std::shared_ptr<nn::Module> ffn = nullptr);
   std::shared_ptr<nn::RMSNorm> attn_norm;
   std::shared_ptr<Attention> attn;
   std::shared_ptr<nn::RMSNorm> mlp_norm;
-  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<nn::Module> mlp;
 
  protected:
   at::Tensor forward(const at::Tensor& x) override;
 };
 
+// The feed-forward module of layer `layer` (a family that replaces the dense MLP, e.g. with a
+// mixture of experts); null keeps the dense Mlp.
+using FfnFactory = std::function<std::shared_ptr<nn::Module>(int64_t layer)>;
+
 // tokens [batch, seq] (int64) -> logits [batch, seq, vocab].
 class Llama : public nn::Module {
  public:
-  explicit Llama(const LlamaConfig& c);
+  explicit Llama(const LlamaConfig& c, const FfnFactory& ffn = nullptr);
   const LlamaConfig& config() const { return config_; }
   std::shared_ptr<nn::Embedding> embed;
   std::shared_ptr<nn::Sequential> layers;

@@ -10,6 +10,10 @@
 
 namespace hp::models {
 
+// LlamaConfig's model.* keys, pointing into `config`; without `with_mlp`, all but ffn_hidden (for
+// a family that replaces the dense MLP).
+ConfigFields llama_config_fields(LlamaConfig& config, bool with_mlp);
+
 class LlamaSpec : public ModelSpecOf<LlamaConfig> {
  public:
   explicit LlamaSpec(LlamaConfig config) : ModelSpecOf(std::move(config)) {}

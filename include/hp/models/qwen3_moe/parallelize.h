@@ -1,0 +1,37 @@
+// The Qwen3-MoE recipe, outside the model file: expert parallelism on the expert mesh, each layer's
+// experts one FSDP unit over the ranks that hold the same experts, then the dense part as the
+// Llama recipe shards it.
+//
+//   hp::ParallelDims dims;  dims.dp_shard = 4;  dims.ep = 2;     // ep borrows from dp_shard
+//   auto parts = hp::models::parallelize_qwen3_moe(hp::models::make_qwen3_moe(config),
+//                                                  hp::build_mesh(world, dims), dims, config);
+//   hp::nn::init_parameters(*parts.model, seed);
+#pragma once
+
+#include <memory>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/models/model_parts.h"
+#include "hp/models/model_spec.h"
+#include "hp/models/qwen3_moe/model.h"
+#include "hp/parallel/parallel_dims.h"
+
+namespace hp::models {
+
+// What the recipe needs of the dims beyond ParallelDims::validate: experts divisible by ep; tp, cp
+// and pp refused until their composition with experts lands. Throws hp::Error naming the keys.
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config);
+
+// On the mesh of hp::build_mesh(world, dims), for a model of make_qwen3_moe(config):
+//  - ep > 1: hp::ExpertParallel on every layer's MoE over the ep dim of
+//    hp::build_expert_mesh(world, dims): each rank holds experts / ep experts;
+//  - when any dim shards data (dp > 1 or ep > 1): every layer's experts become one fully_shard unit
+//    on the expert-data ranks (efsdp, with dp_replicate as HSDP), split on dim 0 (experts) when
+//    experts / ep >= efsdp, else on dim 1. Their gradients are divided by dp (the data-parallel
+//    ranks whose losses reached them), not by efsdp: ep ranks' rows meet in one expert;
+//  - then the blocks and the root as parallelize_llama (FSDP over dp_shard, with dp_replicate HSDP).
+// Parameters are still uninitialized. Collective over the world the mesh was built from.
+ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
+                                 const Qwen3MoeConfig& config, const RecipeOptions& options = {});
+
+}  // namespace hp::models

@@ -1,0 +1,125 @@
+#include "hp/models/qwen3_moe/parallelize.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hp/core/error.h"
+#include "hp/models/llama/parallelize.h"
+#include "hp/parallel/expert_parallel.h"
+#include "hp/parallel/fsdp.h"
+
+namespace hp::models {
+
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config) {
+  HP_CHECK(dims.tp == 1 && dims.cp == 1 && dims.pp == 1,
+           "the qwen3_moe recipe does not support parallel.tp, parallel.cp or parallel.pp yet (their composition "
+           "with expert parallelism is still to come): all three must be 1 (got tp=",
+           dims.tp, ", cp=", dims.cp, ", pp=", dims.pp, ")");
+  HP_CHECK(config.experts % dims.ep == 0, "model.experts (", config.experts, ") must be divisible by parallel.ep (",
+           dims.ep, ")");
+}
+
+namespace {
+
+// Each layer's experts as one FSDP unit over the ranks holding the same experts.
+void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDims& dims, const Qwen3MoeConfig& config,
+                   FullyShardOptions options) {
+  const DeviceMesh data = dims.dp_replicate > 1 ? expert_mesh[{"dp_replicate", "efsdp"}] : expert_mesh["efsdp"];
+  // Split the local experts when there are enough for every rank, else dim 1 of each weight (the
+  // hidden size of w1 and w3, the model dim of w2).
+  const bool split_experts = config.experts / dims.ep >= dims.efsdp();
+  options.shard_placement_fn = [split_experts](const std::string&, const at::Tensor&) -> std::optional<Placement> {
+    return split_experts ? Shard(0) : Shard(1);
+  };
+  options.mixed_precision.output_dtype.reset();
+  for (auto& [fqn, experts] : nn::match_modules(model, "layers.*.mlp.experts")) {
+    FSDPModule unit = fully_shard(*experts, data, options);
+    // A rank's expert gradients already sum the losses of its ep group's ranks (the rows came to
+    // it); averaging over the efsdp ranks then leaves a factor ep above the data-parallel mean.
+    unit.set_gradient_scaling_factor(1.0 / static_cast<double>(dims.ep));
+  }
+}
+
+// The step hook: balance_experts with the counts summed over the data-parallel ranks (they see
+// different tokens), and per layer as metrics the busiest expert over the mean and, when they are
+// on, the bias norm, dropped rows and auxiliary losses; the worst layer's load on the progress line.
+std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& model, const DeviceMesh& mesh,
+                                               const ParallelDims& dims, const Qwen3MoeConfig& config) {
+  const double rate = config.load_balance_rate;
+  const bool capacity = config.capacity_factor > 0, aux = config.has_aux_loss();
+  std::optional<comm::ProcessGroup> data;
+  if (dims.dp() > 1) {
+    const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
+    data = dp_mesh.ndim() == 1 ? dp_mesh.get_group(0) : dp_mesh.flatten("dp").get_group(0);
+  }
+  std::weak_ptr<Llama> weak = model;  // the parts own the model; the hook must not keep it alive
+  return [weak, data, rate, capacity, aux]() {
+    const auto model = weak.lock();
+    HP_CHECK(model != nullptr, "qwen3_moe: the step hook outlived its model");
+    const auto loads = nn::balance_experts(*model, rate, [&](at::Tensor& counts) {
+      if (data) data->all_reduce(counts);
+    });
+    StepStats stats;
+    double worst = 0.0;
+    for (const nn::ExpertLoad& load : loads) {
+      // "layers.3.mlp.router" -> "moe.layers.3"
+      const std::string layer = "moe." + load.fqn.substr(0, load.fqn.rfind(".mlp.router"));
+      stats.values.emplace_back(layer + ".max_load", load.max_over_mean);
+      if (rate > 0) stats.values.emplace_back(layer + ".bias_norm", load.bias_norm);
+      if (capacity) stats.values.emplace_back(layer + ".dropped", load.dropped);
+      if (aux) stats.values.emplace_back(layer + ".aux_loss", load.aux_loss);
+      worst = std::max(worst, load.max_over_mean);
+    }
+    std::ostringstream summary;
+    summary << std::fixed << std::setprecision(2) << "moe max/mean " << worst;
+    stats.summary = summary.str();
+    return stats;
+  };
+}
+
+}  // namespace
+
+ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
+                                 const Qwen3MoeConfig& config, const RecipeOptions& options) {
+  HP_CHECK(model != nullptr, "parallelize_qwen3_moe: no model");
+  validate_qwen3_moe_dims(dims, config);
+  if (dims.dp() > 1 || dims.ep > 1) {
+    const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims);
+    if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
+    shard_experts(*model, expert_mesh, dims, config, options.fsdp);
+  }
+  ParallelDims dense = dims;
+  dense.ep = 1;  // the experts are placed; the rest is a Llama
+  RecipeOptions dense_options = options;
+  // A router's gate has one row per expert: with fewer experts than data-parallel ranks, split its
+  // columns instead.
+  const int64_t dp = dims.dp_shard;
+  dense_options.fsdp.shard_placement_fn = [user = options.fsdp.shard_placement_fn, dp](
+                                              const std::string& fqn, const at::Tensor& p) -> std::optional<Placement> {
+    if (user)
+      if (auto chosen = user(fqn, p)) return chosen;
+    if (p.dim() == 2 && p.size(0) < dp && p.size(1) >= dp) return Shard(1);
+    return std::nullopt;
+  };
+  ModelParts parts = parallelize_llama(model, mesh, dense, dense_options);
+  // Muon steps the attention matrices; the router and the stacked experts step with AdamW.
+  parts.hidden_matrices.clear();
+  for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"})
+    parts.hidden_matrices.push_back(std::string("layers.*.") + m + ".weight");
+  parts.other_parameters = {"*.weight",
+                            "layers.*.*.weight",
+                            "layers.*.attn.q_norm.weight",
+                            "layers.*.attn.k_norm.weight",
+                            "layers.*.mlp.router.gate.weight",
+                            "layers.*.mlp.experts.w1",
+                            "layers.*.mlp.experts.w2",
+                            "layers.*.mlp.experts.w3"};
+  parts.before_optimizer_step = load_balancing_hook(model, mesh, dims, config);
+  return parts;
+}
+
+}  // namespace hp::models
