@@ -123,15 +123,16 @@ at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& weights, const s
            " do not fit weights ", weights.sizes());
   HP_CHECK(static_cast<int64_t>(counts.size()) == weights.size(0), "grouped_mm: ", counts.size(), " group counts for ",
            weights.size(0), " groups");
+  HP_CHECK(std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c >= 0; }),
+           "grouped_mm: a negative group count");
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   HP_CHECK(total == rows.size(0), "grouped_mm: the counts add up to ", total, " rows, got ", rows.size(0));
+  // One unbind and one split: their backwards are one stack and one cat, where a narrow and a
+  // select per group would each allocate a gradient of the whole stacked weight.
+  const std::vector<at::Tensor> weight = weights.unbind(0), piece = rows.split_with_sizes(counts);
   std::vector<at::Tensor> out;
-  int64_t offset = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    if (counts[g] == 0) continue;
-    out.push_back(at::mm(rows.narrow(0, offset, counts[g]), weights[g].t()));
-    offset += counts[g];
-  }
+  for (size_t g = 0; g < counts.size(); ++g)
+    if (counts[g] > 0) out.push_back(at::mm(piece[g], weight[g].t()));
   // No rows at all: an empty product that still reaches the weights, so they get (zero) gradients.
   if (out.empty()) return at::mm(rows, weights[0].t());
   return out.size() == 1 ? out[0] : at::cat(out, 0);

@@ -1,0 +1,132 @@
+// bench/moe: a MoE layer's costs as ratios measured side by side in one run, fp32.
+//
+//  1. Grouped experts against one dense SwiGLU of equal FLOPs: 8 experts, top-2, 4096 tokens
+//     (8192 rows), dim 256, hidden 512, forward + backward; rows spread evenly over the experts,
+//     and skewed (half of them on one expert).
+//  2. A MoE layer step (forward + backward) on 2 ranks with ep 2 against ep 1 (each rank running
+//     all experts on its own tokens): the time ratio, next to the ratio of the experts' compute
+//     alone on the rows each rank holds; and the all_to_all bytes of one forward against the
+//     formula.
+//
+//   build/bin/bench_moe [--quick]
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <numeric>
+
+#include "bench/timing.h"
+#include "hp/comm/comm_debug_mode.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/init.h"
+#include "hp/nn/moe.h"
+#include "hp/parallel/expert_parallel.h"
+#include "hp/testing/run_ranks.h"
+
+namespace {
+
+constexpr int64_t kExperts = 8, kTopK = 2, kTokens = 4096, kDim = 256, kHidden = 512;
+
+at::Tensor random(std::vector<int64_t> shape, uint64_t seed) {
+  return at::randn(shape, at::make_generator<at::CPUGeneratorImpl>(seed));
+}
+
+// Median seconds of forward + backward of fn(rows) over `reps` calls after one warm-up.
+double step_seconds(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& rows, int reps) {
+  std::vector<double> times;
+  for (int i = 0; i <= reps; ++i) {
+    const at::Tensor x = rows.detach().requires_grad_(true);
+    const double t = hp::bench::seconds([&] { fn(x).sum().backward(); });
+    if (i > 0) times.push_back(t);
+  }
+  return hp::bench::median(times);
+}
+
+void grouped_against_dense(int reps) {
+  hp::nn::GroupedExperts experts(kExperts, kDim, kHidden);
+  hp::nn::init_parameters(experts, 1);
+  hp::nn::SwiGLU dense(kDim, kHidden);
+  hp::nn::init_parameters(dense, 2);
+  const int64_t rows = kTokens * kTopK;
+  const at::Tensor x = random({rows, kDim}, 3);
+  const std::vector<int64_t> even(kExperts, rows / kExperts);
+  std::vector<int64_t> skewed(kExperts, rows / 2 / (kExperts - 1));
+  skewed[0] = rows - std::accumulate(skewed.begin() + 1, skewed.end(), int64_t{0});
+  const double dense_s = step_seconds([&](const at::Tensor& r) { return dense(r); }, x, reps);
+  std::cout << std::fixed << std::setprecision(2) << "grouped experts vs one dense SwiGLU of equal FLOPs (" << kExperts
+            << " experts, top-" << kTopK << ", " << kTokens << " tokens, dim " << kDim << ", hidden " << kHidden
+            << ", forward + backward, median of " << reps << "):\n  dense " << 1e3 * dense_s << " ms\n";
+  for (const auto& [name, counts] : {std::pair{"even", even}, std::pair{"skewed (half on one expert)", skewed}}) {
+    const double grouped_s = step_seconds([&](const at::Tensor& r) { return experts.run(r, counts); }, x, reps);
+    std::cout << "  grouped, " << name << ": " << 1e3 * grouped_s << " ms, ratio " << std::setprecision(3)
+              << grouped_s / dense_s << std::setprecision(2) << "\n";
+  }
+}
+
+void expert_parallel_against_local(int reps) {
+  std::mutex mu;
+  hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
+    hp::nn::MoEOptions o;
+    o.router.experts = kExperts;
+    o.router.top_k = kTopK;
+    o.router.norm_topk_prob = true;
+    o.hidden = kHidden;
+    const int64_t tokens = kTokens / 2;  // each rank's
+    const at::Tensor x = random({tokens, kDim}, 10 + world.rank());
+    double seconds[2] = {0, 0}, compute[2] = {0, 0};
+    int64_t measured_bytes = 0, predicted_bytes = 0;
+    for (const int ep : {1, 2}) {
+      hp::nn::MoE moe(kDim, o);
+      if (ep == 2) {
+        const hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {2}, {"ep"});
+        hp::parallelize_module(moe, mesh, {{"", hp::ExpertParallel()}});
+      }
+      hp::nn::init_parameters(moe, 4);
+      world.barrier();
+      seconds[ep - 1] = step_seconds([&](const at::Tensor& r) { return moe(r); }, x, reps);
+      // The experts' compute alone, on the rows this rank's experts get.
+      std::vector<int64_t> counts = moe.router->route(x).counts;
+      if (ep == 2) {
+        const at::Tensor all = world.all_gather(at::tensor(counts, at::kLong).view({1, -1})).view({2, kExperts});
+        counts.assign(kExperts / 2, 0);
+        for (int64_t e = 0; e < kExperts / 2; ++e)
+          counts[e] = all.select(1, world.rank() * kExperts / 2 + e).sum().item<int64_t>();
+      }
+      hp::nn::GroupedExperts alone(static_cast<int64_t>(counts.size()), kDim, kHidden);
+      hp::nn::init_parameters(alone, 5);
+      const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      compute[ep - 1] =
+          step_seconds([&](const at::Tensor& r) { return alone.run(r, counts); }, random({rows, kDim}, 6), reps);
+      if (ep == 2) {
+        hp::comm::CommDebugMode debug;
+        at::NoGradGuard no_grad;
+        const hp::nn::Routing routing = moe.router->route(x);
+        moe.routed_output(x, routing);
+        measured_bytes = debug.bytes("all_to_all");
+        // counts (with the 3-element overflow record) to each rank, every row out, every received row back.
+        predicted_bytes = 2 * (kExperts / 2 + 3) * 8 + kTokens / 2 * kTopK * kDim * 4 + rows * kDim * 4;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() != 0) return;
+    std::cout << std::fixed << std::setprecision(2) << "MoE layer step on 2 ranks (" << tokens
+              << " tokens each), ep 2 vs ep 1, rank 0, median of " << reps << ":\n  ep 1 " << 1e3 * seconds[0]
+              << " ms, ep 2 " << 1e3 * seconds[1] << " ms, time ratio " << std::setprecision(3)
+              << seconds[1] / seconds[0] << "; experts' compute alone " << std::setprecision(2) << 1e3 * compute[0]
+              << " ms vs " << 1e3 * compute[1] << " ms, compute ratio " << std::setprecision(3)
+              << compute[1] / compute[0] << "\n  all_to_all bytes of one forward: " << measured_bytes << ", formula "
+              << predicted_bytes << (measured_bytes == predicted_bytes ? " (equal)" : " (DIFFERENT)") << "\n";
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int reps = quick ? 2 : 10;
+  grouped_against_dense(reps);
+  expert_parallel_against_local(reps);
+  return 0;
+}
