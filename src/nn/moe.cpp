@@ -316,13 +316,14 @@ std::vector<ExpertLoad> balance_experts(Module& model, double rate,
   // loss sum and forwards.
   std::vector<at::Tensor> each;
   for (const auto& [fqn, router] : routers) {
-    const auto layer = layer_of.find(router);
-    const double dropped = layer == layer_of.end() ? 0.0 : static_cast<double>(layer->second->dropped_since_balance);
-    const MoE* moe = layer == layer_of.end() ? nullptr : layer->second;
     each.push_back(router->tokens_per_expert);
-    each.push_back(
-        at::tensor({dropped, 0.0, moe ? static_cast<double>(moe->forwards_since_balance) : 0.0}, at::kDouble));
-    if (moe) each.back()[1] = moe->aux_loss_since_balance;
+    each.push_back(at::zeros({3}, at::kDouble));
+    if (const auto layer = layer_of.find(router); layer != layer_of.end()) {
+      const MoE& moe = *layer->second;
+      each.back()[0] = static_cast<double>(moe.dropped_since_balance);
+      each.back()[1] = moe.aux_loss_since_balance;
+      each.back()[2] = static_cast<double>(moe.forwards_since_balance);
+    }
   }
   at::Tensor counts = at::cat(each);
   sum_over_data_ranks(counts);
