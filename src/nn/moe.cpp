@@ -212,7 +212,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
 
 at::Tensor MoE::aux_loss(const Routing& routing, int64_t sequences) const {
   const MoEOptions& o = options_;
-  if (o.aux_loss_coeff == 0 && o.seq_aux_loss_coeff == 0 && o.z_loss_coeff == 0) return {};
+  if (!o.has_aux_loss()) return {};
   const int64_t tokens = routing.scores.size(0), experts = routing.scores.size(1), k = routing.experts.size(1);
   HP_CHECK(sequences > 0 && tokens % sequences == 0, "MoE: ", tokens, " tokens do not form ", sequences,
            " equal sequences");
@@ -292,6 +292,13 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
   return out;
 }
 
+std::optional<CapacityPolicy> capacity_policy_named(const std::string& name) {
+  if (name == "error") return CapacityPolicy::kError;
+  if (name == "drop_lowest") return CapacityPolicy::kDropLowest;
+  if (name == "drop_last") return CapacityPolicy::kDropLast;
+  return std::nullopt;
+}
+
 std::string CapacityOverflow::str() const {
   std::ostringstream out;
   out << "expert " << expert << " got " << rows << " rows, over its capacity of " << capacity
@@ -304,53 +311,60 @@ std::string CapacityOverflow::str() const {
 std::vector<ExpertLoad> balance_experts(Module& model, double rate,
                                         const std::function<void(at::Tensor& counts)>& sum_over_data_ranks) {
   HP_CHECK(rate >= 0.0, "balance_experts: the rate must be >= 0, got ", rate);
-  std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers;
+  // Every router, with the MoE layer it belongs to (null for a router on its own).
+  struct Entry {
+    std::string fqn;
+    TokenChoiceTopKRouter* router;
+    MoE* layer = nullptr;
+  };
+  std::vector<Entry> entries;
   std::map<const TokenChoiceTopKRouter*, MoE*> layer_of;
   for (auto& [fqn, m] : model.named_modules_fqn()) {
-    if (auto* router = dynamic_cast<TokenChoiceTopKRouter*>(m)) routers.emplace_back(fqn, router);
+    if (auto* router = dynamic_cast<TokenChoiceTopKRouter*>(m)) entries.push_back({fqn, router});
     if (auto* moe = dynamic_cast<MoE*>(m)) layer_of[moe->router.get()] = moe;
   }
   std::vector<ExpertLoad> loads;
-  if (routers.empty()) return loads;
+  if (entries.empty()) return loads;
   // One reduction for all routers: each one's counts, then its layer's dropped rows, auxiliary
   // loss sum and forwards.
   std::vector<at::Tensor> each;
-  for (const auto& [fqn, router] : routers) {
-    each.push_back(router->tokens_per_expert);
+  for (Entry& entry : entries) {
+    each.push_back(entry.router->tokens_per_expert);
     each.push_back(at::zeros({3}, at::kDouble));
-    if (const auto layer = layer_of.find(router); layer != layer_of.end()) {
-      const MoE& moe = *layer->second;
-      each.back()[0] = static_cast<double>(moe.dropped_since_balance);
-      each.back()[1] = moe.aux_loss_since_balance;
-      each.back()[2] = static_cast<double>(moe.forwards_since_balance);
+    if (const auto layer = layer_of.find(entry.router); layer != layer_of.end()) {
+      entry.layer = layer->second;
+      each.back()[0] = static_cast<double>(entry.layer->dropped_since_balance);
+      each.back()[1] = entry.layer->aux_loss_since_balance;
+      each.back()[2] = static_cast<double>(entry.layer->forwards_since_balance);
     }
   }
   at::Tensor counts = at::cat(each);
   sum_over_data_ranks(counts);
   at::NoGradGuard no_grad;
   int64_t offset = 0;
-  for (auto& [fqn, router] : routers) {
-    const at::Tensor c = counts.narrow(0, offset, router->options().experts);
-    const at::Tensor extra = counts.narrow(0, offset + router->options().experts, 3);  // dropped, aux sum, forwards
-    offset += router->options().experts + 3;
-    const double dropped = extra[0].item<double>(), forwards = extra[2].item<double>();
-    const double mean = c.mean().item<double>();
-    ExpertLoad load{fqn, std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel())};
+  for (const Entry& entry : entries) {
+    TokenChoiceTopKRouter& router = *entry.router;
+    const int64_t experts = router.options().experts;
+    const at::Tensor c = counts.narrow(0, offset, experts);
+    const at::Tensor extra = counts.narrow(0, offset + experts, 3);  // dropped, aux sum, forwards
+    offset += experts + 3;
+    const double mean = c.mean().item<double>(), forwards = extra[2].item<double>();
+    ExpertLoad load{entry.fqn, std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel())};
     load.max_over_mean = mean > 0 ? c.max().item<double>() / mean : 0.0;
-    if (router->expert_bias.defined()) {
+    if (router.expert_bias.defined()) {
       if (rate > 0 && mean > 0) {
-        router->expert_bias.add_((rate * at::sign(mean - c)).to(at::kFloat));
-        router->expert_bias.sub_(router->expert_bias.mean());
+        router.expert_bias.add_((rate * at::sign(mean - c)).to(at::kFloat));
+        router.expert_bias.sub_(router.expert_bias.mean());
       }
-      load.bias_norm = router->expert_bias.norm().item<double>();
+      load.bias_norm = router.expert_bias.norm().item<double>();
     }
-    load.dropped = dropped;
+    load.dropped = extra[0].item<double>();
     load.aux_loss = forwards > 0 ? extra[1].item<double>() / forwards : 0.0;
-    router->tokens_per_expert.zero_();
-    if (const auto layer = layer_of.find(router); layer != layer_of.end()) {
-      layer->second->dropped_since_balance = 0;
-      layer->second->aux_loss_since_balance.zero_();
-      layer->second->forwards_since_balance = 0;
+    router.tokens_per_expert.zero_();
+    if (entry.layer) {
+      entry.layer->dropped_since_balance = 0;
+      entry.layer->aux_loss_since_balance.zero_();
+      entry.layer->forwards_since_balance = 0;
     }
     loads.push_back(std::move(load));
   }

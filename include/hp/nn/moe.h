@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,8 @@ enum class CapacityPolicy {
   kDropLowest,  // keep the rows with the highest gate values (ties: token order)
   kDropLast,    // keep the first rows in token order
 };
+// The policy named "error", "drop_lowest" or "drop_last"; nullopt for any other name.
+std::optional<CapacityPolicy> capacity_policy_named(const std::string& name);
 
 // The factor the caller applies to the loss of the forwards run in its scope before backward
 // (1 / micro-batches under gradient accumulation). The auxiliary losses' gradients are scaled
@@ -155,6 +158,7 @@ struct MoEOptions {
   double aux_loss_coeff = 0.0;      // sum_e f_e * mean_t p_te over the forward's tokens (Switch)
   double seq_aux_loss_coeff = 0.0;  // the same per sequence, averaged over sequences (DeepSeek-V3)
   double z_loss_coeff = 0.0;        // mean_t logsumexp(logits_t)^2 (ST-MoE)
+  bool has_aux_loss() const { return aux_loss_coeff != 0 || seq_aux_loss_coeff != 0 || z_loss_coeff != 0; }
 };
 
 // [..., dim] -> [..., dim]. Rows go to the experts grouped by expert with a stable sort of the
@@ -208,11 +212,11 @@ struct ExpertLoad {
 
 // Auxiliary-loss-free load balancing (DeepSeek-V3), run once per step before the optimizer steps.
 // For every router of `model`, in model order: its tokens_per_expert (and its MoE layer's dropped
-// rows and auxiliary losses) are summed over the ranks that saw other tokens by `sum_over_data_ranks` (one call on all
-// routers' numbers concatenated, e.g. an all_reduce over the data-parallel group; nothing to do on
-// one rank), then, with
-// `rate` > 0 and an expert bias, bias += rate * sign(mean - count), re-centred to zero mean, and
-// the counts restart from zero. Counts are integers, so every rank computes the same bias bitwise.
+// rows and auxiliary losses) are summed over the ranks that saw other tokens by
+// `sum_over_data_ranks` (one call on all routers' numbers concatenated, e.g. an all_reduce over the
+// data-parallel group; nothing to do on one rank), then, with `rate` > 0 and an expert bias,
+// bias += rate * sign(mean - count), re-centred to zero mean, and the counts restart from zero.
+// Counts are integers, so every rank computes the same bias bitwise.
 std::vector<ExpertLoad> balance_experts(Module& model, double rate,
                                         const std::function<void(at::Tensor& counts)>& sum_over_data_ranks);
 

@@ -38,7 +38,7 @@ void LlamaConfig::validate() const {
                                                                             {max_seq, head_size()}})
     HP_CHECK(checked_product(term).value_or(limit) < limit, "model: sizes too large (vocab ", vocab, ", dim ", dim,
              ", layers ", layers, ", ffn_hidden ", ffn_hidden, ", max_seq ", max_seq, ", head_dim ", head_dim,
-             "): the parameter count would ", "overflow 64 bits");
+             "): the parameter count would overflow 64 bits");
   HP_CHECK(head_dim > 0 || dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads,
            " (or set model.head_dim)");
   HP_CHECK(heads % kv_heads == 0, "model: heads ", heads, " is not divisible by kv_heads ", kv_heads);

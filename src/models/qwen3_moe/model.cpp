@@ -25,9 +25,7 @@ nn::MoEOptions Qwen3MoeConfig::moe_options() const {
   o.aux_loss_coeff = aux_loss_coeff;
   o.seq_aux_loss_coeff = seq_aux_loss_coeff;
   o.z_loss_coeff = z_loss_coeff;
-  o.capacity_policy = capacity_policy == "drop_lowest" ? nn::CapacityPolicy::kDropLowest
-                      : capacity_policy == "drop_last" ? nn::CapacityPolicy::kDropLast
-                                                       : nn::CapacityPolicy::kError;
+  o.capacity_policy = nn::capacity_policy_named(capacity_policy).value_or(nn::CapacityPolicy::kError);
   return o;
 }
 
@@ -45,8 +43,8 @@ void Qwen3MoeConfig::validate() const {
            ") must be in [0, 1)");
   HP_CHECK(capacity_factor >= 0 && capacity_factor < 1e6, "model: capacity_factor (", capacity_factor,
            ") must be in [0, 1e6); 0 is dropless");
-  HP_CHECK(capacity_policy == "error" || capacity_policy == "drop_lowest" || capacity_policy == "drop_last",
-           "model: capacity_policy '", capacity_policy, "' is unknown (error, drop_lowest, drop_last)");
+  HP_CHECK(nn::capacity_policy_named(capacity_policy).has_value(), "model: capacity_policy '", capacity_policy,
+           "' is unknown (error, drop_lowest, drop_last)");
   for (const double coeff : {aux_loss_coeff, seq_aux_loss_coeff, z_loss_coeff})
     HP_CHECK(coeff >= 0 && coeff < 1e6, "model: aux_loss_coeff, seq_aux_loss_coeff and z_loss_coeff must be in ",
              "[0, 1e6), got ", coeff);

@@ -50,7 +50,7 @@ void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDi
 std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& model, const DeviceMesh& mesh,
                                                const ParallelDims& dims, const Qwen3MoeConfig& config) {
   const double rate = config.load_balance_rate;
-  const bool capacity = config.capacity_factor > 0, aux = config.has_aux_loss();
+  const bool capacity = config.capacity_factor > 0, aux = config.moe_options().has_aux_loss();
   std::optional<comm::ProcessGroup> data;
   if (dims.dp() > 1) {
     const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
@@ -106,18 +106,15 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
     return std::nullopt;
   };
   ModelParts parts = parallelize_llama(model, mesh, dense, dense_options);
-  // Muon steps the attention matrices; the router and the stacked experts step with AdamW.
-  parts.hidden_matrices.clear();
-  for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"})
-    parts.hidden_matrices.push_back(std::string("layers.*.") + m + ".weight");
-  parts.other_parameters = {"*.weight",
-                            "layers.*.*.weight",
-                            "layers.*.attn.q_norm.weight",
-                            "layers.*.attn.k_norm.weight",
-                            "layers.*.mlp.router.gate.weight",
-                            "layers.*.mlp.experts.w1",
-                            "layers.*.mlp.experts.w2",
-                            "layers.*.mlp.experts.w3"};
+  // Muon steps the llama recipe's matrices but the dense MLP's (there is none); the router and the
+  // stacked experts step with AdamW.
+  auto& hidden = parts.hidden_matrices;
+  hidden.erase(std::remove_if(hidden.begin(), hidden.end(),
+                              [](const std::string& p) { return p.find(".mlp.") != std::string::npos; }),
+               hidden.end());
+  parts.other_parameters.insert(parts.other_parameters.end(),
+                                {"layers.*.mlp.router.gate.weight", "layers.*.mlp.experts.w1",
+                                 "layers.*.mlp.experts.w2", "layers.*.mlp.experts.w3"});
   parts.before_optimizer_step = load_balancing_hook(model, mesh, dims, config);
   return parts;
 }

@@ -34,7 +34,6 @@ struct Qwen3MoeConfig {
   double aux_loss_coeff = 0.0;
   double seq_aux_loss_coeff = 0.0;
   double z_loss_coeff = 0.0;
-  bool has_aux_loss() const { return aux_loss_coeff > 0 || seq_aux_loss_coeff > 0 || z_loss_coeff > 0; }
 
   nn::MoEOptions moe_options() const;
   // Per layer: the router and every expert.
