@@ -6,12 +6,15 @@
 // background; wait() reads the outcome.
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "dcp/file_io.h"
 #include "dcp/metadata.h"
@@ -47,11 +50,11 @@ int64_t versions_of(const WriteItem& item) {
 }
 
 // The piece of `t` this rank writes and its global offsets, or nullopt when another rank writes it
-// (replicas are written by coordinate 0 of every non-shard mesh dim; plain tensors by rank 0).
-// Partial DTensors are reduced first (a collective over their mesh).
-std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const at::Tensor& t, int rank) {
+// (replicas are written by coordinate 0 of every non-shard mesh dim; a plain tensor by the rank
+// plain_tensors_to_write picks). Partial DTensors are reduced first (a collective over their mesh).
+std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const at::Tensor& t, bool writes_plain) {
   if (!is_dtensor(t)) {
-    if (rank != 0) return std::nullopt;
+    if (!writes_plain) return std::nullopt;
     return std::make_pair(t, std::vector<int64_t>(t.dim(), 0));
   }
   DTensor d(t);
@@ -63,6 +66,39 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> piece_to_write(const 
   for (size_t i = 0; i < coordinate->size(); ++i)
     if (!d.placements()[i].is_shard() && (*coordinate)[i] != 0) return std::nullopt;
   return std::make_pair(d.to_local(), d.spec().local_shape_and_offset(*coordinate).second);
+}
+
+// The plain tensors of `state` this rank writes: each is written by the lowest rank that has it.
+// Plain tensors are the same on every rank that has them, but not every rank has each (a pipeline
+// stage's buffers live on its ranks only), so the ranks agree through the group's store: each posts
+// its names, rank 0 picks the writers, each reads the picks.
+std::set<std::string> plain_tensors_to_write(const StateDict& state, const comm::ProcessGroup& group,
+                                             const std::string& key_prefix) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : state.tensors)
+    if (!is_dtensor(t)) names.push_back(name);
+  if (group.size() == 1) return {names.begin(), names.end()};
+  const comm::GroupStore store = group.store();
+  comm::StorePollOptions poll;
+  poll.period = std::chrono::milliseconds(1);
+  const auto read = [&](const std::string& key, const std::string& who) {
+    HP_CHECK(store.wait_for({key}, poll).empty(), "dcp.save: ", who,
+             " did not reach the save within the group timeout (a save is collective over the group)");
+    return nlohmann::json::parse(store.get(key));
+  };
+  store.set(key_prefix + "plain/" + std::to_string(group.rank()), nlohmann::json(names).dump());
+  if (group.rank() == 0) {
+    nlohmann::json writers = nlohmann::json::object();
+    for (int r = group.size() - 1; r >= 0; --r)  // downwards, so the lowest rank's claim stays
+      for (const auto& name : read(key_prefix + "plain/" + std::to_string(r), "rank " + std::to_string(r)))
+        writers[name.get<std::string>()] = r;
+    store.set(key_prefix + "plain_writers", writers.dump());
+  }
+  const nlohmann::json writers = read(key_prefix + "plain_writers", "rank 0");
+  std::set<std::string> mine;
+  for (const std::string& name : names)
+    if (writers.at(name).get<int>() == group.rank()) mine.insert(name);
+  return mine;
 }
 
 // Adds to `into` what `from` has and `into` lacks, recursively through objects: values are saved
@@ -363,15 +399,16 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
   s->group = group;
   s->options = options;
   s->values = state.values;
-  const int rank = group.rank();
   // No barrier: every rank creates the directory (idempotent), and leftovers of an interrupted save
   // that this one does not overwrite are removed at the commit.
   fs::create_directories(s->tmp);
 
+  for (const auto& [name, t] : state.tensors) HP_CHECK(t.defined(), "dcp.save: tensor '", name, "' is undefined");
+  s->key_prefix = "hp_dcp/" + std::to_string(next_save_number(group)) + "/";
+  const std::set<std::string> plain = plain_tensors_to_write(state, group, s->key_prefix);
   for (const auto& [name, t] : state.tensors) {
-    HP_CHECK(t.defined(), "dcp.save: tensor '", name, "' is undefined");
     s->tensors[name] = {{"dtype", detail::safetensors_dtype(t.scalar_type())}, {"shape", t.sizes().vec()}};
-    auto piece = piece_to_write(t, rank);
+    auto piece = piece_to_write(t, plain.count(name) > 0);
     if (!piece || piece->first.numel() == 0) continue;
     WriteItem item;
     item.entry.name = name;
@@ -384,7 +421,6 @@ AsyncSave save_async(const StateDict& state, const std::string& dir, const comm:
     s->items.push_back(std::move(item));
   }
 
-  s->key_prefix = "hp_dcp/" + std::to_string(next_save_number(group)) + "/";
   s->writer = std::thread([s] { s->run_writer(); });
   if (options.stage_copies && options.stage_in_background) {
     s->stager = std::thread([s] {

@@ -194,10 +194,14 @@ std::pair<std::string, YAML::Node> parse_override(const std::string& o) {
 }
 
 // model.family as the file or, last one winning, an override sets it; empty when neither does.
+// The file may nest it (model: {family: ...}) or spell it out ("model.family": ..., as the run's
+// config.json does, whose keys may come in any order).
 std::string family_in(const YAML::Node& root, const std::vector<std::string>& overrides) {
   std::string family;
   if (root && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["family"])
     family = convert<std::string>(root["model"]["family"], "model.family");
+  else if (root && root.IsMap() && root["model.family"])
+    family = convert<std::string>(root["model.family"], "model.family");
   for (const auto& o : overrides)
     if (o.rfind("model.family=", 0) == 0) family = convert<std::string>(parse_override(o).second, "model.family");
   return family;

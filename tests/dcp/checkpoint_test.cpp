@@ -129,6 +129,37 @@ TEST(Checkpoint, ReplicatedDataIsWrittenOnce) {
   EXPECT_EQ(dcp::verify(dir).chunks, 3);
 }
 
+// Plain tensors that only some ranks hold (a pipeline stage's buffers): each is written once, by
+// the lowest rank that holds it, and loads back bitwise.
+TEST(Checkpoint, PlainTensorsOfSomeRanksAreWrittenOnceByTheLowest) {
+  const std::string dir = scratch_dir() + "/ckpt";
+  const auto plain = [](const comm::ProcessGroup& group) {
+    dcp::StateDict state;
+    state.tensors["everywhere"] = test::rank_data(0, {8}, at::kFloat, 1);
+    if (group.rank() >= 2) state.tensors["stage_1.bias"] = test::rank_data(0, {6}, at::kFloat, 2);
+    if (group.rank() == 3) state.tensors["last.step"] = test::rank_data(0, {3}, at::kLong, 3);
+    return state;
+  };
+  run(4, [&](const comm::ProcessGroup& group) { dcp::save(plain(group), dir, group); });
+  EXPECT_TRUE(fs::exists(dir + "/rank-00000.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/rank-00001.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/rank-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/rank-00003.safetensors"));
+  EXPECT_EQ(dcp::verify(dir).chunks, 3) << "each plain tensor once";
+  const dcp::StateDict whole = dcp::load_whole(dir);
+  ASSERT_EQ(whole.tensors.size(), 3u);
+  run(4, [&](const comm::ProcessGroup& group) {
+    const dcp::StateDict want = plain(group);
+    dcp::StateDict got = want;
+    for (auto& [name, t] : got.tensors) t = at::zeros_like(t);
+    dcp::load(got, dir);
+    for (const auto& [name, t] : want.tensors) {
+      EXPECT_TRUE(at::equal(got.tensors.at(name), t)) << name << " on rank " << group.rank();
+      EXPECT_TRUE(at::equal(whole.tensors.at(name), t)) << name;
+    }
+  });
+}
+
 // Flip one byte of tensor data: loading fails and names the file and the tensor.
 TEST(Checkpoint, DamageIsDetected) {
   const std::string root = scratch_dir();

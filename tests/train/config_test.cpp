@@ -1,6 +1,9 @@
 // The config: every key known, overrides, and the documented messages for mistakes.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include "hp/models/llama/spec.h"
 #include "hp/train/config.h"
 #include "test_util.h"
@@ -30,6 +33,17 @@ TEST(TrainConfig, ParsesKeysAndOverrides) {
   EXPECT_EQ(c.micro_batches(), 2);  // 8 / dp 2 = 4 per rank, in micro-batches of 2
   validate(c, 4);
   EXPECT_NE(to_json(c).find("\"train.steps\":7"), std::string::npos);
+}
+
+// The run's config.json (to_json, its keys sorted as hp-train writes it) loads back to the same
+// config, for every family: model.family is read first wherever it sorts.
+TEST(TrainConfig, TheRunsConfigJsonLoadsBack) {
+  for (const char* family : {"llama", "qwen3_moe"}) {
+    const TrainConfig c =
+        parse_config(std::string("model: {family: ") + family + ", layers: 4}\nparallel: {dp_shard: 2}", {});
+    const std::string written = nlohmann::json::parse(to_json(c)).dump(1);
+    EXPECT_EQ(to_json(parse_config(written, {}, "config.json")), to_json(c)) << family;
+  }
 }
 
 TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {

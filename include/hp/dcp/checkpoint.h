@@ -5,9 +5,10 @@
 //                             sizes, file, byte offset, XXH64 checksum of each block); plus `values`
 //   rank-00000.safetensors    each rank's chunks, one safetensors file per rank that holds any
 // Each rank writes the pieces it holds; a piece replicated over mesh dims is written once (by the
-// rank at coordinate 0 of those dims); plain tensors are written by rank 0. Loading reads, for each
-// tensor of the target state dict, exactly the chunks that overlap this rank's piece, whatever mesh,
-// world size or placements saved them (resharding on load), and checks every block it reads.
+// rank at coordinate 0 of those dims); a plain tensor is written by the lowest rank that has it.
+// Loading reads, for each tensor of the target state dict, exactly the chunks that overlap this
+// rank's piece, whatever mesh, world size or placements saved them (resharding on load), and checks
+// every block it reads.
 //
 // Saving is atomic: files go to `<dir>.tmp`, which is renamed to `<dir>` only after every rank has
 // written and synced; an interrupted save leaves the previous checkpoints untouched. See
@@ -27,7 +28,8 @@
 
 namespace hp::dcp {
 
-// What a checkpoint holds. `tensors` are DTensors or plain tensors (plain = the same on every rank);
+// What a checkpoint holds. `tensors` are DTensors or plain tensors (plain = the same on every rank
+// that has it; ranks may hold different ones, e.g. pipeline stages their own buffers);
 // load() copies into them in place. `values` carries everything else (step, data position, RNG
 // seeds, scheduler state) as JSON; every rank's values are saved, merged key by key (rank 0's win
 // where ranks disagree; keys only some ranks have, e.g. a pipeline stage's, are kept), and load()
