@@ -79,7 +79,7 @@ inline void check_relative(const at::Tensor& got, const at::Tensor& want, const 
   const double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
   const double worst = w.numel() ? ((g - w).abs() / (w.abs() + scale + 1e-30)).max().item<double>() : 0.0;
   if (!(worst <= rtol))
-    throw std::runtime_error(what + ": relative difference " + std::to_string(worst) + " > " + std::to_string(rtol));
+    throw std::runtime_error(what + ": relative difference " + c10::str(worst) + " > " + c10::str(rtol));
 }
 
 // The whole value of a DTensor (gathered), a plain tensor as it is.

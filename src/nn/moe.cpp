@@ -86,7 +86,8 @@ TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, RouterOptions options)
 Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   const RouterOptions& o = options_;
   HP_CHECK(x.dim() == 2, "MoE router: expects [tokens, dim], got ", x.sizes());
-  const at::Tensor logits = at::linear(x.to(at::kFloat), gate->param("weight").to(at::kFloat));
+  const at::ScalarType dtype = at::promote_types(x.scalar_type(), at::kFloat);
+  const at::Tensor logits = at::linear(x.to(dtype), gate->param("weight").to(dtype));
   const at::Tensor scores = o.score_func == "softmax" ? at::softmax(logits, -1) : at::sigmoid(logits);
   // Which experts: the scores (plus the balancing bias), within the best groups.
   at::Tensor choice = scores.detach();
@@ -219,8 +220,8 @@ at::Tensor MoE::aux_loss(const Routing& routing, int64_t sequences) const {
   // p: the scores as a distribution over the experts; chosen: the choices, one-hot.
   const at::Tensor p =
       o.router.score_func == "softmax" ? routing.scores : routing.scores / routing.scores.sum(-1, true);
-  const at::Tensor chosen = at::zeros({tokens, experts}, at::kFloat).scatter_(1, routing.experts, 1.0f);
-  at::Tensor total = at::zeros({}, at::kFloat);
+  const at::Tensor chosen = at::zeros({tokens, experts}, p.options()).scatter_(1, routing.experts, 1.0);
+  at::Tensor total = at::zeros({}, p.options());
   if (o.aux_loss_coeff != 0) {
     const at::Tensor f = chosen.sum(0) * (static_cast<double>(experts) / static_cast<double>(k * tokens));
     total = total + o.aux_loss_coeff * (f * p.mean(0)).sum();
@@ -272,8 +273,8 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
   const at::Tensor sent = order.narrow(0, 0, order.numel() - dropped_);
   at::Tensor rows = tokens.index_select(0, at::div(sent, k, "floor"));
   if (options_.gate_before_experts)
-    rows =
-        (rows.to(at::kFloat) * routing.gates.reshape({-1}).index_select(0, sent).unsqueeze(1)).to(tokens.scalar_type());
+    rows = (rows.to(routing.gates.scalar_type()) * routing.gates.reshape({-1}).index_select(0, sent).unsqueeze(1))
+               .to(tokens.scalar_type());
   at::Tensor out_rows = dispatcher_->run(
       rows, counts,
       [this](const at::Tensor& r, const std::vector<int64_t>& c) { return (*experts)(r, at::tensor(c, at::kLong)); },
@@ -286,7 +287,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
   for (int64_t j = 0; j < k; ++j) {
     at::Tensor term = by_slot.select(1, j);
     if (!options_.gate_before_experts)
-      term = (term.to(at::kFloat) * routing.gates.select(1, j).unsqueeze(1)).to(tokens.scalar_type());
+      term = (term.to(routing.gates.scalar_type()) * routing.gates.select(1, j).unsqueeze(1)).to(tokens.scalar_type());
     out = j == 0 ? term : out + term;
   }
   return out;

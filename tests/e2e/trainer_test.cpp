@@ -46,6 +46,29 @@ nlohmann::json checkpoint_contents(const std::string& dir) {
   return nlohmann::json::parse(in).at("tensors");
 }
 
+// The run's latest checkpoint through hp-ckpt convert, to Hugging Face files and back: every one of
+// its `tensors` model tensors comes back bitwise, `named` among them.
+void expect_hugging_face_round_trip_is_bitwise(const std::string& run_dir, int tensors, const std::string& named) {
+  const std::string ckpt = bin_dir() + "/hp-ckpt ", checkpoints = run_dir + "/checkpoints";
+  const Result to_hf = hp::e2e::run_command(ckpt + "convert --to hf " + checkpoints + " " + run_dir + "/hf");
+  ASSERT_EQ(to_hf.exit_code, 0) << to_hf.output;
+  EXPECT_TRUE(fs::exists(run_dir + "/hf/model.safetensors"));
+  const Result back = hp::e2e::run_command(ckpt + "convert --from hf " + run_dir + "/hf " + run_dir + "/back");
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  const Result inspected = hp::e2e::run_command(ckpt + "inspect " + run_dir + "/back");
+  EXPECT_NE(inspected.output.find(named), std::string::npos) << inspected.output;
+  // One chunk per tensor on both sides, so equal checksums mean equal bytes.
+  ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + checkpoints + " " + run_dir + "/whole").exit_code, 0);
+  const auto original = checkpoint_contents(run_dir + "/whole"), round_trip = checkpoint_contents(run_dir + "/back");
+  int compared = 0;
+  for (const auto& [name, record] : round_trip.items()) {
+    ASSERT_EQ(record.at("chunks").size(), 1u) << name;
+    EXPECT_EQ(record.at("chunks")[0].at("checksums"), original.at(name).at("chunks")[0].at("checksums")) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, tensors);
+}
+
 // The demo in reduced form: trains, evaluates, checkpoints, plots, samples.
 TEST(HpTrain, DemoRunsInReducedForm) {
   const std::string dir = scratch("demo");
@@ -60,35 +83,18 @@ TEST(HpTrain, DemoRunsInReducedForm) {
   EXPECT_LT(losses.at(10), losses.at(1) - 1.0) << "the loss should fall clearly in 10 steps";
 
   // The checkpoint through hp-ckpt: verify, export to Hugging Face and back, inspect.
-  const std::string ckpt = bin_dir() + "/hp-ckpt ";
-  const Result verified = hp::e2e::run_command(ckpt + "verify " + dir + "/checkpoints");
+  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + dir + "/checkpoints");
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   EXPECT_NE(verified.output.find("every checksum matches"), std::string::npos) << verified.output;
-  const Result to_hf = hp::e2e::run_command(ckpt + "convert --to hf " + dir + "/checkpoints " + dir + "/hf");
-  ASSERT_EQ(to_hf.exit_code, 0) << to_hf.output;
-  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
-  const Result back = hp::e2e::run_command(ckpt + "convert --from hf " + dir + "/hf " + dir + "/back");
-  ASSERT_EQ(back.exit_code, 0) << back.output;
-  const Result inspected = hp::e2e::run_command(ckpt + "inspect " + dir + "/back");
-  EXPECT_NE(inspected.output.find("model.layers.3.attn.q_proj.weight"), std::string::npos) << inspected.output;
-  // One chunk per tensor on both sides, so equal checksums mean equal bytes: the round trip
-  // through the Hugging Face files is bitwise.
-  ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + dir + "/checkpoints " + dir + "/whole").exit_code, 0);
-  const auto original = checkpoint_contents(dir + "/whole"), round_trip = checkpoint_contents(dir + "/back");
-  int compared = 0;
-  for (const auto& [name, record] : round_trip.items()) {
-    ASSERT_EQ(record.at("chunks").size(), 1u) << name;
-    EXPECT_EQ(record.at("chunks")[0].at("checksums"), original.at(name).at("chunks")[0].at("checksums")) << name;
-    ++compared;
-  }
-  EXPECT_EQ(compared, 39);  // 4 blocks x 9 + embed, norm, output
+  expect_hugging_face_round_trip_is_bitwise(dir, 39, "model.layers.3.attn.q_proj.weight");  // 4 x 9 + 3
 }
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and
 // the final parameters and optimizer state are bitwise those of an uninterrupted run.
 void kill_and_resume(const std::string& name, const std::string& parallel,
-                     const std::string& example = "tiny_llama.yaml") {
+                     const std::string& example = "tiny_llama.yaml", std::string* straight_run = nullptr) {
   const std::string straight = scratch(name + "_straight"), killed = scratch(name + "_killed");
+  if (straight_run) *straight_run = straight;
   ASSERT_EQ(run_job(train_command(straight, parallel, example)).exit_code, 0);
 
   const Result crash =
@@ -125,9 +131,24 @@ TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
 TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) { kill_and_resume("muon", "--set optimizer.name=muon"); }
 
 // The Qwen3-MoE example (dp_shard 4 with ep 2 borrowed from it): each rank's experts and their
-// optimizer state resume bitwise from their expert-sharded checkpoint chunks.
+// optimizer state resume bitwise from their expert-sharded checkpoint chunks. Its checkpoint goes
+// to Hugging Face files (each expert apart) and back bitwise.
 TEST(HpTrain, KillAndResumeWithExpertParallelismIsBitwiseIdentical) {
-  kill_and_resume("qwen3_moe_ep", "--set train.global_batch=8 --set train.micro_batch=2", "tiny_qwen3_moe.yaml");
+  std::string straight;
+  kill_and_resume("qwen3_moe_ep", "--set train.global_batch=8 --set train.micro_batch=2", "tiny_qwen3_moe.yaml",
+                  &straight);
+  if (HasFatalFailure()) return;
+  // 4 layers x (4 attention weights, 2 QK norms, 2 norms, the router's gate and bias, 3 stacked
+  // expert weights) + embed, norm, output.
+  expect_hugging_face_round_trip_is_bitwise(straight, 4 * 13 + 3, "model.layers.3.mlp.experts.w2");
+}
+
+// The same example through a pipeline (pp 2 x dp_shard 2, ep 2): the second stage's routers' expert
+// biases (buffers that only its ranks hold) are saved by its lowest rank and resume bitwise.
+TEST(HpTrain, KillAndResumeWithExpertParallelismThroughAPipelineIsBitwiseIdentical) {
+  kill_and_resume("qwen3_moe_ep_pp",
+                  "--set parallel.pp=2 --set parallel.dp_shard=2 --set train.global_batch=8 --set train.micro_batch=2",
+                  "tiny_qwen3_moe.yaml");
 }
 
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):

@@ -8,11 +8,20 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
+#include "hp/dcp/hf.h"
+#include "hp/dcp/state_dict.h"
+#include "hp/models/hf_config.h"
+#include "hp/models/hf_state.h"
 #include "hp/models/model_spec.h"
 #include "hp/models/qwen3_moe/model.h"
+#include "hp/nn/init.h"
 #include "hp/testing/run_ranks.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
@@ -41,6 +50,92 @@ TEST(Qwen3Moe, PublishedShapesHaveThePublishedParameterCounts) {
   expect_published(models::qwen3_235b_a22b(), 235e9, 22e9);  // "235B in total and 22B activated"
 }
 
+// The model's tensors as Qwen3MoeForCausalLM's (each layer's stacked experts split per expert,
+// the router as mlp.gate), written as Hugging Face files and read back: every tensor bitwise,
+// the expert bias included.
+TEST(Qwen3Moe, HuggingFaceExportAndImportRoundTripBitwise) {
+  Qwen3MoeConfig c;
+  c.llama.layers = 2;
+  c.experts = 4;
+  c.load_balance_rate = 0.001;  // gives the routers their expert bias
+  const auto model = models::make_qwen3_moe(c);
+  nn::init_parameters(*model, 5);
+  dcp::StateDict ours = dcp::model_state_dict(*model, "");
+  at::Tensor& bias = ours.tensors.at("layers.1.mlp.router.expert_bias");
+  bias.copy_(at::arange(bias.numel(), bias.options()) * 0.3 - 0.4);
+  dcp::StateDict hf;
+  hf.tensors = models::to_hf_tensors(ours.tensors);
+  const int64_t dim = c.llama.dim, hidden = c.expert_hidden;
+  const std::map<std::string, std::pair<std::vector<int64_t>, at::Tensor>> expected = {
+      {"model.layers.1.mlp.gate.weight", {{4, dim}, ours.tensors.at("layers.1.mlp.router.gate.weight")}},
+      {"model.layers.1.mlp.gate.e_score_correction_bias", {{4}, bias}},
+      {"model.layers.1.mlp.experts.3.gate_proj.weight", {{hidden, dim}, ours.tensors.at("layers.1.mlp.experts.w1")[3]}},
+      {"model.layers.1.mlp.experts.3.up_proj.weight", {{hidden, dim}, ours.tensors.at("layers.1.mlp.experts.w3")[3]}},
+      {"model.layers.0.mlp.experts.2.down_proj.weight", {{dim, hidden}, ours.tensors.at("layers.0.mlp.experts.w2")[2]}},
+      {"model.layers.0.self_attn.q_norm.weight",
+       {{c.llama.head_size()}, ours.tensors.at("layers.0.attn.q_norm.weight")}}};
+  for (const auto& [name, want] : expected) {
+    ASSERT_TRUE(hf.tensors.count(name)) << name;
+    EXPECT_EQ(hf.tensors.at(name).sizes().vec(), want.first) << name;
+    EXPECT_TRUE(at::equal(hf.tensors.at(name), want.second)) << name;
+  }
+  // Per layer: 4 attention weights, 2 QK norms, 2 norms, the gate, the bias, 3 x 4 experts.
+  EXPECT_EQ(hf.tensors.size(), 3u + 2u * (8u + 2u + 12u));
+
+  const std::string dir = test::scratch_dir("qwen3_moe_hf");
+  test::run(1, [&](const comm::ProcessGroup& world) {
+    dcp::save_hf(hf, dir, world, [](const std::string& name) { return name; });
+  });
+  const models::NamedTensors back = models::from_hf_tensors(dcp::load_hf_whole(dir).tensors);
+  ASSERT_EQ(back.size(), ours.tensors.size());
+  for (const auto& [name, t] : ours.tensors) {
+    ASSERT_TRUE(back.count(name)) << name;
+    EXPECT_TRUE(at::equal(back.at(name), t)) << name;
+  }
+
+  models::NamedTensors gap = hf.tensors;
+  gap.erase("model.layers.0.mlp.experts.1.up_proj.weight");
+  test::expect_error([&] { models::from_hf_tensors(gap); }, "'layers.0.mlp.experts.w3' lacks expert 1");
+  models::NamedTensors stranger = ours.tensors;
+  stranger["layers.0.mlp.shared.w1.weight"] = at::zeros({2, 2});
+  test::expect_error([&] { models::to_hf_tensors(stranger); },
+                     "'layers.0.mlp.shared.w1.weight' has no Hugging Face name");
+}
+
+// config.json both ways: our Qwen3-30B-A3B shape gives the published config.json's architecture
+// keys, and those keys give back the same model (and a dense Qwen3 and a Llama theirs); a config
+// we cannot build is refused by name.
+TEST(Qwen3Moe, HuggingFaceConfigBothWays) {
+  TrainConfig moe = parse_config("model: {family: qwen3_moe}", {});
+  moe.model.as<Qwen3MoeConfig>() = models::qwen3_30b_a3b();
+  const auto hf = nlohmann::json::parse(models::to_hf_config(*moe.model));
+  // From Qwen/Qwen3-30B-A3B's config.json.
+  const auto published = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": false,
+    "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "max_position_embeddings": 40960, "mlp_only_layers": [], "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000.0, "tie_word_embeddings": false, "vocab_size": 151936})");
+  for (const auto& [key, value] : published.items()) EXPECT_EQ(hf.at(key), value) << key;
+  for (TrainConfig c : {moe, parse_config("model: {family: llama, qk_norm: true, tie_embeddings: true}", {}),
+                        parse_config("model: {family: llama, head_dim: 16, rope_theta: 500000.0}", {})}) {
+    const std::string config_json = models::to_hf_config(*c.model);
+    const TrainConfig back = parse_config(models::model_keys_from_hf_config(config_json), {});
+    EXPECT_EQ(back.model->family(), c.model->family());
+    EXPECT_EQ(models::to_hf_config(*back.model), config_json);
+  }
+  const auto refused = [&](const char* change, const std::string& message) {
+    nlohmann::json j = hf;
+    j.merge_patch(nlohmann::json::parse(change));
+    test::expect_error([&] { models::model_keys_from_hf_config(j.dump()); }, message);
+  };
+  refused(R"({"model_type": "mixtral"})", "model_type 'mixtral' is not one we build");
+  refused(R"({"rope_scaling": {"type": "yarn", "factor": 4.0}})", "rope_scaling is set");
+  refused(R"({"mlp_only_layers": [0]})", "some layers are dense");
+  refused(R"({"hidden_size": null})", "config.json lacks the integer 'hidden_size'");
+}
+
 const std::string kBatch = "train: {global_batch: 8, micro_batch: 2}";
 
 TEST(Qwen3Moe, ItsKeysParseAndItsRecipeChecksTheDims) {
@@ -67,27 +162,49 @@ TEST(Qwen3Moe, ItsKeysParseAndItsRecipeChecksTheDims) {
       "model.experts (6) must be divisible by parallel.ep (4)");
   test::expect_error(
       [&] { validate(parse_config("model: {family: qwen3_moe}\nparallel: {dp_shard: 2, tp: 2}\n" + kBatch, {}), 4); },
-      "the qwen3_moe recipe does not support parallel.tp, parallel.cp or parallel.pp yet");
+      "qwen3_moe with parallel.tp > 1 needs parallel.sequence_parallel: true");
+  test::expect_error(
+      [&] {
+        validate(parse_config("model: {family: qwen3_moe, z_loss_coeff: 0.001}\n"
+                              "parallel: {dp_shard: 2, tp: 2, sequence_parallel: true}\n" +
+                                  kBatch,
+                              {}),
+                 4);
+      },
+      "must be 0 with parallel.tp > 1 for now");
+  test::expect_error(
+      [&] { validate(parse_config("model: {family: qwen3_moe}\nparallel: {dp_shard: 2, cp: 2}\n" + kBatch, {}), 4); },
+      "the qwen3_moe recipe does not support parallel.cp yet");
 }
 
 struct Layout {
-  int64_t dp_replicate = 1, dp_shard = 1, ep = 1;
-  int world() const { return static_cast<int>(dp_replicate * dp_shard); }
+  int64_t dp_replicate = 1, dp_shard = 1, ep = 1, pp = 1;
+  std::string pp_schedule = "1f1b";
+  int64_t layers = 2, tp = 1;  // tp with sequence parallelism
+  int world() const { return static_cast<int>(pp * dp_replicate * dp_shard * tp); }
+  std::string name() const {
+    std::string n;
+    for (int64_t v : {dp_replicate, dp_shard, ep, pp, layers, tp}) n += "_" + std::to_string(v);
+    return n + (pp > 1 ? "_" + pp_schedule : "");
+  }
 };
 
 TrainConfig qwen3_moe_config(const Layout& layout, int64_t experts, const fs::path& dir) {
   TrainConfig c = parse_config(
-      "model: {family: qwen3_moe, vocab: 256, dim: 32, layers: 2, heads: 4, kv_heads: 2, "
+      "model: {family: qwen3_moe, vocab: 256, dim: 32, heads: 4, kv_heads: 2, "
       "max_seq: 32, top_k: 2, expert_hidden: 48}",
       {});
   c.model.as<Qwen3MoeConfig>().experts = experts;
-  c.run_dir = (dir / ("run_" + std::to_string(layout.dp_replicate) + "_" + std::to_string(layout.dp_shard) + "_" +
-                      std::to_string(layout.ep) + "_" + std::to_string(experts)))
-                  .string();
+  c.model.as<Qwen3MoeConfig>().llama.layers = layout.layers;
+  c.run_dir = (dir / ("run" + layout.name() + "_" + std::to_string(experts))).string();
   c.seed = 11;
   c.parallel.dp_replicate = layout.dp_replicate;
   c.parallel.dp_shard = layout.dp_shard;
   c.parallel.ep = layout.ep;
+  c.parallel.pp = layout.pp;
+  c.parallel.tp = layout.tp;
+  c.sequence_parallel = layout.tp > 1;
+  c.pp_schedule = layout.pp_schedule;
   c.data.sources = {write_corpus(dir / "text")};
   c.data.cache_dir = (dir / "cache").string();
   c.data.seq_len = 32;
@@ -98,6 +215,21 @@ TrainConfig qwen3_moe_config(const Layout& layout, int64_t experts, const fs::pa
   c.eval.batches = 1;
   validate(c, layout.world());
   return c;
+}
+
+// The last train line's metrics of each layer whose name ends in `suffix`, from metrics.jsonl.
+std::map<std::string, double> last_moe_metrics(const std::string& run_dir, const std::string& suffix) {
+  std::map<std::string, double> found;
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("kind") != "train") continue;
+    for (const auto& [key, value] : j.items())
+      if (key.rfind("moe.", 0) == 0 && key.size() > suffix.size() &&
+          key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+        found[key] = value.get<double>();
+  }
+  return found;
 }
 
 TrainResult train_qwen3_moe(const Layout& layout, int64_t experts, const fs::path& dir) {
@@ -134,6 +266,50 @@ TEST(Qwen3Moe, HpTrainWithExpertParallelismMatchesShardingTheExpertsOnly) {
   expect_near(train_qwen3_moe({2, 2, 2}, 4, dir), ep1, 1e-6, "ep 2 of dp_shard 2 under dp_replicate 2");
   expect_near(train_qwen3_moe({1, 1, 1}, 4, dir), ep1, 1e-6, "one rank");
   fs::remove_all(dir);
+}
+
+// 4-layer runs with the routers' bias balancing on, each layout against dp_shard 4 with ep 1: the
+// same per-step losses and gradient norms within 1e-6, and rank 0's max_load of every layer equal
+// (rank 0 reports every layer, those of pipeline stages it does not run included).
+void expect_balanced_runs_match(const std::string& name, const std::vector<std::pair<Layout, std::string>>& layouts) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto balanced = [&](Layout layout) {
+    layout.layers = 4;
+    TrainConfig c = qwen3_moe_config(layout, 4, dir);
+    c.model.as<Qwen3MoeConfig>().load_balance_rate = 0.01;
+    return c;
+  };
+  const TrainConfig reference = balanced({1, 4, 1});
+  const TrainResult want = rank0_result(reference, 4);
+  for (const auto& [layout, what] : layouts) {
+    const TrainConfig c = balanced(layout);
+    expect_near(rank0_result(c, layout.world()), want, 1e-6, what);
+    EXPECT_EQ(last_moe_metrics(c.run_dir, ".max_load"), last_moe_metrics(reference.run_dir, ".max_load")) << what;
+  }
+  fs::remove_all(dir);
+}
+
+// Pipelines: ep 2 of dp_shard 2 at each of 2 pipeline positions, under 1F1B, interleaved 1F1B and
+// ZBV (4 stages of one layer: W split from I through the experts' all_to_alls); each stage's
+// counts are summed over its data-parallel ranks.
+TEST(Qwen3Moe, HpTrainWithExpertParallelismThroughPipelinesMatches) {
+  std::vector<std::pair<Layout, std::string>> layouts;
+  for (const char* schedule : {"1f1b", "interleaved", "zbv"})
+    layouts.push_back({Layout{1, 2, 2, 2, schedule}, std::string("ep 2 of dp_shard 2 x pp 2 (") + schedule + ")"});
+  expect_balanced_runs_match("pp", layouts);
+}
+
+// Tensor parallelism with sequence parallelism: each tp rank runs the MoE on its sequence shard, ep
+// borrowed from the tp ranks (ep 2 of dp_shard 2 x tp 2), from tp and dp_shard (ep 4), not at all
+// (ep 1: the experts FSDP-sharded over dp_shard x tp), and through a pipeline (pp 2 x tp 2, ep 2).
+TEST(Qwen3Moe, HpTrainWithTensorParallelismSplitsTheTokens) {
+  Layout tp_ep2{1, 2, 2}, tp_ep4{1, 2, 4}, tp_ep1{1, 2, 1}, tp_pp{1, 1, 2, 2};
+  for (Layout* l : {&tp_ep2, &tp_ep4, &tp_ep1, &tp_pp}) l->tp = 2;
+  expect_balanced_runs_match("tp", {{tp_ep2, "ep 2 of dp_shard 2 x tp 2"},
+                                    {tp_ep4, "ep 4 of dp_shard 2 x tp 2"},
+                                    {tp_ep1, "ep 1, dp_shard 2 x tp 2"},
+                                    {tp_pp, "ep 2 of tp 2 x pp 2 (1F1B)"}});
 }
 
 // Fewer local experts than expert-data ranks: the experts' FSDP splits dim 1 instead of the experts

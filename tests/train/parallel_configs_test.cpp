@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <utility>
 
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
@@ -105,6 +108,39 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   // ZBV: 4 stages of one layer on 2 ranks, each an FSDP unit whose W splits from its I.
   agree_with(run_config({1, {}, false, false, "1 rank, 4 layers", "1f1b", false, 4}, dir),
              {Parallel{4, pp2dp2, false, false, "pp 2 (ZBV) x dp_shard 2", "zbv", false, 4}});
+  fs::remove_all(dir);
+}
+
+// QK-norms under TP: each tp rank normalizes its own heads, so the norms' weights are data-parallel
+// over the tp ranks as well (hp::models::shard_over_data_and_tp: their gradients summed there).
+// Losses and gradient norms (before clipping: AdamW hardly sees a gradient's scale, the norm does)
+// of tp 2 and dp_shard 2 x tp 2 against one rank.
+TEST(Trainer, QkNormUnderTensorParallelismMatchesOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_qk_norm_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto run = [&](int world, int64_t dp_shard, int64_t tp, bool sequence_parallel) {
+    TrainConfig c = tiny_config(dir);
+    c.model.as<models::LlamaConfig>().qk_norm = true;
+    c.parallel.dp_shard = dp_shard;
+    c.parallel.tp = tp;
+    c.sequence_parallel = sequence_parallel;
+    c.run_dir += "_" + std::to_string(dp_shard) + "_" + std::to_string(tp);
+    return rank0_result(c, world);
+  };
+  const TrainResult one = run(1, 1, 1, false);
+  for (const auto& [got, what] :
+       {std::pair{run(2, 1, 2, true), "tp 2 (SP)"}, std::pair{run(4, 2, 2, false), "dp_shard 2 x tp 2"}}) {
+    ASSERT_EQ(got.losses.size(), one.losses.size()) << what;
+    double worst = 0.0;
+    for (size_t i = 0; i < one.losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], one.losses[i], 1e-6 * std::abs(one.losses[i])) << what << ", step " << i + 1;
+      EXPECT_NEAR(got.grad_norms[i], one.grad_norms[i], 1e-6 * std::abs(one.grad_norms[i]))
+          << what << ", step " << i + 1;
+      worst = std::max({worst, std::abs(got.losses[i] - one.losses[i]) / std::abs(one.losses[i]),
+                        std::abs(got.grad_norms[i] - one.grad_norms[i]) / std::abs(one.grad_norms[i])});
+    }
+    std::cout << what << ", qk_norm: largest relative difference to 1 rank " << worst << "\n";
+  }
   fs::remove_all(dir);
 }
 

@@ -3,24 +3,31 @@
 //   hp-ckpt inspect CKPT                  tensors, shapes, dtypes, chunks, bytes, values
 //   hp-ckpt verify CKPT                   read everything, check every checksum
 //   hp-ckpt consolidate CKPT OUT          the same checkpoint with one chunk per tensor (one file)
-//   hp-ckpt convert --to hf CKPT OUT      the model's tensors as Hugging Face safetensors (Llama/Qwen names)
+//   hp-ckpt convert --to hf CKPT OUT      the model's tensors as Hugging Face safetensors (Llama, Qwen3,
+//                                         Qwen3-MoE names; hp/models/hf_state.h)
 //   hp-ckpt convert --from hf HF OUT      Hugging Face safetensors as a checkpoint hp-train can load
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/dcp/checkpoint.h>
 #include <hp/dcp/hf.h>
-#include <hp/models/llama/hf_names.h>
+#include <hp/models/hf_config.h>
+#include <hp/models/hf_state.h>
+#include <hp/train/config.h>
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/flags.h"
 
 namespace {
+namespace fs = std::filesystem;
 
 constexpr const char* kModelPrefix = "model.";  // hp::dcp::model_state_dict's default prefix
 
@@ -100,24 +107,46 @@ int to_hf(const std::string& dir, const std::string& out, const hp::comm::Proces
   for (const auto& [name, t] : state.tensors)
     if (name.rfind(kModelPrefix, 0) == 0) model.tensors[name.substr(std::string(kModelPrefix).size())] = t;
   HP_CHECK(!model.tensors.empty(), "convert: ", dir, " has no tensors named ", kModelPrefix, "*");
-  for (const auto& [name, t] : model.tensors)
-    HP_CHECK(!hp::models::llama_to_hf_name(name).empty(), "convert: '", name, "' has no Hugging Face Llama name");
-  hp::dcp::save_hf(model, out, world, hp::models::llama_to_hf_name);
-  std::cout << "wrote " << model.tensors.size() << " tensors to " << out << "\n";
+  hp::dcp::StateDict hf;
+  hf.tensors = hp::models::to_hf_tensors(model.tensors);
+  hp::dcp::save_hf(hf, out, world, [](const std::string& name) { return name; });
+  std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
+  // hp-train keeps the run's config beside its checkpoints/ directory.
+  fs::path checkpoint = fs::absolute(dir).lexically_normal();
+  if (checkpoint.filename().empty()) checkpoint = checkpoint.parent_path();  // a trailing '/'
+  const fs::path run_config = checkpoint.parent_path().parent_path() / "config.json";
+  if (!fs::exists(run_config)) {
+    std::cout << "no config.json written: " << run_config.string() << " (the run's config) does not exist\n";
+    return 0;
+  }
+  const hp::train::TrainConfig config = hp::train::load_config(run_config.string());
+  std::ofstream(fs::path(out) / "config.json") << hp::models::to_hf_config(*config.model);
+  std::cout << "wrote config.json from " << run_config.string() << "\n";
   return 0;
 }
 
 int from_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
-  const hp::dcp::StateDict hf = hp::dcp::load_hf_whole(dir);
   hp::dcp::StateDict state;
-  for (const auto& [name, t] : hf.tensors) {
-    const std::string ours = hp::models::llama_from_hf_name(name);
-    HP_CHECK(!ours.empty(), "convert: the Hugging Face tensor '", name, "' has no Llama counterpart here");
-    state.tensors[kModelPrefix + ours] = t;
-  }
+  for (const auto& [name, t] : hp::models::from_hf_tensors(hp::dcp::load_hf_whole(dir).tensors))
+    state.tensors[kModelPrefix + name] = t;
   state.values["source"] = "hf:" + dir;
+  // The model keys first, so that a config we cannot build stops before anything is written.
+  const fs::path hf_config = fs::path(dir) / "config.json";
+  std::string model_keys;
+  if (fs::exists(hf_config)) {
+    std::ostringstream text;
+    text << std::ifstream(hf_config).rdbuf();
+    model_keys = hp::models::model_keys_from_hf_config(text.str());
+  }
   hp::dcp::save(state, out, world);
   std::cout << "wrote " << state.tensors.size() << " tensors to " << out << "\n";
+  if (model_keys.empty()) {
+    std::cout << "no model.yaml written: " << hf_config.string() << " does not exist\n";
+    return 0;
+  }
+  std::ofstream(fs::path(out) / "model.yaml") << "# hp-train's model keys for " << hf_config.string() << "\n"
+                                              << model_keys;
+  std::cout << "wrote " << out << "/model.yaml (the model keys for hp-train)\n";
   return 0;
 }
 

@@ -27,7 +27,7 @@ namespace hp::nn {
 struct RouterOptions {
   int64_t experts = 8;
   int64_t top_k = 2;
-  std::string score_func = "softmax";  // softmax | sigmoid, over the experts, in fp32
+  std::string score_func = "softmax";  // softmax | sigmoid, over the experts, in the routing dtype
   bool norm_topk_prob = false;         // the k gate values are renormalized to sum to 1
   double route_scale = 1.0;            // gate values are multiplied by this
   // Group-limited routing (DeepSeek-V3): the experts form `expert_groups` equal groups; a token
@@ -44,12 +44,13 @@ struct RouterOptions {
 // One micro-batch's routing decision.
 struct Routing {
   at::Tensor experts;           // [tokens, top_k] int64: the chosen experts, best first
-  at::Tensor gates;             // [tokens, top_k] fp32: their gate values (differentiable)
+  at::Tensor gates;             // [tokens, top_k]: their gate values (differentiable), routing dtype
   std::vector<int64_t> counts;  // [experts]: how many (token, choice) rows each expert gets
-  at::Tensor logits, scores;    // [tokens, experts] fp32, differentiable: the gate's output, its scores
+  at::Tensor logits, scores;    // [tokens, experts], routing dtype, differentiable: the gate's output, its scores
 };
 
-// Token-choice top-k routing: gate = Linear(dim, experts, no bias), computed in fp32.
+// Token-choice top-k routing: gate = Linear(dim, experts, no bias), computed in the routing dtype:
+// fp32, or fp64 for fp64 input (at::promote_types(input, fp32)); so bf16 models route in fp32.
 class TokenChoiceTopKRouter : public Module {
  public:
   TokenChoiceTopKRouter(int64_t dim, RouterOptions options);

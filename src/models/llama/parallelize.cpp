@@ -1,5 +1,7 @@
 #include "hp/models/llama/parallelize.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "hp/core/error.h"
@@ -9,7 +11,7 @@
 
 namespace hp::models {
 
-void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model) {
+void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, LlamaMlp mlp) {
   HP_CHECK(dims.cp == 1 && dims.ep == 1,
            "parallel.cp and parallel.ep are reserved for context and expert "
            "parallelism, which the llama recipe does not support yet: both must be 1 (got cp=",
@@ -17,16 +19,15 @@ void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model) {
   if (dims.tp > 1) {
     HP_CHECK(model.heads % dims.tp == 0 && model.kv_heads % dims.tp == 0, "model.heads (", model.heads,
              ") and model.kv_heads (", model.kv_heads, ") must be divisible by parallel.tp (", dims.tp, ")");
-    HP_CHECK(model.ffn_hidden % dims.tp == 0, "model.ffn_hidden (", model.ffn_hidden,
+    HP_CHECK(mlp != LlamaMlp::kDense || model.ffn_hidden % dims.tp == 0, "model.ffn_hidden (", model.ffn_hidden,
              ") must be divisible by parallel.tp (", dims.tp, ")");
     HP_CHECK(model.vocab % dims.tp == 0, "model.vocab (", model.vocab, ") must be divisible by parallel.tp (", dims.tp,
              ")");
     HP_CHECK(!model.tie_embeddings, "model.tie_embeddings is not supported with parallel.tp > 1 yet");
-    HP_CHECK(!model.qk_norm, "model.qk_norm is not supported with parallel.tp > 1 yet");
   }
 }
 
-ParallelizePlan llama_tp_plan(TpOptions o) {
+ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
   // Between blocks the residual stream is replicated, or sharded on the sequence dim with SP.
   const Placement between = o.sequence_parallel ? Shard(1) : Replicate();
   ParallelizePlan plan = {
@@ -35,9 +36,6 @@ ParallelizePlan llama_tp_plan(TpOptions o) {
       {"layers.*.attn.k_proj", ColwiseParallel()},
       {"layers.*.attn.v_proj", ColwiseParallel()},
       {"layers.*.attn.o_proj", RowwiseParallel().set_output_layouts(between)},
-      {"layers.*.mlp.gate", ColwiseParallel()},
-      {"layers.*.mlp.up", ColwiseParallel()},
-      {"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between)},
       {"output", ColwiseParallel()
                      .set_input_layouts(between)
                      .set_output_layouts(o.loss_parallel ? Shard(-1) : Replicate())
@@ -48,13 +46,60 @@ ParallelizePlan llama_tp_plan(TpOptions o) {
       plan.push_back({norm, SequenceParallel()});
   // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
   // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
-  for (const char* input : {"layers.*.attn", "layers.*.mlp"})
-    plan.push_back({input, PrepareModuleInput({between}, {Replicate()})});
+  plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()})});
+  if (mlp == LlamaMlp::kDense) {
+    plan.push_back({"layers.*.mlp.gate", ColwiseParallel()});
+    plan.push_back({"layers.*.mlp.up", ColwiseParallel()});
+    plan.push_back({"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between)});
+    plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()})});
+  } else {
+    // This rank's tokens in (a local tensor: the MLP has no DTensor parameters), the stream's
+    // layout out.
+    plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Shard(1)}, /*use_local_output=*/true)});
+    plan.push_back({"layers.*.mlp", PrepareModuleOutput(Shard(1), between)});
+  }
   return plan;
 }
 
-void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options) {
-  if (dims.tp > 1) parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp));
+void shard_over_data_and_tp(nn::Module& model, const std::string& pattern, const DeviceMesh& mesh,
+                            const ParallelDims& dims, FullyShardOptions options) {
+  HP_CHECK(dims.tp > 1, "shard_over_data_and_tp: needs parallel.tp > 1");
+  // The expert mesh without expert parallelism: (pp, dp_replicate, dp_shard x cp x tp).
+  ParallelDims flat = dims;
+  flat.ep = 1;
+  const DeviceMesh data_and_tp = build_expert_mesh(mesh.world(), flat);
+  const DeviceMesh unit_mesh = dims.dp_replicate > 1 ? data_and_tp[{"dp_replicate", "efsdp"}] : data_and_tp["efsdp"];
+  // A matrix with fewer rows than ranks (a router's gate: one row per expert) splits its columns.
+  const int64_t ranks = data_and_tp.size("efsdp");
+  options.shard_placement_fn = [user = options.shard_placement_fn, ranks](
+                                   const std::string& fqn, const at::Tensor& p) -> std::optional<Placement> {
+    if (user)
+      if (auto chosen = user(fqn, p)) return chosen;
+    if (p.dim() == 2 && p.size(0) < ranks && p.size(1) >= ranks) return Shard(1);
+    return std::nullopt;
+  };
+  options.mixed_precision.output_dtype.reset();
+  for (auto& [fqn, module] : nn::match_modules(model, pattern))
+    fully_shard(*module, unit_mesh, options).set_gradient_scaling_factor(static_cast<double>(dims.tp));
+}
+
+namespace {
+
+// TP on mesh["tp"], and the QK-norms (replicated weights over each tp rank's heads) data-parallel
+// over the tp ranks too.
+void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options,
+                           LlamaMlp mlp) {
+  parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp, mlp));
+  if (model.config().qk_norm)
+    for (const char* norm : {"layers.*.attn.q_norm", "layers.*.attn.k_norm"})
+      shard_over_data_and_tp(model, norm, mesh, dims, options.fsdp);
+}
+
+}  // namespace
+
+void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options,
+                       LlamaMlp mlp) {
+  if (dims.tp > 1) apply_tensor_parallel(model, mesh, dims, options, mlp);
   if (dims.dp() == 1) return;
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
@@ -113,9 +158,9 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
 }  // namespace
 
 ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
-                             const RecipeOptions& options) {
+                             const RecipeOptions& options, LlamaMlp mlp) {
   HP_CHECK(model != nullptr, "parallelize_llama: no model");
-  validate_llama_dims(dims, model->config());
+  validate_llama_dims(dims, model->config(), mlp);
   ModelParts parts;
   parts.model = model;
   parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };
@@ -124,12 +169,12 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
   parts.other_parameters = {"*.weight", "layers.*.*.weight", "layers.*.attn.q_norm.weight",
                             "layers.*.attn.k_norm.weight"};
   if (dims.pp == 1) {
-    parallelize_llama(*model, mesh, dims, options);
+    parallelize_llama(*model, mesh, dims, options, mlp);
     parts.modules = {model};
     return parts;
   }
   // Tensor parallelism first, on every rank over the whole model: each rank then runs its stages' share.
-  if (dims.tp > 1) parallelize_module(*model, mesh["tp"], llama_tp_plan(options.tp));
+  if (dims.tp > 1) apply_tensor_parallel(*model, mesh, dims, options, mlp);
   split_into_pipeline(parts, *model, mesh, dims, options);
   return parts;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/core/error.h"
@@ -14,18 +15,31 @@
 
 namespace hp::models {
 
-void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config) {
-  HP_CHECK(dims.tp == 1 && dims.cp == 1 && dims.pp == 1,
-           "the qwen3_moe recipe does not support parallel.tp, parallel.cp or parallel.pp yet (their composition "
-           "with expert parallelism is still to come): all three must be 1 (got tp=",
-           dims.tp, ", cp=", dims.cp, ", pp=", dims.pp, ")");
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config, const TpOptions& tp) {
+  HP_CHECK(dims.cp == 1,
+           "the qwen3_moe recipe does not support parallel.cp yet (its composition with expert parallelism is still "
+           "to come): it must be 1 (got ",
+           dims.cp, ")");
   HP_CHECK(config.experts % dims.ep == 0, "model.experts (", config.experts, ") must be divisible by parallel.ep (",
            dims.ep, ")");
+  if (dims.tp > 1) {
+    HP_CHECK(tp.sequence_parallel,
+             "qwen3_moe with parallel.tp > 1 needs parallel.sequence_parallel: true (each tp rank runs the MoE on its "
+             "shard of the sequence)");
+    HP_CHECK(!config.moe_options().has_aux_loss(),
+             "model.aux_loss_coeff, seq_aux_loss_coeff and z_loss_coeff must be 0 with parallel.tp > 1 for now (each "
+             "tp rank sees a shard of the sequence, not the statistics these losses are defined on)");
+  }
+  ParallelDims dense = dims;
+  dense.ep = 1;  // the experts' placement is this recipe's; the rest is the llama recipe's
+  validate_llama_dims(dense, config.llama, LlamaMlp::kTokenSplit);
 }
 
 namespace {
 
-// Each layer's experts as one FSDP unit over the ranks holding the same experts.
+// Each layer's experts as one FSDP unit over the ranks holding the same experts. With a pipeline,
+// every layer's: a stage's layers are chosen later, by parallelize_llama, and a unit that never
+// runs only holds its shard.
 void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDims& dims, const Qwen3MoeConfig& config,
                    FullyShardOptions options) {
   const DeviceMesh data = dims.dp_replicate > 1 ? expert_mesh[{"dp_replicate", "efsdp"}] : expert_mesh["efsdp"];
@@ -39,23 +53,36 @@ void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDi
   for (auto& [fqn, experts] : nn::match_modules(model, "layers.*.mlp.experts")) {
     FSDPModule unit = fully_shard(*experts, data, options);
     // A rank's expert gradients already sum the losses of its ep group's ranks (the rows came to
-    // it); averaging over the efsdp ranks then leaves a factor ep above the data-parallel mean.
-    unit.set_gradient_scaling_factor(1.0 / static_cast<double>(dims.ep));
+    // it); averaging over the efsdp ranks then leaves a factor ep above the data-parallel mean. The
+    // tp ranks' rows, on the other hand, are shares of one data-parallel rank's tokens: summed.
+    unit.set_gradient_scaling_factor(static_cast<double>(dims.tp) / static_cast<double>(dims.ep));
   }
 }
 
-// The step hook: balance_experts with the counts summed over the data-parallel ranks (they see
-// different tokens), and per layer as metrics the busiest expert over the mean and, when they are
-// on, the bias norm, dropped rows and auxiliary losses; the worst layer's load on the progress line.
+// The ranks whose counts balance_experts sums, or none on one rank: the data-parallel and tp ranks
+// (they see different tokens) and the pipeline stages. A rank counts its own stages' layers only (zeros
+// for the others), so the sum gives every rank every layer's counts: each updates every bias alike
+// (the copies of layers it does not run included) and reports every layer.
+std::optional<comm::ProcessGroup> balancing_group(const DeviceMesh& mesh, const ParallelDims& dims) {
+  std::vector<std::string> names;
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", dims.pp},
+                                   {"dp_replicate", dims.dp_replicate},
+                                   {"dp_shard", dims.dp_shard},
+                                   {"tp", dims.tp}})
+    if (size > 1) names.push_back(name);
+  if (names.empty()) return std::nullopt;
+  const DeviceMesh counted = mesh[names];
+  return names.size() == 1 ? counted.get_group(0) : counted.flatten("balancing").get_group(0);
+}
+
+// The step hook: balance_experts with the counts summed over balancing_group, and per layer as
+// metrics the busiest expert over the mean and, when they are on, the bias norm, dropped rows and
+// auxiliary losses; the worst layer's load on the progress line.
 std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& model, const DeviceMesh& mesh,
                                                const ParallelDims& dims, const Qwen3MoeConfig& config) {
   const double rate = config.load_balance_rate;
   const bool capacity = config.capacity_factor > 0, aux = config.moe_options().has_aux_loss();
-  std::optional<comm::ProcessGroup> data;
-  if (dims.dp() > 1) {
-    const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
-    data = dp_mesh.ndim() == 1 ? dp_mesh.get_group(0) : dp_mesh.flatten("dp").get_group(0);
-  }
+  const std::optional<comm::ProcessGroup> data = balancing_group(mesh, dims);
   std::weak_ptr<Llama> weak = model;  // the parts own the model; the hook must not keep it alive
   return [weak, data, rate, capacity, aux]() {
     const auto model = weak.lock();
@@ -86,12 +113,16 @@ std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& mod
 ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
                                  const Qwen3MoeConfig& config, const RecipeOptions& options) {
   HP_CHECK(model != nullptr, "parallelize_qwen3_moe: no model");
-  validate_qwen3_moe_dims(dims, config);
-  if (dims.dp() > 1 || dims.ep > 1) {
+  validate_qwen3_moe_dims(dims, config, options.tp);
+  if (dims.dp() > 1 || dims.ep > 1 || dims.tp > 1) {
     const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims);
     if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
     shard_experts(*model, expert_mesh, dims, config, options.fsdp);
   }
+  // Each tp rank routes its own tokens: the routers are data-parallel over the tp ranks too. The
+  // unit is the whole MoE (its experts are their own units already), whose forward FSDP sees; the
+  // router is called through route().
+  if (dims.tp > 1) shard_over_data_and_tp(*model, "layers.*.mlp", mesh, dims, options.fsdp);
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama
   RecipeOptions dense_options = options;
@@ -105,7 +136,7 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
     if (p.dim() == 2 && p.size(0) < dp && p.size(1) >= dp) return Shard(1);
     return std::nullopt;
   };
-  ModelParts parts = parallelize_llama(model, mesh, dense, dense_options);
+  ModelParts parts = parallelize_llama(model, mesh, dense, dense_options, LlamaMlp::kTokenSplit);
   // Muon steps the llama recipe's matrices but the dense MLP's (there is none); the router and the
   // stacked experts step with AdamW.
   auto& hidden = parts.hidden_matrices;

@@ -22,16 +22,17 @@ ConfigFields Qwen3MoeSpec::fields() {
   return fields;
 }
 
-void Qwen3MoeSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions&) const {
-  validate_qwen3_moe_dims(dims, config);
+void Qwen3MoeSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const {
+  validate_qwen3_moe_dims(dims, config, options.tp);
 }
 
 // Per token, fp32: attention's ~8 activations of width dim per layer, the router's scores, and
-// top_k copies of the expert rows (input, three hidden-size activations, output), plus the logits twice.
-double Qwen3MoeSpec::activation_bytes_per_token(const ParallelDims&) const {
+// top_k copies of the expert rows (input, three hidden-size activations, output), plus the logits
+// twice; with tp, a rank holds a share of each (heads, sequence shards, vocabulary).
+double Qwen3MoeSpec::activation_bytes_per_token(const ParallelDims& dims) const {
   const LlamaConfig& l = config.llama;
   const double per_layer = 8.0 * l.dim + config.experts + config.top_k * (2.0 * l.dim + 3.0 * config.expert_hidden);
-  return 4.0 * (per_layer * l.layers + 2.0 * l.vocab);
+  return 4.0 * (per_layer * l.layers + 2.0 * l.vocab) / static_cast<double>(dims.tp);
 }
 
 std::string Qwen3MoeSpec::describe() const {

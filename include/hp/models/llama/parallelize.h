@@ -23,20 +23,39 @@
 
 namespace hp::models {
 
-// What the family needs of the dims beyond ParallelDims::validate: heads, kv_heads, ffn_hidden and
-// vocab divisible by tp; cp and ep refused until context and expert parallelism land. Throws
-// hp::Error naming the config fields and the dim.
-void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model);
+// How the blocks' MLP meets tensor parallelism:
+//  - kDense: the SwiGLU split column- then row-wise (Megatron);
+//  - kTokenSplit: the MLP runs whole on each tp rank's share of the tokens (a mixture of experts:
+//    no expert is split, expert parallelism may borrow the tp ranks). Its input is this rank's
+//    sequence shard (with sequence parallelism as it comes, else cut from the replicated stream
+//    without communication) and its output goes back to the stream's layout (as it is, or
+//    all-gathered). model.ffn_hidden is then not used.
+enum class LlamaMlp { kDense, kTokenSplit };
 
-// The tensor-parallel plan of Llama: attention and MLP split column- then row-wise (Megatron), the
-// embedding row-wise, the head column-wise (vocabulary-sharded logits with loss_parallel).
-ParallelizePlan llama_tp_plan(TpOptions options);
+// What the family needs of the dims beyond ParallelDims::validate: heads, kv_heads, ffn_hidden (for
+// a dense MLP) and vocab divisible by tp; cp and ep refused until context and expert parallelism
+// land. Throws hp::Error naming the config fields and the dim.
+void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, LlamaMlp mlp = LlamaMlp::kDense);
+
+// The tensor-parallel plan of Llama: attention split column- then row-wise (Megatron), the MLP as
+// `mlp` says, the embedding row-wise, the head column-wise (vocabulary-sharded logits with
+// loss_parallel).
+ParallelizePlan llama_tp_plan(TpOptions options, LlamaMlp mlp = LlamaMlp::kDense);
+
+// Makes each module of `model` matching `pattern` one FSDP unit over the data-parallel and tp ranks
+// together (this pipeline position's dp_replicate x (dp_shard x tp) ranks), its gradients scaled by
+// tp. For replicated parameters that each tp rank applies to its own share of the data (the QK-norms
+// to its heads, a router to its tokens): their gradients are partial sums over the tp ranks, to be
+// summed there and averaged over the data-parallel ranks. Call with tp > 1, before the units that
+// contain the modules. Collective over the world the mesh was built from.
+void shard_over_data_and_tp(nn::Module& model, const std::string& pattern, const DeviceMesh& mesh,
+                            const ParallelDims& dims, FullyShardOptions options);
 
 // Applies TP on mesh["tp"] (when tp > 1) and FSDP on the data-parallel dims (when dp > 1; a 2-D
 // (dp_replicate, dp_shard) mesh gives HSDP) to the whole model. Call before hp::nn::init_parameters.
 // Collective over the mesh's groups.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
-                       const RecipeOptions& options = {});
+                       const RecipeOptions& options = {}, LlamaMlp mlp = LlamaMlp::kDense);
 
 // The whole recipe on the mesh of hp::build_mesh(world, dims): TP, then with dims.pp > 1 the
 // pipeline split (equal layer ranges, this rank's stages each one FSDP unit on the data-parallel
@@ -44,6 +63,6 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
 // parts' parameters are still uninitialized: call hp::nn::init_parameters(*parts.model, seed).
 // Collective over the world the mesh was built from.
 ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
-                             const RecipeOptions& options = {});
+                             const RecipeOptions& options = {}, LlamaMlp mlp = LlamaMlp::kDense);
 
 }  // namespace hp::models

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "hp/mesh/device_mesh.h"
+#include "hp/models/llama/parallelize.h"
 #include "hp/models/model_parts.h"
 #include "hp/models/model_spec.h"
 #include "hp/models/qwen3_moe/model.h"
@@ -18,18 +19,27 @@
 
 namespace hp::models {
 
-// What the recipe needs of the dims beyond ParallelDims::validate: experts divisible by ep; tp, cp
-// and pp refused until their composition with experts lands. Throws hp::Error naming the keys.
-void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config);
+// What the recipe needs of the dims beyond ParallelDims::validate: experts divisible by ep; with
+// tp > 1, sequence parallelism and no auxiliary losses; cp refused until its composition with
+// experts lands; the llama recipe's needs of attention. Throws hp::Error naming the keys.
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config, const TpOptions& tp = {});
 
 // On the mesh of hp::build_mesh(world, dims), for a model of make_qwen3_moe(config):
 //  - ep > 1: hp::ExpertParallel on every layer's MoE over the ep dim of
 //    hp::build_expert_mesh(world, dims): each rank holds experts / ep experts;
-//  - when any dim shards data (dp > 1 or ep > 1): every layer's experts become one fully_shard unit
+//  - when any dim shards data (dp, ep or tp > 1): every layer's experts become one fully_shard unit
 //    on the expert-data ranks (efsdp, with dp_replicate as HSDP), split on dim 0 (experts) when
 //    experts / ep >= efsdp, else on dim 1. Their gradients are divided by dp (the data-parallel
-//    ranks whose losses reached them), not by efsdp: ep ranks' rows meet in one expert;
-//  - then the blocks and the root as parallelize_llama (FSDP over dp_shard, with dp_replicate HSDP).
+//    ranks whose losses reached them), not by efsdp: ep ranks' rows meet in one expert, and tp
+//    ranks' rows are shares of one data-parallel rank's tokens;
+//  - with tp > 1 (and sequence parallelism), each tp rank runs every layer's MoE on its shard of
+//    the sequence (hp::models::LlamaMlp::kTokenSplit: no all-gather before it, no expert split, no
+//    redundant all_to_all), and each MoE (its router; its experts are their own units) is one FSDP
+//    unit over the data-parallel and tp ranks (hp::models::shard_over_data_and_tp), so the routers'
+//    gradients are summed over the tp ranks;
+//  - then the blocks and the root as parallelize_llama (FSDP over dp_shard, with dp_replicate HSDP),
+//    or, with pp > 1, its pipeline stages (each stage's layers run their MoE as above: the ep and
+//    efsdp ranks of a layer are ranks of the same pipeline position).
 // Parameters are still uninitialized. Collective over the world the mesh was built from.
 ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
                                  const Qwen3MoeConfig& config, const RecipeOptions& options = {});
