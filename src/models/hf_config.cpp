@@ -29,10 +29,16 @@ nlohmann::json decoder_config(const LlamaConfig& c) {
           {"torch_dtype", "float32"}};
 }
 
-// `j[key]` when present, else `fallback`.
+// `j[key]` when present, else `fallback`; a value of another type is an error naming the key
+// (config.json files come from strangers).
 template <typename T>
 T value_or(const nlohmann::json& j, const char* key, T fallback) {
-  return j.contains(key) && !j.at(key).is_null() ? j.at(key).get<T>() : fallback;
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    HP_FAIL("hf: config.json's '", key, "' has the wrong type (", j.at(key).type_name(), ")");
+  }
 }
 
 int64_t required(const nlohmann::json& j, const char* key) {

@@ -4,7 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "e2e/e2e_util.h"
@@ -47,14 +49,20 @@ nlohmann::json checkpoint_contents(const std::string& dir) {
 }
 
 // The run's latest checkpoint through hp-ckpt convert, to Hugging Face files and back: every one of
-// its `tensors` model tensors comes back bitwise, `named` among them.
-void expect_hugging_face_round_trip_is_bitwise(const std::string& run_dir, int tensors, const std::string& named) {
+// its `tensors` model tensors comes back bitwise, `named` among them; config.json goes out and
+// comes back as model keys of `family`.
+void expect_hugging_face_round_trip_is_bitwise(const std::string& run_dir, int tensors, const std::string& named,
+                                               const std::string& family) {
   const std::string ckpt = bin_dir() + "/hp-ckpt ", checkpoints = run_dir + "/checkpoints";
   const Result to_hf = hp::e2e::run_command(ckpt + "convert --to hf " + checkpoints + " " + run_dir + "/hf");
   ASSERT_EQ(to_hf.exit_code, 0) << to_hf.output;
   EXPECT_TRUE(fs::exists(run_dir + "/hf/model.safetensors"));
+  EXPECT_TRUE(fs::exists(run_dir + "/hf/config.json")) << to_hf.output;
   const Result back = hp::e2e::run_command(ckpt + "convert --from hf " + run_dir + "/hf " + run_dir + "/back");
   ASSERT_EQ(back.exit_code, 0) << back.output;
+  std::ifstream keys(run_dir + "/back/model.yaml");
+  const std::string model_keys((std::istreambuf_iterator<char>(keys)), std::istreambuf_iterator<char>());
+  EXPECT_NE(model_keys.find("family: " + family + "\n"), std::string::npos) << model_keys;
   const Result inspected = hp::e2e::run_command(ckpt + "inspect " + run_dir + "/back");
   EXPECT_NE(inspected.output.find(named), std::string::npos) << inspected.output;
   // One chunk per tensor on both sides, so equal checksums mean equal bytes.
@@ -86,7 +94,7 @@ TEST(HpTrain, DemoRunsInReducedForm) {
   const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + dir + "/checkpoints");
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   EXPECT_NE(verified.output.find("every checksum matches"), std::string::npos) << verified.output;
-  expect_hugging_face_round_trip_is_bitwise(dir, 39, "model.layers.3.attn.q_proj.weight");  // 4 x 9 + 3
+  expect_hugging_face_round_trip_is_bitwise(dir, 39, "model.layers.3.attn.q_proj.weight", "llama");  // 4 x 9 + 3
 }
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and
@@ -140,7 +148,7 @@ TEST(HpTrain, KillAndResumeWithExpertParallelismIsBitwiseIdentical) {
   if (HasFatalFailure()) return;
   // 4 layers x (4 attention weights, 2 QK norms, 2 norms, the router's gate and bias, 3 stacked
   // expert weights) + embed, norm, output.
-  expect_hugging_face_round_trip_is_bitwise(straight, 4 * 13 + 3, "model.layers.3.mlp.experts.w2");
+  expect_hugging_face_round_trip_is_bitwise(straight, 4 * 13 + 3, "model.layers.3.mlp.experts.w2", "qwen3_moe");
 }
 
 // The same example through a pipeline (pp 2 x dp_shard 2, ep 2): the second stage's routers' expert

@@ -134,6 +134,7 @@ TEST(Qwen3Moe, HuggingFaceConfigBothWays) {
   refused(R"({"rope_scaling": {"type": "yarn", "factor": 4.0}})", "rope_scaling is set");
   refused(R"({"mlp_only_layers": [0]})", "some layers are dense");
   refused(R"({"hidden_size": null})", "config.json lacks the integer 'hidden_size'");
+  refused(R"({"hidden_act": 5})", "config.json's 'hidden_act' has the wrong type (number)");
 }
 
 const std::string kBatch = "train: {global_batch: 8, micro_batch: 2}";

@@ -109,18 +109,20 @@ int to_hf(const std::string& dir, const std::string& out, const hp::comm::Proces
   HP_CHECK(!model.tensors.empty(), "convert: ", dir, " has no tensors named ", kModelPrefix, "*");
   hp::dcp::StateDict hf;
   hf.tensors = hp::models::to_hf_tensors(model.tensors);
-  hp::dcp::save_hf(hf, out, world, [](const std::string& name) { return name; });
-  std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
-  // hp-train keeps the run's config beside its checkpoints/ directory.
+  // hp-train keeps the run's config beside its checkpoints/ directory. Read first, so that a
+  // config we cannot map stops before anything is written.
   fs::path checkpoint = fs::absolute(dir).lexically_normal();
   if (checkpoint.filename().empty()) checkpoint = checkpoint.parent_path();  // a trailing '/'
   const fs::path run_config = checkpoint.parent_path().parent_path() / "config.json";
-  if (!fs::exists(run_config)) {
+  std::string hf_config;
+  if (fs::exists(run_config)) hf_config = hp::models::to_hf_config(*hp::train::load_config(run_config.string()).model);
+  hp::dcp::save_hf(hf, out, world, [](const std::string& name) { return name; });
+  std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
+  if (hf_config.empty()) {
     std::cout << "no config.json written: " << run_config.string() << " (the run's config) does not exist\n";
     return 0;
   }
-  const hp::train::TrainConfig config = hp::train::load_config(run_config.string());
-  std::ofstream(fs::path(out) / "config.json") << hp::models::to_hf_config(*config.model);
+  std::ofstream(fs::path(out) / "config.json") << hf_config;
   std::cout << "wrote config.json from " << run_config.string() << "\n";
   return 0;
 }
