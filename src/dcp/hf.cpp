@@ -138,7 +138,8 @@ void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf) {
     const std::string hf = to_hf(name);
     const auto it = records.find(hf);
     HP_CHECK(it != records.end(), "hf.load: ", dir, " has no tensor '", hf, "' (for '", name, "')");
-    detail::read_tensor(files, it->second, /*block_bytes=*/0, name, tensor, "the Hugging Face files in " + dir);
+    detail::read_tensor(files, it->second, /*block_bytes=*/0, name, tensor, "the Hugging Face files in " + dir,
+                        /*convert_floats=*/true);
   }
 }
 

@@ -43,8 +43,9 @@ int64_t copy_overlap(Files& files, const ChunkRecord& chunk, const TensorRecord&
   for (int64_t d = static_cast<int64_t>(ndim) - 2; d >= 0; --d) strides[d] = strides[d + 1] * chunk.sizes[d + 1];
   at::Tensor dest = target;
   for (size_t d = 0; d < ndim; ++d) dest = dest.narrow(d, lo[d] - target_box.first[d], extent[d]);
-  // The whole chunk into contiguous memory (resuming in the saved layout): read straight into place.
-  if (extent == chunk.sizes && dest.is_contiguous()) {
+  // The whole chunk into contiguous memory of its dtype (resuming in the saved layout): read straight
+  // into place. Otherwise through a buffer, converting the dtype on the copy.
+  if (extent == chunk.sizes && dest.is_contiguous() && dest.scalar_type() == scalar_type_of(record.dtype)) {
     read_range(files, chunk, block_bytes, 0, chunk.nbytes, static_cast<char*>(dest.data_ptr()), name);
     return count;
   }
@@ -94,11 +95,13 @@ ChunkBytes read_verified(Files& files, const ChunkRecord& chunk, uint64_t block_
 }
 
 void read_tensor(Files& files, const TensorRecord& record, uint64_t block_bytes, const std::string& name,
-                 at::Tensor& tensor, const std::string& where) {
+                 at::Tensor& tensor, const std::string& where, bool convert_floats) {
   HP_CHECK(record.shape == tensor.sizes().vec(), "dcp.load: tensor '", name, "' has shape ", tensor.sizes(), " but ",
            where, " holds shape ", c10::IntArrayRef(record.shape));
-  HP_CHECK(scalar_type_of(record.dtype) == tensor.scalar_type(), "dcp.load: tensor '", name, "' is ",
-           tensor.scalar_type(), " but ", where, " holds ", record.dtype);
+  const at::ScalarType stored = scalar_type_of(record.dtype);
+  HP_CHECK(stored == tensor.scalar_type() ||
+               (convert_floats && at::isFloatingType(stored) && at::isFloatingType(tensor.scalar_type())),
+           "dcp.load: tensor '", name, "' is ", tensor.scalar_type(), " but ", where, " holds ", record.dtype);
   at::Tensor target = tensor;
   Box box{std::vector<int64_t>(record.shape.size(), 0), record.shape};
   if (is_dtensor(tensor)) {

@@ -39,7 +39,9 @@ void read_range(Files& files, const ChunkRecord& chunk, uint64_t block_bytes, ui
 
 // Fills `tensor` from `record`'s chunks: a DTensor's local piece (this rank's box of the global
 // tensor), a plain tensor whole. Reads only the chunks that overlap. `where` names the source in errors.
+// The dtypes must match, or, with convert_floats, both be floating types (the values are converted
+// as Tensor::copy_ converts them).
 void read_tensor(Files& files, const TensorRecord& record, uint64_t block_bytes, const std::string& name,
-                 at::Tensor& tensor, const std::string& where);
+                 at::Tensor& tensor, const std::string& where, bool convert_floats = false);
 
 }  // namespace hp::dcp::detail

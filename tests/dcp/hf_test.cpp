@@ -123,5 +123,47 @@ TEST(Hf, ExportImportRoundTripIsBitwise) {
   fs::remove_all(dir);
 }
 
+// A bf16 file (what most published models ship) into an fp32 model, sharded over 2 FSDP ranks and
+// whole: every parameter equals the bf16 rounding of the original bitwise. Integer and float
+// tensors do not convert into each other.
+TEST(Hf, ImportConvertsFloatDtypes) {
+  const std::string dir = test::scratch_dir("hf_bf16");
+  models::Llama source(config());
+  nn::init_parameters(source, 5);
+  dcp::StateDict bf16;
+  for (const auto& item : source.named_parameters()) bf16.tensors[item.key()] = item.value().detach().to(at::kBFloat16);
+  test::run(1, [&](const comm::ProcessGroup& world) { dcp::save_hf(bf16, dir, world, models::llama_to_hf_name); });
+  const auto expect_rounded = [&](models::Llama& model, const std::string& what) {
+    for (const auto& item : model.named_parameters()) {
+      const at::Tensor got = test::whole(item.value()).detach();
+      ASSERT_EQ(got.scalar_type(), at::kFloat) << item.key();
+      test::check_close(got, bf16.tensors.at(item.key()).to(at::kFloat), what + ": " + item.key(), /*bitwise=*/true);
+    }
+  };
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    models::Llama model(config());
+    ParallelDims dims;
+    dims.dp_shard = 2;
+    models::parallelize_llama(model, build_mesh(world, dims), dims);
+    nn::init_parameters(model, 6);
+    auto state = dcp::model_state_dict(model, "");
+    dcp::load_hf(state, dir, models::llama_to_hf_name);
+    expect_rounded(model, "FSDP import");
+  });
+  models::Llama single(config());
+  nn::init_parameters(single, 7);
+  auto state = dcp::model_state_dict(single, "");
+  dcp::load_hf(state, dir, models::llama_to_hf_name);
+  expect_rounded(single, "single import");
+  test::expect_error(
+      [&] {
+        dcp::StateDict ints;
+        ints.tensors["embed.weight"] = at::zeros(bf16.tensors.at("embed.weight").sizes(), at::kLong);
+        dcp::load_hf(ints, dir, models::llama_to_hf_name);
+      },
+      "dcp.load: tensor 'embed.weight' is Long but the Hugging Face files in");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace hp

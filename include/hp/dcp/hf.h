@@ -31,6 +31,8 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
              HfSaveOptions options = {});
 
 // Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it.
+// Floating-point tensors convert to the target's dtype (a bf16 file into an fp32 model: each value
+// exactly; fp32 into bf16: rounded to nearest even).
 void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf);
 
 // Every tensor of the HF files in `dir`, whole, by its HF name (for tools and tests).
