@@ -25,8 +25,7 @@ nlohmann::json decoder_config(const LlamaConfig& c) {
           {"tie_word_embeddings", c.tie_embeddings},
           {"hidden_act", "silu"},
           {"attention_bias", false},
-          {"rope_scaling", nullptr},
-          {"torch_dtype", "float32"}};
+          {"rope_scaling", nullptr}};
 }
 
 // `j[key]` when present, else `fallback`; a value of another type is an error naming the key
@@ -48,7 +47,7 @@ int64_t required(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
-std::string to_hf_config(const ModelSpec& spec) {
+std::string to_hf_config(const ModelSpec& spec, const std::string& torch_dtype) {
   nlohmann::json j;
   if (const auto* llama = dynamic_cast<const ModelSpecOf<LlamaConfig>*>(&spec)) {
     const LlamaConfig& c = llama->config;
@@ -74,6 +73,7 @@ std::string to_hf_config(const ModelSpec& spec) {
   } else {
     HP_FAIL("hf: the ", spec.family(), " family has no Hugging Face config");
   }
+  j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
 }
 

@@ -95,6 +95,26 @@ TEST(HpTrain, DemoRunsInReducedForm) {
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   EXPECT_NE(verified.output.find("every checksum matches"), std::string::npos) << verified.output;
   expect_hugging_face_round_trip_is_bitwise(dir, 39, "model.layers.3.attn.q_proj.weight", "llama");  // 4 x 9 + 3
+
+  // A bf16 export (what published models ship): about half the bytes, config.json says bfloat16,
+  // and --dtype fp32 brings it back as fp32 tensors.
+  const std::string ckpt = bin_dir() + "/hp-ckpt ";
+  const Result to_bf16 =
+      hp::e2e::run_command(ckpt + "convert --to hf --dtype bf16 " + dir + "/checkpoints " + dir + "/hf16");
+  ASSERT_EQ(to_bf16.exit_code, 0) << to_bf16.output;
+  const auto fp32_bytes = fs::file_size(dir + "/hf/model.safetensors"),
+             bf16_bytes = fs::file_size(dir + "/hf16/model.safetensors");
+  EXPECT_LT(bf16_bytes, fp32_bytes / 2 + 8192) << "bf16 export";
+  std::ifstream config(dir + "/hf16/config.json");
+  const std::string config_text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(config_text.find("\"torch_dtype\": \"bfloat16\""), std::string::npos) << config_text;
+  const Result back = hp::e2e::run_command(ckpt + "convert --from hf --dtype fp32 " + dir + "/hf16 " + dir + "/back16");
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  const Result inspected = hp::e2e::run_command(ckpt + "inspect " + dir + "/back16");
+  EXPECT_NE(inspected.output.find("Float"), std::string::npos) << inspected.output;
+  EXPECT_EQ(inspected.output.find("BFloat16"), std::string::npos) << inspected.output;
+  EXPECT_EQ(hp::e2e::run_command(ckpt + "convert --to hf --dtype int8 " + dir + "/checkpoints " + dir + "/x").exit_code,
+            2);
 }
 
 // SIGKILL one rank after the step-5 checkpoint, rerun with --resume auto: the remaining losses and

@@ -6,6 +6,7 @@
 //   hp-ckpt convert --to hf CKPT OUT      the model's tensors as Hugging Face safetensors (Llama, Qwen3,
 //                                         Qwen3-MoE names; hp/models/hf_state.h)
 //   hp-ckpt convert --from hf HF OUT      Hugging Face safetensors as a checkpoint hp-train can load
+//   (convert --dtype fp32|bf16|fp16 casts the floating-point tensors)
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/dcp/checkpoint.h>
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,8 +36,25 @@ constexpr const char* kModelPrefix = "model.";  // hp::dcp::model_state_dict's d
 
 // The flags; the command and its directories are positional.
 struct Args {
-  std::string to, from;  // convert's format, "hf"
+  std::string to, from;                 // convert's format, "hf"
+  std::optional<at::ScalarType> dtype;  // convert: floating-point tensors cast to this
 };
+
+// --dtype's names, with Hugging Face's for config.json.
+struct DtypeName {
+  const char* flag;
+  at::ScalarType type;
+  const char* torch_dtype;
+};
+constexpr DtypeName kDtypes[] = {
+    {"fp32", at::kFloat, "float32"}, {"bf16", at::kBFloat16, "bfloat16"}, {"fp16", at::kHalf, "float16"}};
+
+// Casts the floating-point tensors to `dtype` (nothing without one).
+void cast_floats(std::map<std::string, at::Tensor>& tensors, const std::optional<at::ScalarType>& dtype) {
+  if (!dtype) return;
+  for (auto& [name, t] : tensors)
+    if (at::isFloatingType(t.scalar_type())) t = t.to(*dtype);
+}
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
   const auto format = [](const char* flag) {
@@ -52,6 +72,17 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "hf",
        "convert: read a Hugging Face directory into a checkpoint",
        [check = format("--from")](Args& a, const std::string& v) { a.from = check(v); }},
+      {{"--dtype"},
+       "fp32|bf16|fp16",
+       "convert: cast the floating-point tensors (default: keep each tensor's dtype)",
+       [](Args& a, const std::string& v) {
+         for (const DtypeName& d : kDtypes)
+           if (v == d.flag) {
+             a.dtype = d.type;
+             return;
+           }
+         throw hp::tools::UsageError("--dtype takes fp32, bf16 or fp16, got '" + v + "'");
+       }},
   };
   return table;
 }
@@ -62,7 +93,8 @@ int usage(std::ostream& out, int code) {
          "  hp-ckpt verify CKPT\n"
          "  hp-ckpt consolidate CKPT OUT\n"
          "  hp-ckpt convert --to hf CKPT OUT\n"
-         "  hp-ckpt convert --from hf HF_DIR OUT\n\n"
+         "  hp-ckpt convert --from hf HF_DIR OUT\n"
+         "  (convert takes --dtype fp32|bf16|fp16 to cast the floating-point tensors)\n\n"
          "CKPT is one checkpoint directory (e.g. runs/tiny_llama/checkpoints/step-000300) or a run's\n"
          "checkpoints/ directory (its latest checkpoint is used).\n\noptions:\n"
       << hp::tools::flag_help(flags());
@@ -101,7 +133,8 @@ int consolidate(const std::string& dir, const std::string& out, const hp::comm::
   return 0;
 }
 
-int to_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
+int to_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world,
+          const std::optional<at::ScalarType>& dtype) {
   const hp::dcp::StateDict state = hp::dcp::load_whole(dir);
   hp::dcp::StateDict model;
   for (const auto& [name, t] : state.tensors)
@@ -109,13 +142,18 @@ int to_hf(const std::string& dir, const std::string& out, const hp::comm::Proces
   HP_CHECK(!model.tensors.empty(), "convert: ", dir, " has no tensors named ", kModelPrefix, "*");
   hp::dcp::StateDict hf;
   hf.tensors = hp::models::to_hf_tensors(model.tensors);
+  cast_floats(hf.tensors, dtype);
+  std::string torch_dtype = "float32";  // what hp-train trains in
+  for (const DtypeName& d : kDtypes)
+    if (dtype == d.type) torch_dtype = d.torch_dtype;
   // hp-train keeps the run's config beside its checkpoints/ directory. Read first, so that a
   // config we cannot map stops before anything is written.
   fs::path checkpoint = fs::absolute(dir).lexically_normal();
   if (checkpoint.filename().empty()) checkpoint = checkpoint.parent_path();  // a trailing '/'
   const fs::path run_config = checkpoint.parent_path().parent_path() / "config.json";
   std::string hf_config;
-  if (fs::exists(run_config)) hf_config = hp::models::to_hf_config(*hp::train::load_config(run_config.string()).model);
+  if (fs::exists(run_config))
+    hf_config = hp::models::to_hf_config(*hp::train::load_config(run_config.string()).model, torch_dtype);
   hp::dcp::save_hf(hf, out, world, [](const std::string& name) { return name; });
   std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
   if (hf_config.empty()) {
@@ -127,10 +165,12 @@ int to_hf(const std::string& dir, const std::string& out, const hp::comm::Proces
   return 0;
 }
 
-int from_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world) {
+int from_hf(const std::string& dir, const std::string& out, const hp::comm::ProcessGroup& world,
+            const std::optional<at::ScalarType>& dtype) {
   hp::dcp::StateDict state;
   for (const auto& [name, t] : hp::models::from_hf_tensors(hp::dcp::load_hf_whole(dir).tensors))
     state.tensors[kModelPrefix + name] = t;
+  cast_floats(state.tensors, dtype);
   state.values["source"] = "hf:" + dir;
   // The model keys first, so that a config we cannot build stops before anything is written.
   const fs::path hf_config = fs::path(dir) / "config.json";
@@ -164,7 +204,7 @@ int main(int argc, char** argv) {
     return usage(std::cerr, 2);
   }
   if (args.empty()) return usage(std::cerr, 2);
-  const bool converting = !flags_given.to.empty() || !flags_given.from.empty();
+  const bool converting = !flags_given.to.empty() || !flags_given.from.empty() || flags_given.dtype.has_value();
   try {
     const std::string& command = args[0];
     if (command == "inspect" && args.size() == 2 && !converting) return inspect(resolve(args[1]));
@@ -178,8 +218,8 @@ int main(int argc, char** argv) {
     const hp::comm::ProcessGroup world = hp::comm::init_process_group();
     HP_CHECK(world.size() == 1, "hp-ckpt runs as one process (no hprun)");
     if (command == "consolidate") return consolidate(resolve(args[1]), args[2], world);
-    if (!flags_given.to.empty()) return to_hf(resolve(args[1]), args[2], world);
-    return from_hf(args[1], args[2], world);
+    if (!flags_given.to.empty()) return to_hf(resolve(args[1]), args[2], world, flags_given.dtype);
+    return from_hf(args[1], args[2], world, flags_given.dtype);
   } catch (const hp::Error& e) {
     std::cerr << "hp-ckpt: error: " << e.what() << "\n";
     return 1;

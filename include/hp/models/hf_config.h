@@ -11,8 +11,9 @@
 
 namespace hp::models {
 
-// config.json's text for `spec`'s model; throws hp::Error for a family with no Hugging Face class.
-std::string to_hf_config(const ModelSpec& spec);
+// config.json's text for `spec`'s model, whose weights the files hold in `torch_dtype` ("float32",
+// "bfloat16", "float16"); throws hp::Error for a family with no Hugging Face class.
+std::string to_hf_config(const ModelSpec& spec, const std::string& torch_dtype = "float32");
 
 // A config.json's model as hp-train's model.* keys: a YAML "model:" block, family included. Throws
 // hp::Error naming what we cannot build: another model_type, attention biases, rope_scaling,
