@@ -47,4 +47,8 @@ DeviceMesh data_parallel_mesh(const DeviceMesh& mesh, const ParallelDims& dims) 
   return dims.dp_replicate > 1 ? mesh[{"dp_replicate", "dp_shard"}] : mesh["dp_shard"];
 }
 
+DeviceMesh expert_data_parallel_mesh(const DeviceMesh& expert_mesh, const ParallelDims& dims) {
+  return dims.dp_replicate > 1 ? expert_mesh[{"dp_replicate", "efsdp"}] : expert_mesh["efsdp"];
+}
+
 }  // namespace hp

@@ -49,4 +49,8 @@ DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims
 // dp_replicate > 1 (HSDP), else ("dp_shard").
 DeviceMesh data_parallel_mesh(const DeviceMesh& mesh, const ParallelDims& dims);
 
+// The same for the ranks that hold the same experts, on build_expert_mesh's mesh:
+// ("dp_replicate", "efsdp") when dp_replicate > 1, else ("efsdp").
+DeviceMesh expert_data_parallel_mesh(const DeviceMesh& expert_mesh, const ParallelDims& dims);
+
 }  // namespace hp

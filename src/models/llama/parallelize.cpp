@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/core/error.h"
@@ -61,26 +62,29 @@ ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
   return plan;
 }
 
-void shard_over_data_and_tp(nn::Module& model, const std::string& pattern, const DeviceMesh& mesh,
+ShardPlacementFn split_short_matrices_by_columns(ShardPlacementFn user, int64_t ranks) {
+  return [user = std::move(user), ranks](const std::string& fqn, const at::Tensor& p) -> std::optional<Placement> {
+    if (user)
+      if (auto chosen = user(fqn, p)) return chosen;
+    if (p.dim() == 2 && p.size(0) < ranks && p.size(1) >= ranks) return Shard(1);
+    return std::nullopt;
+  };
+}
+
+void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& patterns, const DeviceMesh& mesh,
                             const ParallelDims& dims, FullyShardOptions options) {
   HP_CHECK(dims.tp > 1, "shard_over_data_and_tp: needs parallel.tp > 1");
   // The expert mesh without expert parallelism: (pp, dp_replicate, dp_shard x cp x tp).
   ParallelDims flat = dims;
   flat.ep = 1;
   const DeviceMesh data_and_tp = build_expert_mesh(mesh.world(), flat);
-  const DeviceMesh unit_mesh = dims.dp_replicate > 1 ? data_and_tp[{"dp_replicate", "efsdp"}] : data_and_tp["efsdp"];
-  // A matrix with fewer rows than ranks (a router's gate: one row per expert) splits its columns.
-  const int64_t ranks = data_and_tp.size("efsdp");
-  options.shard_placement_fn = [user = options.shard_placement_fn, ranks](
-                                   const std::string& fqn, const at::Tensor& p) -> std::optional<Placement> {
-    if (user)
-      if (auto chosen = user(fqn, p)) return chosen;
-    if (p.dim() == 2 && p.size(0) < ranks && p.size(1) >= ranks) return Shard(1);
-    return std::nullopt;
-  };
+  options.shard_placement_fn =
+      split_short_matrices_by_columns(std::move(options.shard_placement_fn), data_and_tp.size("efsdp"));
   options.mixed_precision.output_dtype.reset();
-  for (auto& [fqn, module] : nn::match_modules(model, pattern))
-    fully_shard(*module, unit_mesh, options).set_gradient_scaling_factor(static_cast<double>(dims.tp));
+  const DeviceMesh unit_mesh = expert_data_parallel_mesh(data_and_tp, dims);
+  for (const std::string& pattern : patterns)
+    for (auto& [fqn, module] : nn::match_modules(model, pattern))
+      fully_shard(*module, unit_mesh, options).set_gradient_scaling_factor(static_cast<double>(dims.tp));
 }
 
 namespace {
@@ -91,8 +95,7 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, const ParallelD
                            LlamaMlp mlp) {
   parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp, mlp));
   if (model.config().qk_norm)
-    for (const char* norm : {"layers.*.attn.q_norm", "layers.*.attn.k_norm"})
-      shard_over_data_and_tp(model, norm, mesh, dims, options.fsdp);
+    shard_over_data_and_tp(model, {"layers.*.attn.q_norm", "layers.*.attn.k_norm"}, mesh, dims, options.fsdp);
 }
 
 }  // namespace

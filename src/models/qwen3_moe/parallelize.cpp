@@ -42,7 +42,7 @@ namespace {
 // runs only holds its shard.
 void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDims& dims, const Qwen3MoeConfig& config,
                    FullyShardOptions options) {
-  const DeviceMesh data = dims.dp_replicate > 1 ? expert_mesh[{"dp_replicate", "efsdp"}] : expert_mesh["efsdp"];
+  const DeviceMesh data = expert_data_parallel_mesh(expert_mesh, dims);
   // Split the local experts when there are enough for every rank, else dim 1 of each weight (the
   // hidden size of w1 and w3, the model dim of w2).
   const bool split_experts = config.experts / dims.ep >= dims.efsdp();
@@ -122,20 +122,14 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   // Each tp rank routes its own tokens: the routers are data-parallel over the tp ranks too. The
   // unit is the whole MoE (its experts are their own units already), whose forward FSDP sees; the
   // router is called through route().
-  if (dims.tp > 1) shard_over_data_and_tp(*model, "layers.*.mlp", mesh, dims, options.fsdp);
+  if (dims.tp > 1) shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama
   RecipeOptions dense_options = options;
   // A router's gate has one row per expert: with fewer experts than data-parallel ranks, split its
   // columns instead.
-  const int64_t dp = dims.dp_shard;
-  dense_options.fsdp.shard_placement_fn = [user = options.fsdp.shard_placement_fn, dp](
-                                              const std::string& fqn, const at::Tensor& p) -> std::optional<Placement> {
-    if (user)
-      if (auto chosen = user(fqn, p)) return chosen;
-    if (p.dim() == 2 && p.size(0) < dp && p.size(1) >= dp) return Shard(1);
-    return std::nullopt;
-  };
+  dense_options.fsdp.shard_placement_fn =
+      split_short_matrices_by_columns(options.fsdp.shard_placement_fn, dims.dp_shard);
   ModelParts parts = parallelize_llama(model, mesh, dense, dense_options, LlamaMlp::kTokenSplit);
   // Muon steps the llama recipe's matrices but the dense MLP's (there is none); the router and the
   // stacked experts step with AdamW.

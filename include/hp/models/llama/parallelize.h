@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/llama/model.h"
@@ -42,13 +43,19 @@ void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, Lla
 // loss_parallel).
 ParallelizePlan llama_tp_plan(TpOptions options, LlamaMlp mlp = LlamaMlp::kDense);
 
-// Makes each module of `model` matching `pattern` one FSDP unit over the data-parallel and tp ranks
-// together (this pipeline position's dp_replicate x (dp_shard x tp) ranks), its gradients scaled by
-// tp. For replicated parameters that each tp rank applies to its own share of the data (the QK-norms
-// to its heads, a router to its tokens): their gradients are partial sums over the tp ranks, to be
-// summed there and averaged over the data-parallel ranks. Call with tp > 1, before the units that
-// contain the modules. Collective over the world the mesh was built from.
-void shard_over_data_and_tp(nn::Module& model, const std::string& pattern, const DeviceMesh& mesh,
+using ShardPlacementFn = decltype(FullyShardOptions::shard_placement_fn);
+
+// `user`'s choice where it makes one, else Shard(1) for a matrix with fewer rows than `ranks` and
+// at least as many columns (a router's gate: one row per expert), else FSDP's default (Shard(0)).
+ShardPlacementFn split_short_matrices_by_columns(ShardPlacementFn user, int64_t ranks);
+
+// Makes each module of `model` matching one of `patterns` one FSDP unit over the data-parallel and
+// tp ranks together (this pipeline position's dp_replicate x (dp_shard x tp) ranks), its gradients
+// scaled by tp. For replicated parameters that each tp rank applies to its own share of the data
+// (the QK-norms to its heads, a router to its tokens): their gradients are partial sums over the tp
+// ranks, to be summed there and averaged over the data-parallel ranks. Call with tp > 1, before the
+// units that contain the modules. Collective over the world the mesh was built from.
+void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& patterns, const DeviceMesh& mesh,
                             const ParallelDims& dims, FullyShardOptions options);
 
 // Applies TP on mesh["tp"] (when tp > 1) and FSDP on the data-parallel dims (when dp > 1; a 2-D
