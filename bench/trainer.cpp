@@ -1,7 +1,8 @@
 // bench/trainer: what the trainer costs over a bare training loop. One rank trains the demo model
 // with hp::train::train (sampler, clipping, schedule, metrics, memory tracking) and with a plain
 // LibTorch loop over the same model and batches, alternating A B A B in one run; prints the
-// step-time ratio (target <= 1.05).
+// step-time ratio (target <= 1.05). Then the cost of train.deterministic: the trainer with and
+// without it, on 1 rank and on dp_shard 2.
 //
 //   build/bin/bench_trainer [--quick]
 #include <ATen/ATen.h>
@@ -38,16 +39,37 @@ hp::train::TrainConfig config(bool quick, const std::string& dir) {
   return c;
 }
 
-// Seconds per step of the trainer (its own mean over the steps after the first).
-double trainer_step(const hp::train::TrainConfig& c) {
+// Seconds per step of the trainer on `world` ranks (its own mean over the steps after the first).
+double trainer_step(const hp::train::TrainConfig& c, int world = 1) {
   double seconds = 0;
-  hp::testing::run_ranks(1, [&](const hp::comm::ProcessGroup& world) {
-    hp::train::TrainOptions options;
-    options.progress = false;
-    const auto r = hp::train::train(c, world, options);
-    seconds = static_cast<double>(c.train.global_batch * c.data.seq_len) / r.tokens_per_s;
-  });
+  hp::testing::RunRanksOptions ranks;
+  ranks.group = hp::train::world_options(c, ranks.group);
+  hp::testing::run_ranks(
+      world,
+      [&](const hp::comm::ProcessGroup& group) {
+        hp::train::TrainOptions options;
+        options.progress = false;
+        const auto r = hp::train::train(c, group, options);
+        if (group.rank() == 0) seconds = static_cast<double>(c.train.global_batch * c.data.seq_len) / r.tokens_per_s;
+      },
+      ranks);
   return seconds;
+}
+
+// What train.deterministic costs: step time with it over step time without, on 1 rank and on
+// dp_shard 2 (ranks as threads), A B A B.
+void determinism_cost(hp::train::TrainConfig c, int rounds) {
+  for (int world : {1, 2}) {
+    c.parallel.dp_shard = world;
+    hp::train::TrainConfig fast = c;
+    fast.train.deterministic = false;
+    double deterministic = 0, plain = 0;
+    for (int round = 0; round < rounds; ++round)
+      deterministic += trainer_step(c, world), plain += trainer_step(fast, world);
+    std::cout << std::fixed << std::setprecision(1) << "train.deterministic, dp_shard " << world << ": "
+              << 1e3 * deterministic / rounds << " ms/step, without " << 1e3 * plain / rounds << " ms/step, ratio "
+              << std::setprecision(3) << deterministic / plain << "\n";
+  }
 }
 
 // Seconds per step of a bare loop: the same model, batches, micro-batching, clipping and AdamW.
@@ -104,6 +126,7 @@ int main(int argc, char** argv) {
             << std::setprecision(0)
             << "hp-train: " << static_cast<double>(c.train.global_batch * c.data.seq_len) * rounds / trainer
             << " tokens/s on one rank\n";
+  determinism_cost(c, rounds);
   fs::remove_all(dir);
   return 0;
 }

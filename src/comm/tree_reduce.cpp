@@ -56,4 +56,27 @@ at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor
   return total;
 }
 
+void TreeSum::add(at::Tensor value) {
+  partial_.emplace_back(0, std::move(value));
+  while (partial_.size() >= 2 && partial_[partial_.size() - 1].first == partial_[partial_.size() - 2].first) {
+    at::Tensor right = std::move(partial_.back().second);
+    partial_.pop_back();
+    partial_.back().second = partial_.back().second + right;
+    ++partial_.back().first;
+  }
+}
+
+// The blocks are complete subtrees, largest first; folding them right to left gives the
+// left-complete tree: sum(v[lo:hi]) = sum(v[lo:lo+p]) + sum(v[lo+p:hi]).
+at::Tensor TreeSum::take() {
+  if (partial_.empty()) return {};
+  at::Tensor sum = std::move(partial_.back().second);
+  partial_.pop_back();
+  while (!partial_.empty()) {
+    sum = partial_.back().second + sum;
+    partial_.pop_back();
+  }
+  return sum;
+}
+
 }  // namespace hp::comm

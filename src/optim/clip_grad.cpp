@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "hp/core/error.h"
+#include "hp/core/exact_square_sum.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 
@@ -35,17 +36,28 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   const bool inf = std::isinf(norm_type);
   HP_CHECK(inf || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2 or infinity, got ", norm_type);
   HP_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be non-negative, got ", max_norm);
-  // Accumulated in double: the sum runs over millions of squares.
-  at::Tensor total = at::zeros({1}, at::kDouble);
+  std::vector<at::Tensor> counted;
   for (const at::Tensor& p : params) {
     const at::Tensor& grad = p.grad();
-    if (!grad.defined() || !counts_here(grad, world)) continue;
-    const at::Tensor g = local_tensor(grad).to(at::kDouble);
-    if (g.numel() == 0) continue;
-    total = inf ? at::maximum(total, g.abs().max().view({1})) : total + g.pow(2).sum().view({1});
+    if (grad.defined() && counts_here(grad, world) && local_tensor(grad).numel() > 0)
+      counted.push_back(local_tensor(grad));
   }
-  total = world.all_reduce(total, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum});
-  const double norm = inf ? total.item<double>() : std::sqrt(total.item<double>());
+  double norm = 0.0;
+  if (inf) {
+    at::Tensor most = at::zeros({1}, at::kDouble);
+    for (const at::Tensor& g : counted) most = at::maximum(most, g.abs().max().to(at::kDouble).view({1}));
+    norm = world.all_reduce(most, {comm::ReduceOp::kMax}).item<double>();
+  } else if (world.options().deterministic) {
+    // Exact: the same bits however the gradients are split over ranks (exact_square_sum.h).
+    ExactSquareSum squares;
+    for (const at::Tensor& g : counted) squares.add(g);
+    norm = std::sqrt(ExactSquareSum::value_of_digits(world.all_reduce(squares.digits())));
+  } else {
+    // Accumulated in double: the sum runs over millions of squares.
+    at::Tensor total = at::zeros({1}, at::kDouble);
+    for (const at::Tensor& g : counted) total += g.to(at::kDouble).pow(2).sum().view({1});
+    norm = std::sqrt(world.all_reduce(total).item<double>());
+  }
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     at::NoGradGuard no_grad;

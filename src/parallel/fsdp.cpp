@@ -19,8 +19,10 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "hp/comm/process_group.h"
+#include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
@@ -62,10 +64,11 @@ struct FsdpUnit {
   int64_t flat = 0;  // L
   bool sync = true;
   double scale = 1.0;
-  // [n, L] gradients of backward passes run with sync off, as partial sums of a binary tree over
-  // micro-batches: (level, sum). Deterministic groups fold them in that tree order, the same
-  // association the deterministic collective continues across ranks (docs/fsdp.md).
-  std::vector<std::pair<int, at::Tensor>> pending;
+  // [n, L] gradients of backward passes run with sync off. Deterministic groups sum them in
+  // tree_reduce's order over the micro-batches, the association the deterministic collective
+  // continues across ranks (docs/fsdp.md); others keep one running sum.
+  comm::TreeSum pending_tree;
+  at::Tensor pending_sum;
   bool tree_order = false;
   // Prefetching: the units whose gather this unit issues early, and a gather issued for this unit.
   std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch, backward_prefetch;
@@ -91,34 +94,24 @@ struct FsdpUnit {
     return v;
   }
 
-  void push_pending(at::Tensor grad) {
-    if (!tree_order) {
-      if (pending.empty())
-        pending.emplace_back(0, grad.clone());
-      else
-        pending[0].second.add_(grad);
-      return;
-    }
-    pending.emplace_back(0, std::move(grad));
-    while (pending.size() >= 2 && pending[pending.size() - 1].first == pending[pending.size() - 2].first) {
-      auto right = std::move(pending.back());
-      pending.pop_back();
-      pending.back().second = pending.back().second + right.second;
-      ++pending.back().first;
-    }
+  void keep_for_later(at::Tensor grad) {
+    if (tree_order)
+      pending_tree.add(std::move(grad));
+    else if (!pending_sum.defined())
+      pending_sum = grad.clone();
+    else
+      pending_sum.add_(grad);
   }
 
-  // The sum of everything pending and `grad`, folded right to left (a left-complete tree).
-  at::Tensor fold_pending(at::Tensor grad) {
-    if (pending.empty()) return grad;
-    push_pending(std::move(grad));
-    at::Tensor sum = std::move(pending.back().second);
-    pending.pop_back();
-    while (!pending.empty()) {
-      sum = pending.back().second + sum;
-      pending.pop_back();
+  // `grad` plus everything kept for later.
+  at::Tensor with_kept(at::Tensor grad) {
+    if (tree_order) {
+      if (pending_tree.empty()) return grad;
+      pending_tree.add(std::move(grad));
+      return pending_tree.take();
     }
-    return sum;
+    if (!pending_sum.defined()) return grad;
+    return std::exchange(pending_sum, at::Tensor()).add_(grad);
   }
 
   // This rank's shards packed into [1, L].
@@ -223,10 +216,10 @@ struct FsdpUnit {
     grad = grad.to(mp.reduce_dtype.value_or(mp.param_dtype.value_or(grad.scalar_type())));
     if (scale != 1.0) grad = grad * scale;
     if (!sync) {
-      push_pending(grad);
+      keep_for_later(grad);
       return std::nullopt;
     }
-    grad = fold_pending(grad).contiguous();
+    grad = with_kept(grad).contiguous();
     if (options.level == ShardingLevel::kOptimizer) return shard_group.all_reduce_async(grad, {options.reduce_op});
     comm::ReduceScatterOptions rs;
     rs.op = options.reduce_op;
@@ -592,6 +585,15 @@ void FSDPModule::unshard() {
   std::vector<at::Tensor> full;
   for (const ManagedParam& p : unit_->params) full.push_back(unit_->unpack(gathered, p));
   unit_->set_params(full);
+}
+
+std::vector<FSDPModule> fsdp_units(nn::Module& root) {
+  std::vector<FSDPModule> units;
+  std::lock_guard<std::mutex> lock(detail::registry_mu);
+  for (const auto& [fqn, m] : root.named_modules_fqn())
+    if (auto it = detail::registry().find(m); it != detail::registry().end())
+      if (auto unit = it->second.lock()) units.emplace_back(std::move(unit));
+  return units;
 }
 
 void FSDPModule::reshard() { unit_->put_shards_back(); }

@@ -90,6 +90,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.micro_batch", train.micro_batch),
       HP_CONFIG_FIELD("train.max_grad_norm", train.max_grad_norm),
       HP_CONFIG_FIELD("train.deterministic", train.deterministic),
+      HP_CONFIG_FIELD("train.cpu_threads", train.cpu_threads),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -261,6 +262,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   HP_CHECK(!c.sequence_parallel || c.data.seq_len % c.parallel.tp == 0, "data.seq_len (", c.data.seq_len,
            ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
+  HP_CHECK(c.train.cpu_threads >= 0 && c.train.cpu_threads <= 1024, "train.cpu_threads must be in 0..1024 (0: as ",
+           "launched), got ", c.train.cpu_threads);
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,
            "' is unknown (available: adamw, muon)");
   HP_CHECK(c.pp_timeline_step >= 0 && c.pp_timeline_step <= c.train.steps, "parallel.pp_timeline_step (",

@@ -1,14 +1,19 @@
 #include "hp/train/train_step.h"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
+#include "hp/comm/tree_reduce.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/moe.h"
+#include "hp/parallel/fsdp.h"
 
 namespace hp::train {
 namespace {
@@ -37,14 +42,24 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
            " rows do not split into ", micro, " equal micro-batches");
   const int64_t rows = inputs.size(0) / micro;
   const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(micro));  // the loss's own scale below
-  double loss_sum = 0.0;
+  // Deterministic: FSDP units keep their gradients (sync off) until the last micro-batch and sum
+  // them in tree order; the gradients of parameters outside any unit are summed here alike.
+  std::vector<FSDPModule> units = options_.deterministic ? fsdp_units(*parts_.model) : std::vector<FSDPModule>{};
+  std::vector<at::Tensor> params = options_.deterministic ? parts_.parameters() : std::vector<at::Tensor>{};
+  std::vector<comm::TreeSum> grads(params.size());
+  at::Tensor losses = at::empty({micro}, at::kDouble);
   for (int64_t m = 0; m < micro; ++m) {
+    for (FSDPModule& unit : units) unit.set_requires_gradient_sync(m == micro - 1);
     const at::Tensor loss =
         parts_.loss((*parts_.model)(inputs.narrow(0, m * rows, rows)), targets.narrow(0, m * rows, rows));
-    loss_sum += scalar(loss);
+    losses[m].fill_(scalar(loss));
     (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (at::Tensor& grad = params[i].mutable_grad(); grad.defined()) grads[i].add(std::exchange(grad, at::Tensor()));
   }
-  return loss_sum / static_cast<double>(micro);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!grads[i].empty()) params[i].mutable_grad() = grads[i].take();
+  return comm::tree_reduce(losses, comm::ReduceOp::kSum).item<double>() / static_cast<double>(micro);
 }
 
 double TrainStep::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {

@@ -11,6 +11,8 @@
 #include <optional>
 #include <sstream>
 
+#include "hp/core/cpu_threads.h"
+#include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
@@ -146,8 +148,18 @@ detail::MetricsLog open_metrics(const TrainConfig& c, const comm::ProcessGroup& 
 
 }  // namespace
 
+comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base) {
+  return base.set_deterministic(config.train.deterministic);
+}
+
 TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const TrainOptions& options) {
   validate(c, world.size());
+  HP_CHECK(world.options().deterministic == c.train.deterministic, "train.deterministic is ",
+           c.train.deterministic ? "true" : "false", " but the world group was created ",
+           world.options().deterministic ? "deterministic" : "not deterministic",
+           ": create it with hp::train::world_options(config)");
+  std::optional<CpuThreadsGuard> threads;
+  if (c.train.cpu_threads > 0) threads.emplace(static_cast<int>(c.train.cpu_threads));
   log::LogRankGuard log_rank(world.rank());
   const bool lead = world.rank() == 0;
   if (options.dry_run) {
@@ -166,7 +178,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.parts, *optimizer, world);
-  TrainStep train_step(s.parts, {c.micro_batches(), c.pp_timeline_step, c.run_dir + "/pp_timeline.svg", lead});
+  TrainStepOptions step_options;
+  step_options.micro_batches = c.micro_batches();
+  step_options.deterministic = c.train.deterministic;
+  step_options.timeline_step = c.pp_timeline_step;
+  step_options.timeline_path = c.run_dir + "/pp_timeline.svg";
+  step_options.lead = lead;
+  TrainStep train_step(s.parts, step_options);
   const std::vector<at::Tensor> counted = s.parts.counted_parameters(), copies = s.parts.copied_parameters();
   const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
 

@@ -40,6 +40,18 @@ TEST(TreeReduce, AlignedBlocksAreSubtrees) {
   EXPECT_TRUE(at::equal(comm::tree_reduce(v, ReduceOp::kAvg), comm::tree_reduce(v, ReduceOp::kSum) / 8));
 }
 
+// TreeSum, given one value at a time (micro-batch gradients), is the same tree, bit for bit.
+TEST(TreeReduce, TreeSumOfValuesOneAtATimeIsTheTree) {
+  for (int64_t n = 1; n <= 9; ++n) {
+    const at::Tensor v = at::randn({n, 1000}, at::make_generator<at::CPUGeneratorImpl>(n)) * 1e3;
+    comm::TreeSum sum;
+    for (int64_t i = 0; i < n; ++i) sum.add(v[i].clone());
+    EXPECT_TRUE(at::equal(sum.take(), recursive_tree_sum(v, 0, n))) << "n = " << n;
+    EXPECT_TRUE(sum.empty());
+  }
+  EXPECT_FALSE(comm::TreeSum().take().defined());
+}
+
 testing::RunRanksOptions deterministic() {
   testing::RunRanksOptions o;
   o.group.set_deterministic(true);

@@ -198,6 +198,53 @@ TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json"));
 }
 
+// train.deterministic (the default) through hprun, real processes: at the main job's global batch
+// (16) and a fixed micro-batch (4), every step's loss and the final checkpoint (parameters and
+// optimizer state, consolidated to one chunk per tensor and compared by checksum) are the same bits
+// for dp_shard 1, 2 and 4; dp_replicate 2 x dp_shard 2 against dp_shard 4; and, at tp 2, dp_shard
+// 1 against 2. train.cpu_threads=1 gives every rank the same intra-op threads whatever hprun's
+// split of the cores.
+TEST(HpTrain, DataParallelDegreeDoesNotChangeOneBit) {
+  struct Layout {
+    std::string name;
+    int ranks;
+    std::string dims;
+  };
+  const std::vector<std::vector<Layout>> groups = {
+      {{"dp1", 1, "dp_shard=1 --set parallel.tp=1"},
+       {"dp2", 2, "dp_shard=2 --set parallel.tp=1"},
+       {"dp4", 4, "dp_shard=4 --set parallel.tp=1"},
+       {"hsdp", 4, "dp_shard=2 --set parallel.dp_replicate=2 --set parallel.tp=1"}},
+      {{"tp2", 2, "dp_shard=1 --set parallel.tp=2"}, {"tp2dp2", 4, "dp_shard=2 --set parallel.tp=2"}}};
+  const std::string ckpt = bin_dir() + "/hp-ckpt ";
+  for (const auto& group : groups) {
+    std::map<int64_t, double> want_losses;
+    nlohmann::json want_state;
+    for (const Layout& layout : group) {
+      const std::string dir = scratch("deterministic_" + layout.name);
+      const Result r = run_job(
+          "--nproc-per-node " + std::to_string(layout.ranks) + " " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR +
+          "/examples/tiny_llama.yaml --set run_dir=" + dir + " --set data.cache_dir=" + dir +
+          "/data --set train.steps=3 --set schedule.warmup_steps=1" +
+          " --set train.micro_batch=4 --set train.cpu_threads=1 --set checkpoint.interval=3 --set eval.batches=1" +
+          " --set sample.tokens=0 --no-progress --set parallel." + layout.dims);
+      ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.output;
+      ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + dir + "/checkpoints " + dir + "/whole").exit_code, 0);
+      const auto losses = train_losses(dir);
+      const nlohmann::json state = checkpoint_contents(dir + "/whole");
+      ASSERT_EQ(losses.size(), 3u) << layout.name;
+      if (want_losses.empty()) {
+        want_losses = losses, want_state = state;
+        EXPECT_GT(state.size(), 39u) << "parameters and optimizer state";
+        continue;
+      }
+      for (const auto& [step, loss] : want_losses)
+        EXPECT_EQ(losses.at(step), loss) << layout.name << " vs " << group.front().name << ", step " << step;
+      EXPECT_EQ(state, want_state) << layout.name << " vs " << group.front().name;
+    }
+  }
+}
+
 // --dry-run prints the plan of every rank and trains nothing.
 TEST(HpTrain, DryRunPrintsThePlan) {
   const std::string dir = scratch("dry");

@@ -380,11 +380,14 @@ TEST(Qwen3Moe, CapacityDropsOrStopsInHpTrain) {
   c.run_dir += "_error";
   test::expect_error(
       [&] {
-        testing::run_ranks(4, [&](const comm::ProcessGroup& group) {
-          TrainOptions options;
-          options.progress = false;
-          train(c, group, options);
-        });
+        testing::run_ranks(
+            4,
+            [&](const comm::ProcessGroup& group) {
+              TrainOptions options;
+              options.progress = false;
+              train(c, group, options);
+            },
+            ranks_for(c));
       },
       {"MoE: rank ", "rows, over its capacity of 32"});
   test::expect_error(

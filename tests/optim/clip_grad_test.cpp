@@ -1,6 +1,7 @@
 // clip_grad_norm_ over sharded gradients equals the single-device norm (within 1e-6 relative) for
 // tensor-parallel (plain replicated norms; with SP replicated DTensors), FSDP and FSDP x TP
 // placements, and clipping brings the global norm to max_norm.
+#include <hp/core/exact_square_sum.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/optim/clip_grad.h>
@@ -72,6 +73,49 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClipGradNorm,
                                            Layout{"fsdp2", 1, 2}, Layout{"fsdp4", 1, 4},
                                            Layout{"fsdp2_tp2_sp", 2, 2, true}, Layout{"fsdp2_tp2", 2, 2, false}),
                          [](const auto& info) { return info.param.name; });
+
+// With a deterministic world group the norm is exact: the same bits however the gradients are
+// split over ranks (FSDP rows over 1, 2 or 4 ranks, HSDP, TP columns), namely the square root of
+// the exact sum of squares of the whole gradients.
+TEST(ClipGradNorm, DeterministicWorldGivesTheSameBitsForEveryLayout) {
+  const auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<at::Tensor> grads;
+  // 300,000 squares of similar size: summed in double, the split over 2 ranks rounds otherwise.
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{7, 6}, {1000, 300}, {5}, {777, 123}})
+    grads.push_back(at::randn(shape, gen) * at::exp2(at::randint(0, 2, shape, gen).to(at::kFloat)));
+  ExactSquareSum whole;
+  for (const at::Tensor& g : grads) whole.add(g);
+  const double want = std::sqrt(whole.value());
+
+  struct Split {
+    std::string name;
+    std::vector<int64_t> shape;  // mesh ("a", "b"): b shards rows, a shards columns or replicates
+    bool columns_on_a;
+  };
+  testing::RunRanksOptions deterministic;
+  deterministic.group.set_deterministic(true);
+  for (const Split& split :
+       {Split{"rows over 1", {1, 1}, false}, Split{"rows over 2", {1, 2}, false}, Split{"rows over 4", {1, 4}, false},
+        Split{"replicated x rows", {2, 2}, false}, Split{"columns x rows", {2, 2}, true}})
+    run(
+        static_cast<int>(split.shape[0] * split.shape[1]),
+        [&](const comm::ProcessGroup& g) {
+          const DeviceMesh mesh = init_device_mesh(g, "cpu", split.shape, {"a", "b"});
+          std::vector<at::Tensor> params;
+          for (const at::Tensor& grad : grads) {
+            const bool columns = split.columns_on_a && grad.dim() == 2;
+            const Placements placements = {columns ? Placement(Shard(1)) : Placement(Replicate()), Shard(0)};
+            at::Tensor p = distribute_tensor(at::zeros_like(grad), mesh, placements);
+            p.mutable_grad() = distribute_tensor(grad, mesh, placements);
+            params.push_back(p);
+          }
+          EXPECT_EQ(clip_grad_norm_(params, 1e9, g), want) << split.name;
+        },
+        deterministic);
+  double squares = 0.0;
+  for (const at::Tensor& g : grads) squares += g.to(at::kDouble).pow(2).sum().item<double>();
+  EXPECT_NEAR(want, std::sqrt(squares), 1e-12 * want);
+}
 
 TEST(ClipGradNormErrors, BadArguments) {
   run(1, [](const comm::ProcessGroup& g) {

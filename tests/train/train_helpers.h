@@ -30,18 +30,32 @@ inline std::string write_corpus(const std::filesystem::path& dir) {
   return (dir / "corpus.txt").string();
 }
 
+// Ranks as threads whose world group is what train() needs for `config`.
+inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
+  testing::RunRanksOptions options;
+  options.group = world_options(config, options.group);
+  return options;
+}
+
 // Trains `config` on `world` ranks (threads) without progress output; rank 0's result.
-inline TrainResult rank0_result(const TrainConfig& config, int world) {
+inline TrainResult rank0_result(const TrainConfig& config, int world, const testing::RunRanksOptions& ranks) {
   TrainResult result;
   std::mutex mu;
-  test::run(world, [&](const comm::ProcessGroup& group) {
-    TrainOptions options;
-    options.progress = false;
-    TrainResult r = train(config, group, options);
-    std::lock_guard<std::mutex> lock(mu);
-    if (group.rank() == 0) result = std::move(r);
-  });
+  test::run(
+      world,
+      [&](const comm::ProcessGroup& group) {
+        TrainOptions options;
+        options.progress = false;
+        TrainResult r = train(config, group, options);
+        std::lock_guard<std::mutex> lock(mu);
+        if (group.rank() == 0) result = std::move(r);
+      },
+      ranks);
   return result;
+}
+
+inline TrainResult rank0_result(const TrainConfig& config, int world) {
+  return rank0_result(config, world, ranks_for(config));
 }
 
 // Rank 0's losses of rank0_result.

@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
   try {
     // The config is read and checked before the rendezvous, so a mistake costs no waiting.
     const hp::train::TrainConfig config = hp::train::load_config(config_path, overrides);
-    hp::comm::ProcessGroup world = hp::comm::init_process_group();
+    hp::comm::InitOptions init;
+    init.group = hp::train::world_options(config);
+    hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
     options.after_step = fault_hook(world.rank());
     const hp::train::TrainResult result = hp::train::train(config, world, options);
     if (world.rank() == 0 && !options.dry_run) {

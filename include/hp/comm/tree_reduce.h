@@ -11,6 +11,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+#include <vector>
+
 #include "hp/comm/types.h"
 
 namespace hp::comm {
@@ -21,5 +24,20 @@ at::Tensor tree_reduce(const at::Tensor& stacked, ReduceOp op, const at::Tensor&
 
 // The same, using `stacked` as its workspace (its contents are clobbered): no temporaries.
 at::Tensor tree_reduce_(const at::Tensor& stacked, ReduceOp op, const at::Tensor& out = {});
+
+// tree_reduce's association for values that arrive one at a time (the gradients of successive
+// micro-batches): a binary counter of partial sums, so at most log2(n) + 1 tensors are held. After
+// n adds, take() is tree_reduce(kSum) of the n values stacked, bit for bit.
+class TreeSum {
+ public:
+  // Holds `value` (no copy): the caller must not change it afterwards.
+  void add(at::Tensor value);
+  bool empty() const { return partial_.empty(); }
+  // The sum of everything added (undefined if nothing was); empty afterwards.
+  at::Tensor take();
+
+ private:
+  std::vector<std::pair<int, at::Tensor>> partial_;  // (level, sum of 2^level values), oldest first
+};
 
 }  // namespace hp::comm

@@ -17,6 +17,9 @@ namespace hp {
 // Collective over `world` (every rank calls it with the same parameters in the same order).
 // `copies`: parameters whose gradients duplicate ones already in `params` somewhere (the second
 // copy of a weight tied across pipeline stages); they are scaled alike but not counted again.
+// With a deterministic `world` (ProcessGroupOptions::deterministic) the 2-norm's sum of squares is
+// exact (hp/core/exact_square_sum.h): the same bits for any split of the gradients over ranks, so
+// clipping does not depend on the data-parallel degree. Otherwise it is summed in double.
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
                        double norm_type = 2.0, const std::vector<at::Tensor>& copies = {});
 

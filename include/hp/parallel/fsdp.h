@@ -105,4 +105,8 @@ class FSDPModule {
 // Shards the parameters of `module` that no inner unit took. Apply to inner units first.
 FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});
 
+// The fully_shard units of `root` and of the modules below it, depth first: e.g. to turn gradient
+// sync off for every unit of a model during gradient accumulation.
+std::vector<FSDPModule> fsdp_units(nn::Module& root);
+
 }  // namespace hp

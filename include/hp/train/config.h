@@ -40,7 +40,9 @@ struct TrainConfig {
     int64_t global_batch = 16;   // sequences per optimizer step, over all data-parallel ranks
     int64_t micro_batch = 16;    // sequences per forward/backward on one rank (gradient accumulation below it)
     double max_grad_norm = 1.0;  // 0 = no clipping
+    // Bitwise-reproducible results that do not depend on the data-parallel degree (docs/training.md).
     bool deterministic = true;
+    int64_t cpu_threads = 0;  // intra-op CPU threads per rank; 0 = as launched (hprun: cores / ranks)
   } train;
 
   struct Optimizer {

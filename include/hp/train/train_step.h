@@ -17,6 +17,11 @@ namespace hp::train {
 
 struct TrainStepOptions {
   int64_t micro_batches = 1;  // micro-batches per step on a rank without a pipeline
+  // Without a pipeline: sum each gradient over the micro-batches in tree_reduce's order (FSDP
+  // units reduce once, after the last micro-batch), so that with a deterministic world group the
+  // result does not depend on how the micro-batches are spread over data-parallel ranks. Off: FSDP
+  // reduces after every micro-batch, overlapping the next one.
+  bool deterministic = false;
   // With a pipeline: after step `timeline_step` (1-based; 0 = never) draw its measured timeline in
   // `timeline_path` (SVG), written by the rank that passes `lead`.
   int64_t timeline_step = 0;

@@ -34,7 +34,12 @@ struct TrainResult {
   std::string sample;  // greedy continuation of config.sample.prompt
 };
 
+// `world` must have been created with world_options(config): train.deterministic decides how its
+// reductions associate, which a group fixes when it is created.
 TrainResult train(const TrainConfig& config, const comm::ProcessGroup& world, const TrainOptions& options = {});
+
+// `base` with what train() needs of its world group (deterministic = train.deterministic).
+comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base = {});
 
 // FLOP/s of this machine for fp32 matmul, measured once with a large matmul on all cores and
 // cached in ~/.cache/hyperparallel/peak_flops.json (HP_PEAK_FLOPS overrides).
