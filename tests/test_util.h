@@ -45,8 +45,9 @@ inline int64_t settled_current(const MemoryTracker& tracker) {
   return now;
 }
 
-// Throws with both tensors printed unless `got` equals `want` within tolerances chosen by dtype
-// (exact for integers; fp32 rtol 1e-5; bf16 rtol 1e-2), or bitwise if `bitwise`.
+// Throws with both tensors printed unless every element has |got - want| <= tol * (1 + |want|),
+// tol by dtype (1e-2 for bf16, 1e-5 for the other floating types: a relative tolerance with an
+// absolute floor of tol), or equal for integers, or bitwise if `bitwise`.
 inline void check_close(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise = false) {
   std::ostringstream err;
   if (!got.defined() || got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
@@ -69,17 +70,19 @@ inline void check_close(const at::Tensor& got, const at::Tensor& want, const std
   }
 }
 
-// Throws unless |got - want| <= rtol * (|want| + max |want|) everywhere: relative to each element
-// and to the tensor's scale, so values that are nearly zero somewhere are not held to an absolute
-// tolerance.
+// Throws unless max |got - want| <= rtol * max |want|: relative in the max norm. For a scalar that
+// is the plain relative error; in a tensor, every element must lie within rtol of the largest
+// magnitude, so elements that are nearly zero are not each held to a relative tolerance.
 inline void check_relative(const at::Tensor& got, const at::Tensor& want, const std::string& what, double rtol) {
   if (got.sizes() != want.sizes())
     throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
+  if (want.numel() == 0) return;
   const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  const double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
-  const double worst = w.numel() ? ((g - w).abs() / (w.abs() + scale + 1e-30)).max().item<double>() : 0.0;
-  if (!(worst <= rtol))
-    throw std::runtime_error(what + ": relative difference " + c10::str(worst) + " > " + c10::str(rtol));
+  const double largest = w.abs().max().item<double>(), difference = (g - w).abs().max().item<double>();
+  if (!(difference <= rtol * largest))
+    throw std::runtime_error(what + ": largest difference " + c10::str(difference) + " is " +
+                             c10::str(difference / largest) + " of the largest value " + c10::str(largest) + ", > " +
+                             c10::str(rtol));
 }
 
 // The whole value of a DTensor (gathered), a plain tensor as it is.

@@ -338,43 +338,74 @@ struct OneWeight : torch::nn::Module {
   at::Tensor weight;
 };
 
-// AdamW state saved by FSDP-style S(0) on 4 ranks loads into S(1) on 2 ranks exactly, and the next
-// step continues from it.
-TEST(Checkpoint, AdamWStateReshards) {
-  const std::string dir = scratch_dir() + "/ckpt";
+// AdamW state (with amsgrad: exp_avg, exp_avg_sq, max_exp_avg_sq, and the step count) saved from
+// every layout of the reshard matrix loads into every layout bitwise, and the step after the load
+// gives bitwise the weight an uninterrupted run gives (AdamW is elementwise, so every layout computes
+// the same values).
+TEST(Checkpoint, AdamWStateReshardsAcrossTheMatrix) {
+  const std::string root = scratch_dir();
   const at::Tensor init = test::rank_data(0, {7, 6}, at::kFloat, 9);
-  const auto train = [&](const at::Tensor& w, torch::optim::AdamW& opt, int steps) {
+  const auto adamw = [](const at::Tensor& w) {
+    return torch::optim::AdamW({w}, torch::optim::AdamWOptions(0.1).amsgrad(true).weight_decay(0.01));
+  };
+  const auto train = [](const at::Tensor& w, torch::optim::AdamW& opt, int steps) {
     for (int i = 0; i < steps; ++i) {
       opt.zero_grad();
       test::whole((w * w * w).sum()).backward();
       opt.step();
     }
   };
-  at::Tensor want_exp_avg, want_w;
-  run(4, [&](const comm::ProcessGroup& group) {
-    auto model = std::make_shared<OneWeight>(place(init, group, {{4}, {Shard(0)}}).set_requires_grad(true));
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.1));
+  const std::vector<std::string> moments = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  // The uninterrupted run, on one device: the state after 2 steps, the weight after 3.
+  std::map<std::string, at::Tensor> want;
+  {
+    auto model = std::make_shared<OneWeight>(init.clone().set_requires_grad(true));
+    torch::optim::AdamW opt = adamw(model->weight);
     train(model->weight, opt, 2);
     auto state = dcp::model_state_dict(*model);
     dcp::add_optimizer_state(state, opt, *model);
-    dcp::save(state, dir, group);
-    const at::Tensor exp_avg = test::whole(state.tensors.at("optim.weight.exp_avg"));
+    for (const std::string& m : moments) want[m] = state.tensors.at("optim.weight." + m).clone();
     train(model->weight, opt, 1);
-    const at::Tensor w = test::whole(model->weight.detach());
-    if (group.rank() == 0) want_exp_avg = exp_avg, want_w = w;
-  });
-  run(2, [&](const comm::ProcessGroup& group) {
-    auto model =
-        std::make_shared<OneWeight>(place(at::zeros_like(init), group, {{2}, {Shard(1)}}).set_requires_grad(true));
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.1));
-    auto state = dcp::model_state_dict(*model);
-    dcp::add_optimizer_state(state, opt, *model);
-    dcp::load(state, dir);
-    dcp::restore_optimizer_values(state, opt, *model);
-    test::check_close(test::whole(state.tensors.at("optim.weight.exp_avg")), want_exp_avg, "exp_avg", true);
-    train(model->weight, opt, 1);
-    test::check_relative(test::whole(model->weight.detach()), want_w, "weight after the resumed step", 1e-6);
-  });
+    want["weight"] = model->weight.detach().clone();
+  }
+  const auto all = layouts();
+  for (int world : {1, 2, 4})
+    run(world, [&](const comm::ProcessGroup& group) {
+      for (const Layout& a : all) {
+        if (a.world() != world) continue;
+        auto model = std::make_shared<OneWeight>(place(init, group, a).set_requires_grad(true));
+        torch::optim::AdamW opt = adamw(model->weight);
+        train(model->weight, opt, 2);
+        auto state = dcp::model_state_dict(*model);
+        dcp::add_optimizer_state(state, opt, *model);
+        dcp::save(state, root + "/" + a.name(), group);
+      }
+    });
+  int loads = 0;
+  for (int world : {1, 2, 4}) {
+    run(world, [&](const comm::ProcessGroup& group) {
+      for (const Layout& a : all)
+        for (const Layout& b : all) {
+          if (b.world() != world) continue;
+          const std::string what = a.name() + " -> " + b.name();
+          auto model = std::make_shared<OneWeight>(place(at::zeros_like(init), group, b).set_requires_grad(true));
+          torch::optim::AdamW opt = adamw(model->weight);
+          auto state = dcp::model_state_dict(*model);
+          dcp::add_optimizer_state(state, opt, *model);
+          dcp::load(state, root + "/" + a.name());
+          dcp::restore_optimizer_values(state, opt, *model);
+          for (const std::string& m : moments)
+            test::check_close(test::whole(state.tensors.at("optim.weight." + m)), want.at(m), what + " " + m, true);
+          dcp::StateDict restored;
+          dcp::add_optimizer_state(restored, opt, *model);
+          if (restored.values.at("optim.step").at("weight") != 2) throw std::runtime_error(what + ": step count");
+          train(model->weight, opt, 1);
+          test::check_close(test::whole(model->weight.detach()), want.at("weight"), what + ": the next step", true);
+        }
+    });
+    for (const Layout& b : all) loads += b.world() == world ? static_cast<int>(all.size()) : 0;
+  }
+  EXPECT_EQ(loads, static_cast<int>(all.size() * all.size()));
 }
 
 TEST(Checkpoint, BadSaveInputIsRefused) {

@@ -43,9 +43,12 @@ TEST(DistributedRng, ValuesDoNotDependOnTheSharding) {
         check_close(uniform, want_uniform, "rand with " + to_string(p), true);
         check_close(mask, want_mask, "dropout mask with " + to_string(p), true);
       }
-      // Replicated: every rank holds the same values (compare with rank 0's by broadcast).
-      at::Tensor mine = want_normal.clone();
+      // Replicated: every rank draws the same values itself (its own piece, nothing gathered),
+      // equal to rank 0's and to the sharded draws.
+      manual_seed(mesh, 1234);
+      const at::Tensor mine = DTensor(randn({7, 5}, mesh, Placements(mesh.ndim(), Replicate()))).to_local();
       check_close(g.broadcast(mine.clone(), 0), mine, "replicated values agree across ranks", true);
+      check_close(mine, want_normal, "replicated values equal the sharded ones", true);
     });
   }
 }
