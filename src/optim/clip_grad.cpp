@@ -32,7 +32,7 @@ bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
-                       double norm_type, const std::vector<at::Tensor>& copies) {
+                       double norm_type, const std::vector<at::Tensor>& copies, double* local_norm) {
   const bool inf = std::isinf(norm_type);
   HP_CHECK(inf || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2 or infinity, got ", norm_type);
   HP_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be non-negative, got ", max_norm);
@@ -42,22 +42,26 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
     if (grad.defined() && counts_here(grad, world) && local_tensor(grad).numel() > 0)
       counted.push_back(local_tensor(grad));
   }
-  double norm = 0.0;
+  double norm = 0.0, mine = 0.0;
   if (inf) {
     at::Tensor most = at::zeros({1}, at::kDouble);
     for (const at::Tensor& g : counted) most = at::maximum(most, g.abs().max().to(at::kDouble).view({1}));
+    mine = most.item<double>();
     norm = world.all_reduce(most, {comm::ReduceOp::kMax}).item<double>();
   } else if (world.options().deterministic) {
     // Exact: the same bits however the gradients are split over ranks (exact_square_sum.h).
     ExactSquareSum squares;
     for (const at::Tensor& g : counted) squares.add(g);
+    mine = std::sqrt(squares.value());
     norm = std::sqrt(ExactSquareSum::value_of_digits(world.all_reduce(squares.digits())));
   } else {
     // Accumulated in double: the sum runs over millions of squares.
     at::Tensor total = at::zeros({1}, at::kDouble);
     for (const at::Tensor& g : counted) total += g.to(at::kDouble).pow(2).sum().view({1});
+    mine = std::sqrt(total.item<double>());
     norm = std::sqrt(world.all_reduce(total).item<double>());
   }
+  if (local_norm) *local_norm = mine;
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     at::NoGradGuard no_grad;

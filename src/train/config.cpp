@@ -91,6 +91,9 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.max_grad_norm", train.max_grad_norm),
       HP_CONFIG_FIELD("train.deterministic", train.deterministic),
       HP_CONFIG_FIELD("train.cpu_threads", train.cpu_threads),
+      HP_CONFIG_FIELD("train.on_nonfinite", train.on_nonfinite),
+      HP_CONFIG_FIELD("train.mixed_precision_param", train.mixed_precision_param),
+      HP_CONFIG_FIELD("train.mixed_precision_reduce", train.mixed_precision_reduce),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -262,6 +265,16 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   HP_CHECK(!c.sequence_parallel || c.data.seq_len % c.parallel.tp == 0, "data.seq_len (", c.data.seq_len,
            ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
+  HP_CHECK(c.train.on_nonfinite == "stop" || c.train.on_nonfinite == "skip", "train.on_nonfinite '",
+           c.train.on_nonfinite, "' is unknown (available: stop, skip)");
+  for (const std::string* dtype : {&c.train.mixed_precision_param, &c.train.mixed_precision_reduce})
+    HP_CHECK(*dtype == "fp32" || *dtype == "bf16", "train.mixed_precision_",
+             dtype == &c.train.mixed_precision_param ? "param" : "reduce", " '", *dtype,
+             "' is unknown (available: fp32, bf16)");
+  HP_CHECK((c.train.mixed_precision_param == "fp32" && c.train.mixed_precision_reduce == "fp32") ||
+               c.parallel.dp() > 1 || c.parallel.pp > 1,
+           "train.mixed_precision_param and _reduce apply through FSDP, which this run does not use: they need ",
+           "parallel.dp_shard x dp_replicate > 1 or parallel.pp > 1");
   HP_CHECK(c.train.cpu_threads >= 0 && c.train.cpu_threads <= 1024, "train.cpu_threads must be in 0..1024 (0: as ",
            "launched), got ", c.train.cpu_threads);
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,

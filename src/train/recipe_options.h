@@ -12,6 +12,13 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   options.fsdp.reshard_after_forward = c.reshard_after_forward;
   options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches())};
+  MixedPrecisionPolicy& mixed = options.fsdp.mixed_precision;
+  if (c.train.mixed_precision_param == "bf16") {
+    mixed.param_dtype = at::kBFloat16;
+    mixed.output_dtype = at::kFloat;  // the root's output: fp32 logits for the loss
+  }
+  if (c.train.mixed_precision_param != c.train.mixed_precision_reduce)
+    mixed.reduce_dtype = c.train.mixed_precision_reduce == "bf16" ? at::kBFloat16 : at::kFloat;
   return options;
 }
 

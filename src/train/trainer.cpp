@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -30,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
+#include "train/step_health.h"
 
 namespace hp::train {
 namespace fs = std::filesystem;
@@ -87,6 +89,8 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
 struct StepReport {
   int64_t step;
   double loss, grad_norm, lr, tokens_per_s, mfu, seconds, peak_mem_bytes, eta_seconds;
+  detail::RankNumbers ranks;
+  bool skipped = false;  // not finite, and train.on_nonfinite: skip
   std::optional<double> eval_loss;
   models::StepStats model_stats;  // from the recipe's step hook
 
@@ -99,7 +103,11 @@ struct StepReport {
                         {"tokens_per_s", tokens_per_s},
                         {"mfu", mfu},
                         {"step_s", seconds},
-                        {"peak_mem_mb", peak_mem_bytes / 1e6}};
+                        {"peak_mem_mb", peak_mem_bytes / 1e6},
+                        {"local_losses", ranks.local_losses},
+                        {"local_grad_norms", ranks.local_grad_norms},
+                        {"largest_local_grad_norm_rank", ranks.largest_grad_norm_rank}};
+    if (skipped) j["skipped"] = true;
     for (const auto& [name, value] : model_stats.values) j[name] = value;
     return j;
   }
@@ -214,15 +222,32 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
     const double local_loss = train_step.forward_backward(step, x, y);
     StepReport report{step + 1};
-    report.grad_norm =
-        clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
+    double local_grad_norm = 0.0;
+    report.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
+                                       copies, &local_grad_norm);
+    report.loss = world_mean(local_loss, world);
+    report.ranks = detail::gather_rank_numbers(local_loss, local_grad_norm, world);
     report.lr = scheduler.lr();
+    if (!std::isfinite(report.loss) || !std::isfinite(report.grad_norm)) {
+      const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
+      if (c.train.on_nonfinite == "stop") {
+        checkpoints.finish();  // the last checkpoint (from good parameters) is committed, nothing newer
+        throw NonFiniteError(hp::detail::str_cat(
+            "step ", step + 1, ": ", where,
+            ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters and the last "
+            "checkpoint are as they were"));
+      }
+      if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
+      report.skipped = true;
+      ++result.skipped_steps;
+    }
     // A checkpoint staging in the background still reads what the hook and the optimizer change.
     checkpoints.wait_staged();
-    if (s.parts.before_optimizer_step) report.model_stats = s.parts.before_optimizer_step();
-    optimizer->step();
+    if (!report.skipped) {
+      if (s.parts.before_optimizer_step) report.model_stats = s.parts.before_optimizer_step();
+      optimizer->step();
+    }
     scheduler.step();
-    report.loss = world_mean(local_loss, world);
     checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
     report.seconds = seconds_since(t0);
     if (step > result.first_step) timed_seconds += report.seconds, ++timed_steps;

@@ -267,4 +267,20 @@ TEST(HpTrain, ConfigErrorStopsBeforeWork) {
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
 }
 
+// A step whose gradients are not finite stops every rank with exit code 1, naming the step and
+// where, and leaves the previous step's checkpoint committed.
+TEST(HpTrain, ANonFiniteStepFailsWithExitCode1) {
+  const std::string dir = scratch("nonfinite");
+  const Result r = run_job("--nproc-per-node 2 " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR +
+                           "/examples/tiny_llama.yaml --set run_dir=" + dir + " --set data.cache_dir=" + dir +
+                           "/data --set parallel.tp=1 --set optimizer.lr=1e30 --set train.max_grad_norm=0" +
+                           " --set schedule.warmup_steps=0 --set train.steps=4 --set checkpoint.interval=1" +
+                           " --set checkpoint.keep=4 --no-progress");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("hp-train: failed: step 2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("embed.weight on rank 0"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000001/metadata.json")) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000002")) << r.output;
+}
+
 }  // namespace

@@ -128,6 +128,9 @@ int main(int argc, char** argv) {
       if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
     }
     return 0;
+  } catch (const hp::train::NonFiniteError& e) {  // the run failed, the config was fine
+    std::cerr << "hp-train: failed: " << e.what() << "\n";
+    return 1;
   } catch (const hp::Error& e) {
     std::cerr << "hp-train: error: " << e.what() << "\n";
     return 2;

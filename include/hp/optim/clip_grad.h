@@ -20,7 +20,10 @@ namespace hp {
 // With a deterministic `world` (ProcessGroupOptions::deterministic) the 2-norm's sum of squares is
 // exact (hp/core/exact_square_sum.h): the same bits for any split of the gradients over ranks, so
 // clipping does not depend on the data-parallel degree. Otherwise it is summed in double.
+// `local_norm`, when given, receives the norm of the gradient pieces this rank counts (its share,
+// for finding a rank whose gradients stand out).
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
-                       double norm_type = 2.0, const std::vector<at::Tensor>& copies = {});
+                       double norm_type = 2.0, const std::vector<at::Tensor>& copies = {},
+                       double* local_norm = nullptr);
 
 }  // namespace hp

@@ -43,6 +43,13 @@ struct TrainConfig {
     // Bitwise-reproducible results that do not depend on the data-parallel degree (docs/training.md).
     bool deterministic = true;
     int64_t cpu_threads = 0;  // intra-op CPU threads per rank; 0 = as launched (hprun: cores / ranks)
+    // A step whose loss or gradients are not finite: "stop" (the run fails naming where, the last
+    // checkpoint stays as it was) or "skip" (no optimizer step; the run goes on).
+    std::string on_nonfinite = "stop";
+    // Mixed precision through FSDP: the dtype forward and backward compute in, and the one
+    // gradients are reduced in ("fp32" or "bf16"); parameters and optimizer state stay fp32.
+    std::string mixed_precision_param = "fp32";
+    std::string mixed_precision_reduce = "fp32";
   } train;
 
   struct Optimizer {

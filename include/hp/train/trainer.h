@@ -11,9 +11,17 @@
 #include <vector>
 
 #include "hp/comm/process_group.h"
+#include "hp/core/error.h"
 #include "hp/train/config.h"
 
 namespace hp::train {
+
+// Thrown by train() on every rank when a step's loss or gradients are not finite and
+// train.on_nonfinite is "stop": the message names the step, the ranks and the parameters.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
 
 struct TrainOptions {
   bool resume = false;   // continue from the latest checkpoint of the run, when there is one
@@ -27,6 +35,7 @@ struct TrainResult {
   int64_t first_step = 0;      // 0, or the step resumed from
   std::vector<double> losses;  // global training loss of each step run here
   std::vector<double> grad_norms;
+  int64_t skipped_steps = 0;     // not finite, with train.on_nonfinite: skip
   double eval_loss = 0.0;        // at the end
   double unigram_entropy = 0.0;  // of the corpus, in nats: the no-context baseline
   double tokens_per_s = 0.0;     // mean over the steps after the first

@@ -1,0 +1,28 @@
+// What one step's numbers say, found together by all ranks: each rank's share of the loss and of
+// the gradient norm (a rank whose gradients stand out is named in the metrics), and, when the loss
+// or a gradient is not finite, where that happened.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/comm/process_group.h"
+#include "hp/models/model_parts.h"
+
+namespace hp::train::detail {
+
+struct RankNumbers {
+  std::vector<double> local_losses, local_grad_norms;  // indexed by world rank
+  int64_t largest_grad_norm_rank = 0;                  // the lowest one on a tie
+};
+
+// Collective over `world`.
+RankNumbers gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world);
+
+// Collective over `world`; call it when the global loss or gradient norm is not finite. The same
+// sentence on every rank: the ranks whose loss is not finite and, for each rank that has one, the
+// first parameter (by FQN) whose gradient is not.
+std::string describe_nonfinite(const models::ModelParts& parts, double local_loss, const comm::ProcessGroup& world);
+
+}  // namespace hp::train::detail
