@@ -57,8 +57,8 @@ void Checkpointing::commit_earlier_than(int64_t step) {
   if (pending_step_ >= 0 && pending_step_ < step) finish();
 }
 
-void Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
-  if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return;
+std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
+  if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return std::nullopt;
   finish();
   state_.values = {{"step", step},
                    {"seed", config_.seed},
@@ -69,9 +69,11 @@ void Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
   dcp::SaveOptions options;
   options.update_latest = true;
   options.stage_in_background = true;  // the copies overlap the next step's forward and backward
-  pending_ = dcp::save_async(to_save(), config_.checkpoint_dir() + "/" + step_dir_name(step), world_, options);
+  const std::string dir = config_.checkpoint_dir() + "/" + step_dir_name(step);
+  pending_ = dcp::save_async(to_save(), dir, world_, options);
   pending_step_ = step;
   if (!config_.checkpoint.async) finish();
+  return dir;
 }
 
 void Checkpointing::finish() {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "hp/comm/process_group.h"
@@ -33,7 +34,8 @@ class Checkpointing {
   // After optimizer step `step` (1-based): commits a save started at an earlier step.
   void commit_earlier_than(int64_t step);
   // After optimizer step `step`: at the interval, starts saving the state of that step.
-  void save_if_due(int64_t step, const LRScheduler& scheduler);
+  // Starts saving step `step` when the interval says so; returns the checkpoint's directory then.
+  std::optional<std::string> save_if_due(int64_t step, const LRScheduler& scheduler);
   // Commits the save in flight, if any.
   void finish();
 

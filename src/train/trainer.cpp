@@ -28,7 +28,7 @@
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
 #include "train/generation.h"
-#include "train/metrics.h"
+#include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
 #include "train/step_health.h"
@@ -85,45 +85,6 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   return {std::move(mesh), std::move(parts), dp_rank};
 }
 
-// One step's numbers as JSON (metrics.jsonl) and as the progress line.
-struct StepReport {
-  int64_t step;
-  double loss, grad_norm, lr, tokens_per_s, mfu, seconds, peak_mem_bytes, eta_seconds;
-  detail::RankNumbers ranks;
-  bool skipped = false;  // not finite, and train.on_nonfinite: skip
-  std::optional<double> eval_loss;
-  models::StepStats model_stats;  // from the recipe's step hook
-
-  nlohmann::json json() const {
-    nlohmann::json j = {{"kind", "train"},
-                        {"step", step},
-                        {"loss", loss},
-                        {"grad_norm", grad_norm},
-                        {"lr", lr},
-                        {"tokens_per_s", tokens_per_s},
-                        {"mfu", mfu},
-                        {"step_s", seconds},
-                        {"peak_mem_mb", peak_mem_bytes / 1e6},
-                        {"local_losses", ranks.local_losses},
-                        {"local_grad_norms", ranks.local_grad_norms},
-                        {"largest_local_grad_norm_rank", ranks.largest_grad_norm_rank}};
-    if (skipped) j["skipped"] = true;
-    for (const auto& [name, value] : model_stats.values) j[name] = value;
-    return j;
-  }
-  std::string line(int64_t steps) const {
-    std::ostringstream out;
-    out << std::fixed << "step " << std::setw(5) << step << "/" << steps << "  loss " << std::setprecision(4) << loss
-        << "  grad " << std::setprecision(3) << grad_norm << "  lr " << std::scientific << std::setprecision(2) << lr
-        << std::fixed << "  " << std::setprecision(0) << tokens_per_s << " tok/s  MFU " << std::setprecision(1)
-        << 100.0 * mfu << "%  mem " << std::setprecision(1) << peak_mem_bytes / 1e6 << " MB  eta "
-        << detail::format_duration(eta_seconds);
-    if (!model_stats.summary.empty()) out << "  " << model_stats.summary;
-    if (eval_loss) out << "  eval " << std::setprecision(4) << *eval_loss;
-    return out.str();
-  }
-};
-
 // The training and held-out token streams: rank 0 prepares the token files, the others wait and
 // read them.
 struct Data {
@@ -138,20 +99,6 @@ Data load_data(const TrainConfig& c, const comm::ProcessGroup& world) {
   data::TokenSampler train(data::load_tokens(corpus.train_path), c.data.seq_len, c.seed);
   data::TokenSampler eval(data::load_tokens(corpus.eval_path), c.data.seq_len, c.seed);
   return {std::move(corpus), std::move(train), std::move(eval)};
-}
-
-// Rank 0's metrics.jsonl, opened at `step` (a resumed run drops the lines after it), starting with
-// the config; config.json beside it.
-detail::MetricsLog open_metrics(const TrainConfig& c, const comm::ProcessGroup& world, const data::CorpusInfo& corpus,
-                                int64_t step, const TrainOptions& options) {
-  detail::MetricsLog metrics(c.run_dir, options.resume ? step : -1, options.progress);
-  metrics.write({{"kind", "config"},
-                 {"step", step},
-                 {"world_size", world.size()},
-                 {"config", nlohmann::json::parse(to_json(c))},
-                 {"unigram_entropy", corpus.unigram_entropy_nats}});
-  std::ofstream(fs::path(c.run_dir) / "config.json") << nlohmann::json::parse(to_json(c)).dump(1) << "\n";
-  return metrics;
 }
 
 }  // namespace
@@ -199,8 +146,14 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
   int64_t step = result.first_step = options.resume ? checkpoints.resume(scheduler) : 0;
-  std::optional<detail::MetricsLog> metrics;
-  if (lead) metrics.emplace(open_metrics(c, world, data.corpus, step, options));
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  if (lead)
+    callbacks.push_back(std::make_shared<detail::MetricsCallback>(
+        c, detail::RunFacts{world.size(), data.corpus.unigram_entropy_nats, options.resume, options.progress}));
+  callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
+  const auto notify = [&](const auto& call) {
+    for (const auto& callback : callbacks) call(*callback);
+  };
   const auto evaluate = [&]() {
     double sum = 0.0;
     for (int64_t b = 0; b < c.eval.batches; ++b) {
@@ -214,84 +167,82 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
   int64_t timed_steps = 0;
-  const auto run_start = Clock::now();
-  for (; step < c.train.steps; ++step) {
-    const auto t0 = Clock::now();
-    memory.reset_peak();
-    optimizer->zero_grad();
-    auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
-    const double local_loss = train_step.forward_backward(step, x, y);
-    StepReport report{step + 1};
-    double local_grad_norm = 0.0;
-    report.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
-                                       copies, &local_grad_norm);
-    report.loss = world_mean(local_loss, world);
-    report.ranks = detail::gather_rank_numbers(local_loss, local_grad_norm, world);
-    report.lr = scheduler.lr();
-    if (!std::isfinite(report.loss) || !std::isfinite(report.grad_norm)) {
-      const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
-      if (c.train.on_nonfinite == "stop") {
-        checkpoints.finish();  // the last checkpoint (from good parameters) is committed, nothing newer
-        throw NonFiniteError(hp::detail::str_cat(
-            "step ", step + 1, ": ", where,
-            ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters and the last "
-            "checkpoint are as they were"));
+  notify([&](Callback& cb) { cb.on_train_begin(step); });
+  try {
+    for (; step < c.train.steps; ++step) {
+      notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
+      const auto t0 = Clock::now();
+      memory.reset_peak();
+      optimizer->zero_grad();
+      auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
+      const double local_loss = train_step.forward_backward(step, x, y);
+      StepRecord record;
+      record.step = step + 1;
+      double local_grad_norm = 0.0;
+      record.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
+                                         copies, &local_grad_norm);
+      record.loss = world_mean(local_loss, world);
+      const detail::RankNumbers ranks = detail::gather_rank_numbers(local_loss, local_grad_norm, world);
+      record.local_losses = ranks.local_losses;
+      record.local_grad_norms = ranks.local_grad_norms;
+      record.largest_local_grad_norm_rank = ranks.largest_grad_norm_rank;
+      record.lr = scheduler.lr();
+      if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
+        const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
+        if (c.train.on_nonfinite == "stop") {
+          checkpoints.finish();  // the last checkpoint (from good parameters) is committed, nothing newer
+          throw NonFiniteError(hp::detail::str_cat(
+              "step ", step + 1, ": ", where,
+              ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters and the last "
+              "checkpoint are as they were"));
+        }
+        if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
+        record.skipped = true;
+        ++result.skipped_steps;
       }
-      if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
-      report.skipped = true;
-      ++result.skipped_steps;
-    }
-    // A checkpoint staging in the background still reads what the hook and the optimizer change.
-    checkpoints.wait_staged();
-    if (!report.skipped) {
-      if (s.parts.before_optimizer_step) report.model_stats = s.parts.before_optimizer_step();
-      optimizer->step();
-    }
-    scheduler.step();
-    checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
-    report.seconds = seconds_since(t0);
-    if (step > result.first_step) timed_seconds += report.seconds, ++timed_steps;
-    report.tokens_per_s = tokens_per_step / report.seconds;
-    report.mfu = peak > 0 ? flops_per_token * report.tokens_per_s / peak : 0.0;
-    report.peak_mem_bytes = static_cast<double>(memory.peak());
-    result.losses.push_back(report.loss);
-    result.grad_norms.push_back(report.grad_norm);
-    if (c.eval.interval > 0 && (step + 1) % c.eval.interval == 0 && step + 1 < c.train.steps)
-      report.eval_loss = evaluate();
-    checkpoints.save_if_due(step + 1, scheduler);
-    if (lead) {
-      metrics->write(report.json());
-      if (report.eval_loss) metrics->write({{"kind", "eval"}, {"step", step + 1}, {"eval_loss", *report.eval_loss}});
-      if ((step + 1) % c.log.interval == 0 || step + 1 == c.train.steps || report.eval_loss) {
-        report.eta_seconds = seconds_since(run_start) / static_cast<double>(step + 1 - result.first_step) *
-                             static_cast<double>(c.train.steps - step - 1);
-        metrics->progress(report.line(c.train.steps), report.eval_loss.has_value());
+      // A checkpoint staging in the background still reads what the hook and the optimizer change.
+      checkpoints.wait_staged();
+      if (!record.skipped) {
+        if (s.parts.before_optimizer_step) {
+          models::StepStats stats = s.parts.before_optimizer_step();
+          record.model_values = std::move(stats.values);
+          record.model_summary = std::move(stats.summary);
+        }
+        optimizer->step();
       }
+      scheduler.step();
+      checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
+      record.seconds = seconds_since(t0);
+      if (step > result.first_step) timed_seconds += record.seconds, ++timed_steps;
+      record.tokens_per_s = tokens_per_step / record.seconds;
+      record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;
+      record.peak_mem_bytes = static_cast<double>(memory.peak());
+      result.losses.push_back(record.loss);
+      result.grad_norms.push_back(record.grad_norm);
+      if (c.eval.interval > 0 && (step + 1) % c.eval.interval == 0 && step + 1 < c.train.steps)
+        record.eval_loss = evaluate();
+      if (const std::optional<std::string> dir = checkpoints.save_if_due(step + 1, scheduler))
+        notify([&](Callback& cb) { cb.on_save(step + 1, *dir); });
+      notify([&](Callback& cb) { cb.on_step_end(record); });
+      if (record.eval_loss) notify([&](Callback& cb) { cb.on_eval(step + 1, *record.eval_loss); });
     }
-    if (options.after_step) options.after_step(step + 1);
-  }
-  checkpoints.finish();
+    checkpoints.finish();
 
-  result.eval_loss = evaluate();
-  result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
-  result.mfu = peak > 0 ? flops_per_token * result.tokens_per_s / peak : 0.0;
-  if (c.sample.tokens > 0) {
-    const data::ByteTokenizer tokenizer;
-    const auto logits = [&](const at::Tensor& tokens) { return train_step.logits(tokens); };
-    result.sample = tokenizer.decode(
-        detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model->max_seq()));
+    result.eval_loss = evaluate();
+    result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
+    result.mfu = peak > 0 ? flops_per_token * result.tokens_per_s / peak : 0.0;
+    if (c.sample.tokens > 0) {
+      const data::ByteTokenizer tokenizer;
+      const auto logits = [&](const at::Tensor& tokens) { return train_step.logits(tokens); };
+      result.sample = tokenizer.decode(
+          detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model->max_seq()));
+    }
+  } catch (const std::exception& error) {
+    notify([&](Callback& cb) { cb.on_exception(step + 1, error); });
+    throw;
   }
-  if (lead) {
-    metrics->finish_progress();
-    metrics->write({{"kind", "eval"}, {"step", c.train.steps}, {"eval_loss", result.eval_loss}});
-    metrics->write({{"kind", "summary"},
-                    {"step", c.train.steps},
-                    {"eval_loss", result.eval_loss},
-                    {"unigram_entropy", data.corpus.unigram_entropy_nats},
-                    {"tokens_per_s", result.tokens_per_s},
-                    {"mfu", result.mfu},
-                    {"sample", result.sample}});
-  }
+  notify([&](Callback& cb) { cb.on_eval(c.train.steps, result.eval_loss); });
+  notify([&](Callback& cb) { cb.on_train_end(result); });
   return result;
 }
 

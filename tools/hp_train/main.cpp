@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,18 +64,27 @@ void usage(std::ostream& out) {
 }
 
 // Test hook: HP_TRAIN_FAULT="RANK:STEP" makes that rank SIGKILL itself after that step, like a crashed node.
-std::function<void(int64_t)> fault_hook(int rank) {
+class KillAfterStep : public hp::train::Callback {
+ public:
+  explicit KillAfterStep(int64_t step) : step_(step) {}
+  void on_step_end(const hp::train::StepRecord& record) override {
+    if (record.step == step_) ::kill(::getpid(), SIGKILL);
+  }
+
+ private:
+  int64_t step_;
+};
+
+std::shared_ptr<hp::train::Callback> fault_hook(int rank) {
   const char* spec = std::getenv("HP_TRAIN_FAULT");
-  if (!spec) return {};
+  if (!spec) return nullptr;
   const std::string s(spec);
   const auto colon = s.find(':');
   HP_CHECK(colon != std::string::npos, "HP_TRAIN_FAULT must be RANK:STEP, got '", s, "'");
   const int fault_rank = std::stoi(s.substr(0, colon));
   const int64_t fault_step = std::stoll(s.substr(colon + 1));
-  if (fault_rank != rank) return {};
-  return [fault_step](int64_t step) {
-    if (step == fault_step) ::kill(::getpid(), SIGKILL);
-  };
+  if (fault_rank != rank) return nullptr;
+  return std::make_shared<KillAfterStep>(fault_step);
 }
 
 // Draws the loss curve with hp-plot, which is installed next to this program.
@@ -113,7 +122,7 @@ int main(int argc, char** argv) {
     hp::comm::InitOptions init;
     init.group = hp::train::world_options(config);
     hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
-    options.after_step = fault_hook(world.rank());
+    if (auto hook = fault_hook(world.rank())) options.callbacks.push_back(hook);
     const hp::train::TrainResult result = hp::train::train(config, world, options);
     if (world.rank() == 0 && !options.dry_run) {
       plot(config.run_dir);

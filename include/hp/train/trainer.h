@@ -6,12 +6,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "hp/comm/process_group.h"
 #include "hp/core/error.h"
+#include "hp/train/callbacks.h"
 #include "hp/train/config.h"
 
 namespace hp::train {
@@ -27,8 +28,8 @@ struct TrainOptions {
   bool resume = false;   // continue from the latest checkpoint of the run, when there is one
   bool dry_run = false;  // print the plan (mesh, each rank's parameters, estimated memory) and stop
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
-  // Called on every rank after each optimizer step (tests use it to stop a run part-way).
-  std::function<void(int64_t step)> after_step;
+  // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
+  std::vector<std::shared_ptr<Callback>> callbacks;
 };
 
 struct TrainResult {
