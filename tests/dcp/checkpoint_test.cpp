@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "dcp/xxhash64.h"
 #include "hp/dcp/checkpoint.h"
@@ -67,6 +68,28 @@ at::Tensor place(const at::Tensor& global, const comm::ProcessGroup& world, cons
   return distribute_tensor(global, init_device_mesh(world, "cpu", layout.mesh), layout.placements);
 }
 
+// Runs fn(group, layout) for every layout, on that layout's ranks.
+void on_every_layout(const std::vector<Layout>& all,
+                     const std::function<void(const comm::ProcessGroup&, const Layout&)>& fn) {
+  for (int world : {1, 2, 4})
+    run(world, [&](const comm::ProcessGroup& group) {
+      for (const Layout& layout : all)
+        if (layout.world() == world) fn(group, layout);
+    });
+}
+
+// Runs fn(group, saved, loaded) for every pair of layouts, on the loading layout's ranks; returns
+// how many pairs ran.
+int on_every_pair(const std::vector<Layout>& all,
+                  const std::function<void(const comm::ProcessGroup&, const Layout&, const Layout&)>& fn) {
+  int pairs = 0;
+  on_every_layout(all, [&](const comm::ProcessGroup& group, const Layout& loaded) {
+    for (const Layout& saved : all) fn(group, saved, loaded);
+    if (group.rank() == 0) pairs += static_cast<int>(all.size());
+  });
+  return pairs;
+}
+
 TEST(Xxhash64, KnownVectors) {
   EXPECT_EQ(dcp::detail::xxhash64("", 0), 0xEF46DB3751D8E999ULL);
   EXPECT_EQ(dcp::detail::xxhash64("abc", 3), 0x44BC2CF5AD770999ULL);
@@ -78,33 +101,21 @@ TEST(Checkpoint, ReshardMatrixIsExact) {
   const auto all = layouts();
   dcp::SaveOptions options;
   options.checksum_block_bytes = 16;  // many blocks: loads read partial block ranges
-  for (int world : {1, 2, 4})
-    run(world, [&](const comm::ProcessGroup& group) {
-      for (const Layout& a : all) {
-        if (a.world() != world) continue;
-        dcp::StateDict state;
-        for (const auto& [name, g] : globals()) state.tensors[name] = place(g, group, a);
-        state.values["layout"] = a.name();
-        dcp::save(state, root + "/" + a.name(), group, options);
-      }
-    });
-  int loads = 0;
-  for (int world : {1, 2, 4}) {
-    run(world, [&](const comm::ProcessGroup& group) {
-      for (const Layout& a : all)
-        for (const Layout& b : all) {
-          if (b.world() != world) continue;
-          dcp::StateDict state;
-          for (const auto& [name, g] : globals()) state.tensors[name] = place(at::zeros_like(g), group, b);
-          dcp::load(state, root + "/" + a.name());
-          if (state.values.at("layout") != a.name()) throw std::runtime_error("values were not loaded");
-          for (const auto& [name, g] : globals())
-            test::check_close(test::whole(state.tensors.at(name)), g, a.name() + " -> " + b.name() + " " + name,
-                              /*bitwise=*/true);
-        }
-    });
-    for (const Layout& b : all) loads += b.world() == world ? static_cast<int>(all.size()) : 0;
-  }
+  on_every_layout(all, [&](const comm::ProcessGroup& group, const Layout& a) {
+    dcp::StateDict state;
+    for (const auto& [name, g] : globals()) state.tensors[name] = place(g, group, a);
+    state.values["layout"] = a.name();
+    dcp::save(state, root + "/" + a.name(), group, options);
+  });
+  const int loads = on_every_pair(all, [&](const comm::ProcessGroup& group, const Layout& a, const Layout& b) {
+    dcp::StateDict state;
+    for (const auto& [name, g] : globals()) state.tensors[name] = place(at::zeros_like(g), group, b);
+    dcp::load(state, root + "/" + a.name());
+    if (state.values.at("layout") != a.name()) throw std::runtime_error("values were not loaded");
+    for (const auto& [name, g] : globals())
+      test::check_close(test::whole(state.tensors.at(name)), g, a.name() + " -> " + b.name() + " " + name,
+                        /*bitwise=*/true);
+  });
   EXPECT_EQ(loads, static_cast<int>(all.size() * all.size()));  // 15 x 15 pairs
 }
 
@@ -369,42 +380,30 @@ TEST(Checkpoint, AdamWStateReshardsAcrossTheMatrix) {
     want["weight"] = model->weight.detach().clone();
   }
   const auto all = layouts();
-  for (int world : {1, 2, 4})
-    run(world, [&](const comm::ProcessGroup& group) {
-      for (const Layout& a : all) {
-        if (a.world() != world) continue;
-        auto model = std::make_shared<OneWeight>(place(init, group, a).set_requires_grad(true));
-        torch::optim::AdamW opt = adamw(model->weight);
-        train(model->weight, opt, 2);
-        auto state = dcp::model_state_dict(*model);
-        dcp::add_optimizer_state(state, opt, *model);
-        dcp::save(state, root + "/" + a.name(), group);
-      }
-    });
-  int loads = 0;
-  for (int world : {1, 2, 4}) {
-    run(world, [&](const comm::ProcessGroup& group) {
-      for (const Layout& a : all)
-        for (const Layout& b : all) {
-          if (b.world() != world) continue;
-          const std::string what = a.name() + " -> " + b.name();
-          auto model = std::make_shared<OneWeight>(place(at::zeros_like(init), group, b).set_requires_grad(true));
-          torch::optim::AdamW opt = adamw(model->weight);
-          auto state = dcp::model_state_dict(*model);
-          dcp::add_optimizer_state(state, opt, *model);
-          dcp::load(state, root + "/" + a.name());
-          dcp::restore_optimizer_values(state, opt, *model);
-          for (const std::string& m : moments)
-            test::check_close(test::whole(state.tensors.at("optim.weight." + m)), want.at(m), what + " " + m, true);
-          dcp::StateDict restored;
-          dcp::add_optimizer_state(restored, opt, *model);
-          if (restored.values.at("optim.step").at("weight") != 2) throw std::runtime_error(what + ": step count");
-          train(model->weight, opt, 1);
-          test::check_close(test::whole(model->weight.detach()), want.at("weight"), what + ": the next step", true);
-        }
-    });
-    for (const Layout& b : all) loads += b.world() == world ? static_cast<int>(all.size()) : 0;
-  }
+  on_every_layout(all, [&](const comm::ProcessGroup& group, const Layout& a) {
+    auto model = std::make_shared<OneWeight>(place(init, group, a).set_requires_grad(true));
+    torch::optim::AdamW opt = adamw(model->weight);
+    train(model->weight, opt, 2);
+    auto state = dcp::model_state_dict(*model);
+    dcp::add_optimizer_state(state, opt, *model);
+    dcp::save(state, root + "/" + a.name(), group);
+  });
+  const int loads = on_every_pair(all, [&](const comm::ProcessGroup& group, const Layout& a, const Layout& b) {
+    const std::string what = a.name() + " -> " + b.name();
+    auto model = std::make_shared<OneWeight>(place(at::zeros_like(init), group, b).set_requires_grad(true));
+    torch::optim::AdamW opt = adamw(model->weight);
+    auto state = dcp::model_state_dict(*model);
+    dcp::add_optimizer_state(state, opt, *model);
+    dcp::load(state, root + "/" + a.name());
+    dcp::restore_optimizer_values(state, opt, *model);
+    for (const std::string& m : moments)
+      test::check_close(test::whole(state.tensors.at("optim.weight." + m)), want.at(m), what + " " + m, true);
+    dcp::StateDict restored;
+    dcp::add_optimizer_state(restored, opt, *model);
+    if (restored.values.at("optim.step").at("weight") != 2) throw std::runtime_error(what + ": step count");
+    train(model->weight, opt, 1);
+    test::check_close(test::whole(model->weight.detach()), want.at("weight"), what + ": the next step", true);
+  });
   EXPECT_EQ(loads, static_cast<int>(all.size() * all.size()));
 }
 

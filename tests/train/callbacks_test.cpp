@@ -21,18 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 
 TrainConfig small_config(const std::string& name) {
-  const fs::path dir = test::scratch_dir("hp_callbacks_" + name);
-  TrainConfig c;
-  c.run_dir = (dir / "run").string();
-  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
-  c.data.sources = {write_corpus(dir / "text")};
-  c.data.cache_dir = (dir / "cache").string();
-  c.data.seq_len = 32;
+  TrainConfig c = small_llama_config(test::scratch_dir("hp_callbacks_" + name));
   c.train.steps = 4;
   c.train.global_batch = 2;
   c.train.micro_batch = 2;
   c.eval.interval = 2;
-  c.eval.batches = 1;
   c.checkpoint.interval = 2;
   return c;
 }

@@ -31,20 +31,14 @@ struct Outcome {
 
 Outcome train_with(const ParallelDims& dims, bool sequence_parallel, const std::string& name) {
   const fs::path dir = test::scratch_dir("hp_deterministic_" + name);
-  TrainConfig c;
-  c.run_dir = (dir / "run").string();
+  TrainConfig c = small_llama_config(dir);
   c.seed = 5;
-  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
-  c.data.sources = {write_corpus(dir / "text")};
-  c.data.cache_dir = (dir / "cache").string();
-  c.data.seq_len = 32;
   c.train.steps = kSteps;
   c.train.global_batch = 8;
   c.train.micro_batch = 2;
   c.train.max_grad_norm = 0.1;
   c.optimizer.lr = 3e-3;
   c.optimizer.weight_decay = 0.01;
-  c.eval.batches = 1;
   c.checkpoint.interval = kSteps;
   c.parallel = dims;
   c.sequence_parallel = sequence_parallel;

@@ -21,19 +21,13 @@ namespace {
 namespace fs = std::filesystem;
 
 TrainConfig tiny_config(const fs::path& dir) {
-  TrainConfig c;
-  c.run_dir = (dir / "run").string();
+  TrainConfig c = small_llama_config(dir);
   c.seed = 3;
-  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
-  c.data.sources = {write_corpus(dir / "text")};
-  c.data.cache_dir = (dir / "cache").string();
-  c.data.seq_len = 32;
   c.train.steps = 20;
   c.train.global_batch = 8;
   c.train.micro_batch = 2;
   c.optimizer.lr = 3e-3;
   c.schedule.warmup_steps = 3;
-  c.eval.batches = 1;
   return c;
 }
 

@@ -25,18 +25,12 @@ namespace fs = std::filesystem;
 
 TrainConfig small_config(const std::string& name) {
   const fs::path dir = test::scratch_dir("hp_step_health_" + name);
-  TrainConfig c;
-  c.run_dir = (dir / "run").string();
+  TrainConfig c = small_llama_config(dir);
   c.seed = 7;
-  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
-  c.data.sources = {write_corpus(dir / "text")};
-  c.data.cache_dir = (dir / "cache").string();
-  c.data.seq_len = 32;
   c.train.steps = 6;
   c.train.global_batch = 4;
   c.train.micro_batch = 2;
   c.optimizer.lr = 3e-3;
-  c.eval.batches = 1;
   c.parallel.dp_shard = 2;
   return c;
 }

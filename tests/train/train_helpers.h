@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
 
@@ -28,6 +29,19 @@ inline std::string write_corpus(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "corpus.txt") << text;
   return (dir / "corpus.txt").string();
+}
+
+// A Llama small enough for unit tests (vocabulary 256, dim 64, 2 layers, 32-token sequences) on
+// write_corpus's text, with the run and the data under `dir`; one eval batch.
+inline TrainConfig small_llama_config(const std::filesystem::path& dir) {
+  TrainConfig c;
+  c.run_dir = (dir / "run").string();
+  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 2, 4, 2, 128, 32};
+  c.data.sources = {write_corpus(dir / "text")};
+  c.data.cache_dir = (dir / "cache").string();
+  c.data.seq_len = 32;
+  c.eval.batches = 1;
+  return c;
 }
 
 // Ranks as threads whose world group is what train() needs for `config`.
