@@ -89,19 +89,7 @@ TEST(Callbacks, SeeEveryEventInOrder) {
 TEST(Callbacks, AnExceptionReachesEveryCallbackThenTheCaller) {
   auto before = std::make_shared<Recorder>(), after = std::make_shared<Recorder>();
   const TrainConfig c = small_config("exception");
-  test::expect_error(
-      [&] {
-        testing::run_ranks(
-            1,
-            [&](const comm::ProcessGroup& world) {
-              TrainOptions options;
-              options.progress = false;
-              options.callbacks = {before, std::make_shared<ThrowAtStep>(), after};
-              train(c, world, options);
-            },
-            ranks_for(c));
-      },
-      "stop here");
+  test::expect_error([&] { train_on_ranks(c, 1, {before, std::make_shared<ThrowAtStep>(), after}); }, "stop here");
   EXPECT_EQ(before->events.back(), "exception at 2: stop here");
   EXPECT_EQ(after->events.back(), "exception at 2: stop here");
   // Step 2 ended (with its evaluation) for the callback before the thrower, not for the one after.

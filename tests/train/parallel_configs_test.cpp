@@ -146,14 +146,7 @@ TEST(Trainer, DrawsTheMeasuredPipelineTimelineOfAStep) {
   c.parallel.pp = 2;
   c.train.steps = 3;
   c.pp_timeline_step = 2;
-  test::run(
-      2,
-      [&](const comm::ProcessGroup& world) {
-        TrainOptions options;
-        options.progress = false;
-        train(c, world, options);
-      },
-      ranks_for(c));
+  train_on_ranks(c, 2);
   std::ifstream in(fs::path(c.run_dir) / "pp_timeline.svg");
   ASSERT_TRUE(in.good()) << "no pp_timeline.svg in " << c.run_dir;
   const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

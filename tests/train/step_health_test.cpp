@@ -97,14 +97,7 @@ TEST(StepHealth, ANonFiniteStepStopsTheRunNamingWhere) {
   const TrainConfig c = diverging("stop");
   std::string message;
   try {
-    testing::run_ranks(
-        2,
-        [&](const comm::ProcessGroup& world) {
-          TrainOptions options;
-          options.progress = false;
-          train(c, world, options);
-        },
-        ranks_for(c));
+    train_on_ranks(c, 2);
   } catch (const Error& e) {
     message = e.what();
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -49,6 +50,21 @@ inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
   testing::RunRanksOptions options;
   options.group = world_options(config, options.group);
   return options;
+}
+
+// Trains `config` on `world` ranks (threads) without progress output, with `callbacks`; a rank's
+// failure is thrown (an hp::Error naming the rank).
+inline void train_on_ranks(const TrainConfig& config, int world,
+                           const std::vector<std::shared_ptr<Callback>>& callbacks = {}) {
+  testing::run_ranks(
+      world,
+      [&](const comm::ProcessGroup& group) {
+        TrainOptions options;
+        options.progress = false;
+        options.callbacks = callbacks;
+        train(config, group, options);
+      },
+      ranks_for(config));
 }
 
 // Trains `config` on `world` ranks (threads) without progress output; rank 0's result.
