@@ -288,7 +288,7 @@ TEST(DTensor, ClearErrors) {
         "operands on different meshes");
     expect_error([&] { a + global_data({4, 4}, 15); }, "mixes a DTensor with a plain tensor of shape [4, 4]");
     DTensor partial(a.sum(0));
-    expect_error([&] { partial.add_(1.0); }, "in-place op on a P(sum) tensor would have to reduce it first");
+    expect_error([&] { partial.add_(1.0); }, "writing into a P(sum) tensor would have to reduce it first");
   });
 }
 

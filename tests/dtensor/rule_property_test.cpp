@@ -151,6 +151,17 @@ std::vector<Case> cases() {
   binary(
       "maximum minimum", [](auto& a, auto& b) { return at::maximum(a, b) + at::minimum(a, b); }, real(M), real(M));
   binary(
+      "maximum minimum out",
+      [](auto& a, auto& b) {  // out= forms are not differentiable: on detached operands
+        const at::Tensor x = a.detach(), y = b.detach();
+        // The out arguments: x's shards, never Partial (abs reduces a Partial first).
+        at::Tensor high = x.abs(), low = x.abs();
+        at::maximum_out(high, x, y);
+        at::minimum_out(low, x, y);
+        return high + low;
+      },
+      real(M), real(M));
+  binary(
       "pow tensor rsub", [](auto& a, auto& b) { return at::pow(a, b * 0.0 + 2.0) + at::rsub(a, b) + at::rsub(a, 1.0); },
       positive(M), real(M));
   binary(

@@ -7,11 +7,14 @@
 //   kSumOfPartials  add/sub/lerp: every tensor operand Partial (sum or avg)
 //   kOnePartial     mul/div: exactly one Partial operand (the numerator for div), the rest Replicate
 //   kUnary          neg, clone, _to_copy, zero_: one operand, Partial stays Partial
-// and everything else is reduced to Replicate first. In-place ops keep self's placement: the other
-// operands follow self, and a change that would have to move self is an error.
+// and everything else is reduced to Replicate first. In-place ops keep self's placement, and out=
+// forms (".out") the out argument's: the other operands follow it, and a change that would have to
+// move it is an error.
 #include "dtensor/rules/rules.h"
 
 #include <ATen/ExpandUtils.h>
+
+#include <optional>
 
 #include "hp/core/error.h"
 
@@ -29,9 +32,10 @@ std::vector<int64_t> broadcast_shape(const OpCall& call) {
   return shape;
 }
 
-OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
+// `written`: the operand the op writes its result into (self in place, out for ".out"), if any.
+OpSharding pointwise(const OpCall& call, Linearity linearity, std::optional<size_t> written) {
   OpSharding s;
-  if (call.output_shapes.empty()) s.output_shapes = {in_place ? call.inputs[0].shape() : broadcast_shape(call)};
+  if (call.output_shapes.empty()) s.output_shapes = {written ? call.inputs[*written].shape() : broadcast_shape(call)};
   const auto& out_shape = call.output_shapes.empty() ? s.output_shapes[0] : call.output_shapes[0];
   const int64_t out_ndim = static_cast<int64_t>(out_shape.size());
   const size_t n_inputs = call.inputs.size();
@@ -52,9 +56,9 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
   for (int64_t i = 0; i < call.mesh_ndim(); ++i) {
     auto at = [&](size_t k) { return call.inputs[k].placements()[i]; };
     int64_t out_dim = -1;
-    // In place: self decides. Otherwise the first input sharded on a non-broadcast dim decides.
-    for (size_t k = 0; k < (in_place ? std::min<size_t>(1, n_inputs) : n_inputs) && out_dim < 0; ++k)
-      if (at(k).is_shard()) out_dim = out_dim_of(k, at(k).dim());
+    // The written operand decides; otherwise the first input sharded on a non-broadcast dim.
+    for (size_t k = 0; k < n_inputs && out_dim < 0; ++k)
+      if ((!written || k == *written) && at(k).is_shard()) out_dim = out_dim_of(k, at(k).dim());
     if (out_dim >= 0) {
       for (size_t k = 0; k < n_inputs; ++k) {
         const int64_t d = in_dim_of(k, out_dim);
@@ -76,10 +80,10 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
       const bool numerator_only = call.op.rfind("aten::div", 0) != 0 || linear_partial(at(0));
       keep_partial = partials == 1 && numerator_only;
     }
-    // In place, self keeps its placement: a replicated self must not turn Partial (R * P is P).
-    if (in_place && !at(0).is_partial()) keep_partial = false;
-    if (in_place && at(0).is_partial() && !keep_partial)
-      throw Error(call.op + ": in-place op on a " + at(0).str() +
+    // The written operand keeps its placement: a replicated one must not turn Partial (R * P is P).
+    if (written && !at(*written).is_partial()) keep_partial = false;
+    if (written && at(*written).is_partial() && !keep_partial)
+      throw Error(call.op + ": writing into a " + at(*written).str() +
                   " tensor would have to reduce it first; "
                   "redistribute it to Replicate before the op");
     if (keep_partial) {
@@ -92,9 +96,9 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
       for (auto& out : s.outputs) out[i] = partial;
     }
   }
-  if (in_place && s.inputs[0] != call.inputs[0].placements())
-    throw Error(call.op + ": in-place op on a tensor placed " + to_string(call.inputs[0].placements()) +
-                " would have to move it to " + to_string(s.inputs[0]) + "; redistribute the operands first");
+  if (written && s.inputs[*written] != call.inputs[*written].placements())
+    throw Error(call.op + ": writing into a tensor placed " + to_string(call.inputs[*written].placements()) +
+                " would have to move it to " + to_string(s.inputs[*written]) + "; redistribute the operands first");
   return s;
 }
 
@@ -102,7 +106,13 @@ OpSharding pointwise(const OpCall& call, Linearity linearity, bool in_place) {
 
 ShardingRule pointwise_rule(const std::string& op, Linearity linearity) {
   const bool in_place = op.find("_.") != std::string::npos || op.back() == '_';
-  return [linearity, in_place](const OpCall& call) { return pointwise(call, linearity, in_place); };
+  const bool out_form = op.size() > 4 && op.compare(op.size() - 4, 4, ".out") == 0;
+  return [linearity, in_place, out_form](const OpCall& call) {
+    std::optional<size_t> written;
+    if (in_place) written = 0;
+    if (out_form && !call.inputs.empty()) written = call.inputs.size() - 1;
+    return pointwise(call, linearity, written);
+  };
 }
 
 }  // namespace hp::rules
