@@ -74,6 +74,9 @@ std::map<std::string, detail::TensorRecord> hf_records(const std::string& dir) {
 
 void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
              HfSaveOptions options) {
+  for (const auto& file : options.files)  // checked on every rank, before any collective
+    HP_CHECK(!file.first.empty() && fs::path(file.first).filename() == file.first, "hf.save: '", file.first,
+             "' is not a file name (a file goes into ", dir, " itself)");
   // Plan the files from shapes alone (every rank knows them), so no rank ever holds more than one
   // gathered tensor: tensors in name order, a new shard when the current one would exceed the limit.
   struct Item {
@@ -128,6 +131,9 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
     detail::write_file_atomically(
         (fs::path(dir) / kIndexFile).string(),
         nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}).dump(1));
+  if (lead)
+    for (const auto& [name, contents] : options.files)
+      detail::write_file_atomically((fs::path(dir) / name).string(), contents);
   group.barrier();  // the files exist for every rank once save_hf returns
 }
 

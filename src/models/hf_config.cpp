@@ -77,6 +77,10 @@ std::string to_hf_config(const ModelSpec& spec, const std::string& torch_dtype) 
   return j.dump(2) + "\n";
 }
 
+std::string to_hf_generation_config(const ModelSpec& spec) {
+  return nlohmann::json({{"do_sample", false}, {"max_length", spec.max_seq()}}).dump(1) + "\n";
+}
+
 std::string model_keys_from_hf_config(const std::string& config_json) {
   const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   HP_CHECK(j.is_object(), "hf: config.json is not a JSON object");

@@ -66,6 +66,33 @@ TEST(HfNames, RoundTripEveryParameter) {
 
 // Exported from TP=2 (in shards with an index), read by a plain reader, imported into FSDP on 4
 // ranks and into one process: every parameter bitwise equal to the original.
+// HfSaveOptions::files go beside the tensors (config.json, generation_config.json); a name that
+// is not a plain file name is refused.
+TEST(Hf, FilesAreWrittenBesideTheTensors) {
+  const std::string dir = test::scratch_dir("hf_files");
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    dcp::StateDict state;
+    state.tensors["w"] = at::ones({2, 3});
+    dcp::HfSaveOptions options;
+    options.files = {{"config.json", "{\"model_type\": \"llama\"}\n"}, {"generation_config.json", "{}\n"}};
+    dcp::save_hf(
+        state, dir, world, [](const std::string& name) { return name; }, options);
+    options.files = {{"../outside.json", "{}"}};  // refused on every rank before any collective
+    test::expect_error(
+        [&] {
+          dcp::save_hf(
+              state, dir, world, [](const std::string& n) { return n; }, options);
+        },
+        "'../outside.json' is not a file name");
+  });
+  std::ifstream config(dir + "/config.json");
+  const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "{\"model_type\": \"llama\"}\n");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/generation_config.json"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir).parent_path() / "outside.json"));
+  EXPECT_TRUE(at::equal(dcp::load_hf_whole(dir).tensors.at("w"), at::ones({2, 3})));
+}
+
 TEST(Hf, ExportImportRoundTripIsBitwise) {
   const std::string dir = test::scratch_dir("hf");
   std::map<std::string, at::Tensor> original;

@@ -49,8 +49,8 @@ nlohmann::json checkpoint_contents(const std::string& dir) {
 }
 
 // The run's latest checkpoint through hp-ckpt convert, to Hugging Face files and back: every one of
-// its `tensors` model tensors comes back bitwise, `named` among them; config.json goes out and
-// comes back as model keys of `family`.
+// its `tensors` model tensors comes back bitwise, `named` among them; config.json goes out (with
+// generation_config.json) and comes back as model keys of `family`.
 void expect_hugging_face_round_trip_is_bitwise(const std::string& run_dir, int tensors, const std::string& named,
                                                const std::string& family) {
   const std::string ckpt = bin_dir() + "/hp-ckpt ", checkpoints = run_dir + "/checkpoints";
@@ -58,6 +58,11 @@ void expect_hugging_face_round_trip_is_bitwise(const std::string& run_dir, int t
   ASSERT_EQ(to_hf.exit_code, 0) << to_hf.output;
   EXPECT_TRUE(fs::exists(run_dir + "/hf/model.safetensors"));
   EXPECT_TRUE(fs::exists(run_dir + "/hf/config.json")) << to_hf.output;
+  std::ifstream generation(run_dir + "/hf/generation_config.json");
+  ASSERT_TRUE(generation.good()) << to_hf.output;
+  const auto generation_config = nlohmann::json::parse(generation);
+  EXPECT_EQ(generation_config.at("do_sample"), false);
+  EXPECT_GT(generation_config.at("max_length").get<int64_t>(), 0);
   const Result back = hp::e2e::run_command(ckpt + "convert --from hf " + run_dir + "/hf " + run_dir + "/back");
   ASSERT_EQ(back.exit_code, 0) << back.output;
   std::ifstream keys(run_dir + "/back/model.yaml");

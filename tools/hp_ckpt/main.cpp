@@ -151,17 +151,19 @@ int to_hf(const std::string& dir, const std::string& out, const hp::comm::Proces
   fs::path checkpoint = fs::absolute(dir).lexically_normal();
   if (checkpoint.filename().empty()) checkpoint = checkpoint.parent_path();  // a trailing '/'
   const fs::path run_config = checkpoint.parent_path().parent_path() / "config.json";
-  std::string hf_config;
-  if (fs::exists(run_config))
-    hf_config = hp::models::to_hf_config(*hp::train::load_config(run_config.string()).model, torch_dtype);
-  hp::dcp::save_hf(hf, out, world, [](const std::string& name) { return name; });
-  std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
-  if (hf_config.empty()) {
-    std::cout << "no config.json written: " << run_config.string() << " (the run's config) does not exist\n";
-    return 0;
+  hp::dcp::HfSaveOptions options;
+  if (fs::exists(run_config)) {
+    const hp::train::TrainConfig run = hp::train::load_config(run_config.string());
+    options.files = {{"config.json", hp::models::to_hf_config(*run.model, torch_dtype)},
+                     {"generation_config.json", hp::models::to_hf_generation_config(*run.model)}};
   }
-  std::ofstream(fs::path(out) / "config.json") << hf_config;
-  std::cout << "wrote config.json from " << run_config.string() << "\n";
+  hp::dcp::save_hf(
+      hf, out, world, [](const std::string& name) { return name; }, options);
+  std::cout << "wrote " << hf.tensors.size() << " tensors to " << out << "\n";
+  if (options.files.empty())
+    std::cout << "no config.json written: " << run_config.string() << " (the run's config) does not exist\n";
+  else
+    std::cout << "wrote config.json and generation_config.json from " << run_config.string() << "\n";
   return 0;
 }
 

@@ -23,6 +23,9 @@ using NameMap = std::function<std::string(const std::string&)>;
 
 struct HfSaveOptions {
   uint64_t max_shard_bytes = uint64_t{5} << 30;
+  // Files rank 0 writes beside the tensors, each atomically: (file name, contents), e.g.
+  // config.json and generation_config.json (hp/models/hf_config.h makes both).
+  std::vector<std::pair<std::string, std::string>> files;
 };
 
 // Collective over `group`: gathers each tensor whole in turn (every rank runs the same gathers) and

@@ -15,6 +15,10 @@ namespace hp::models {
 // "bfloat16", "float16"); throws hp::Error for a family with no Hugging Face class.
 std::string to_hf_config(const ModelSpec& spec, const std::string& torch_dtype = "float32");
 
+// generation_config.json for it: how hp-train generates (greedy, up to max_position_embeddings
+// tokens). Our byte-level models have no BOS/EOS/pad tokens, so it names none.
+std::string to_hf_generation_config(const ModelSpec& spec);
+
 // A config.json's model as hp-train's model.* keys: a YAML "model:" block, family included. Throws
 // hp::Error naming what we cannot build: another model_type, attention biases, rope_scaling,
 // sliding windows, dense layers in a MoE, an activation other than silu.
