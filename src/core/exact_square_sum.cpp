@@ -13,11 +13,24 @@ namespace hp {
 namespace {
 
 // The fixed-point integer counts units of 2^-2148. An IEEE value with biased exponent e (a
-// subnormal counts as e = 1, without the implicit bit) and integer significand m is m * 2^(e - B),
-// so its square m^2 * 2^(2e - 2B) starts at bit 2e - 2B + 2148.
+// subnormal counts as e = 1, without the implicit bit) and integer significand m is
+// m * 2^(e - bias - mantissa bits), so its square starts at bit 2 (e - bias - mantissa bits) + 2148.
 constexpr int kUnitExponent = -2148;
-int float_square_bit(uint32_t e) { return 2 * static_cast<int>(std::max(e, 1u)) - 300 - kUnitExponent; }
-int double_square_bit(uint64_t e) { return 2 * static_cast<int>(std::max<uint64_t>(e, 1)) - 2150 - kUnitExponent; }
+
+// What the sum needs of an IEEE binary format, by the unsigned integer type of its bits. A bin
+// holds squares of significands (below 2^(2 (mantissa bits + 1))) until it could overflow.
+template <typename Bits>
+struct Format;
+template <>
+struct Format<uint32_t> {  // fp32
+  using Bin = uint64_t;
+  static constexpr int kMantissaBits = 23, kExponentBits = 8, kBias = 127;
+};
+template <>
+struct Format<uint64_t> {  // fp64
+  using Bin = unsigned __int128;
+  static constexpr int kMantissaBits = 52, kExponentBits = 11, kBias = 1023;
+};
 
 // Squares go into per-exponent bins; several bin arrays, used in turn, keep consecutive elements
 // with the same exponent from waiting on each other's store.
@@ -40,47 +53,32 @@ void ExactSquareSum::add_shifted(unsigned __int128 value, int bit) {
   }
 }
 
-template <>
-void ExactSquareSum::add_ieee(const uint32_t* bits, int64_t n) {
-  // A fp32 significand is below 2^24, its square below 2^48: a uint64 bin takes 2^16 of them.
-  constexpr int64_t kFlushEvery = int64_t{1} << 16;
-  uint64_t bins[kBinArrays][256] = {};
+template <typename Bits>
+void ExactSquareSum::add_ieee(const Bits* bits, int64_t n) {
+  using F = Format<Bits>;
+  using Bin = typename F::Bin;
+  constexpr int kSignificandBits = F::kMantissaBits + 1;
+  constexpr int64_t kFlushEvery = int64_t{1} << (8 * sizeof(Bin) - 2 * kSignificandBits);
+  constexpr Bits kExponents = Bits{1} << F::kExponentBits, kMantissaMask = (Bits{1} << F::kMantissaBits) - 1;
+  constexpr Bits kMagnitudeMask = static_cast<Bits>(~Bits{0} >> 1), kImplicitBit = Bits{1} << F::kMantissaBits;
+  const auto square_bit = [](Bits e) {
+    return 2 * (static_cast<int>(std::max<Bits>(e, 1)) - F::kBias - F::kMantissaBits) - kUnitExponent;
+  };
+  std::vector<Bin> bins(kBinArrays * kExponents);
   for (int64_t start = 0; start < n; start += kFlushEvery) {
     const int64_t end = std::min(n, start + kFlushEvery);
     for (int64_t i = start; i < end; ++i) {
-      const uint32_t b = bits[i] & 0x7fffffffu, e = b >> 23, f = b & 0x7fffffu;
-      if (e == 255) {
+      const Bits b = bits[i] & kMagnitudeMask, e = b >> F::kMantissaBits, f = b & kMantissaMask;
+      if (e == kExponents - 1) {  // infinity or NaN
         (f ? nans_ : infinities_) += 1;
         continue;
       }
-      const uint64_t m = f | (e ? 0x800000u : 0u);
-      bins[i % kBinArrays][e] += m * m;
-    }
-    for (auto& array : bins)
-      for (uint32_t e = 0; e < 255; ++e)
-        if (array[e]) add_shifted(array[e], float_square_bit(e)), array[e] = 0;
-  }
-}
-
-template <>
-void ExactSquareSum::add_ieee(const uint64_t* bits, int64_t n) {
-  // A fp64 significand is below 2^53, its square below 2^106: a 128-bit bin takes 2^21 of them.
-  constexpr int64_t kFlushEvery = int64_t{1} << 21;
-  std::vector<unsigned __int128> bins(kBinArrays * 2048);
-  for (int64_t start = 0; start < n; start += kFlushEvery) {
-    const int64_t end = std::min(n, start + kFlushEvery);
-    for (int64_t i = start; i < end; ++i) {
-      const uint64_t b = bits[i] & 0x7fffffffffffffffull, e = b >> 52, f = b & 0xfffffffffffffull;
-      if (e == 2047) {
-        (f ? nans_ : infinities_) += 1;
-        continue;
-      }
-      const unsigned __int128 m = f | (e ? 0x10000000000000ull : 0ull);
-      bins[(i % kBinArrays) * 2048 + e] += m * m;
+      const Bin m = f | (e ? kImplicitBit : 0);
+      bins[(i % kBinArrays) * kExponents + e] += m * m;
     }
     for (int a = 0; a < kBinArrays; ++a)
-      for (uint64_t e = 0; e < 2047; ++e)
-        if (unsigned __int128& bin = bins[a * 2048 + e]; bin != 0) add_shifted(bin, double_square_bit(e)), bin = 0;
+      for (Bits e = 0; e + 1 < kExponents; ++e)
+        if (Bin& bin = bins[a * kExponents + e]; bin != 0) add_shifted(bin, square_bit(e)), bin = 0;
   }
 }
 

@@ -33,8 +33,8 @@ class Checkpointing {
   void wait_staged() { pending_.wait_staged(); }
   // After optimizer step `step` (1-based): commits a save started at an earlier step.
   void commit_earlier_than(int64_t step);
-  // After optimizer step `step`: at the interval, starts saving the state of that step.
-  // Starts saving step `step` when the interval says so; returns the checkpoint's directory then.
+  // After optimizer step `step`: at the interval, starts saving the state of that step and returns
+  // the checkpoint's directory; otherwise nullopt.
   std::optional<std::string> save_if_due(int64_t step, const LRScheduler& scheduler);
   // Commits the save in flight, if any.
   void finish();

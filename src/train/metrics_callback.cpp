@@ -45,8 +45,7 @@ std::string progress_line(const StepRecord& r, int64_t steps, double eta_seconds
 
 }  // namespace
 
-MetricsCallback::MetricsCallback(const TrainConfig& config, RunFacts facts)
-    : config_(config), facts_(facts), start_(std::chrono::steady_clock::now()) {}
+MetricsCallback::MetricsCallback(const TrainConfig& config, RunFacts facts) : config_(config), facts_(facts) {}
 
 void MetricsCallback::on_train_begin(int64_t first_step) {
   first_step_ = first_step;

@@ -33,7 +33,7 @@ class MetricsCallback : public Callback {
   RunFacts facts_;
   std::optional<MetricsLog> log_;
   int64_t first_step_ = 0;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_;  // of the run, set by on_train_begin
 };
 
 }  // namespace hp::train::detail

@@ -24,16 +24,17 @@ std::string first_nonfinite_gradient(const models::ModelParts& parts) {
 
 }  // namespace
 
-RankNumbers gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world) {
+void gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world,
+                         StepRecord& record) {
   const at::Tensor all = world.all_gather(at::tensor({local_loss, local_grad_norm}, at::kDouble).view({1, 2}));
-  RankNumbers numbers;
+  record.local_losses.clear(), record.local_grad_norms.clear();
+  record.largest_local_grad_norm_rank = 0;
   for (int64_t r = 0; r < all.size(0); ++r) {
-    numbers.local_losses.push_back(all[r][0].item<double>());
-    numbers.local_grad_norms.push_back(all[r][1].item<double>());
-    if (numbers.local_grad_norms.back() > numbers.local_grad_norms[numbers.largest_grad_norm_rank])
-      numbers.largest_grad_norm_rank = r;
+    record.local_losses.push_back(all[r][0].item<double>());
+    record.local_grad_norms.push_back(all[r][1].item<double>());
+    if (record.local_grad_norms.back() > record.local_grad_norms[record.largest_local_grad_norm_rank])
+      record.largest_local_grad_norm_rank = r;
   }
-  return numbers;
 }
 
 std::string describe_nonfinite(const models::ModelParts& parts, double local_loss, const comm::ProcessGroup& world) {

@@ -9,16 +9,14 @@
 
 #include "hp/comm/process_group.h"
 #include "hp/models/model_parts.h"
+#include "hp/train/callbacks.h"
 
 namespace hp::train::detail {
 
-struct RankNumbers {
-  std::vector<double> local_losses, local_grad_norms;  // indexed by world rank
-  int64_t largest_grad_norm_rank = 0;                  // the lowest one on a tie
-};
-
-// Collective over `world`.
-RankNumbers gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world);
+// Collective over `world`: every rank's local loss and gradient norm into `record`, and the rank
+// with the largest norm (the lowest one on a tie).
+void gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world,
+                         StepRecord& record);
 
 // Collective over `world`; call it when the global loss or gradient norm is not finite. The same
 // sentence on every rank: the ranks whose loss is not finite and, for each rank that has one, the

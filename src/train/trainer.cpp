@@ -2,15 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
 #include <optional>
-#include <sstream>
 
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
@@ -34,7 +29,6 @@
 #include "train/step_health.h"
 
 namespace hp::train {
-namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -182,10 +176,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       record.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
                                          copies, &local_grad_norm);
       record.loss = world_mean(local_loss, world);
-      const detail::RankNumbers ranks = detail::gather_rank_numbers(local_loss, local_grad_norm, world);
-      record.local_losses = ranks.local_losses;
-      record.local_grad_norms = ranks.local_grad_norms;
-      record.largest_local_grad_norm_rank = ranks.largest_grad_norm_rank;
+      detail::gather_rank_numbers(local_loss, local_grad_norm, world, record);
       record.lr = scheduler.lr();
       if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
         const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
