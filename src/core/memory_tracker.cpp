@@ -36,7 +36,11 @@ class CountingAllocator final : public c10::Allocator {
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr data = inner_->allocate(n);
+    // Through instance(), not `this`: c10's allocator registry hands our pointer to other threads
+    // with a plain store and load, and the function-local static's guard is what orders our
+    // construction before their use (ThreadSanitizer reports the read of inner_ otherwise).
+    const CountingAllocator& self = instance();
+    c10::DataPtr data = self.inner_->allocate(n);
     if (innermost == nullptr || n == 0) return data;
     Charged charged{std::move(data), static_cast<int64_t>(n), {}};
     for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t)) {
@@ -47,8 +51,8 @@ class CountingAllocator final : public c10::Allocator {
     void* ptr = charged.inner.get();
     const c10::Device device = charged.inner.device();
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      charged_.emplace(ptr, std::move(charged));
+      std::lock_guard<std::mutex> lock(self.mu_);
+      self.charged_.emplace(ptr, std::move(charged));
     }
     return {ptr, ptr, &release, device};
   }
