@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "dcp/file_io.h"
 #include "dcp/metadata.h"
@@ -70,7 +73,48 @@ std::map<std::string, detail::TensorRecord> hf_records(const std::string& dir) {
   return records;
 }
 
+// Our tensor's record as `hf` places it in `records`: that tensor's, or for a stack, a record of
+// the stacked shape whose chunks are the pieces' bytes at their offsets along dim 0.
+detail::TensorRecord record_of(const std::map<std::string, detail::TensorRecord>& records, const HfName& hf,
+                               const std::string& ours, const std::string& dir) {
+  const auto find = [&](const std::string& name) -> const detail::TensorRecord& {
+    const auto it = records.find(name);
+    HP_CHECK(it != records.end(), "hf.load: ", dir, " has no tensor '", name, "' (for '", ours, "')");
+    return it->second;
+  };
+  if (!hf.stacks) return find(hf.names.at(0));
+  const detail::TensorRecord& first = find(hf.names.at(0));
+  detail::TensorRecord stacked;
+  stacked.dtype = first.dtype;
+  stacked.shape = first.shape;
+  stacked.shape.insert(stacked.shape.begin(), static_cast<int64_t>(hf.names.size()));
+  for (size_t i = 0; i < hf.names.size(); ++i) {
+    const detail::TensorRecord& piece = find(hf.names[i]);
+    HP_CHECK(piece.dtype == first.dtype && piece.shape == first.shape, "hf.load: '", hf.names[i], "' in ", dir,
+             " differs in dtype or shape from '", hf.names[0], "', which '", ours, "' stacks with it");
+    for (detail::ChunkRecord chunk : piece.chunks) {
+      chunk.offsets.insert(chunk.offsets.begin(), static_cast<int64_t>(i));
+      chunk.sizes.insert(chunk.sizes.begin(), 1);
+      stacked.chunks.push_back(std::move(chunk));
+    }
+  }
+  return stacked;
+}
+
 }  // namespace
+
+HfName::HfName(std::string name) {
+  if (!name.empty()) names.push_back(std::move(name));
+}
+
+HfName HfName::stacked(std::vector<std::string> names) {
+  HP_CHECK(!names.empty() && std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.empty(); }),
+           "hf: a stacked tensor needs a name for each of its pieces");
+  HfName hf;
+  hf.names = std::move(names);
+  hf.stacks = true;
+  return hf;
+}
 
 void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
              HfSaveOptions options) {
@@ -80,17 +124,22 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
   // Plan the files from shapes alone (every rank knows them), so no rank ever holds more than one
   // gathered tensor: tensors in name order, a new shard when the current one would exceed the limit.
   struct Item {
-    std::string ours, hf;
+    std::string ours;
+    HfName hf;
     at::Tensor tensor;
   };
   std::vector<std::vector<Item>> shards(1);
   uint64_t in_shard = 0, total = 0;
   std::map<std::string, bool> seen;
   for (const auto& [name, t] : state.tensors) {
-    const std::string hf = to_hf(name);
-    if (hf.empty()) continue;
-    HP_CHECK(!seen[hf], "hf.save: two tensors map to the Hugging Face name '", hf, "'");
-    seen[hf] = true;
+    const HfName hf = to_hf(name);
+    if (hf.names.empty()) continue;
+    HP_CHECK(!hf.stacks || (t.dim() >= 1 && t.size(0) == static_cast<int64_t>(hf.names.size())), "hf.save: '", name,
+             "' of shape ", t.sizes(), " cannot stack ", hf.names.size(), " tensors on its dim 0");
+    for (const std::string& n : hf.names) {
+      HP_CHECK(!seen[n], "hf.save: two tensors map to the Hugging Face name '", n, "'");
+      seen[n] = true;
+    }
     if (in_shard > 0 && in_shard + nbytes(t) > options.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -107,8 +156,14 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
     std::optional<detail::FileWriter> out;
     if (lead) {
       std::vector<detail::SafetensorsEntry> entries;
-      for (const auto& item : shards[s])
-        entries.push_back({item.hf, detail::safetensors_dtype(item.tensor.scalar_type()), item.tensor.sizes().vec()});
+      // A stack's pieces back to back: the bytes of the whole tensor, in order.
+      for (const auto& item : shards[s]) {
+        const std::string dtype = detail::safetensors_dtype(item.tensor.scalar_type());
+        const std::vector<int64_t> shape = item.tensor.sizes().vec();
+        if (!item.hf.stacks) entries.push_back({item.hf.names[0], dtype, shape});
+        for (size_t i = 0; item.hf.stacks && i < item.hf.names.size(); ++i)
+          entries.push_back({item.hf.names[i], dtype, std::vector<int64_t>(shape.begin() + 1, shape.end())});
+      }
       const std::string header = detail::safetensors_header(entries, {{"format", "pt"}});
       out.emplace((fs::path(dir) / (file + ".tmp")).string());
       out->write(header.data(), header.size());
@@ -120,7 +175,7 @@ void save_hf(const StateDict& state, const std::string& dir, const comm::Process
                                    .to(at::kCPU)
                                    .contiguous();
       if (lead) out->write(whole.data_ptr(), nbytes(whole));
-      weight_map[item.hf] = file;
+      for (const std::string& n : item.hf.names) weight_map[n] = file;
     }
     if (lead) {
       out->sync_and_close();
@@ -141,11 +196,10 @@ void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf) {
   const auto records = hf_records(dir);
   detail::Files files(dir);
   for (auto& [name, tensor] : state.tensors) {
-    const std::string hf = to_hf(name);
-    const auto it = records.find(hf);
-    HP_CHECK(it != records.end(), "hf.load: ", dir, " has no tensor '", hf, "' (for '", name, "')");
-    detail::read_tensor(files, it->second, /*block_bytes=*/0, name, tensor, "the Hugging Face files in " + dir,
-                        /*convert_floats=*/true);
+    const HfName hf = to_hf(name);
+    HP_CHECK(!hf.names.empty(), "hf.load: '", name, "' has no Hugging Face name");
+    detail::read_tensor(files, record_of(records, hf, name, dir), /*block_bytes=*/0, name, tensor,
+                        "the Hugging Face files in " + dir, /*convert_floats=*/true);
   }
 }
 
@@ -155,6 +209,12 @@ StateDict load_hf_whole(const std::string& dir) {
     state.tensors[name] = at::zeros(record.shape, at::TensorOptions().dtype(detail::scalar_type_of(record.dtype)));
   load_hf(state, dir, [](const std::string& n) { return n; });
   return state;
+}
+
+std::set<std::string> hf_tensor_names(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& [name, record] : hf_records(dir)) names.insert(name);
+  return names;
 }
 
 }  // namespace hp::dcp

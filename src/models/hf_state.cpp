@@ -43,26 +43,31 @@ void put(NamedTensors& tensors, const std::string& name, const at::Tensor& t, co
 
 }  // namespace
 
+HfPlace hf_place(const std::string& name, at::IntArrayRef shape) {
+  if (const auto mlp = mlp_tensor(name, "layers.")) {
+    const std::string hf_mlp = "model.layers." + mlp->first + ".mlp.";
+    for (const auto& [our, their] : router_names())
+      if (mlp->second == our) return {{hf_mlp + their}, false, our == "router.expert_bias"};
+    for (const auto& [our, projection] : expert_weights()) {
+      if (mlp->second != "experts." + our) continue;
+      HP_CHECK(shape.size() == 3, "hf: '", name, "' should be stacked [experts, out, in], got ", shape);
+      HfPlace place{{}, true};
+      for (int64_t e = 0; e < shape[0]; ++e)
+        place.names.push_back(hf_mlp + "experts." + std::to_string(e) + "." + projection + ".weight");
+      return place;
+    }
+  }
+  const std::string hf_name = llama_to_hf_name(name);
+  HP_CHECK(!hf_name.empty(), "hf: '", name, "' has no Hugging Face name");
+  return {{hf_name}, false};
+}
+
 NamedTensors to_hf_tensors(const NamedTensors& ours) {
   NamedTensors hf;
   for (const auto& [name, t] : ours) {
-    if (const auto mlp = mlp_tensor(name, "layers.")) {
-      const std::string hf_mlp = "model.layers." + mlp->first + ".mlp.";
-      bool done = false;
-      for (const auto& [our, their] : router_names())
-        if (mlp->second == our) put(hf, hf_mlp + their, t, name), done = true;
-      for (const auto& [our, projection] : expert_weights()) {
-        if (mlp->second != "experts." + our) continue;
-        HP_CHECK(t.dim() == 3, "hf: '", name, "' should be stacked [experts, out, in], got ", t.sizes());
-        for (int64_t e = 0; e < t.size(0); ++e)
-          put(hf, hf_mlp + "experts." + std::to_string(e) + "." + projection + ".weight", t[e], name);
-        done = true;
-      }
-      if (done) continue;
-    }
-    const std::string hf_name = llama_to_hf_name(name);
-    HP_CHECK(!hf_name.empty(), "hf: '", name, "' has no Hugging Face name");
-    put(hf, hf_name, t, name);
+    const HfPlace place = hf_place(name, t.sizes());
+    for (size_t i = 0; i < place.names.size(); ++i)
+      put(hf, place.names[i], place.stacked ? t[static_cast<int64_t>(i)] : t, name);
   }
   return hf;
 }

@@ -14,6 +14,7 @@
 #include "hp/models/llama/hf_names.h"
 #include "hp/models/llama/parallelize.h"
 #include "hp/nn/init.h"
+#include "plain_safetensors.h"
 #include "test_util.h"
 
 namespace hp {
@@ -24,29 +25,6 @@ models::LlamaConfig config() {
   models::LlamaConfig c;
   c.qk_norm = false;
   return c;
-}
-
-// A safetensors reader written from the format description alone (8-byte little-endian header
-// length, JSON header, raw bytes), so the test does not trust the library's own parser.
-std::map<std::string, at::Tensor> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(n));
-  std::map<std::string, at::Tensor> out;
-  const nlohmann::json parsed = nlohmann::json::parse(header);
-  for (const auto& [name, info] : parsed.items()) {
-    if (name == "__metadata__") continue;
-    EXPECT_EQ(info.at("dtype"), "F32") << name;
-    const auto offsets = info.at("data_offsets").get<std::vector<int64_t>>();
-    at::Tensor t = at::empty(info.at("shape").get<std::vector<int64_t>>(), at::kFloat);
-    EXPECT_EQ(offsets[1] - offsets[0], t.numel() * 4) << name;
-    in.seekg(static_cast<std::streamoff>(8 + n + offsets[0]));
-    in.read(static_cast<char*>(t.data_ptr()), offsets[1] - offsets[0]);
-    out[name] = t;
-  }
-  return out;
 }
 
 TEST(HfNames, RoundTripEveryParameter) {
@@ -93,6 +71,45 @@ TEST(Hf, FilesAreWrittenBesideTheTensors) {
   EXPECT_TRUE(at::equal(dcp::load_hf_whole(dir).tensors.at("w"), at::ones({2, 3})));
 }
 
+// A tensor that stacks several Hugging Face tensors on its dim 0 (a MoE layer's experts) is
+// written as its pieces, each under its own name, from a sharded source; read back into layouts
+// that split the pieces (Shard(0): each rank reads its experts) or cut across them (Shard(1)),
+// every element is the original's, bitwise. A stack whose pieces differ in shape is refused.
+TEST(Hf, StackedTensorsAreWrittenAsTheirPiecesAndReadBackSharded) {
+  const std::string dir = test::scratch_dir("hf_stacked");
+  const at::Tensor experts = at::arange(60, at::kFloat).view({4, 3, 5}).mul(0.37),
+                   other = at::arange(4, at::kFloat).view({2, 2});
+  const dcp::NameMap names = [](const std::string& name) -> dcp::HfName {
+    if (name == "w") return dcp::HfName::stacked({"e.0.w", "e.1.w", "e.2.w", "e.3.w"});
+    return name;
+  };
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    const DeviceMesh mesh = init_device_mesh(world, "cpu", {2}, {"ep"});
+    dcp::StateDict state;
+    state.tensors["w"] = distribute_tensor(experts, mesh, {Shard(0)});
+    state.tensors["t"] = other;
+    dcp::save_hf(state, dir, world, names);
+    for (const Placement& p : {Shard(0), Shard(1), Shard(2)}) {
+      dcp::StateDict into;
+      into.tensors["w"] = distribute_tensor(at::zeros({4, 3, 5}), mesh, {p});
+      into.tensors["t"] = at::zeros({2, 2});
+      dcp::load_hf(into, dir, names);
+      EXPECT_TRUE(at::equal(test::whole(into.tensors["w"]), experts)) << p.str();
+      EXPECT_TRUE(at::equal(into.tensors["t"], other));
+    }
+  });
+  const auto plain = test::read_safetensors(dir + "/model.safetensors");
+  ASSERT_EQ(plain.size(), 5u);
+  for (int64_t e = 0; e < 4; ++e) EXPECT_TRUE(at::equal(plain.at("e." + std::to_string(e) + ".w"), experts[e])) << e;
+  dcp::StateDict odd;
+  odd.tensors["w"] = at::zeros({2, 2});
+  test::expect_error(
+      [&] { dcp::load_hf(odd, dir, [](const std::string&) {
+              return dcp::HfName::stacked({"e.0.w", "t"});
+            }); },
+      "differs in dtype or shape from 'e.0.w'");
+}
+
 TEST(Hf, ExportImportRoundTripIsBitwise) {
   const std::string dir = test::scratch_dir("hf");
   std::map<std::string, at::Tensor> original;
@@ -114,7 +131,7 @@ TEST(Hf, ExportImportRoundTripIsBitwise) {
   const auto index = nlohmann::json::parse(std::ifstream(dir + "/model.safetensors.index.json"));
   std::map<std::string, at::Tensor> plain;
   for (const auto& [hf, file] : index.at("weight_map").items()) {
-    const auto tensors = read_safetensors(dir + "/" + file.get<std::string>());
+    const auto tensors = test::read_safetensors(dir + "/" + file.get<std::string>());
     ASSERT_TRUE(tensors.count(hf)) << hf;
     plain[hf] = tensors.at(hf);
   }

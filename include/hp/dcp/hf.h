@@ -11,15 +11,29 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "hp/comm/process_group.h"
 #include "hp/dcp/checkpoint.h"
 
 namespace hp::dcp {
 
-// Our tensor name -> the Hugging Face name ("" = not exported).
-using NameMap = std::function<std::string(const std::string&)>;
+// Where one of our tensors is in the Hugging Face files: one tensor of the same shape, or, for a
+// tensor whose dim 0 stacks several (a MoE layer's experts: ours [E, F, D], theirs E tensors
+// [F, D]), those tensors in order. No names: not exported.
+struct HfName {
+  HfName() = default;
+  HfName(std::string name);  // NOLINT(google-explicit-constructor): a map may return a plain name
+  HfName(const char* name) : HfName(std::string(name)) {}  // NOLINT(google-explicit-constructor)
+  static HfName stacked(std::vector<std::string> names);
+  std::vector<std::string> names;
+  bool stacks = false;
+};
+
+// Our tensor name -> where it is in the Hugging Face files.
+using NameMap = std::function<HfName(const std::string&)>;
 
 struct HfSaveOptions {
   uint64_t max_shard_bytes = uint64_t{5} << 30;
@@ -29,16 +43,22 @@ struct HfSaveOptions {
 };
 
 // Collective over `group`: gathers each tensor whole in turn (every rank runs the same gathers) and
-// rank 0 writes the files, each through a temporary name and a rename.
+// rank 0 writes the files, each through a temporary name and a rename. A stacked tensor is written
+// as its pieces along dim 0, each under its name, all in one file.
 void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
              HfSaveOptions options = {});
 
-// Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it.
+// Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it. A
+// stacked tensor reads, from each of its pieces, only the part in this rank's piece of it (an
+// expert-parallel rank reads only its experts).
 // Floating-point tensors convert to the target's dtype (a bf16 file into an fp32 model: each value
 // exactly; fp32 into bf16: rounded to nearest even).
 void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf);
 
 // Every tensor of the HF files in `dir`, whole, by its HF name (for tools and tests).
 StateDict load_hf_whole(const std::string& dir);
+
+// The names of the tensors in the HF files of `dir` (reads the headers only).
+std::set<std::string> hf_tensor_names(const std::string& dir);
 
 }  // namespace hp::dcp

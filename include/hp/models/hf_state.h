@@ -16,10 +16,23 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace hp::models {
 
 using NamedTensors = std::map<std::string, at::Tensor>;
+
+// Where our tensor `name` of shape `shape` is in Hugging Face files: its name there, or for a
+// stacked expert weight, one name per expert in expert order (`stacked`: our dim 0 stacks them).
+// Throws hp::Error for a tensor with no Hugging Face name.
+struct HfPlace {
+  std::vector<std::string> names;
+  bool stacked = false;
+  // Training state of ours that Hugging Face's own files lack (the expert bias): a load from files
+  // without it keeps ours.
+  bool optional = false;
+};
+HfPlace hf_place(const std::string& name, at::IntArrayRef shape);
 
 // `ours`: whole plain tensors by model FQN ("layers.0.attn.q_proj.weight"). Throws hp::Error
 // naming a tensor that has no Hugging Face name.
