@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -12,6 +13,7 @@
 
 #include "hp/core/error.h"
 #include "hp/data/text_data.h"
+#include "hp/models/hf_config.h"
 #include "hp/models/model_spec.h"
 #include "hp/optim/lr_scheduler.h"
 #include "train/recipe_options.h"
@@ -65,6 +67,7 @@ const std::vector<Field>& trainer_fields() {
   static const std::vector<Field> all = {
       HP_CONFIG_FIELD("run_dir", run_dir),
       HP_CONFIG_FIELD("seed", seed),
+      HP_CONFIG_FIELD("model.from_hf", model_from_hf),
       // The family is read before any key applies (parse_config); its own keys follow it.
       Field{"model.family", [](TrainConfig&, const YAML::Node&) {},
             [](const TrainConfig& c) { return nlohmann::json(c.model->family()); }},
@@ -197,18 +200,37 @@ std::pair<std::string, YAML::Node> parse_override(const std::string& o) {
   }
 }
 
-// model.family as the file or, last one winning, an override sets it; empty when neither does.
-// The file may nest it (model: {family: ...}) or spell it out ("model.family": ..., as the run's
-// config.json does, whose keys may come in any order).
-std::string family_in(const YAML::Node& root, const std::vector<std::string>& overrides) {
-  std::string family;
-  if (root && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["family"])
-    family = convert<std::string>(root["model"]["family"], "model.family");
-  else if (root && root.IsMap() && root["model.family"])
-    family = convert<std::string>(root["model.family"], "model.family");
+// model.<name> (a string) as the file or, last one winning, an override sets it; empty when neither
+// does. The file may nest it (model: {family: ...}) or spell it out ("model.family": ..., as the
+// run's config.json does, whose keys may come in any order).
+std::string model_key_in(const YAML::Node& root, const std::vector<std::string>& overrides, const std::string& name) {
+  const std::string key = "model." + name;
+  std::string value;
+  if (root && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"][name])
+    value = convert<std::string>(root["model"][name], key);
+  else if (root && root.IsMap() && root[key])
+    value = convert<std::string>(root[key], key);
   for (const auto& o : overrides)
-    if (o.rfind("model.family=", 0) == 0) family = convert<std::string>(parse_override(o).second, "model.family");
-  return family;
+    if (o.rfind(key + "=", 0) == 0) value = convert<std::string>(parse_override(o).second, key);
+  return value;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  HP_CHECK(in, "config: cannot read ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The model.* keys a Hugging Face directory's config.json gives (model.from_hf), family included.
+YAML::Node hf_model_keys(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  try {
+    return YAML::Load(models::model_keys_from_hf_config(read_text(path)))["model"];
+  } catch (const Error& e) {
+    HP_FAIL("config: model.from_hf: ", path, ": ", e.what());
+  }
 }
 
 }  // namespace
@@ -222,8 +244,27 @@ TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>
   } catch (const YAML::Exception& e) {
     HP_FAIL("config: ", source, " is not valid YAML: ", e.what());
   }
-  const std::string family = family_in(root, overrides);
+  std::string family = model_key_in(root, overrides, "family");
+  // model.from_hf: the architecture comes from the directory's config.json; a key the config also
+  // sets must agree with it.
+  const std::string from_hf = model_key_in(root, overrides, "from_hf");
+  YAML::Node hf_keys;
+  std::map<std::string, nlohmann::json> hf_values;
+  if (!from_hf.empty()) {
+    hf_keys = hf_model_keys(from_hf);
+    const std::string hf_family = hf_keys["family"].as<std::string>();
+    HP_CHECK(family.empty() || family == hf_family, "config: model.family is ", family, " but ", from_hf,
+             "/config.json describes a ", hf_family, " model (model.from_hf sets the architecture)");
+    family = hf_family;
+  }
   if (!family.empty()) config.model = models::ModelConfig(family);
+  if (hf_keys) {
+    apply_tree(config, hf_keys, "model.", from_hf + "/config.json");
+    for (const auto& item : hf_keys) {
+      const std::string key = "model." + item.first.as<std::string>();
+      hf_values[key] = find_field(config, key)->get(config);
+    }
+  }
   if (root && !root.IsNull()) {
     HP_CHECK(root.IsMap(), "config: ", source, " must be a mapping of sections (model:, parallel:, train:, ...)");
     apply_tree(config, root, "", source);
@@ -232,15 +273,16 @@ TrainConfig parse_config(const std::string& yaml, const std::vector<std::string>
     const auto [key, value] = parse_override(o);
     apply(config, key, value, "--set");
   }
+  for (const auto& [key, value] : hf_values) {
+    const nlohmann::json set = find_field(config, key)->get(config);
+    HP_CHECK(set == value, "config: ", key, " is ", set.dump(), " but ", from_hf, "/config.json gives ", value.dump(),
+             ": model.from_hf sets the architecture (drop ", key, " or make it agree)");
+  }
   return config;
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  HP_CHECK(in, "config: cannot read ", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), overrides, path);
+  return parse_config(read_text(path), overrides, path);
 }
 
 void validate(const TrainConfig& c, int64_t world_size) {

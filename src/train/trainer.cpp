@@ -23,6 +23,7 @@
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
 #include "train/generation.h"
+#include "train/hf_weights.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
@@ -140,6 +141,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
   int64_t step = result.first_step = options.resume ? checkpoints.resume(scheduler) : 0;
+  if (step == 0 && !c.model_from_hf.empty()) {
+    detail::load_hf_weights(s.parts, c.model_from_hf);
+    if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
+  }
   std::vector<std::shared_ptr<Callback>> callbacks;
   if (lead)
     callbacks.push_back(std::make_shared<detail::MetricsCallback>(

@@ -22,6 +22,7 @@
 #include "hp/models/model_spec.h"
 #include "hp/models/qwen3_moe/model.h"
 #include "hp/nn/init.h"
+#include "hp/parallel/expert_parallel.h"
 #include "hp/testing/run_ranks.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
@@ -382,6 +383,83 @@ TEST(Qwen3Moe, CapacityDropsOrStopsInHpTrain) {
   test::expect_error(
       [&] { parse_config("model: {family: qwen3_moe, capacity_policy: drop_first}", {}).model->validate(); },
       "capacity_policy 'drop_first' is unknown");
+  fs::remove_all(dir);
+}
+
+// Writes `c`'s model, its parameters drawn from `seed`, as a Hugging Face directory (config.json
+// and safetensors, each layer's experts split per expert) under `dir`, from 2 expert-parallel ranks.
+void export_hf(TrainConfig c, uint64_t seed, const std::string& dir) {
+  c.model.as<Qwen3MoeConfig>().load_balance_rate = 0;  // like Qwen's own files: no expert bias
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    const auto model = models::make_qwen3_moe(c.model.as<Qwen3MoeConfig>());
+    parallelize_module(*model, init_device_mesh(world, "cpu", {2}, {"ep"}), {{"layers.*.mlp", ExpertParallel()}});
+    nn::init_parameters(*model, seed);
+    const dcp::StateDict state = dcp::model_state_dict(*model, "");
+    dcp::HfSaveOptions options;
+    options.files = {{"config.json", models::to_hf_config(*c.model)}};
+    dcp::save_hf(
+        state, dir, world,
+        [&](const std::string& fqn) -> dcp::HfName {
+          const models::HfPlace place = models::hf_place(fqn, state.tensors.at(fqn).sizes());
+          return place.stacked ? dcp::HfName::stacked(place.names) : dcp::HfName(place.names[0]);
+        },
+        options);
+  });
+}
+
+// model.from_hf: a run starts from the Hugging Face weights under any layout. From one rank, ep 2 of
+// dp_shard 4, ep 2 of dp_shard 2 x tp 2 and ep 2 x pp 2 (each rank reads only its pieces, an ep
+// rank only its experts' slices of the per-expert tensors): the same per-step losses and gradient
+// norms within 1e-6. The files hold no expert bias, so balancing starts from zeros. Files written
+// from the run's own seed give the run without model.from_hf bitwise; other weights change the loss.
+TEST(Qwen3Moe, HpTrainStartsFromHuggingFaceWeightsUnderAnyLayout) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_from_hf_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto config = [&](Layout layout, const std::string& from_hf) {
+    layout.layers = 4;
+    TrainConfig c = qwen3_moe_config(layout, 4, dir);
+    c.model.as<Qwen3MoeConfig>().load_balance_rate = 0.01;
+    c.model_from_hf = from_hf;
+    c.train.steps = 4;
+    c.run_dir += from_hf.empty() ? "_init" : "_" + fs::path(from_hf).filename().string();
+    return c;
+  };
+  const std::string other = (dir / "hf_seed_23").string(), own = (dir / "hf_seed_11").string();
+  export_hf(config({}, ""), 23, other);
+  export_hf(config({}, ""), 11, own);
+  const TrainResult one = rank0_result(config({}, other), 1);
+  ASSERT_EQ(one.losses.size(), 4u);
+  Layout tp{1, 2, 2}, pp{1, 2, 2, 2};
+  tp.tp = 2;
+  for (const auto& [layout, what] : std::vector<std::pair<Layout, std::string>>{
+           {{1, 4, 2}, "ep 2 of dp_shard 4"}, {tp, "ep 2 of dp_shard 2 x tp 2"}, {pp, "ep 2 of dp_shard 2 x pp 2"}})
+    expect_near(rank0_result(config(layout, other), layout.world()), one, 1e-6, what);
+  const TrainResult drawn = rank0_result(config({}, ""), 1);
+  EXPECT_GT(std::abs(drawn.losses[0] - one.losses[0]), 1e-3) << "the weights of seed 23 were not loaded";
+  EXPECT_EQ(rank0_result(config({}, own), 1).losses, drawn.losses);
+  fs::remove_all(dir);
+}
+
+// model.from_hf takes model.family and the architecture from config.json; a key that says otherwise,
+// another family, and a directory without config.json are refused by name.
+TEST(Qwen3Moe, FromHfTakesTheArchitectureFromConfigJson) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_hf_config_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TrainConfig published = parse_config("model: {family: qwen3_moe}", {});
+  published.model.as<Qwen3MoeConfig>() = models::qwen3_30b_a3b();
+  std::ofstream(dir / "config.json") << models::to_hf_config(*published.model);
+  const std::string from = "model.from_hf=" + dir.string();
+  const TrainConfig c = parse_config("model: {load_balance_rate: 0.001}", {from});
+  EXPECT_EQ(c.model->family(), "qwen3_moe");
+  EXPECT_EQ(models::to_hf_config(*c.model), models::to_hf_config(*published.model));
+  EXPECT_EQ(c.model.as<Qwen3MoeConfig>().load_balance_rate, 0.001);     // training keys stay ours
+  EXPECT_EQ(parse_config(to_json(c), {}).model_from_hf, dir.string());  // the run's config.json loads back
+  EXPECT_EQ(parse_config("model: {experts: 128}", {from}).model.as<Qwen3MoeConfig>().experts, 128);
+  test::expect_error([&] { parse_config("model: {experts: 64}", {from}); },
+                     {"model.experts is 64 but", "config.json gives 128"});
+  test::expect_error([&] { parse_config("model: {family: llama}", {from}); }, "model.family is llama but");
+  test::expect_error([&] { parse_config("", {"model.from_hf=" + (dir / "none").string()}); },
+                     {"model.from_hf", "none/config.json"});
   fs::remove_all(dir);
 }
 

@@ -18,6 +18,10 @@ struct TrainConfig {
 
   // model.family and the family's model.* keys (hp/models/registry.h); `model->` is its ModelSpec.
   models::ModelConfig model;
+  // model.from_hf: a Hugging Face model directory. Its config.json gives model.family and the
+  // architecture keys (a key also set here must agree), and a run that does not resume starts from
+  // its safetensors weights, each rank reading only its pieces. Empty: weights drawn from the seed.
+  std::string model_from_hf;
 
   ParallelDims parallel;
   bool sequence_parallel = false;
