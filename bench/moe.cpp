@@ -19,6 +19,7 @@
 
 #include "bench/timing.h"
 #include "hp/comm/comm_debug_mode.h"
+#include "hp/core/host_sync.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/init.h"
 #include "hp/nn/moe.h"
@@ -87,7 +88,7 @@ void expert_parallel_against_local(int reps) {
       world.barrier();
       seconds[ep - 1] = step_seconds([&](const at::Tensor& r) { return moe(r); }, x, reps);
       // The experts' compute alone, on the rows this rank's experts get.
-      std::vector<int64_t> counts = moe.router->route(x).counts;
+      std::vector<int64_t> counts = hp::to_host_int64s(moe.router->route(x).counts);
       if (ep == 2) {
         const at::Tensor all = world.all_gather(at::tensor(counts, at::kLong).view({1, -1})).view({2, kExperts});
         counts.assign(kExperts / 2, 0);

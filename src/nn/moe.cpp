@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "hp/core/error.h"
+#include "hp/core/host_sync.h"
 #include "hp/core/lambda_backward.h"
 #include "hp/dtensor/dtensor.h"
 
@@ -19,10 +20,10 @@ namespace {
 // Runs every expert here.
 class LocalDispatcher : public TokenDispatcher {
  public:
-  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+  at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
                  const CapacityOverflow& overflow) override {
     HP_CHECK(overflow.expert < 0, "MoE: ", overflow.str());
-    return experts(rows, counts);
+    return experts(rows, to_host_int64s(counts));
   }
 };
 
@@ -111,9 +112,8 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   routing.gates = gates;
   routing.logits = logits;
   routing.scores = scores;
-  const at::Tensor counts = at::bincount(routing.experts.reshape({-1}), {}, o.experts);
-  routing.counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + o.experts);
-  if (at::GradMode::is_enabled()) tokens_per_expert.add_(counts);
+  routing.counts = at::bincount(routing.experts.reshape({-1}), {}, o.experts);
+  if (at::GradMode::is_enabled()) tokens_per_expert.add_(routing.counts);
   return routing;
 }
 
@@ -158,6 +158,7 @@ at::Tensor GroupedExperts::run(const at::Tensor& rows, const std::vector<int64_t
 at::Tensor GroupedExperts::forward_inputs(const Inputs& inputs) {
   HP_CHECK(inputs.size() == 2 && inputs[1].dim() == 1 && inputs[1].scalar_type() == at::kLong,
            "GroupedExperts: takes (rows, counts as a 1-D int64 tensor)");
+  HP_CHECK(inputs[1].device().is_cpu(), "GroupedExperts: the counts must be on the CPU (they size the GEMMs)");
   const at::Tensor counts = inputs[1].contiguous();
   return run(inputs[0], std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()));
 }
@@ -249,10 +250,12 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
            "MoE: a routing of ", routing.experts.sizes(), " for tokens of shape ", tokens.sizes());
   const int64_t dim = tokens.size(1), k = routing.experts.size(1);
   at::Tensor slot_expert = routing.experts.reshape({-1});
-  std::vector<int64_t> counts = routing.counts;
+  at::Tensor count_tensor = routing.counts;
   CapacityOverflow overflow;
   dropped_ = 0;
   if (options_.capacity_factor > 0) {
+    // A capacity reads the counts before the dispatcher does: a second host sync.
+    std::vector<int64_t> counts = to_host_int64s(routing.counts);
     const double ideal = static_cast<double>(tokens.size(0) * k) / static_cast<double>(counts.size());
     const auto capacity = static_cast<int64_t>(std::ceil(options_.capacity_factor * ideal));
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
@@ -265,6 +268,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
       dropped_ = total - std::accumulate(counts.begin(), counts.end(), int64_t{0});
       if (at::GradMode::is_enabled()) dropped_since_balance += dropped_;
     }
+    count_tensor = at::tensor(counts, routing.counts.options());
   }
   // Rows grouped by expert: a stable sort of the (token, choice) slots keeps token order within
   // an expert, so an expert's rows do not depend on how the tokens were split over ranks. Dropped
@@ -276,7 +280,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
     rows = (rows.to(routing.gates.scalar_type()) * routing.gates.reshape({-1}).index_select(0, sent).unsqueeze(1))
                .to(tokens.scalar_type());
   at::Tensor out_rows = dispatcher_->run(
-      rows, counts,
+      rows, count_tensor,
       [this](const at::Tensor& r, const std::vector<int64_t>& c) { return (*experts)(r, at::tensor(c, at::kLong)); },
       overflow);
   if (dropped_ > 0) out_rows = at::cat({out_rows, at::zeros({dropped_, dim}, out_rows.options())});

@@ -2,21 +2,16 @@
 
 #include <ATen/ATen.h>
 
-#include <numeric>
-
 #include "hp/comm/functional.h"
 #include "hp/core/error.h"
+#include "hp/core/host_sync.h"
 #include "parallel/layout.h"
 
 namespace hp {
 namespace {
 
-int64_t sum_range(const std::vector<int64_t>& v, int64_t begin, int64_t count) {
-  return std::accumulate(v.begin() + begin, v.begin() + begin + count, int64_t{0});
-}
-
-at::Tensor index_tensor(const std::vector<int64_t>& index) {
-  return at::tensor(at::ArrayRef<int64_t>(index), at::TensorOptions().dtype(at::kLong));
+at::Tensor index_tensor(const std::vector<int64_t>& index, const at::Device& device) {
+  return at::tensor(at::ArrayRef<int64_t>(index), at::TensorOptions().dtype(at::kLong)).to(device);
 }
 
 // The expert-parallel dispatch of one MoE layer over `group` (see the header).
@@ -24,32 +19,33 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
  public:
   AllToAllDispatcher(comm::ProcessGroup group, int64_t experts) : group_(std::move(group)), experts_(experts) {}
 
-  at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+  at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
                  const nn::CapacityOverflow& overflow) override {
     const int64_t ranks = group_.size(), local = experts_ / ranks;
-    HP_CHECK(static_cast<int64_t>(counts.size()) == experts_, "ExpertParallel: ", counts.size(),
-             " expert counts for a layer of ", experts_, " experts");
+    HP_CHECK(counts.dim() == 1 && counts.numel() == experts_ && counts.scalar_type() == at::kLong,
+             "ExpertParallel: expert counts of shape ", counts.sizes(), " for a layer of ", experts_, " experts");
     // 1. Who sends how many rows to each of my experts: from[src * local + e]. Each message also
-    //    carries the sender's capacity overflow, so that every rank learns of one at once.
-    std::vector<int64_t> message;
-    for (int64_t r = 0; r < ranks; ++r) {
-      message.insert(message.end(), counts.begin() + r * local, counts.begin() + (r + 1) * local);
-      message.insert(message.end(), {overflow.expert, overflow.rows, overflow.capacity});
-    }
-    const at::Tensor received = group_.all_to_all(index_tensor(message)).view({ranks, local + 3});
+    //    carries the sender's capacity overflow, so that every rank learns of one at once. Built on
+    //    the counts' device: nothing is read on the host before the exchange.
+    const at::Tensor flags =
+        at::tensor({overflow.expert, overflow.rows, overflow.capacity}, counts.options()).expand({ranks, 3});
+    const at::Tensor received = group_.all_to_all(at::cat({counts.view({ranks, local}), flags}, 1).reshape({-1}));
+    // The layer's one host read: this rank's counts and the ones it received, together.
+    const std::vector<int64_t> host = to_host_int64s(at::cat({counts, received}));
+    const int64_t* mine = host.data();
+    const int64_t* in = host.data() + experts_;  // [ranks, local + 3]
     for (int64_t src = 0; src < ranks; ++src) {
-      const int64_t* o = received[src].data_ptr<int64_t>() + local;
+      const int64_t* o = in + src * (local + 3) + local;
       HP_CHECK(o[0] < 0, "MoE: rank ", group_.ranks()[src], ": ", nn::CapacityOverflow{o[0], o[1], o[2]}.str());
     }
-    const at::Tensor received_counts = received.narrow(1, 0, local).contiguous();
-    const std::vector<int64_t> from(received_counts.data_ptr<int64_t>(),
-                                    received_counts.data_ptr<int64_t>() + received_counts.numel());
-    std::vector<int64_t> send_splits(ranks), receive_splits(ranks), local_counts(local, 0);
-    for (int64_t r = 0; r < ranks; ++r) {
-      send_splits[r] = sum_range(counts, r * local, local);
-      receive_splits[r] = sum_range(from, r * local, local);
-      for (int64_t e = 0; e < local; ++e) local_counts[e] += from[r * local + e];
-    }
+    std::vector<int64_t> from(ranks * local), send_splits(ranks), receive_splits(ranks), local_counts(local, 0);
+    for (int64_t r = 0; r < ranks; ++r)
+      for (int64_t e = 0; e < local; ++e) {
+        from[r * local + e] = in[r * (local + 3) + e];
+        send_splits[r] += mine[r * local + e];
+        receive_splits[r] += from[r * local + e];
+        local_counts[e] += from[r * local + e];
+      }
     // 2. The rows to the ranks holding their experts.
     comm::AllToAllOptions dispatch;
     dispatch.input_split_sizes = send_splits;
@@ -59,12 +55,12 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
     const std::vector<int64_t> order = expert_major_order(from, ranks, local);
     std::vector<int64_t> inverse(order.size());
     for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
-    const at::Tensor out = experts(by_source.index_select(0, index_tensor(order)), local_counts);
+    const at::Tensor out = experts(by_source.index_select(0, index_tensor(order, rows.device())), local_counts);
     // 4. The outputs back to the ranks the rows came from.
     comm::AllToAllOptions combine;
     combine.input_split_sizes = receive_splits;
     combine.output_split_sizes = send_splits;
-    return comm::functional::all_to_all(out.index_select(0, index_tensor(inverse)), group_, combine);
+    return comm::functional::all_to_all(out.index_select(0, index_tensor(inverse, rows.device())), group_, combine);
   }
 
  private:

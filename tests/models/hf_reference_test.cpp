@@ -65,7 +65,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w) { return at::matmul(x
 
 at::Tensor swiglu(const at::Tensor& x, const HfModel& m, const std::string& prefix) {
   return dense(at::silu(dense(x, m.at(prefix + "gate_proj.weight"))) * dense(x, m.at(prefix + "up_proj.weight")),
-                m.at(prefix + "down_proj.weight"));
+               m.at(prefix + "down_proj.weight"));
 }
 
 // Qwen3MoeSparseMoeBlock: softmax over the experts' logits, the top k (renormalised with

@@ -35,7 +35,7 @@ TEST(Balancing, TheBiasFollowsTheSignRuleAndOnlyTrainingForwardsCount) {
     router.route(tokens(50, 8, 3));  // not counted
   }
   std::vector<double> counts(4);
-  for (int64_t e = 0; e < 4; ++e) counts[e] = static_cast<double>(a.counts[e] + b.counts[e]);
+  for (int64_t e = 0; e < 4; ++e) counts[e] = static_cast<double>((a.counts[e] + b.counts[e]).item<int64_t>());
   const double mean = 10.0;  // 40 rows over 4 experts
   std::vector<double> want(4);
   double want_mean = 0.0;

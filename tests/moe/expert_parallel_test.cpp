@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "hp/comm/comm_debug_mode.h"
+#include "hp/core/host_sync.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/expert_parallel.h"
@@ -69,7 +70,7 @@ TEST(ExpertParallel, DispatchAndCombineRoundTripIsBitwise) {
             rank_data(group.rank(), {rows, 6}, at::kFloat, static_cast<int>(c)).set_requires_grad(true);
         const auto dispatcher = expert_parallel_dispatcher(group, experts);
         const at::Tensor out = dispatcher->run(
-            x, counts,
+            x, at::tensor(counts, at::kLong),
             [&](const at::Tensor& r, const std::vector<int64_t>& local) {
               int64_t want = 0;
               for (int src = 0; src < world; ++src)
@@ -102,6 +103,7 @@ struct LayerRun {
   at::Tensor out;                           // [ranks * batch, seq, dim]
   std::map<std::string, at::Tensor> grads;  // whole gradients, summed over ranks
   std::map<std::string, int64_t> forward_comm, backward_comm;
+  int64_t forward_host_syncs = -1, backward_host_syncs = -1;  // rank 0's
 };
 
 // The layer on `world` data-parallel ranks, each with its own batch of `batch` sequences, with
@@ -124,16 +126,20 @@ LayerRun run_layer(int world, int ep, bool shared, int64_t batch, at::ScalarType
     const at::Tensor x = rank_data(group.rank(), {batch, 5, 16}, dtype, 3).set_requires_grad(true);
     const at::Tensor weights = rank_data(group.rank(), {batch, 5, 16}, dtype, 4);
     at::Tensor out;
-    int64_t forward_all_to_all = 0, backward_all_to_all = 0;
+    int64_t forward_all_to_all = 0, backward_all_to_all = 0, forward_syncs = 0, backward_syncs = 0;
     {
       comm::CommDebugMode forward;
+      HostSyncCount syncs;
       out = moe(x);
       forward_all_to_all = forward.count("all_to_all");
+      forward_syncs = syncs.count();
     }
     {
       comm::CommDebugMode backward;
+      HostSyncCount syncs;
       (out * weights).sum().backward();
       backward_all_to_all = backward.count("all_to_all");
+      backward_syncs = syncs.count();
     }
     // Expert weights are sharded over ep (whole() gathers them, a collective, the same on the ranks
     // of one ep group): sum over the groups, once per group. The router and shared experts are
@@ -147,6 +153,10 @@ LayerRun run_layer(int world, int ep, bool shared, int64_t batch, at::ScalarType
     input_grads[group.rank()] = x.grad();
     result.forward_comm["all_to_all"] = forward_all_to_all;
     result.backward_comm["all_to_all"] = backward_all_to_all;
+    if (group.rank() == 0) {
+      result.forward_host_syncs = forward_syncs;
+      result.backward_host_syncs = backward_syncs;
+    }
     for (const auto& [name, grad, sharded] : grads) {
       auto& slot = result.grads[name];
       if (sharded && !ep_lead) continue;
@@ -184,13 +194,13 @@ LayerRun run_layer_on_one_device(int world, int ep, bool shared, int64_t batch, 
   for (int group = 0; group < world / ep; ++group) {
     std::vector<at::Tensor> experts, gates;
     nn::Routing routing;
-    routing.counts.assign(8, 0);
+    routing.counts = at::zeros({8}, at::kLong);
     for (int r = group * ep; r < (group + 1) * ep; ++r) {
       const at::Tensor mine = tokens.narrow(0, r * per_rank, per_rank);
       const nn::Routing part = moe.router->route(mine);
       experts.push_back(part.experts);
       gates.push_back(part.gates);
-      for (size_t e = 0; e < part.counts.size(); ++e) routing.counts[e] += part.counts[e];
+      routing.counts += part.counts;
       if (moe.shared) shared_out.push_back((*moe.shared)(mine));
     }
     routing.experts = at::cat(experts, 0);
@@ -220,9 +230,12 @@ TEST(ExpertParallel, MoELayerMatchesOneDevice) {
       check_relative(ep.out, whole_call, what + ": output against one call over the whole batch", 1e-6);
       ASSERT_EQ(ep.grads.size(), one.grads.size());
       for (const auto& [name, grad] : one.grads) check_relative(ep.grads.at(name), grad, what + ": " + name, 1e-6);
-      // 3 all_to_alls forward (counts, dispatch, combine), 2 backward; none on one rank.
+      // 3 all_to_alls forward (counts, dispatch, combine), 2 backward; none on one rank. One host
+      // read of device data in forward (the counts, with the received ones under EP), none in backward.
       EXPECT_EQ(ep.forward_comm.at("all_to_all"), ep_degree > 1 ? 3 : 0) << what;
       EXPECT_EQ(ep.backward_comm.at("all_to_all"), ep_degree > 1 ? 2 : 0) << what;
+      EXPECT_EQ(ep.forward_host_syncs, 1) << what;
+      EXPECT_EQ(ep.backward_host_syncs, 0) << what;
     }
 }
 
@@ -262,8 +275,7 @@ TEST(ExpertParallel, ACapacityOverflowStopsEveryRankNamingTheRank) {
     routing.experts =
         group.rank() == 1 ? at::ones({8, 1}, at::kLong) : at::arange(8, at::kLong).remainder(experts).view({8, 1});
     routing.gates = at::ones({8, 1});
-    routing.counts = std::vector<int64_t>(experts, 0);
-    for (int64_t t = 0; t < 8; ++t) ++routing.counts[routing.experts[t][0].item<int64_t>()];
+    routing.counts = at::bincount(routing.experts.view({-1}), {}, experts);
     try {
       moe.routed_output(at::randn({8, 16}), routing);
     } catch (const Error& e) {

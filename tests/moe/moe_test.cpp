@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hp/core/host_sync.h"
 #include "hp/nn/init.h"
 #include "hp/nn/moe.h"
 #include "test_util.h"
@@ -82,7 +83,7 @@ void expect_router_matches_per_token(nn::RouterOptions o, const std::string& wha
       ++counts[want.experts[j]];
     }
   }
-  EXPECT_EQ(r.counts, counts) << what;
+  EXPECT_EQ(to_host_int64s(r.counts), counts) << what;
 }
 
 TEST(MoE, RouterChoosesAsThePerTokenRule) {
@@ -148,7 +149,7 @@ TEST(MoE, LayerComputesThePerTokenSum) {
     EXPECT_EQ(got.sizes(), (std::vector<int64_t>{3, 10, 16}));
     check_relative(got.view({30, 16}), per_token_moe(moe, x), shared ? "with shared experts" : "routed only", 1e-5);
     int64_t routed = 0;
-    for (int64_t c : moe.last_routing().counts) routed += c;
+    for (int64_t c : to_host_int64s(moe.last_routing().counts)) routed += c;
     EXPECT_EQ(routed, 60);
   }
 }
@@ -170,7 +171,7 @@ TEST(MoE, CapacityPoliciesKeepExactlyTheCapacity) {
   const std::vector<int64_t> choice = {0, 1, 0, 0, 2, 0, 0, 3, 0, 0, 1, 0, 2, 0, 3, 0};
   routing.experts = at::tensor(choice, at::kLong).view({16, 1});
   routing.gates = at::linspace(0.9, 0.1, 16).view({16, 1});  // falling: token order is gate order reversed
-  routing.counts = {10, 2, 2, 2};
+  routing.counts = at::tensor({10, 2, 2, 2}, at::kLong);
   const at::Tensor dropless = moe.routed_output(x, routing);
   EXPECT_EQ(moe.last_dropped(), 0);
   const std::vector<int64_t> expert0 = {0, 2, 3, 5, 6, 8, 9, 11, 13, 15};

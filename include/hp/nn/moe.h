@@ -43,10 +43,10 @@ struct RouterOptions {
 
 // One micro-batch's routing decision.
 struct Routing {
-  at::Tensor experts;           // [tokens, top_k] int64: the chosen experts, best first
-  at::Tensor gates;             // [tokens, top_k]: their gate values (differentiable), routing dtype
-  std::vector<int64_t> counts;  // [experts]: how many (token, choice) rows each expert gets
-  at::Tensor logits, scores;    // [tokens, experts], routing dtype, differentiable: the gate's output, its scores
+  at::Tensor experts;         // [tokens, top_k] int64: the chosen experts, best first
+  at::Tensor gates;           // [tokens, top_k]: their gate values (differentiable), routing dtype
+  at::Tensor counts;          // [experts] int64, on the tokens' device: the (token, choice) rows of each expert
+  at::Tensor logits, scores;  // [tokens, experts], routing dtype, differentiable: the gate's output, its scores
 };
 
 // Token-choice top-k routing: gate = Linear(dim, experts, no bias), computed in the routing dtype:
@@ -98,11 +98,13 @@ class TokenDispatcher {
  public:
   using Experts = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts)>;
   virtual ~TokenDispatcher() = default;
-  // rows [N, dim]: counts[e] rows for each of the layer's experts, in expert order. Returns the
-  // experts' outputs for the same rows, in the same order. A defined `overflow` is an hp::Error,
-  // raised before the experts run; a dispatcher over several ranks raises it on all of them, naming
-  // the rank it came from, so that none is left waiting in a collective.
-  virtual at::Tensor run(const at::Tensor& rows, const std::vector<int64_t>& counts, const Experts& experts,
+  // rows [N, dim]: counts[e] rows for each of the layer's experts, in expert order (`counts`: [experts]
+  // int64 on the rows' device). Returns the experts' outputs for the same rows, in the same order.
+  // A dispatcher reads the counts on the host once (hp::to_host), together with whatever else it
+  // must read: the one host sync of a dropless layer's forward. A defined `overflow` is an
+  // hp::Error, raised before the experts run; a dispatcher over several ranks raises it on all of
+  // them, naming the rank it came from, so that none is left waiting in a collective.
+  virtual at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
                          const CapacityOverflow& overflow) = 0;
 };
 

@@ -6,8 +6,9 @@
 // Each rank holds experts/ep experts (the weights become DTensors, Shard(0)): rank r holds experts
 // [r E/ep, (r+1) E/ep). The layer's rows, grouped by expert, travel dropless to the ranks holding
 // their experts:
-//   1. one all_to_all of the per-expert row counts, read on the host to size the exchange (with
-//      each rank's capacity overflow, if any: then every rank raises it, naming the rank);
+//   1. one all_to_all of the per-expert row counts (with each rank's capacity overflow, if any:
+//      then every rank raises it, naming the rank), built on the counts' device; this rank's counts
+//      and the received ones are then read on the host together, the layer's one host sync;
 //   2. one all_to_all of the rows, with uneven splits, arriving grouped by source rank;
 //   3. a local regroup to expert order (expert_major_order), the experts, and the inverse regroup;
 //   4. one all_to_all back with the splits swapped.
