@@ -54,12 +54,37 @@ at::Tensor reduce_scatter(const at::Tensor& input, const ProcessGroup& group, Re
       });
 }
 
+namespace {
+// all_to_all's backward: the all_to_all with the splits swapped.
+BackwardFn all_to_all_backward(const ProcessGroup& group, const AllToAllOptions& opts) {
+  return [group, inverse = AllToAllOptions{opts.input_split_sizes, opts.output_split_sizes}](const at::Tensor& g) {
+    return group.all_to_all(g, inverse);
+  };
+}
+}  // namespace
+
 at::Tensor all_to_all(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts) {
   return differentiable(
       "AllToAllBackward", input, [&](const at::Tensor& x) { return group.all_to_all(x, opts); },
-      [group, inverse = AllToAllOptions{opts.input_split_sizes, opts.output_split_sizes}](const at::Tensor& g) {
-        return group.all_to_all(g, inverse);
-      });
+      all_to_all_backward(group, opts));
+}
+
+PendingCollective::PendingCollective(Work work, std::function<at::Tensor(at::Tensor)> finish)
+    : work_(std::move(work)), finish_(std::move(finish)) {}
+
+at::Tensor PendingCollective::wait() {
+  HP_CHECK(finish_ != nullptr, "PendingCollective::wait: called twice");
+  const auto finish = std::move(finish_);
+  finish_ = nullptr;
+  return finish(work_.wait());
+}
+
+PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts) {
+  Work work = group.all_to_all_async(input.detach(), opts);
+  return PendingCollective(std::move(work), [input, backward = all_to_all_backward(group, opts)](at::Tensor output) {
+    return record_backward("AllToAllBackward", input, std::move(output),
+                           [backward](const at::Tensor& g) { return backward(g.contiguous()); });
+  });
 }
 
 }  // namespace hp::comm::functional

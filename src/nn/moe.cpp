@@ -21,8 +21,9 @@ namespace {
 class LocalDispatcher : public TokenDispatcher {
  public:
   at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
-                 const CapacityOverflow& overflow) override {
+                 const CapacityOverflow& overflow, const std::function<void()>& while_dispatching) override {
     HP_CHECK(overflow.expert < 0, "MoE: ", overflow.str());
+    if (while_dispatching) while_dispatching();
     return experts(rows, to_host_int64s(counts));
   }
 };
@@ -195,8 +196,12 @@ void MoE::set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) {
 at::Tensor MoE::forward(const at::Tensor& x) {
   const at::Tensor tokens = x.reshape({-1, x.size(-1)});
   routing_ = router->route(tokens);
-  at::Tensor out = routed_output(tokens, routing_);
-  if (shared) out = out + (*shared)(tokens);
+  at::Tensor shared_out;
+  const auto run_shared = [&] { shared_out = (*shared)(tokens); };
+  at::Tensor out =
+      routed_output(tokens, routing_, shared && options_.overlap_shared ? run_shared : std::function<void()>{});
+  if (shared && !shared_out.defined()) run_shared();
+  if (shared) out = out + shared_out;
   // [batch, seq, dim]: batch sequences; otherwise the tokens are one sequence.
   if (const at::Tensor aux = aux_loss(routing_, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
     if (at::GradMode::is_enabled()) {
@@ -245,7 +250,8 @@ AuxLossScale::AuxLossScale(double scale) : previous_(aux_loss_scale) { aux_loss_
 AuxLossScale::~AuxLossScale() { aux_loss_scale = previous_; }
 double AuxLossScale::current() { return aux_loss_scale; }
 
-at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) {
+at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing,
+                              const std::function<void()>& while_dispatching) {
   HP_CHECK(tokens.dim() == 2 && routing.experts.dim() == 2 && routing.experts.size(0) == tokens.size(0),
            "MoE: a routing of ", routing.experts.sizes(), " for tokens of shape ", tokens.sizes());
   const int64_t dim = tokens.size(1), k = routing.experts.size(1);
@@ -282,7 +288,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing) 
   at::Tensor out_rows = dispatcher_->run(
       rows, count_tensor,
       [this](const at::Tensor& r, const std::vector<int64_t>& c) { return (*experts)(r, at::tensor(c, at::kLong)); },
-      overflow);
+      overflow, while_dispatching);
   if (dropped_ > 0) out_rows = at::cat({out_rows, at::zeros({dropped_, dim}, out_rows.options())});
   // Back to (token, choice) order; a token's k outputs are summed in choice order.
   const at::Tensor row_of_slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));

@@ -20,7 +20,7 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
   AllToAllDispatcher(comm::ProcessGroup group, int64_t experts) : group_(std::move(group)), experts_(experts) {}
 
   at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
-                 const nn::CapacityOverflow& overflow) override {
+                 const nn::CapacityOverflow& overflow, const std::function<void()>& while_dispatching) override {
     const int64_t ranks = group_.size(), local = experts_ / ranks;
     HP_CHECK(counts.dim() == 1 && counts.numel() == experts_ && counts.scalar_type() == at::kLong,
              "ExpertParallel: expert counts of shape ", counts.sizes(), " for a layer of ", experts_, " experts");
@@ -46,11 +46,13 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
         receive_splits[r] += from[r * local + e];
         local_counts[e] += from[r * local + e];
       }
-    // 2. The rows to the ranks holding their experts.
+    // 2. The rows to the ranks holding their experts, while this thread runs `while_dispatching`.
     comm::AllToAllOptions dispatch;
     dispatch.input_split_sizes = send_splits;
     dispatch.output_split_sizes = receive_splits;
-    const at::Tensor by_source = comm::functional::all_to_all(rows, group_, dispatch);
+    comm::functional::PendingCollective in_flight = comm::functional::all_to_all_async(rows, group_, dispatch);
+    if (while_dispatching) while_dispatching();
+    const at::Tensor by_source = in_flight.wait();
     // 3. Expert order, the experts, source order again.
     const std::vector<int64_t> order = expert_major_order(from, ranks, local);
     std::vector<int64_t> inverse(order.size());

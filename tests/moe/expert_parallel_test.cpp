@@ -69,17 +69,17 @@ TEST(ExpertParallel, DispatchAndCombineRoundTripIsBitwise) {
         const at::Tensor x =
             rank_data(group.rank(), {rows, 6}, at::kFloat, static_cast<int>(c)).set_requires_grad(true);
         const auto dispatcher = expert_parallel_dispatcher(group, experts);
-        const at::Tensor out = dispatcher->run(
-            x, at::tensor(counts, at::kLong),
-            [&](const at::Tensor& r, const std::vector<int64_t>& local) {
-              int64_t want = 0;
-              for (int src = 0; src < world; ++src)
-                for (int64_t e = 0; e < 2; ++e) want += layouts[c](src, group.rank() * 2 + e);
-              EXPECT_EQ(local[0] + local[1], want);
-              EXPECT_EQ(r.size(0), want);
-              return r * 1.0;  // identity, through autograd
-            },
-            nn::CapacityOverflow{});
+        const at::Tensor out = dispatcher->run(x, at::tensor(counts, at::kLong),
+                                               [&](const at::Tensor& r, const std::vector<int64_t>& local) {
+                                                 int64_t want = 0;
+                                                 for (int src = 0; src < world; ++src)
+                                                   for (int64_t e = 0; e < 2; ++e)
+                                                     want += layouts[c](src, group.rank() * 2 + e);
+                                                 EXPECT_EQ(local[0] + local[1], want);
+                                                 EXPECT_EQ(r.size(0), want);
+                                                 return r * 1.0;  // identity, through autograd
+                                               },
+                                               nn::CapacityOverflow{}, {});
         const at::Tensor combined = out * 0.5 + out * 0.5;  // k = 2, gates 1/k
         check_close(combined, x.detach(), "round trip, layout " + std::to_string(c), /*bitwise=*/true);
         combined.sum().backward();
@@ -237,6 +237,39 @@ TEST(ExpertParallel, MoELayerMatchesOneDevice) {
       EXPECT_EQ(ep.forward_host_syncs, 1) << what;
       EXPECT_EQ(ep.backward_host_syncs, 0) << what;
     }
+}
+
+// The shared experts run after the dispatch all_to_all is issued and before the experts and the
+// combine (2 all_to_alls issued when they start; 3 with overlap_shared off, when they run after the
+// routed experts); the output and every gradient are the same bitwise either way.
+TEST(ExpertParallel, SharedExpertsRunWhileTheDispatchIsInFlight) {
+  run(2, [&](const comm::ProcessGroup& group) {
+    std::map<bool, std::pair<at::Tensor, std::vector<at::Tensor>>> results;
+    for (const bool overlap : {true, false}) {
+      nn::MoEOptions o = layer_options(/*shared=*/true);
+      o.overlap_shared = overlap;
+      nn::MoE moe(16, o);
+      parallelize_module(moe, init_device_mesh(group, "cpu", {2}, {"ep"}), {{"", ExpertParallel()}});
+      nn::init_parameters(moe, 7);
+      comm::CommDebugMode comm;
+      int64_t issued_before_shared = -1;
+      moe.shared->register_forward_pre_hook(
+          [&](nn::Module&, nn::Inputs&) { issued_before_shared = comm.count("all_to_all"); });
+      const at::Tensor x = rank_data(group.rank(), {3, 5, 16}, at::kFloat, 3);
+      const at::Tensor out = moe(x);
+      if (issued_before_shared != (overlap ? 2 : 3))
+        throw std::runtime_error(std::string(overlap ? "with" : "without") +
+                                 " the overlap, the shared experts ran after " + std::to_string(issued_before_shared) +
+                                 " all_to_alls");
+      out.sum().backward();
+      std::vector<at::Tensor> grads;
+      for (const auto& item : moe.named_parameters()) grads.push_back(whole(item.value().grad()));
+      results[overlap] = {out.detach(), grads};
+    }
+    check_close(results[true].first, results[false].first, "output", /*bitwise=*/true);
+    for (size_t i = 0; i < results[true].second.size(); ++i)
+      check_close(results[true].second[i], results[false].second[i], "gradient " + std::to_string(i), true);
+  });
 }
 
 // The same in fp64 (the router then computes in fp64 too): outputs bitwise, and within 1e-12

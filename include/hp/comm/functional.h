@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "hp/comm/process_group.h"
 
 namespace hp::comm::functional {
@@ -22,5 +24,21 @@ at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, Reduce
 at::Tensor all_gather(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts = {});
 at::Tensor reduce_scatter(const at::Tensor& input, const ProcessGroup& group, ReduceScatterOptions opts = {});
 at::Tensor all_to_all(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts = {});
+
+// A differentiable collective in flight: the caller computes something else meanwhile, then wait()
+// returns the output, differentiable like the blocking form's (the backward is recorded when wait()
+// returns and is itself blocking). wait() once.
+class PendingCollective {
+ public:
+  PendingCollective(Work work, std::function<at::Tensor(at::Tensor)> finish);
+  at::Tensor wait();
+
+ private:
+  Work work_;
+  std::function<at::Tensor(at::Tensor)> finish_;
+};
+
+// all_to_all, issued without waiting (e.g. a MoE dispatch that the shared experts overlap).
+PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts = {});
 
 }  // namespace hp::comm::functional

@@ -104,8 +104,10 @@ class TokenDispatcher {
   // must read: the one host sync of a dropless layer's forward. A defined `overflow` is an
   // hp::Error, raised before the experts run; a dispatcher over several ranks raises it on all of
   // them, naming the rank it came from, so that none is left waiting in a collective.
+  // `while_dispatching` (may be empty) runs on this thread while the rows travel to the experts'
+  // ranks (the MoE layer's shared experts); a dispatcher that sends nothing runs it first.
   virtual at::Tensor run(const at::Tensor& rows, const at::Tensor& counts, const Experts& experts,
-                         const CapacityOverflow& overflow) = 0;
+                         const CapacityOverflow& overflow, const std::function<void()>& while_dispatching) = 0;
 };
 
 // A dense SwiGLU MLP: w2(silu(w1 x) * w3 x), the shared experts of a MoE layer.
@@ -147,6 +149,7 @@ struct MoEOptions {
   RouterOptions router;
   int64_t hidden = 0;                // each expert's hidden size
   int64_t shared_hidden = 0;         // > 0: shared experts, a dense SwiGLU of this hidden size added to the output
+  bool overlap_shared = true;        // the shared experts run while the dispatch's all_to_all is in flight
   bool gate_before_experts = false;  // scale rows by their gate value before the experts instead of after
   // > 0: of one forward's tokens (on a rank, its own), each expert takes at most
   // ceil(capacity_factor * tokens * top_k / experts) rows; the rest follow capacity_policy. A
@@ -176,8 +179,10 @@ class MoE : public Module {
   // Who runs the experts (set by hp::ExpertParallel); the default runs them here.
   void set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher);
   // The routed experts' output for `tokens` [tokens, dim] as `routing` routes them (without the
-  // shared experts): forward is routed_output(x, router->route(x)) + shared(x).
-  at::Tensor routed_output(const at::Tensor& tokens, const Routing& routing);
+  // shared experts): forward is routed_output(x, router->route(x)) + shared(x), the shared experts
+  // computed as routed_output's `while_dispatching` (see TokenDispatcher::run).
+  at::Tensor routed_output(const at::Tensor& tokens, const Routing& routing,
+                           const std::function<void()>& while_dispatching = {});
   // The routing of the last forward.
   const Routing& last_routing() const { return routing_; }
   // The (token, choice) rows the last routed_output dropped over capacity.
