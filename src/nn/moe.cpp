@@ -227,19 +227,45 @@ at::Tensor MoE::aux_loss(const Routing& routing, int64_t sequences) const {
   const at::Tensor p =
       o.router.score_func == "softmax" ? routing.scores : routing.scores / routing.scores.sum(-1, true);
   const at::Tensor chosen = at::zeros({tokens, experts}, p.options()).scatter_(1, routing.experts, 1.0);
+  // Every statistic as a sum over this forward's tokens, all in one tensor, summed over the token
+  // shards at once; the divisions count every shard's tokens.
+  const int64_t length = tokens / sequences, shards = token_split_.shards;
+  std::vector<at::Tensor> sums;
+  if (o.aux_loss_coeff != 0) sums.push_back(at::stack({chosen.sum(0), p.sum(0)}).view({-1}));
+  if (o.seq_aux_loss_coeff != 0)
+    sums.push_back(
+        at::stack({chosen.view({sequences, length, experts}).sum(1), p.view({sequences, length, experts}).sum(1)})
+            .view({-1}));
+  if (o.z_loss_coeff != 0) sums.push_back(at::logsumexp(routing.logits, -1).pow(2).sum().view({1}));
+  at::Tensor all = at::cat(sums);
+  if (shards > 1) all = token_split_.sum(all);
   at::Tensor total = at::zeros({}, p.options());
+  int64_t offset = 0;
+  const auto next = [&](int64_t n) {
+    const at::Tensor piece = all.narrow(0, offset, n);
+    offset += n;
+    return piece;
+  };
   if (o.aux_loss_coeff != 0) {
-    const at::Tensor f = chosen.sum(0) * (static_cast<double>(experts) / static_cast<double>(k * tokens));
-    total = total + o.aux_loss_coeff * (f * p.mean(0)).sum();
+    const at::Tensor s = next(2 * experts).view({2, experts});
+    const double all_tokens = static_cast<double>(tokens * shards);
+    const at::Tensor f = s[0] * (static_cast<double>(experts) / (static_cast<double>(k) * all_tokens));
+    total = total + o.aux_loss_coeff * (f * (s[1] / all_tokens)).sum();
   }
   if (o.seq_aux_loss_coeff != 0) {
-    const int64_t length = tokens / sequences;
-    const at::Tensor f = chosen.view({sequences, length, experts}).sum(1) *
-                         (static_cast<double>(experts) / static_cast<double>(k * length));
-    total = total + o.seq_aux_loss_coeff * (f * p.view({sequences, length, experts}).mean(1)).sum(-1).mean();
+    const at::Tensor s = next(2 * sequences * experts).view({2, sequences, experts});
+    const double all_positions = static_cast<double>(length * shards);
+    const at::Tensor f = s[0] * (static_cast<double>(experts) / (static_cast<double>(k) * all_positions));
+    total = total + o.seq_aux_loss_coeff * (f * (s[1] / all_positions)).sum(-1).mean();
   }
-  if (o.z_loss_coeff != 0) total = total + o.z_loss_coeff * at::logsumexp(routing.logits, -1).pow(2).mean();
+  if (o.z_loss_coeff != 0) total = total + o.z_loss_coeff * (next(1)[0] / static_cast<double>(tokens * shards));
   return total;
+}
+
+void MoE::set_token_split(TokenSplit split) {
+  HP_CHECK(split.shards >= 1 && (split.shards == 1 || split.sum != nullptr),
+           "MoE::set_token_split: need shards >= 1 and, for more than one, a sum over them");
+  token_split_ = std::move(split);
 }
 
 namespace {

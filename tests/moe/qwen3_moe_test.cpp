@@ -162,18 +162,10 @@ TEST(Qwen3Moe, ItsKeysParseAndItsRecipeChecksTheDims) {
                  4);
       },
       "model.experts (6) must be divisible by parallel.ep (4)");
-  test::expect_error(
-      [&] { validate(parse_config("model: {family: qwen3_moe}\nparallel: {dp_shard: 2, tp: 2}\n" + kBatch, {}), 4); },
-      "qwen3_moe with parallel.tp > 1 needs parallel.sequence_parallel: true");
-  test::expect_error(
-      [&] {
-        validate(parse_config("model: {family: qwen3_moe, z_loss_coeff: 0.001}\n"
-                              "parallel: {dp_shard: 2, tp: 2, sequence_parallel: true}\n" +
-                                  kBatch,
-                              {}),
-                 4);
-      },
-      "must be 0 with parallel.tp > 1 for now");
+  // tp without sequence parallelism, and auxiliary losses under tp, are accepted.
+  validate(
+      parse_config("model: {family: qwen3_moe, z_loss_coeff: 0.001}\nparallel: {dp_shard: 2, tp: 2}\n" + kBatch, {}),
+      4);
   test::expect_error(
       [&] { validate(parse_config("model: {family: qwen3_moe}\nparallel: {dp_shard: 2, cp: 2}\n" + kBatch, {}), 4); },
       "the qwen3_moe recipe does not support parallel.cp yet");
@@ -182,12 +174,13 @@ TEST(Qwen3Moe, ItsKeysParseAndItsRecipeChecksTheDims) {
 struct Layout {
   int64_t dp_replicate = 1, dp_shard = 1, ep = 1, pp = 1;
   std::string pp_schedule = "1f1b";
-  int64_t layers = 2, tp = 1;  // tp with sequence parallelism
+  int64_t layers = 2, tp = 1;
+  bool sequence_parallel = true;  // with tp > 1
   int world() const { return static_cast<int>(pp * dp_replicate * dp_shard * tp); }
   std::string name() const {
     std::string n;
     for (int64_t v : {dp_replicate, dp_shard, ep, pp, layers, tp}) n += "_" + std::to_string(v);
-    return n + (pp > 1 ? "_" + pp_schedule : "");
+    return n + (pp > 1 ? "_" + pp_schedule : "") + (tp > 1 && !sequence_parallel ? "_nosp" : "");
   }
 };
 
@@ -205,7 +198,7 @@ TrainConfig qwen3_moe_config(const Layout& layout, int64_t experts, const fs::pa
   c.parallel.ep = layout.ep;
   c.parallel.pp = layout.pp;
   c.parallel.tp = layout.tp;
-  c.sequence_parallel = layout.tp > 1;
+  c.sequence_parallel = layout.tp > 1 && layout.sequence_parallel;
   c.pp_schedule = layout.pp_schedule;
   c.data.sources = {write_corpus(dir / "text")};
   c.data.cache_dir = (dir / "cache").string();
@@ -302,16 +295,19 @@ TEST(Qwen3Moe, HpTrainWithExpertParallelismThroughPipelinesMatches) {
   expect_balanced_runs_match("pp", layouts);
 }
 
-// Tensor parallelism with sequence parallelism: each tp rank runs the MoE on its sequence shard, ep
-// borrowed from the tp ranks (ep 2 of dp_shard 2 x tp 2), from tp and dp_shard (ep 4), not at all
-// (ep 1: the experts FSDP-sharded over dp_shard x tp), and through a pipeline (pp 2 x tp 2, ep 2).
+// Tensor parallelism: each tp rank runs the MoE on its sequence shard (as sequence parallelism
+// hands it, or cut from the replicated stream without it), ep borrowed from the tp ranks (ep 2 of
+// dp_shard 2 x tp 2), from tp and dp_shard (ep 4), not at all (ep 1: the experts FSDP-sharded over
+// dp_shard x tp), and through a pipeline (pp 2 x tp 2, ep 2).
 TEST(Qwen3Moe, HpTrainWithTensorParallelismSplitsTheTokens) {
-  Layout tp_ep2{1, 2, 2}, tp_ep4{1, 2, 4}, tp_ep1{1, 2, 1}, tp_pp{1, 1, 2, 2};
-  for (Layout* l : {&tp_ep2, &tp_ep4, &tp_ep1, &tp_pp}) l->tp = 2;
+  Layout tp_ep2{1, 2, 2}, tp_ep4{1, 2, 4}, tp_ep1{1, 2, 1}, tp_pp{1, 1, 2, 2}, no_sp{1, 2, 2};
+  for (Layout* l : {&tp_ep2, &tp_ep4, &tp_ep1, &tp_pp, &no_sp}) l->tp = 2;
+  no_sp.sequence_parallel = false;
   expect_balanced_runs_match("tp", {{tp_ep2, "ep 2 of dp_shard 2 x tp 2"},
                                     {tp_ep4, "ep 4 of dp_shard 2 x tp 2"},
                                     {tp_ep1, "ep 1, dp_shard 2 x tp 2"},
-                                    {tp_pp, "ep 2 of tp 2 x pp 2 (1F1B)"}});
+                                    {tp_pp, "ep 2 of tp 2 x pp 2 (1F1B)"},
+                                    {no_sp, "ep 2 of dp_shard 2 x tp 2 without sequence parallelism"}});
 }
 
 // Fewer local experts than expert-data ranks: the experts' FSDP splits dim 1 instead of the experts
@@ -325,8 +321,9 @@ TEST(Qwen3Moe, ExpertsFewerThanTheirShardRanksSplitTheHiddenDim) {
   fs::remove_all(dir);
 }
 
-// The auxiliary losses in hp-train: ep 2 of dp_shard 4 and one rank with two micro-batches train
-// alike with them (losses and gradient norms within 1e-6 of ep 1), and metrics.jsonl reports them.
+// The auxiliary losses in hp-train: ep 2 of dp_shard 4, ep 2 of dp_shard 2 x tp 2 (with and
+// without sequence parallelism) and one rank with four micro-batches train alike with them (losses
+// and gradient norms within 1e-6 of ep 1), and metrics.jsonl reports them.
 TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
   const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_aux_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -342,6 +339,12 @@ TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
   const TrainConfig reference = with_aux({1, 4, 1});
   const TrainResult ep1 = rank0_result(reference, 4);
   expect_near(rank0_result(with_aux({1, 4, 2}), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 4");
+  // Under tp each rank sees a shard of every sequence: the statistics are summed over tp.
+  Layout tp{1, 2, 2}, no_sp{1, 2, 2};
+  tp.tp = no_sp.tp = 2;
+  no_sp.sequence_parallel = false;
+  expect_near(rank0_result(with_aux(tp), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 2 x tp 2");
+  expect_near(rank0_result(with_aux(no_sp), 4), ep1, 1e-6, "aux losses, the same without sequence parallelism");
   TrainConfig one = with_aux({1, 1, 1});  // 8 rows in 4 micro-batches of 2
   expect_near(rank0_result(one, 1), ep1, 1e-6, "aux losses, one rank");
   // Without them the gradients differ: the losses reach the router.

@@ -167,6 +167,16 @@ struct MoEOptions {
   bool has_aux_loss() const { return aux_loss_coeff != 0 || seq_aux_loss_coeff != 0 || z_loss_coeff != 0; }
 };
 
+// How a layer's sequences are split over ranks that each run the layer on their share of every
+// sequence's positions (tensor parallelism splitting the tokens): the auxiliary losses' statistics
+// are sums over all of them. `sum` adds a tensor over the shards; its backward must pass the
+// gradient through unchanged (every shard computes the same losses from the sum, and the losses
+// count once: each shard's own tokens receive their part). Default: one shard.
+struct TokenSplit {
+  int64_t shards = 1;
+  std::function<at::Tensor(const at::Tensor&)> sum;
+};
+
 // [..., dim] -> [..., dim]. Rows go to the experts grouped by expert with a stable sort of the
 // (token, choice) pairs, so each expert sees its rows in token order; the k outputs of a token are
 // summed in choice order.
@@ -178,6 +188,8 @@ class MoE : public Module {
   std::shared_ptr<SwiGLU> shared;  // null without shared experts
   // Who runs the experts (set by hp::ExpertParallel); the default runs them here.
   void set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher);
+  // The ranks this layer's sequences are split over (set by a recipe that splits tokens over tp).
+  void set_token_split(TokenSplit split);
   // The routed experts' output for `tokens` [tokens, dim] as `routing` routes them (without the
   // shared experts): forward is routed_output(x, router->route(x)) + shared(x), the shared experts
   // computed as routed_output's `while_dispatching` (see TokenDispatcher::run).
@@ -194,7 +206,8 @@ class MoE : public Module {
   at::Tensor aux_loss_since_balance;
   int64_t forwards_since_balance = 0;
   // The auxiliary losses of `routing` (coefficients applied) for `sequences` equal sequences of its
-  // tokens; an undefined tensor when every coefficient is 0.
+  // tokens (with a token split, this shard's positions of each; the statistics are summed over the
+  // shards); an undefined tensor when every coefficient is 0.
   at::Tensor aux_loss(const Routing& routing, int64_t sequences) const;
   const MoEOptions& options() const { return options_; }
 
@@ -204,6 +217,7 @@ class MoE : public Module {
  private:
   MoEOptions options_;
   std::shared_ptr<TokenDispatcher> dispatcher_;
+  TokenSplit token_split_;
   Routing routing_;
   int64_t dropped_ = 0;
 };

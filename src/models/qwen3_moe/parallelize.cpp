@@ -9,27 +9,20 @@
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
 #include "hp/models/llama/parallelize.h"
 #include "hp/parallel/expert_parallel.h"
 #include "hp/parallel/fsdp.h"
 
 namespace hp::models {
 
-void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config, const TpOptions& tp) {
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config) {
   HP_CHECK(dims.cp == 1,
            "the qwen3_moe recipe does not support parallel.cp yet (its composition with expert parallelism is still "
            "to come): it must be 1 (got ",
            dims.cp, ")");
   HP_CHECK(config.experts % dims.ep == 0, "model.experts (", config.experts, ") must be divisible by parallel.ep (",
            dims.ep, ")");
-  if (dims.tp > 1) {
-    HP_CHECK(tp.sequence_parallel,
-             "qwen3_moe with parallel.tp > 1 needs parallel.sequence_parallel: true (each tp rank runs the MoE on its "
-             "shard of the sequence)");
-    HP_CHECK(!config.moe_options().has_aux_loss(),
-             "model.aux_loss_coeff, seq_aux_loss_coeff and z_loss_coeff must be 0 with parallel.tp > 1 for now (each "
-             "tp rank sees a shard of the sequence, not the statistics these losses are defined on)");
-  }
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts' placement is this recipe's; the rest is the llama recipe's
   validate_llama_dims(dense, config.llama, LlamaMlp::kTokenSplit);
@@ -108,12 +101,25 @@ std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& mod
   };
 }
 
+// Each tp rank runs a layer on its share of every sequence's positions: the auxiliary losses'
+// statistics are summed over the tp ranks. The sum's backward passes the gradient through
+// (Megatron's reduce from the tensor-parallel region): every tp rank computes the same losses, and
+// each one's tokens receive their part of the gradient, summed over tp with the routers' others.
+void split_tokens_over_tp(Llama& model, const DeviceMesh& mesh, int64_t tp) {
+  const comm::ProcessGroup group = mesh["tp"].get_group(0);
+  const nn::TokenSplit split{tp, [group](const at::Tensor& x) {
+                               return record_backward("SumOverTokenShards", x, group.all_reduce(x.detach().clone()),
+                                                      [](const at::Tensor& grad) { return grad; });
+                             }};
+  for (auto& [fqn, moe] : nn::match_modules(model, "layers.*.mlp")) dynamic_cast<nn::MoE&>(*moe).set_token_split(split);
+}
+
 }  // namespace
 
 ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh& mesh, const ParallelDims& dims,
                                  const Qwen3MoeConfig& config, const RecipeOptions& options) {
   HP_CHECK(model != nullptr, "parallelize_qwen3_moe: no model");
-  validate_qwen3_moe_dims(dims, config, options.tp);
+  validate_qwen3_moe_dims(dims, config);
   if (dims.dp() > 1 || dims.ep > 1 || dims.tp > 1) {
     const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims);
     if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
@@ -122,7 +128,10 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   // Each tp rank routes its own tokens: the routers are data-parallel over the tp ranks too. The
   // unit is the whole MoE (its experts are their own units already), whose forward FSDP sees; the
   // router is called through route().
-  if (dims.tp > 1) shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
+  if (dims.tp > 1) {
+    shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
+    split_tokens_over_tp(*model, mesh, dims.tp);
+  }
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama
   RecipeOptions dense_options = options;

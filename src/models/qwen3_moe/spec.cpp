@@ -22,8 +22,8 @@ ConfigFields Qwen3MoeSpec::fields() {
   return fields;
 }
 
-void Qwen3MoeSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const {
-  validate_qwen3_moe_dims(dims, config, options.tp);
+void Qwen3MoeSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& /*options*/) const {
+  validate_qwen3_moe_dims(dims, config);
 }
 
 // Per token, fp32: attention's ~8 activations of width dim per layer, the router's scores, and

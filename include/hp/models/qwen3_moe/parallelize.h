@@ -19,10 +19,10 @@
 
 namespace hp::models {
 
-// What the recipe needs of the dims beyond ParallelDims::validate: experts divisible by ep; with
-// tp > 1, sequence parallelism and no auxiliary losses; cp refused until its composition with
-// experts lands; the llama recipe's needs of attention. Throws hp::Error naming the keys.
-void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config, const TpOptions& tp = {});
+// What the recipe needs of the dims beyond ParallelDims::validate: experts divisible by ep; cp
+// refused until its composition with experts lands; the llama recipe's needs of attention. Throws
+// hp::Error naming the keys.
+void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config);
 
 // On the mesh of hp::build_mesh(world, dims), for a model of make_qwen3_moe(config):
 //  - ep > 1: hp::ExpertParallel on every layer's MoE over the ep dim of
@@ -32,11 +32,12 @@ void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& con
 //    experts / ep >= efsdp, else on dim 1. Their gradients are divided by dp (the data-parallel
 //    ranks whose losses reached them), not by efsdp: ep ranks' rows meet in one expert, and tp
 //    ranks' rows are shares of one data-parallel rank's tokens;
-//  - with tp > 1 (and sequence parallelism), each tp rank runs every layer's MoE on its shard of
-//    the sequence (hp::models::LlamaMlp::kTokenSplit: no all-gather before it, no expert split, no
-//    redundant all_to_all), and each MoE (its router; its experts are their own units) is one FSDP
-//    unit over the data-parallel and tp ranks (hp::models::shard_over_data_and_tp), so the routers'
-//    gradients are summed over the tp ranks;
+//  - with tp > 1, each tp rank runs every layer's MoE on its shard of the sequence
+//    (hp::models::LlamaMlp::kTokenSplit: with sequence parallelism as it comes, without it cut from
+//    the replicated stream; no expert split, no redundant all_to_all), and each MoE (its router;
+//    its experts are their own units) is one FSDP unit over the data-parallel and tp ranks
+//    (hp::models::shard_over_data_and_tp), so the routers' gradients are summed over the tp ranks;
+//    the auxiliary losses' statistics are summed over the tp ranks (hp::nn::TokenSplit);
 //  - then the blocks and the root as parallelize_llama (FSDP over dp_shard, with dp_replicate HSDP),
 //    or, with pp > 1, its pipeline stages (each stage's layers run their MoE as above: the ep and
 //    efsdp ranks of a layer are ranks of the same pipeline position).
