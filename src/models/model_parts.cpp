@@ -1,5 +1,10 @@
 #include "hp/models/model_parts.h"
 
+#include <set>
+#include <string>
+
+#include "hp/nn/init.h"
+
 namespace hp::models {
 namespace {
 
@@ -20,6 +25,12 @@ std::vector<at::Tensor> parameters_where(const ModelParts& parts, bool copy) {
 }
 
 }  // namespace
+
+void ModelParts::init_parameters(uint64_t seed) const {
+  std::set<std::string> mine;
+  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor&) { mine.insert(fqn); });
+  nn::init_parameters(*model, seed, [&](const std::string& fqn) { return mine.count(fqn) > 0; });
+}
 
 std::vector<at::Tensor> ModelParts::parameters() const {
   std::vector<at::Tensor> out;

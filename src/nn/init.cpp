@@ -46,10 +46,18 @@ at::Tensor materialize(const at::Tensor& p) {
 }  // namespace
 
 void init_parameters(Module& model, uint64_t seed) {
-  uint64_t stream = 0;
+  init_parameters(model, seed, [](const std::string&) { return true; });
+}
+
+void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted) {
+  uint64_t stream = 0;  // counts every parameter, drawn or not, so each keeps its stream
   for (auto& [prefix, module] : model.named_modules_fqn()) {
     if (auto* dropout = dynamic_cast<Dropout*>(module)) dropout->seed(seed ^ (kDropoutSeedSalt * (stream + 1)));
     for (const auto& item : module->named_parameters(/*recurse=*/false)) {
+      if (!wanted(prefix.empty() ? item.key() : prefix + "." + item.key())) {
+        ++stream;
+        continue;
+      }
       at::Tensor p = materialize(item.value());
       const Init& init = module->param_init(item.key());
       if (is_dtensor(p)) {
@@ -72,7 +80,7 @@ int64_t local_parameter_bytes(Module& model) {
   int64_t bytes = 0;
   for (const auto& item : model.named_parameters()) {
     const at::Tensor& storage = local_tensor(item.value());
-    bytes += storage.numel() * static_cast<int64_t>(storage.element_size());
+    if (!storage.is_meta()) bytes += storage.numel() * static_cast<int64_t>(storage.element_size());
   }
   return bytes;
 }

@@ -13,7 +13,6 @@
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
 #include "hp/models/model_spec.h"
-#include "hp/nn/init.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 #include "hp/optim/clip_grad.h"
@@ -124,7 +123,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
 
   MemoryTracker memory;
   Setup s = build(c, world);
-  nn::init_parameters(*s.parts.model, c.seed);
+  s.parts.init_parameters(c.seed);  // a pipeline rank: only its stages
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.parts, *optimizer, world);

@@ -43,8 +43,12 @@ struct ModelParts {
   // experts' load balancing); collective over the ranks the recipe gave it. Null: nothing to run.
   std::function<StepStats()> before_optimizer_step;
 
+  // Draws the parameters of `modules` from `seed`, each with the values hp::nn::init_parameters
+  // on the whole model gives it; a pipeline rank leaves the other stages' parameters without
+  // storage. Not collective.
+  void init_parameters(uint64_t seed) const;
   // The parameters of `modules`, in order: what this rank's optimizer steps. Call it after
-  // hp::nn::init_parameters (which may replace parameter tensors).
+  // init_parameters (which may replace parameter tensors).
   std::vector<at::Tensor> parameters() const;
   // parameters() without the copies (each gradient element counted once), and the copies.
   std::vector<at::Tensor> counted_parameters() const;

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "hp/nn/module.h"
 
@@ -18,7 +20,12 @@ namespace hp::nn {
 // Allocates (where needed) and fills every parameter of `model`. Not collective: no communication.
 void init_parameters(Module& model, uint64_t seed);
 
-// Bytes of parameter storage this rank holds (local shards of DTensors, whole plain tensors).
+// The same for the parameters whose FQN `wanted` accepts (a pipeline rank's stages), each with the
+// values the whole-model call gives it; the others keep no storage.
+void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted);
+
+// Bytes of parameter storage this rank holds (local shards of DTensors, whole plain tensors;
+// parameters without storage count 0).
 int64_t local_parameter_bytes(Module& model);
 
 }  // namespace hp::nn

@@ -1,0 +1,71 @@
+// ModelParts::init_parameters: a pipeline rank draws only the parameters of its own stages, each
+// with the value a whole-model initialization gives it; the other stages' keep no storage.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "hp/dtensor/local.h"
+#include "hp/models/model_spec.h"
+#include "hp/nn/init.h"
+#include "hp/parallel/parallel_dims.h"
+#include "hp/train/config.h"
+#include "test_util.h"
+
+namespace hp {
+namespace {
+
+// Every parameter of `model` built on one rank and drawn from `seed`, by FQN.
+std::map<std::string, at::Tensor> whole_model(const models::ModelConfig& model, uint64_t seed) {
+  std::map<std::string, at::Tensor> out;
+  test::run(1, [&](const comm::ProcessGroup& world) {
+    const models::ModelParts parts = model->build(build_mesh(world, ParallelDims{}), ParallelDims{}, {});
+    parts.init_parameters(seed);
+    for (const auto& item : parts.model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  });
+  return out;
+}
+
+// Llama and Qwen3-MoE (ep 2 of dp_shard 2) on 2 pipeline ranks: each rank's stage parameters
+// equal the whole model's bitwise, every other parameter has no storage, and the rank's parameter
+// bytes are those of its stages alone.
+TEST(ModelParts, APipelineRankDrawsOnlyItsStages) {
+  const std::string attention = "vocab: 256, dim: 32, layers: 4, heads: 4, kv_heads: 2, max_seq: 16";
+  for (const auto& [yaml, dp_shard, ep] :
+       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"model: {family: llama, " + attention + "}", 1, 1},
+                                                              {"model: {family: qwen3_moe, " + attention + ", experts: 4}", 2, 2}}) {
+    const train::TrainConfig c = train::parse_config(yaml, {});
+    const auto want = whole_model(c.model, 7);
+    ParallelDims dims;
+    dims.pp = 2;
+    dims.dp_shard = dp_shard;
+    dims.ep = ep;
+    test::run(static_cast<int>(dims.pp * dp_shard), [&](const comm::ProcessGroup& world) {
+      models::RecipeOptions options;
+      options.pipeline.micro_batches = 2;
+      const models::ModelParts parts = c.model->build(build_mesh(world, dims), dims, options);
+      parts.init_parameters(7);
+      std::set<std::string> mine;
+      int64_t bytes = 0;
+      for (const auto& [fqn, t] : parts.named_tensors()) mine.insert(fqn);
+      for (const auto& item : parts.model->named_parameters()) {
+        const at::Tensor& local = local_tensor(item.value());
+        if (!mine.count(item.key())) {
+          if (!local.is_meta()) throw std::runtime_error(item.key() + " of another stage has storage");
+          continue;
+        }
+        bytes += local.numel() * static_cast<int64_t>(local.element_size());
+        test::check_close(test::whole(item.value()).detach(), want.at(item.key()), c.model->family() + " " + item.key(),
+                          /*bitwise=*/true);
+      }
+      if (mine.empty() || bytes != nn::local_parameter_bytes(*parts.model))
+        throw std::runtime_error("the rank's parameter bytes are not its stages' alone");
+    });
+  }
+}
+
+}  // namespace
+}  // namespace hp
