@@ -73,14 +73,20 @@ void grouped_against_dense(int reps) {
   }
 }
 
+// The benchmarked layer: 8 experts, top-2 renormalized, hidden 512.
+hp::nn::MoEOptions layer_options() {
+  hp::nn::MoEOptions o;
+  o.router.experts = kExperts;
+  o.router.top_k = kTopK;
+  o.router.norm_topk_prob = true;
+  o.hidden = kHidden;
+  return o;
+}
+
 void expert_parallel_against_local(int reps) {
   std::mutex mu;
   hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
-    hp::nn::MoEOptions o;
-    o.router.experts = kExperts;
-    o.router.top_k = kTopK;
-    o.router.norm_topk_prob = true;
-    o.hidden = kHidden;
+    hp::nn::MoEOptions o = layer_options();
     const int64_t tokens = kTokens / 2;  // each rank's
     const at::Tensor x = random({tokens, kDim}, 10 + world.rank());
     double seconds[2] = {0, 0}, compute[2] = {0, 0};
@@ -132,11 +138,7 @@ void expert_parallel_against_local(int reps) {
 void shared_experts_overlap(int reps) {
   std::mutex mu;
   hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
-    hp::nn::MoEOptions o;
-    o.router.experts = kExperts;
-    o.router.top_k = kTopK;
-    o.router.norm_topk_prob = true;
-    o.hidden = kHidden;
+    hp::nn::MoEOptions o = layer_options();
     o.shared_hidden = kShared;
     const at::Tensor x = random({kTokens / 2, kDim}, 20 + world.rank());
     const hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {2}, {"ep"});

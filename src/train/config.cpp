@@ -226,6 +226,8 @@ std::string read_text(const std::string& path) {
 // The model.* keys a Hugging Face directory's config.json gives (model.from_hf), family included.
 YAML::Node hf_model_keys(const std::string& dir) {
   const std::string path = dir + "/config.json";
+  HP_CHECK(std::ifstream(path).good(), "config: model.from_hf: cannot read ", path,
+           " (model.from_hf names a Hugging Face model directory)");
   try {
     return YAML::Load(models::model_keys_from_hf_config(read_text(path)))["model"];
   } catch (const Error& e) {
