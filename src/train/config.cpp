@@ -31,6 +31,8 @@ std::string type_name() {
     return "a number";
   else if constexpr (std::is_same_v<T, std::string>)
     return "a string";
+  else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+    return "a list of integers";
   else
     return "a list of strings";
 }
@@ -40,6 +42,11 @@ T convert(const YAML::Node& node, const std::string& key) {
   try {
     if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       if (node.IsScalar()) return {node.as<std::string>()};
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      HP_CHECK(node.IsSequence(), "config: ", key, ": expected ", type_name<T>());
+      T values;
+      for (const auto& item : node) values.push_back(convert<int64_t>(item, key));
+      return values;
     } else {
       HP_CHECK(node.IsScalar(), "config: ", key, ": expected ", type_name<T>());
     }
@@ -83,6 +90,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("parallel.reshard_after_forward_to", reshard_after_forward_to),
       HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
       HP_CONFIG_FIELD("parallel.pp_stages_per_rank", pp_stages_per_rank),
+      HP_CONFIG_FIELD("parallel.pp_layers_per_stage", pp_layers_per_stage),
       HP_CONFIG_FIELD("parallel.pp_timeline_step", pp_timeline_step),
       HP_CONFIG_FIELD("data.sources", data.sources),
       HP_CONFIG_FIELD("data.cache_dir", data.cache_dir),
@@ -330,8 +338,24 @@ void validate(const TrainConfig& c, int64_t world_size) {
     const int64_t stages = c.pipeline_stages();
     HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule,
              "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
-    HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ",
-             stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp, " ranks");
+    if (c.pp_layers_per_stage.empty()) {
+      HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ",
+               stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp,
+               " ranks (or set parallel.pp_layers_per_stage)");
+    } else {
+      const auto& split = c.pp_layers_per_stage;
+      HP_CHECK(static_cast<int64_t>(split.size()) == stages, "parallel.pp_layers_per_stage has ", split.size(),
+               " entries for the ", stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ",
+               c.parallel.pp, " ranks");
+      int64_t total = 0;
+      for (const int64_t layers : split) {
+        HP_CHECK(layers >= 1 && layers <= c.model->layers(), "parallel.pp_layers_per_stage: every stage needs 1 to ",
+                 c.model->layers(), " layers, got ", layers);
+        total += layers;
+      }
+      HP_CHECK(total == c.model->layers(), "parallel.pp_layers_per_stage adds up to ", total,
+               " layers, but model.layers is ", c.model->layers());
+    }
     HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
   }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);

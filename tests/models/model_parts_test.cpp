@@ -1,5 +1,5 @@
-// ModelParts::init_parameters: a pipeline rank draws only the parameters of its own stages, each
-// with the value a whole-model initialization gives it; the other stages' keep no storage.
+// ModelParts on pipeline ranks: init_parameters draws only the rank's own stages, each parameter
+// with the value a whole-model initialization gives it; stages take the layers they are given.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -34,9 +34,9 @@ std::map<std::string, at::Tensor> whole_model(const models::ModelConfig& model, 
 // bytes are those of its stages alone.
 TEST(ModelParts, APipelineRankDrawsOnlyItsStages) {
   const std::string attention = "vocab: 256, dim: 32, layers: 4, heads: 4, kv_heads: 2, max_seq: 16";
-  for (const auto& [yaml, dp_shard, ep] :
-       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"model: {family: llama, " + attention + "}", 1, 1},
-                                                              {"model: {family: qwen3_moe, " + attention + ", experts: 4}", 2, 2}}) {
+  for (const auto& [yaml, dp_shard, ep] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"model: {family: llama, " + attention + "}", 1, 1},
+           {"model: {family: qwen3_moe, " + attention + ", experts: 4}", 2, 2}}) {
     const train::TrainConfig c = train::parse_config(yaml, {});
     const auto want = whole_model(c.model, 7);
     ParallelDims dims;
@@ -65,6 +65,30 @@ TEST(ModelParts, APipelineRankDrawsOnlyItsStages) {
         throw std::runtime_error("the rank's parameter bytes are not its stages' alone");
     });
   }
+}
+
+// RecipeOptions::pipeline.layers_per_stage (hp-train's parallel.pp_layers_per_stage): with 1 + 3
+// layers on 2 pipeline ranks, rank 0 holds layer 0 only and rank 1 layers 1 to 3.
+TEST(ModelParts, PipelineStagesTakeTheirConfiguredLayers) {
+  const train::TrainConfig c =
+      train::parse_config("model: {family: llama, vocab: 256, dim: 32, layers: 4, heads: 4, kv_heads: 2}", {});
+  ParallelDims dims;
+  dims.pp = 2;
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    models::RecipeOptions options;
+    options.pipeline.micro_batches = 2;
+    options.pipeline.layers_per_stage = {1, 3};
+    const models::ModelParts parts = c.model->build(build_mesh(world, dims), dims, options);
+    std::set<std::string> layers;
+    for (const auto& [fqn, t] : parts.named_tensors())
+      if (fqn.rfind("layers.", 0) == 0) layers.insert(fqn.substr(0, fqn.find('.', 7)));
+    const std::set<std::string> want = world.rank() == 0 ? std::set<std::string>{"layers.0"}
+                                                         : std::set<std::string>{"layers.1", "layers.2", "layers.3"};
+    if (layers != want) throw std::runtime_error("rank " + std::to_string(world.rank()) + " holds other layers");
+    options.pipeline.layers_per_stage = {1, 1, 2};
+    test::expect_error([&] { c.model->build(build_mesh(world, dims), dims, options); },
+                       "3 layer counts for the 2 stages");
+  });
 }
 
 }  // namespace

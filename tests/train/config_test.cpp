@@ -69,6 +69,17 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4,
           "parallel.pp_schedule 'dualpipe' is unknown");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1, 0]"}, 4,
+          "parallel.pp_layers_per_stage has 3 entries for the 2 pipeline stages of parallel.pp_schedule 1f1b");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 2]"}, 4,
+          "parallel.pp_layers_per_stage adds up to 3 layers, but model.layers is 2");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[0, 2]"}, 4,
+          "parallel.pp_layers_per_stage: every stage needs 1 to 2 layers, got 0");
+  expect_error([] { parse_config(kConfig, {"parallel.pp_layers_per_stage=3"}); },
+               "parallel.pp_layers_per_stage: expected a list of integers");
+  expect_error([] { parse_config(kConfig, {"parallel.pp_layers_per_stage=[1, x]"}); },
+               "parallel.pp_layers_per_stage: expected an integer");
+  validate(parse_config(kConfig, {"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1]"}), 4);
   invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
   invalid({"parallel.reshard_after_forward_to=3"}, 4,
           "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");

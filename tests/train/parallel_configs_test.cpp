@@ -40,6 +40,7 @@ struct Parallel {
   std::string pp_schedule = "1f1b";
   bool tie_embeddings = false;
   int64_t layers = 2;
+  std::vector<int64_t> layers_per_stage = {};  // parallel.pp_layers_per_stage
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -50,6 +51,8 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.pp_schedule = p.pp_schedule;
   c.model.as<models::LlamaConfig>().tie_embeddings = p.tie_embeddings;
   c.model.as<models::LlamaConfig>().layers = p.layers;
+  c.pp_layers_per_stage = p.layers_per_stage;
+  c.run_dir += "_" + std::to_string(p.world) + "_" + std::to_string(p.layers_per_stage.size());
   return rank0_losses(c, p.world);
 }
 
@@ -99,9 +102,12 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   agree_with(run_config({1, {}, false, false, "1 rank, tied", "1f1b", true}, dir),
              {Parallel{2, pp2, false, false, "pp 2 (1F1B), tied", "1f1b", true},
               Parallel{4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2, tied", "1f1b", true}});
-  // ZBV: 4 stages of one layer on 2 ranks, each an FSDP unit whose W splits from its I.
+  // ZBV: 4 stages of one layer on 2 ranks, each an FSDP unit whose W splits from its I. Uneven
+  // stages (parallel.pp_layers_per_stage): 1 + 3 and 3 + 1 layers.
   agree_with(run_config({1, {}, false, false, "1 rank, 4 layers", "1f1b", false, 4}, dir),
-             {Parallel{4, pp2dp2, false, false, "pp 2 (ZBV) x dp_shard 2", "zbv", false, 4}});
+             {Parallel{4, pp2dp2, false, false, "pp 2 (ZBV) x dp_shard 2", "zbv", false, 4},
+              Parallel{2, pp2, false, false, "pp 2 (1F1B), 1 + 3 layers", "1f1b", false, 4, {1, 3}},
+              Parallel{4, pp2dp2, false, false, "pp 2 (GPipe) x dp_shard 2, 3 + 1 layers", "gpipe", false, 4, {3, 1}}});
   fs::remove_all(dir);
 }
 

@@ -31,6 +31,7 @@ struct PipelineOptions {
   std::string schedule = "1f1b";
   int stages_per_rank = 2;  // interleaved only
   int micro_batches = 1;
+  std::vector<int64_t> layers_per_stage;  // each stage's layers, in stage order; empty: equal ranges
 };
 
 // How a recipe applies the parallel dims: TP details, FSDP's options, the pipeline's schedule.

@@ -27,10 +27,11 @@ struct TrainConfig {
   bool sequence_parallel = false;
   bool loss_parallel = false;
   bool reshard_after_forward = true;
-  int64_t reshard_after_forward_to = 0;  // FSDP2's integer form: keep 1/k after forward (0: all ranks)
-  std::string pp_schedule = "1f1b";      // gpipe | 1f1b | interleaved | zbv (pp > 1)
-  int64_t pp_stages_per_rank = 2;        // interleaved only
-  int64_t pp_timeline_step = 0;          // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
+  int64_t reshard_after_forward_to = 0;      // FSDP2's integer form: keep 1/k after forward (0: all ranks)
+  std::string pp_schedule = "1f1b";          // gpipe | 1f1b | interleaved | zbv (pp > 1)
+  int64_t pp_stages_per_rank = 2;            // interleaved only
+  std::vector<int64_t> pp_layers_per_stage;  // layers of each pipeline stage, in stage order; empty: equal
+  int64_t pp_timeline_step = 0;  // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
 
   struct Data {
     std::vector<std::string> sources = {"/usr/share/games/fortunes"};

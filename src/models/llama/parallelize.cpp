@@ -124,7 +124,11 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
   const pp::Schedule schedule = pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp),
                                                      options.pipeline.micro_batches, options.pipeline.stages_per_rank);
-  const auto all = split_llama(model, std::vector<int64_t>(schedule.stages, config.layers / schedule.stages));
+  const std::vector<int64_t>& chosen = options.pipeline.layers_per_stage;
+  HP_CHECK(chosen.empty() || static_cast<int>(chosen.size()) == schedule.stages, "parallelize_llama: ", chosen.size(),
+           " layer counts for the ", schedule.stages, " stages of ", schedule.name);
+  const auto all = split_llama(
+      model, chosen.empty() ? std::vector<int64_t>(schedule.stages, config.layers / schedule.stages) : chosen);
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.
   const int64_t boundary_dim = options.tp.sequence_parallel ? 1 : -1;
