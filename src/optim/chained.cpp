@@ -47,16 +47,25 @@ at::Tensor ChainedOptimizer::step(LossClosure closure) {
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::string>& muon_params,
                                      const std::vector<std::string>& adamw_params, MuonOptions muon_options,
                                      torch::optim::AdamWOptions adamw_options) {
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  for (const auto& item : model.named_parameters()) parameters.emplace_back(item.key(), item.value());
+  return get_hyper_optimizer(parameters, muon_params, adamw_params, std::move(muon_options), std::move(adamw_options));
+}
+
+ChainedOptimizer get_hyper_optimizer(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                     const std::vector<std::string>& muon_params,
+                                     const std::vector<std::string>& adamw_params, MuonOptions muon_options,
+                                     torch::optim::AdamWOptions adamw_options) {
   auto matches_any = [](const std::vector<std::string>& patterns, const std::string& fqn) {
     return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return nn::fqn_matches(p, fqn); });
   };
   std::vector<at::Tensor> muon, adamw;
-  for (const auto& item : model.named_parameters()) {
-    const bool to_muon = matches_any(muon_params, item.key()), to_adamw = matches_any(adamw_params, item.key());
-    HP_CHECK(to_muon != to_adamw, "get_hyper_optimizer: parameter ", item.key(), " matches ",
+  for (const auto& [fqn, p] : parameters) {
+    const bool to_muon = matches_any(muon_params, fqn), to_adamw = matches_any(adamw_params, fqn);
+    HP_CHECK(to_muon != to_adamw, "get_hyper_optimizer: parameter ", fqn, " matches ",
              to_muon ? "both the Muon and the AdamW patterns" : "neither the Muon nor the AdamW patterns",
              "; every parameter needs exactly one optimizer");
-    (to_muon ? muon : adamw).push_back(item.value());
+    (to_muon ? muon : adamw).push_back(p);
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!muon.empty()) groups.emplace_back(muon, std::make_unique<MuonOptions>(muon_options));

@@ -356,7 +356,6 @@ void validate(const TrainConfig& c, int64_t world_size) {
       HP_CHECK(total == c.model->layers(), "parallel.pp_layers_per_stage adds up to ", total,
                " layers, but model.layers is ", c.model->layers());
     }
-    HP_CHECK(c.optimizer.name == "adamw", "optimizer.name muon is not supported with parallel.pp > 1 yet");
   }
   HP_CHECK(c.optimizer.lr > 0, "optimizer.lr must be positive, got ", c.optimizer.lr);
   parse_decay(c.schedule.decay);  // names the valid decays on error

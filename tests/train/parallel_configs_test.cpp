@@ -41,6 +41,7 @@ struct Parallel {
   bool tie_embeddings = false;
   int64_t layers = 2;
   std::vector<int64_t> layers_per_stage = {};  // parallel.pp_layers_per_stage
+  std::string optimizer = "adamw";
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -52,7 +53,8 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.model.as<models::LlamaConfig>().tie_embeddings = p.tie_embeddings;
   c.model.as<models::LlamaConfig>().layers = p.layers;
   c.pp_layers_per_stage = p.layers_per_stage;
-  c.run_dir += "_" + std::to_string(p.world) + "_" + std::to_string(p.layers_per_stage.size());
+  c.optimizer.name = p.optimizer;
+  c.run_dir += "_" + std::to_string(p.world) + "_" + std::to_string(p.layers_per_stage.size()) + p.optimizer;
   return rank0_losses(c, p.world);
 }
 
@@ -108,6 +110,15 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
              {Parallel{4, pp2dp2, false, false, "pp 2 (ZBV) x dp_shard 2", "zbv", false, 4},
               Parallel{2, pp2, false, false, "pp 2 (1F1B), 1 + 3 layers", "1f1b", false, 4, {1, 3}},
               Parallel{4, pp2dp2, false, false, "pp 2 (GPipe) x dp_shard 2, 3 + 1 layers", "gpipe", false, 4, {3, 1}}});
+  // Muon for the hidden matrices (AdamW for the rest): each pipeline rank steps its own stages'.
+  const auto muon = [](Parallel p) {
+    p.optimizer = "muon";
+    p.name += ", Muon";
+    return p;
+  };
+  agree_with(run_config(muon({1, {}, false, false, "1 rank"}), dir),
+             {muon({2, dp2, false, false, "dp_shard 2"}), muon({2, pp2, false, false, "pp 2 (1F1B)"}),
+              muon({4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"})});
   fs::remove_all(dir);
 }
 

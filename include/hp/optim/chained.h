@@ -11,6 +11,7 @@
 #include <torch/optim/adamw.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/nn/module.h"
@@ -30,6 +31,11 @@ class ChainedOptimizer : public torch::optim::Optimizer {
 // has no group). Every parameter must match exactly one side: a parameter matching neither or both
 // is an error naming it.
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, const std::vector<std::string>& muon_params,
+                                     const std::vector<std::string>& adamw_params, MuonOptions muon_options,
+                                     torch::optim::AdamWOptions adamw_options);
+// The same over given parameters by FQN (e.g. a pipeline rank's stages, which hold part of a model).
+ChainedOptimizer get_hyper_optimizer(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                     const std::vector<std::string>& muon_params,
                                      const std::vector<std::string>& adamw_params, MuonOptions muon_options,
                                      torch::optim::AdamWOptions adamw_options);
 
