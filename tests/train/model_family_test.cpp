@@ -1,11 +1,14 @@
 // A model family the library has never seen plugs into the trainer through the registry alone:
 // its model.* keys parse, its checks run, and train() trains it, on one rank and under FSDP with
-// the same losses. The family ("mixer": an MLP-only language model) lives entirely in this file.
+// the same losses. The family ("mixer": an MLP-only language model with GPT-style GELU MLPs) lives
+// entirely in this file.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "hp/models/model_spec.h"
 #include "hp/nn/layers.h"
@@ -33,7 +36,9 @@ class MixerBlock : public nn::Module {
   std::shared_ptr<nn::Linear> up, down;
 
  protected:
-  at::Tensor forward(const at::Tensor& x) override { return x + (*down)(at::silu((*up)((*norm)(x)))); }
+  // GELU allocates scratch memory through ATen's raw_allocate, which once aborted any process that
+  // had a MemoryTracker (hp-train has one, for peak_mem_mb).
+  at::Tensor forward(const at::Tensor& x) override { return x + (*down)(at::gelu((*up)((*norm)(x)))); }
 };
 
 class Mixer : public nn::Module {
@@ -150,6 +155,12 @@ TEST(ModelFamily, TheTrainerTrainsAnOutsideFamilyOnOneRankAndUnderFsdpAlike) {
   ASSERT_EQ(two.size(), 8u);
   EXPECT_LT(one.back(), one.front() - 0.5) << "the loss should fall";
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-4 * std::abs(one[i])) << "step " << i + 1;
+  // peak_mem_mb is measured (the tracker saw the GELU model's allocations).
+  std::ifstream metrics(dir / "run1" / "metrics.jsonl");
+  double peak = 0.0;
+  for (std::string line; std::getline(metrics, line);)
+    if (const auto j = nlohmann::json::parse(line); j.at("kind") == "train") peak = j.at("peak_mem_mb").get<double>();
+  EXPECT_GT(peak, 0.0);
   fs::remove_all(dir);
 }
 
