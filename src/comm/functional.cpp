@@ -10,12 +10,18 @@
 namespace hp::comm::functional {
 namespace {
 
+// Records `backward` (given a contiguous gradient) as the step from `input` to `output`, a
+// collective's result computed without recording.
+at::Tensor record(const char* name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {
+  return record_backward(name, input, std::move(output),
+                         [backward](const at::Tensor& grad) { return backward(grad.contiguous()); });
+}
+
 // Runs `forward` on the detached input (the collective itself is not recorded), then records
 // `backward` as the step from input to output.
 at::Tensor differentiable(const char* name, const at::Tensor& input,
                           const std::function<at::Tensor(const at::Tensor&)>& forward, BackwardFn backward) {
-  return record_backward(name, input, forward(input.detach()),
-                         [backward](const at::Tensor& grad) { return backward(grad.contiguous()); });
+  return record(name, input, forward(input.detach()), std::move(backward));
 }
 
 void check_linear(const char* name, const at::Tensor& input, ReduceOp op) {
@@ -54,19 +60,8 @@ at::Tensor reduce_scatter(const at::Tensor& input, const ProcessGroup& group, Re
       });
 }
 
-namespace {
-// all_to_all's backward: the all_to_all with the splits swapped.
-BackwardFn all_to_all_backward(const ProcessGroup& group, const AllToAllOptions& opts) {
-  return [group, inverse = AllToAllOptions{opts.input_split_sizes, opts.output_split_sizes}](const at::Tensor& g) {
-    return group.all_to_all(g, inverse);
-  };
-}
-}  // namespace
-
 at::Tensor all_to_all(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts) {
-  return differentiable(
-      "AllToAllBackward", input, [&](const at::Tensor& x) { return group.all_to_all(x, opts); },
-      all_to_all_backward(group, opts));
+  return all_to_all_async(input, group, std::move(opts)).wait();
 }
 
 PendingCollective::PendingCollective(Work work, std::function<at::Tensor(at::Tensor)> finish)
@@ -81,9 +76,11 @@ at::Tensor PendingCollective::wait() {
 
 PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts) {
   Work work = group.all_to_all_async(input.detach(), opts);
-  return PendingCollective(std::move(work), [input, backward = all_to_all_backward(group, opts)](at::Tensor output) {
-    return record_backward("AllToAllBackward", input, std::move(output),
-                           [backward](const at::Tensor& g) { return backward(g.contiguous()); });
+  // The backward is the all_to_all with the splits swapped.
+  BackwardFn backward = [group, inverse = AllToAllOptions{opts.input_split_sizes, opts.output_split_sizes}](
+                            const at::Tensor& g) { return group.all_to_all(g, inverse); };
+  return PendingCollective(std::move(work), [input, backward = std::move(backward)](at::Tensor output) {
+    return record("AllToAllBackward", input, std::move(output), backward);
   });
 }
 

@@ -107,13 +107,12 @@ HfName::HfName(std::string name) {
   if (!name.empty()) names.push_back(std::move(name));
 }
 
-HfName HfName::stacked(std::vector<std::string> names) {
-  HP_CHECK(!names.empty() && std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.empty(); }),
-           "hf: a stacked tensor needs a name for each of its pieces");
-  HfName hf;
-  hf.names = std::move(names);
-  hf.stacks = true;
-  return hf;
+HfName::HfName(std::vector<std::string> names_, bool stacks_) : names(std::move(names_)), stacks(stacks_) {
+  const bool named = std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.empty(); });
+  if (stacks)
+    HP_CHECK(!names.empty() && named, "hf: a stacked tensor needs a name for each of its pieces");
+  else
+    HP_CHECK(names.size() == 1 && named, "hf: a tensor that is not stacked has one name, got ", names.size());
 }
 
 void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
@@ -198,6 +197,7 @@ void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf) {
   for (auto& [name, tensor] : state.tensors) {
     const HfName hf = to_hf(name);
     HP_CHECK(!hf.names.empty(), "hf.load: '", name, "' has no Hugging Face name");
+    if (hf.optional && !records.count(hf.names[0])) continue;
     detail::read_tensor(files, record_of(records, hf, name, dir), /*block_bytes=*/0, name, tensor,
                         "the Hugging Face files in " + dir, /*convert_floats=*/true);
   }
@@ -209,12 +209,6 @@ StateDict load_hf_whole(const std::string& dir) {
     state.tensors[name] = at::zeros(record.shape, at::TensorOptions().dtype(detail::scalar_type_of(record.dtype)));
   load_hf(state, dir, [](const std::string& n) { return n; });
   return state;
-}
-
-std::set<std::string> hf_tensor_names(const std::string& dir) {
-  std::set<std::string> names;
-  for (const auto& [name, record] : hf_records(dir)) names.insert(name);
-  return names;
 }
 
 }  // namespace hp::dcp

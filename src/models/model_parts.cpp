@@ -42,6 +42,12 @@ std::vector<at::Tensor> ModelParts::counted_parameters() const { return paramete
 
 std::vector<at::Tensor> ModelParts::copied_parameters() const { return parameters_where(*this, true); }
 
+std::vector<std::pair<std::string, at::Tensor>> ModelParts::named_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor& p) { out.emplace_back(fqn, p); });
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ModelParts::named_tensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& module : modules) {

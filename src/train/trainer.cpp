@@ -50,11 +50,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, co
   if (c.optimizer.name == "adamw") return std::make_unique<AdamW>(params, adamw);
   MuonOptions muon(c.optimizer.muon_lr);
   muon.momentum(c.optimizer.muon_momentum).weight_decay(c.optimizer.weight_decay);
-  std::vector<std::pair<std::string, at::Tensor>> mine;  // this rank's modules' (a pipeline rank: its stages)
-  for (const auto& module : parts.modules)
-    for (const auto& item : module->named_parameters()) mine.emplace_back(item.key(), item.value());
+  // This rank's modules' parameters: a pipeline rank's stages hold part of the model.
   return std::make_unique<ChainedOptimizer>(
-      get_hyper_optimizer(mine, parts.hidden_matrices, parts.other_parameters, muon, adamw));
+      get_hyper_optimizer(parts.named_parameters(), parts.hidden_matrices, parts.other_parameters, muon, adamw));
 }
 
 LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimizer) {

@@ -128,7 +128,7 @@ at::Tensor reference_logits(const HfModel& m, const at::Tensor& ids) {
 dcp::NameMap hf_names_of(const dcp::StateDict& state) {
   return [&state](const std::string& fqn) -> dcp::HfName {
     const models::HfPlace place = models::hf_place(fqn, state.tensors.at(fqn).sizes());
-    return place.stacked ? dcp::HfName::stacked(place.names) : dcp::HfName(place.names[0]);
+    return dcp::HfName(place.names, place.stacked);
   };
 }
 

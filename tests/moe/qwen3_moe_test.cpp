@@ -404,7 +404,7 @@ void export_hf(TrainConfig c, uint64_t seed, const std::string& dir) {
         state, dir, world,
         [&](const std::string& fqn) -> dcp::HfName {
           const models::HfPlace place = models::hf_place(fqn, state.tensors.at(fqn).sizes());
-          return place.stacked ? dcp::HfName::stacked(place.names) : dcp::HfName(place.names[0]);
+          return dcp::HfName(place.names, place.stacked);
         },
         options);
   });

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -27,9 +26,14 @@ struct HfName {
   HfName() = default;
   HfName(std::string name);  // NOLINT(google-explicit-constructor): a map may return a plain name
   HfName(const char* name) : HfName(std::string(name)) {}  // NOLINT(google-explicit-constructor)
-  static HfName stacked(std::vector<std::string> names);
+  // One name, or with `stacks` one per piece of dim 0 (each non-empty).
+  HfName(std::vector<std::string> names, bool stacks);
+  static HfName stacked(std::vector<std::string> names) { return HfName(std::move(names), true); }
   std::vector<std::string> names;
   bool stacks = false;
+  // Our own state that other tools' files lack (a MoE router's expert bias): load_hf leaves the
+  // tensor as it is when the files do not have it.
+  bool optional = false;
 };
 
 // Our tensor name -> where it is in the Hugging Face files.
@@ -48,7 +52,8 @@ struct HfSaveOptions {
 void save_hf(const StateDict& state, const std::string& dir, const comm::ProcessGroup& group, const NameMap& to_hf,
              HfSaveOptions options = {});
 
-// Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it. A
+// Not collective. Fills every tensor of `state`; a tensor the files lack is an error naming it
+// (unless its name is optional: then it is left as it is). A
 // stacked tensor reads, from each of its pieces, only the part in this rank's piece of it (an
 // expert-parallel rank reads only its experts).
 // Floating-point tensors convert to the target's dtype (a bf16 file into an fp32 model: each value
@@ -57,8 +62,5 @@ void load_hf(StateDict& state, const std::string& dir, const NameMap& to_hf);
 
 // Every tensor of the HF files in `dir`, whole, by its HF name (for tools and tests).
 StateDict load_hf_whole(const std::string& dir);
-
-// The names of the tensors in the HF files of `dir` (reads the headers only).
-std::set<std::string> hf_tensor_names(const std::string& dir);
 
 }  // namespace hp::dcp

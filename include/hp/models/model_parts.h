@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/nn/module.h"
@@ -53,6 +54,8 @@ struct ModelParts {
   // parameters() without the copies (each gradient element counted once), and the copies.
   std::vector<at::Tensor> counted_parameters() const;
   std::vector<at::Tensor> copied_parameters() const;
+  // parameters() by FQN (hp::get_hyper_optimizer's patterns name them).
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
   // Every parameter and buffer of `modules` by FQN, copies included (loading fills them too; a
   // save leaves them out).
   std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
