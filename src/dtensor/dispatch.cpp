@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "dtensor/dtensor_impl.h"
+#include "hp/core/dispatch_mode.h"
 #include "hp/core/error.h"
 #include "hp/dtensor/redistribute.h"
 #include "hp/dtensor/sharding_rule.h"
@@ -41,11 +42,6 @@ struct Input {
   at::Tensor local;
   DTensorSpec spec;
 };
-
-std::string op_name(const c10::OperatorHandle& op) {
-  const auto& n = op.schema().operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
 
 std::string describe_inputs(const std::vector<Input>& inputs) {
   std::string out;
@@ -126,6 +122,7 @@ std::optional<std::vector<std::vector<int64_t>>> output_shapes_on_meta(const c10
   });
   try {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    DispatchModeSuspend unseen;  // shape inference, not computation
     op.callBoxed(&stack);
   } catch (const c10::Error& e) {
     failure = std::string(e.what_without_backtrace()).substr(0, 160);
@@ -301,17 +298,9 @@ void ensure_dtensor_kernel_registered() {
     // pieces; the decomposition rounds differently and would cost bitwise equality.
     static auto* library =
         new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);  // lives for the process
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const auto& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto handle = dispatcher.findOp(name);
-      if (!handle || !handle->hasSchema()) continue;
-      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-          !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU))
-        continue;
-      const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    for (const std::string& name : backend_aten_ops()) {
       try {
-        library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
+        library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
       } catch (const c10::Error&) {
         // already has a kernel for our key: nothing to add
       }

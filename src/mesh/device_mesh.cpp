@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "hp/core/error.h"
+#include "hp/core/recompute.h"
 
 namespace hp {
 namespace detail {
@@ -251,8 +252,11 @@ void DeviceMesh::manual_seed(uint64_t seed) const {
 }
 
 std::pair<uint64_t, uint64_t> DeviceMesh::claim_random_stream() const {
-  std::lock_guard<std::mutex> lock(root_->mu);
-  return {root_->rng_seed, root_->rng_next_stream++};
+  // A recomputation (activation checkpointing) gets the first pass's stream again.
+  return replayed<std::pair<uint64_t, uint64_t>>([&] {
+    std::lock_guard<std::mutex> lock(root_->mu);
+    return std::pair<uint64_t, uint64_t>{root_->rng_seed, root_->rng_next_stream++};
+  });
 }
 
 std::string DeviceMesh::str() const {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "hp/core/error.h"
+#include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/random.h"
 
@@ -58,7 +59,9 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
   if (p == 1.0) return x * 0.0;
   if (is_dtensor(x)) return at::dropout(x, p, /*train=*/true);
   at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
-  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, calls_++, RandomFill::kBernoulli, 1.0 - p,
+  // A recomputation (activation checkpointing) draws the first pass's stream again.
+  const uint64_t stream = replayed<uint64_t>([&] { return calls_++; });
+  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, stream, RandomFill::kBernoulli, 1.0 - p,
               0.0);
   return x * keep.to(x.scalar_type()) * (1.0 / (1.0 - p));
 }

@@ -28,6 +28,11 @@ Module::Module(std::string type_name) : torch::nn::Module(std::move(type_name)) 
 
 at::Tensor Module::call(Inputs inputs) {
   check_initialized();
+  if (!call_wrapper_) return call_unwrapped(std::move(inputs));
+  return call_wrapper_(*this, std::move(inputs), [this](Inputs in) { return call_unwrapped(std::move(in)); });
+}
+
+at::Tensor Module::call_unwrapped(Inputs inputs) {
   for (const auto& [id, hook] : pre_hooks_) hook(*this, inputs);
   at::Tensor output = forward_inputs(inputs);
   for (const auto& [id, hook] : post_hooks_) hook(*this, inputs, output);
@@ -51,6 +56,11 @@ HookHandle Module::register_forward_pre_hook(PreHook hook) {
 HookHandle Module::register_forward_hook(PostHook hook) {
   post_hooks_.emplace_back(next_hook_id_, std::move(hook));
   return {next_hook_id_++};
+}
+
+void Module::set_call_wrapper(CallWrapper wrapper) {
+  HP_CHECK(!call_wrapper_, name(), " already has a call wrapper (e.g. it is already checkpointed)");
+  call_wrapper_ = std::move(wrapper);
 }
 
 void Module::remove_hook(HookHandle handle) {

@@ -12,6 +12,7 @@
 #include "hp/core/error.h"
 #include "hp/core/host_sync.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
 
 namespace hp::nn {
@@ -24,9 +25,29 @@ class LocalDispatcher : public TokenDispatcher {
                  const CapacityOverflow& overflow, const std::function<void()>& while_dispatching) override {
     HP_CHECK(overflow.expert < 0, "MoE: ", overflow.str());
     if (while_dispatching) while_dispatching();
-    return experts(rows, to_host_int64s(counts));
+    return experts(rows, replayed<std::vector<int64_t>>([&] { return to_host_int64s(counts); }));
   }
 };
+
+// Whether this forward counts for the balancing statistics: a training forward, once (a checkpointed
+// region's recomputation ran the same forward before).
+bool training_forward() { return at::GradMode::is_enabled() && !recomputing(); }
+
+// The top-k experts of each token by `choice` [tokens, experts] (the scores plus any balancing
+// bias), restricted to the best `limited_groups` groups under group-limited routing.
+at::Tensor choose_experts(at::Tensor choice, const RouterOptions& o) {
+  if (o.limited_groups < o.expert_groups) {
+    const int64_t tokens = choice.size(0);
+    const at::Tensor grouped = choice.view({tokens, o.expert_groups, -1});
+    const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
+    const at::Tensor best = std::get<1>(group_scores.topk(o.limited_groups, -1));
+    const at::Tensor excluded = at::ones({tokens, o.expert_groups}, choice.options().dtype(at::kBool))
+                                    .scatter_(1, best, at::zeros_like(best, at::kBool));
+    choice =
+        grouped.masked_fill(excluded.unsqueeze(-1), -std::numeric_limits<float>::infinity()).view({tokens, o.experts});
+  }
+  return std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
+}
 
 // The piece of a parameter this rank computes with: a DTensor's local piece (differentiably), else
 // the tensor. Under expert parallelism the experts' weights are Shard(0): this rank's experts.
@@ -92,20 +113,11 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   const at::Tensor logits = at::linear(x.to(dtype), gate->param("weight").to(dtype));
   const at::Tensor scores = o.score_func == "softmax" ? at::softmax(logits, -1) : at::sigmoid(logits);
   // Which experts: the scores (plus the balancing bias), within the best groups.
-  at::Tensor choice = scores.detach();
-  if (o.expert_bias) choice = choice + expert_bias;
-  if (o.limited_groups < o.expert_groups) {
-    const int64_t tokens = choice.size(0);
-    const at::Tensor grouped = choice.view({tokens, o.expert_groups, -1});
-    const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
-    const at::Tensor best = std::get<1>(group_scores.topk(o.limited_groups, -1));
-    const at::Tensor excluded = at::ones({tokens, o.expert_groups}, choice.options().dtype(at::kBool))
-                                    .scatter_(1, best, at::zeros_like(best, at::kBool));
-    choice =
-        grouped.masked_fill(excluded.unsqueeze(-1), -std::numeric_limits<float>::infinity()).view({tokens, o.experts});
-  }
   Routing routing;
-  routing.experts = std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
+  // The choice is data-dependent: a recomputation (activation checkpointing) replays the first
+  // pass's instead of choosing again, so that both route alike whatever the rounding.
+  routing.experts = replayed<at::Tensor>(
+      [&] { return choose_experts(o.expert_bias ? scores.detach() + expert_bias : scores.detach(), o); });
   // The gate values: from the unbiased scores, so the bias steers choices but not outputs.
   at::Tensor gates = scores.gather(1, routing.experts);
   if (o.norm_topk_prob) gates = gates / gates.sum(-1, /*keepdim=*/true);
@@ -114,7 +126,7 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   routing.logits = logits;
   routing.scores = scores;
   routing.counts = at::bincount(routing.experts.reshape({-1}), {}, o.experts);
-  if (at::GradMode::is_enabled()) tokens_per_expert.add_(routing.counts);
+  if (training_forward()) tokens_per_expert.add_(routing.counts);
   return routing;
 }
 
@@ -204,7 +216,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
   if (shared) out = out + shared_out;
   // [batch, seq, dim]: batch sequences; otherwise the tokens are one sequence.
   if (const at::Tensor aux = aux_loss(routing_, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
-    if (at::GradMode::is_enabled()) {
+    if (training_forward()) {
       aux_loss_since_balance.add_(aux.detach());
       ++forwards_since_balance;
     }
@@ -287,7 +299,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing,
   dropped_ = 0;
   if (options_.capacity_factor > 0) {
     // A capacity reads the counts before the dispatcher does: a second host sync.
-    std::vector<int64_t> counts = to_host_int64s(routing.counts);
+    std::vector<int64_t> counts = replayed<std::vector<int64_t>>([&] { return to_host_int64s(routing.counts); });
     const double ideal = static_cast<double>(tokens.size(0) * k) / static_cast<double>(counts.size());
     const auto capacity = static_cast<int64_t>(std::ceil(options_.capacity_factor * ideal));
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
@@ -298,7 +310,7 @@ at::Tensor MoE::routed_output(const at::Tensor& tokens, const Routing& routing,
       slot_expert = drop_over_capacity(slot_expert.clone(), routing.gates.detach().reshape({-1}), counts, capacity,
                                        options_.capacity_policy);
       dropped_ = total - std::accumulate(counts.begin(), counts.end(), int64_t{0});
-      if (at::GradMode::is_enabled()) dropped_since_balance += dropped_;
+      if (training_forward()) dropped_since_balance += dropped_;
     }
     count_tensor = at::tensor(counts, routing.counts.options());
   }

@@ -5,6 +5,7 @@
 #include "hp/comm/functional.h"
 #include "hp/core/error.h"
 #include "hp/core/host_sync.h"
+#include "hp/core/recompute.h"
 #include "parallel/layout.h"
 
 namespace hp {
@@ -26,12 +27,16 @@ class AllToAllDispatcher : public nn::TokenDispatcher {
              "ExpertParallel: expert counts of shape ", counts.sizes(), " for a layer of ", experts_, " experts");
     // 1. Who sends how many rows to each of my experts: from[src * local + e]. Each message also
     //    carries the sender's capacity overflow, so that every rank learns of one at once. Built on
-    //    the counts' device: nothing is read on the host before the exchange.
-    const at::Tensor flags =
-        at::tensor({overflow.expert, overflow.rows, overflow.capacity}, counts.options()).expand({ranks, 3});
-    const at::Tensor received = group_.all_to_all(at::cat({counts.view({ranks, local}), flags}, 1).reshape({-1}));
-    // The layer's one host read: this rank's counts and the ones it received, together.
-    const std::vector<int64_t> host = to_host_int64s(at::cat({counts, received}));
+    //    the counts' device: nothing is read on the host before the exchange. A recomputation
+    //    (activation checkpointing) replays the exchange's result instead: every rank recomputes
+    //    the same layers in the same order, so none is left waiting in it.
+    const std::vector<int64_t> host = replayed<std::vector<int64_t>>([&] {
+      const at::Tensor flags =
+          at::tensor({overflow.expert, overflow.rows, overflow.capacity}, counts.options()).expand({ranks, 3});
+      const at::Tensor received = group_.all_to_all(at::cat({counts.view({ranks, local}), flags}, 1).reshape({-1}));
+      // The layer's one host read: this rank's counts and the ones it received, together.
+      return to_host_int64s(at::cat({counts, received}));
+    });
     const int64_t* mine = host.data();
     const int64_t* in = host.data() + experts_;  // [ranks, local + 3]
     for (int64_t src = 0; src < ranks; ++src) {

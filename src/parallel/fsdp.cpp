@@ -26,6 +26,7 @@
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 #include "parallel/layout.h"
@@ -375,7 +376,8 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
       for (const at::Tensor& k : unit->kept) full.push_back(alias_of(k));  // no communication
     } else {
       const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
-      FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
+      // Not from a recomputation in backward: the next forward would take stale parameters.
+      if (!recomputing()) FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
       for (const ManagedParam& p : unit->params) full.push_back(unit->unpack(gathered, p));
       if (unit->post_forward_group) call->block_rows = unit->block_rows(gathered);
       if (unit->keeps_parameters()) {
@@ -537,9 +539,14 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   std::weak_ptr<FsdpUnit> weak = unit;
   // The module's hooks own the unit: it lives exactly as long as the module.
   module.register_forward_pre_hook([unit, current](nn::Module&, nn::Inputs& inputs) {
-    if (detail::unit_depth++ == 0) detail::forward_order.clear();
-    unit->forward_index = static_cast<int64_t>(detail::forward_order.size());
-    detail::forward_order.push_back(unit);
+    // A recomputation (activation checkpointing) runs in backward: the forward order stays the
+    // forward's, for backward prefetching.
+    const bool forward = !recomputing();
+    if (detail::unit_depth++ == 0 && forward) detail::forward_order.clear();
+    if (forward) {
+      unit->forward_index = static_cast<int64_t>(detail::forward_order.size());
+      detail::forward_order.push_back(unit);
+    }
     if (const auto dtype = unit->options.mixed_precision.param_dtype)  // compute in one dtype throughout
       for (at::Tensor& x : inputs)
         if (x.defined() && x.is_floating_point()) x = x.to(*dtype);
@@ -554,7 +561,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     u->put_shards_back();
     if (const auto dtype = u->options.mixed_precision.output_dtype; dtype && output.is_floating_point())
       output = output.to(*dtype);
-    if (!u->options.reshard_after_forward || u->keeps_parameters() || !output.requires_grad()) return;
+    // A recomputation's backward follows at once: the parameters stay gathered for it.
+    if (!u->options.reshard_after_forward || u->keeps_parameters() || !output.requires_grad() || recomputing()) return;
     for (const at::Tensor& t : call->params) detail::release(t);
     call->released = true;
     // Backward reaches this unit once its output's gradient is complete: gather again first.

@@ -105,6 +105,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.on_nonfinite", train.on_nonfinite),
       HP_CONFIG_FIELD("train.mixed_precision_param", train.mixed_precision_param),
       HP_CONFIG_FIELD("train.mixed_precision_reduce", train.mixed_precision_reduce),
+      HP_CONFIG_FIELD("memory.checkpoint", memory.checkpoint),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -309,6 +310,12 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must be divisible by the data-parallel degree dp_replicate x dp_shard (", c.parallel.dp(), ")");
   HP_CHECK(c.per_rank_batch() % c.train.micro_batch == 0, "train.micro_batch (", c.train.micro_batch,
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
+  HP_CHECK(checkpoint_mode_named(c.memory.checkpoint).has_value(), "memory.checkpoint '", c.memory.checkpoint,
+           "' is unknown (available: none, full, selective)");
+  HP_CHECK(c.memory.checkpoint == "none" || c.parallel.pp == 1 || c.pp_schedule != "zbv", "memory.checkpoint ",
+           c.memory.checkpoint,
+           " does not work with parallel.pp_schedule zbv yet (it splits the backward into input and weight passes); "
+           "use another schedule or memory.checkpoint none");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
   HP_CHECK(c.reshard_after_forward_to >= 0 &&
                (c.reshard_after_forward_to == 0 || c.parallel.dp_shard % c.reshard_after_forward_to == 0),

@@ -13,6 +13,7 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches()),
                       c.pp_layers_per_stage};
+  options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
   MixedPrecisionPolicy& mixed = options.fsdp.mixed_precision;
   if (c.train.mixed_precision_param == "bf16") {
     mixed.param_dtype = at::kBFloat16;

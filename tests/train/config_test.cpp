@@ -67,6 +67,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"model.vocab=64"}, 4, "model.vocab (64) is smaller than the byte tokenizer's 256 tokens");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv"}, 4,
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
+  invalid({"memory.checkpoint=some"}, 4, "memory.checkpoint 'some' is unknown (available: none, full, selective)");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4", "memory.checkpoint=full"}, 4,
+          "memory.checkpoint full does not work with parallel.pp_schedule zbv yet");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4,
           "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1, 0]"}, 4,

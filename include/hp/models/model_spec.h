@@ -15,6 +15,7 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/model_parts.h"
 #include "hp/models/registry.h"
+#include "hp/parallel/checkpoint.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/parallel_dims.h"
 
@@ -34,11 +35,13 @@ struct PipelineOptions {
   std::vector<int64_t> layers_per_stage;  // each stage's layers, in stage order; empty: equal ranges
 };
 
-// How a recipe applies the parallel dims: TP details, FSDP's options, the pipeline's schedule.
+// How a recipe applies the parallel dims (TP details, FSDP's options, the pipeline's schedule) and
+// activation checkpointing (of every block; not with schedules that split the backward, zbv).
 struct RecipeOptions {
   TpOptions tp;
   FullyShardOptions fsdp;
   PipelineOptions pipeline;
+  CheckpointMode checkpoint = CheckpointMode::kNone;
 };
 
 // A config field of one of four types, pointing into the spec that owns it.

@@ -2,7 +2,8 @@
 //
 // Three things beyond torch::nn::Module:
 //  - calling a module (`module(x)`) runs forward pre-hooks (which may replace the inputs), forward,
-//    then forward hooks (which may replace the output). Plans redistribute activations there;
+//    then forward hooks (which may replace the output). Plans redistribute activations there. A
+//    plan that must run the whole call again later (activation checkpointing) wraps it instead;
 //  - parameters are reachable by fully-qualified name ("layers.0.attn.q_proj.weight") and
 //    replaceable in place, so a plan can turn them into DTensors. Module code therefore reads its
 //    parameters through param("weight") at each call instead of caching the tensor;
@@ -47,6 +48,10 @@ class Module : public torch::nn::Module {
  public:
   using PreHook = std::function<void(Module& module, Inputs& inputs)>;
   using PostHook = std::function<void(Module& module, const Inputs& inputs, at::Tensor& output)>;
+  // Runs in place of a call: `run(inputs)` performs it (pre-hooks, forward, post-hooks) and may be
+  // kept to run it again later.
+  using Run = std::function<at::Tensor(Inputs inputs)>;
+  using CallWrapper = std::function<at::Tensor(Module& module, Inputs inputs, const Run& run)>;
 
   explicit Module(std::string type_name);
 
@@ -58,6 +63,9 @@ class Module : public torch::nn::Module {
   HookHandle register_forward_pre_hook(PreHook hook);
   HookHandle register_forward_hook(PostHook hook);
   void remove_hook(HookHandle handle);
+  // One wrapper per module; an error if it has one.
+  void set_call_wrapper(CallWrapper wrapper);
+  bool has_call_wrapper() const { return static_cast<bool>(call_wrapper_); }
 
   // This module's own parameter `name` (not a dotted path).
   const at::Tensor& param(const std::string& name) const;
@@ -84,10 +92,12 @@ class Module : public torch::nn::Module {
 
  private:
   void check_initialized() const;
+  at::Tensor call_unwrapped(Inputs inputs);
 
   std::vector<std::pair<int64_t, PreHook>> pre_hooks_;
   std::vector<std::pair<int64_t, PostHook>> post_hooks_;
   std::vector<std::pair<std::string, Init>> inits_;
+  CallWrapper call_wrapper_;
   int64_t next_hook_id_ = 0;
 };
 

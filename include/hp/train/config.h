@@ -57,6 +57,13 @@ struct TrainConfig {
     std::string mixed_precision_reduce = "fp32";
   } train;
 
+  struct Memory {
+    // Activation checkpointing of every block: "none", "full" (keep only each block's input and
+    // recompute the rest in backward) or "selective" (also keep the outputs the default policy
+    // saves: every other matrix product and the attention probabilities); docs/memory.md.
+    std::string checkpoint = "none";
+  } memory;
+
   struct Optimizer {
     std::string name = "adamw";  // "adamw", or "muon" (Muon for block matrices + AdamW for the rest)
     double lr = 1e-3, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;

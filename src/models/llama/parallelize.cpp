@@ -1,5 +1,6 @@
 #include "hp/models/llama/parallelize.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -127,6 +128,14 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   const std::vector<int64_t>& chosen = options.pipeline.layers_per_stage;
   HP_CHECK(chosen.empty() || static_cast<int>(chosen.size()) == schedule.stages, "parallelize_llama: ", chosen.size(),
            " layer counts for the ", schedule.stages, " stages of ", schedule.name);
+  const bool splits_backward = std::any_of(schedule.programs.begin(), schedule.programs.end(), [](const auto& program) {
+    return std::any_of(program.begin(), program.end(),
+                       [](const pp::Action& a) { return a.kind == pp::ActionKind::kBackwardInput; });
+  });
+  HP_CHECK(options.checkpoint == CheckpointMode::kNone || !splits_backward, "parallelize_llama: schedule ",
+           schedule.name,
+           " splits the backward into input and weight passes, which activation checkpointing does not support yet "
+           "(use another schedule or no checkpointing)");
   const auto all = split_llama(
       model, chosen.empty() ? std::vector<int64_t>(schedule.stages, config.layers / schedule.stages) : chosen);
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
@@ -168,6 +177,8 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
                              const RecipeOptions& options, LlamaMlp mlp) {
   HP_CHECK(model != nullptr, "parallelize_llama: no model");
   validate_llama_dims(dims, model->config(), mlp);
+  // Checkpointing wraps each block's whole call, the plans' hooks included: order does not matter.
+  checkpoint_modules(*model, "layers.*", options.checkpoint);
   ModelParts parts;
   parts.model = model;
   parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };

@@ -1,0 +1,369 @@
+#include "hp/parallel/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "hp/core/dispatch_mode.h"
+#include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
+#include "hp/core/recompute.h"
+#include "hp/nn/moe.h"
+
+namespace hp {
+namespace detail {
+
+struct CheckpointRegion {
+  std::string name;
+  CheckpointOptions options;
+  CheckpointStats stats;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::CheckpointRegion;
+
+bool is_matmul(const std::string& name) {
+  const std::string base = name.substr(0, name.find('.'));
+  return base == "aten::mm" || base == "aten::addmm" || base == "aten::bmm" || base == "aten::baddbmm";
+}
+
+// Whether a saved output can stand in for running `op`: its results are fresh tensors (no views,
+// nothing written in place) and it reads no random state.
+bool can_save(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.is_mutable() || schema.returns().empty()) return false;
+  for (const c10::Argument& a : schema.arguments()) {
+    c10::TypePtr type = a.type();
+    if (const auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() == c10::TypeKind::GeneratorType) return false;  // draws random numbers
+  }
+  for (const c10::Argument& r : schema.returns())
+    if (r.alias_info() != nullptr || r.type()->kind() != c10::TypeKind::TensorType) return false;
+  return true;
+}
+
+// The ops a policy saved in one forward of a region, by (op, index among that op's calls).
+struct SavedOp {
+  std::vector<std::vector<int64_t>> input_shapes;  // to check that the recomputation asks the same
+  std::vector<at::Tensor> outputs;                 // aliases sharing the outputs' version counters
+  std::vector<uint32_t> versions;                  // the versions when saved: in-place changes show
+};
+using SavedOps = std::map<std::pair<std::string, int64_t>, SavedOp>;
+
+std::vector<std::vector<int64_t>> tensor_shapes(const c10::IValue* args, size_t n) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < n; ++i)
+    if (args[i].isTensor() && args[i].toTensor().defined()) shapes.push_back(args[i].toTensor().sizes().vec());
+  return shapes;
+}
+
+// Counts each op name's calls, and the matrix products, in one forward of a region.
+class OpIndex {
+ public:
+  CheckpointOp next(const std::string& name) {
+    CheckpointOp op{name, calls_[name]++, -1};
+    if (is_matmul(name)) op.matmul_index = matmuls_++;
+    return op;
+  }
+
+ private:
+  std::map<std::string, int64_t> calls_;
+  int64_t matmuls_ = 0;
+};
+
+// First pass of a selective region: runs every op, keeping the outputs of those the policy saves.
+class SavingMode : public DispatchMode {
+ public:
+  SavingMode(const CheckpointPolicyFn& policy, SavedOps& saved, CheckpointStats& stats)
+      : policy_(policy), saved_(saved), stats_(stats) {}
+
+  void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override {
+    const CheckpointOp call = index_.next(op_name(op));
+    const CheckpointPolicy decision = policy_(call);
+    const bool save =
+        (decision == CheckpointPolicy::kMustSave || decision == CheckpointPolicy::kPreferSave) && can_save(op);
+    const size_t nargs = op.schema().arguments().size();
+    SavedOp entry;
+    if (save) entry.input_shapes = tensor_shapes(stack->data() + stack->size() - nargs, nargs);
+    run_below(op, keys, stack);
+    if (!save) return;
+    const size_t nret = op.schema().returns().size();
+    for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+      const at::Tensor& out = (*stack)[i].toTensor();
+      // An alias without autograd history (autograd records the original after we return), sharing
+      // its version counter so that a later in-place change to the output is detected.
+      at::Tensor alias = out.variable_data();
+      alias.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
+      entry.versions.push_back(out._version());
+      ++stats_.saved_tensors;
+      stats_.saved_bytes += static_cast<int64_t>(out.numel()) * static_cast<int64_t>(out.element_size());
+      entry.outputs.push_back(std::move(alias));
+    }
+    saved_[{call.name, call.index}] = std::move(entry);
+  }
+
+ private:
+  const CheckpointPolicyFn& policy_;
+  SavedOps& saved_;
+  CheckpointStats& stats_;
+  OpIndex index_;
+};
+
+// The recomputation of a selective region: ops the first pass saved return their saved outputs.
+class ReplayMode : public DispatchMode {
+ public:
+  ReplayMode(const std::string& region, const SavedOps& saved, CheckpointStats& stats)
+      : region_(region), saved_(saved), stats_(stats) {}
+
+  void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override {
+    const CheckpointOp call = index_.next(op_name(op));
+    const auto it = saved_.find({call.name, call.index});
+    if (it == saved_.end()) {
+      ++stats_.recomputed_ops;
+      run_below(op, keys, stack);
+      return;
+    }
+    const SavedOp& entry = it->second;
+    const size_t nargs = op.schema().arguments().size();
+    HP_CHECK(tensor_shapes(stack->data() + stack->size() - nargs, nargs) == entry.input_shapes,
+             "selective checkpointing: the recomputation of ", region_, " called ", call.name, " (call ", call.index,
+             ") on inputs of other shapes than its forward did; the region's forward must run the same way both times");
+    for (size_t i = 0; i < entry.outputs.size(); ++i)
+      HP_CHECK(entry.outputs[i]._version() == entry.versions[i], "selective checkpointing: ", region_, ": the output of ",
+               call.name, " (call ", call.index,
+               ") was changed in place after the policy saved it; save another op's output or recompute this one");
+    torch::jit::drop(*stack, nargs);
+    for (const at::Tensor& out : entry.outputs) stack->emplace_back(out.variable_data());
+    ++stats_.replayed_ops;
+  }
+
+ private:
+  const std::string& region_;
+  const SavedOps& saved_;
+  CheckpointStats& stats_;
+  OpIndex index_;
+};
+
+// The CPU generator's state for a scope (torch.random.fork_rng), restored afterwards. Kept as plain
+// bytes, outside the tensor allocator, so that a region's forward holds exactly its activations.
+class CpuGeneratorState {
+ public:
+  using Bytes = std::vector<uint8_t>;
+  static Bytes now() {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    const at::Tensor state = gen.get_state();
+    return Bytes(state.data_ptr<uint8_t>(), state.data_ptr<uint8_t>() + state.numel());
+  }
+  explicit CpuGeneratorState(const Bytes& state) : previous_(now()) { set(state); }
+  ~CpuGeneratorState() { set(previous_); }
+  CpuGeneratorState(const CpuGeneratorState&) = delete;
+  CpuGeneratorState& operator=(const CpuGeneratorState&) = delete;
+
+ private:
+  static void set(Bytes state) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(at::from_blob(state.data(), {static_cast<int64_t>(state.size())}, at::kByte));
+  }
+  Bytes previous_;
+};
+
+// The parameters a region's modules hold when its call starts, each once, and where they sit.
+// Inside a larger FSDP unit these are the unit's gathered tensors, which the unit swaps out after
+// its forward and refills before its backward reaches the region: the recomputation puts them back.
+struct RegionParameters {
+  std::vector<at::Tensor> tensors;                           // distinct, in module order
+  std::vector<std::tuple<nn::Module*, std::string, size_t>> slots;  // (module, name, index in tensors)
+
+  static RegionParameters of(nn::Module& root) {
+    RegionParameters params;
+    std::map<const c10::TensorImpl*, size_t> index;
+    for (auto& [fqn, m] : root.named_modules_fqn())
+      for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+        const at::Tensor& p = item.value();
+        const auto [it, added] = index.emplace(p.unsafeGetTensorImpl(), params.tensors.size());
+        if (added) params.tensors.push_back(p);
+        params.slots.emplace_back(m, item.key(), it->second);
+      }
+    return params;
+  }
+};
+
+// Puts `replacements` (one per RegionParameters tensor) in the modules for a scope, then puts back
+// what was there.
+class InstalledParameters {
+ public:
+  InstalledParameters(const RegionParameters& params, const std::vector<at::Tensor>& replacements) : params_(params) {
+    for (const auto& [module, name, i] : params.slots) {
+      previous_.push_back(module->param(name));
+      module->set_param(name, replacements[i]);
+    }
+  }
+  ~InstalledParameters() {
+    for (size_t k = 0; k < params_.slots.size(); ++k)
+      std::get<0>(params_.slots[k])->set_param(std::get<1>(params_.slots[k]), previous_[k]);
+  }
+  InstalledParameters(const InstalledParameters&) = delete;
+  InstalledParameters& operator=(const InstalledParameters&) = delete;
+
+ private:
+  const RegionParameters& params_;
+  std::vector<at::Tensor> previous_;
+};
+
+// What one call of a region keeps for its recomputation.
+struct Call {
+  explicit Call(const std::string& region) : record(region) {}
+  RecomputeRecord record;
+  SavedOps saved;
+  CpuGeneratorState::Bytes cpu_generator_state;
+  double aux_loss_scale = 1.0;
+  std::vector<at::Tensor> inputs;  // detached
+  std::vector<bool> inputs_require_grad;
+  RegionParameters params;
+};
+
+// `tensors` as leaves of a new graph: same values, same requires_grad.
+std::vector<at::Tensor> fresh_leaves(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& t : tensors)
+    leaves.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+  return leaves;
+}
+nn::Inputs fresh_leaves(const std::vector<at::Tensor>& inputs, const std::vector<bool>& require_grad) {
+  nn::Inputs leaves;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    leaves.push_back(inputs[i].defined() ? inputs[i].detach().requires_grad_(require_grad[i]) : inputs[i]);
+  return leaves;
+}
+
+// Runs the region's call under `pass`, with `mode` seeing its ops when there is one.
+at::Tensor run_pass(const nn::Module::Run& run, nn::Inputs inputs, ForwardPass pass, Call& call, DispatchMode* mode) {
+  ForwardPassScope scope(pass, &call.record);
+  std::optional<DispatchModeGuard> on;
+  if (mode) on.emplace(*mode);
+  return run(std::move(inputs));
+}
+
+// The backward of one call: recompute on fresh leaves (the inputs and the parameters the call
+// started with), backward through the recomputed graph, and hand the leaves' gradients to the
+// node's edges. Parameters that FSDP units inside the region gather themselves get theirs through
+// those units' reduce-scatters, run by this nested backward.
+std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const nn::Module::Run& run, Call& call,
+                                               const std::vector<size_t>& edge_inputs,
+                                               const std::vector<size_t>& edge_params, const at::Tensor& grad) {
+  at::AutoGradMode grad_mode(true);
+  const CpuGeneratorState generator(call.cpu_generator_state);
+  const nn::AuxLossScale aux_scale(call.aux_loss_scale);
+  const nn::Inputs leaves = fresh_leaves(call.inputs, call.inputs_require_grad);
+  const std::vector<at::Tensor> param_leaves = fresh_leaves(call.params.tensors);
+  call.record.rewind();
+  region.stats.recomputed_ops = region.stats.replayed_ops = 0;
+  std::optional<ReplayMode> replay;
+  if (region.options.policy) replay.emplace(region.name, call.saved, region.stats);
+  at::Tensor out;
+  {
+    const InstalledParameters installed(call.params, param_leaves);
+    out = run_pass(run, leaves, ForwardPass::kRecompute, call, replay ? &*replay : nullptr);
+  }
+  call.record.check_all_taken();
+  HP_CHECK(out.requires_grad(), "checkpoint: the recomputation of ", region.name,
+           " gave an output that does not require grad, unlike its forward");
+  torch::autograd::backward({out}, {grad});
+  std::vector<at::Tensor> grads;
+  for (size_t i : edge_inputs) grads.push_back(leaves[i].grad());
+  for (size_t i : edge_params) grads.push_back(param_leaves[i].grad());
+  return grads;
+}
+
+at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn::Module& module, nn::Inputs inputs,
+                             const nn::Module::Run& run) {
+  if (forward_pass() != ForwardPass::kPlain || !at::GradMode::is_enabled()) return run(std::move(inputs));
+  auto call = std::make_shared<Call>(region->name);
+  call->cpu_generator_state = CpuGeneratorState::now();
+  call->aux_loss_scale = nn::AuxLossScale::current();
+  call->params = RegionParameters::of(module);
+  for (const at::Tensor& x : inputs) {
+    call->inputs.push_back(x.defined() ? x.detach() : x);
+    call->inputs_require_grad.push_back(x.defined() && x.requires_grad());
+  }
+  region->stats = {};
+  std::optional<SavingMode> saving;
+  if (region->options.policy) saving.emplace(region->options.policy, call->saved, region->stats);
+  at::Tensor out = run_pass(run, fresh_leaves(call->inputs, call->inputs_require_grad), ForwardPass::kFirst, *call,
+                            saving ? &*saving : nullptr);
+  const bool differentiable = out.requires_grad();
+  at::Tensor result = out.detach();
+  out.reset();  // the first pass's graph, and with it every activation it saved, goes here
+  if (!differentiable) return result;
+
+  // The node's edges: the inputs and the parameters that require grad.
+  std::vector<at::Tensor> edges;
+  std::vector<size_t> edge_inputs, edge_params;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (call->inputs_require_grad[i]) {
+      edges.push_back(inputs[i]);
+      edge_inputs.push_back(i);
+    }
+  for (size_t i = 0; i < call->params.tensors.size(); ++i)
+    if (call->params.tensors[i].requires_grad()) {
+      edges.push_back(call->params.tensors[i]);
+      edge_params.push_back(i);
+    }
+  return record_backward("checkpoint(" + region->name + ")", edges, result,
+                         [region, run, call, edge_inputs, edge_params](const at::Tensor& grad) {
+                           return recompute_and_backward(*region, run, *call, edge_inputs, edge_params, grad);
+                         });
+}
+
+}  // namespace
+
+CheckpointPolicy default_checkpoint_policy(const CheckpointOp& op) {
+  if (op.matmul_index >= 0) return op.matmul_index % 2 == 0 ? CheckpointPolicy::kPreferSave : CheckpointPolicy::kPreferRecompute;
+  if (op.name == "aten::_softmax") return CheckpointPolicy::kPreferSave;
+  return CheckpointPolicy::kPreferRecompute;
+}
+
+const CheckpointStats& CheckpointedModule::stats() const { return region_->stats; }
+
+CheckpointedModule checkpoint(nn::Module& module, CheckpointOptions options) {
+  auto region = std::make_shared<CheckpointRegion>();
+  region->name = module.name();
+  region->options = std::move(options);
+  HP_CHECK(!module.has_call_wrapper(), "checkpoint: ", module.name(),
+           " is already checkpointed (or another plan wraps its calls)");
+  module.set_call_wrapper([region](nn::Module& m, nn::Inputs inputs, const nn::Module::Run& run) {
+    return checkpointed_call(region, m, std::move(inputs), run);
+  });
+  return CheckpointedModule(region);
+}
+
+std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name) {
+  if (name == "none") return CheckpointMode::kNone;
+  if (name == "full") return CheckpointMode::kFull;
+  if (name == "selective") return CheckpointMode::kSelective;
+  return std::nullopt;
+}
+
+std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode) {
+  std::vector<CheckpointedModule> regions;
+  if (mode == CheckpointMode::kNone) return regions;
+  CheckpointOptions options;
+  if (mode == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;
+  for (auto& [fqn, module] : nn::match_modules(root, pattern)) regions.push_back(checkpoint(*module, options));
+  return regions;
+}
+
+}  // namespace hp

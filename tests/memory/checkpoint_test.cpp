@@ -1,0 +1,326 @@
+// Activation checkpointing (hp/parallel/checkpoint.h): what a region keeps after forward, exactly,
+// what its backward recomputes, counted by a dispatch mode, and gradients bitwise equal to the
+// same model without checkpointing, with dropout, tensor parallelism, FSDP and expert parallelism.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "hp/comm/comm_debug_mode.h"
+#include "hp/core/host_sync.h"
+#include "hp/core/op_counter.h"
+#include "hp/models/llama/model.h"
+#include "hp/models/model_spec.h"
+#include "hp/nn/init.h"
+#include "hp/nn/layers.h"
+#include "hp/nn/moe.h"
+#include "hp/parallel/checkpoint.h"
+#include "hp/parallel/parallel_dims.h"
+#include "hp/train/config.h"
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+constexpr int64_t kWidth = 512;
+constexpr int64_t kMatrixBytes = kWidth * kWidth * 4;  // one [512, 512] fp32 activation
+
+std::shared_ptr<nn::Sequential> three_linears(bool dropout = false) {
+  auto model = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 3; ++i) {
+    model->push_back(std::make_shared<nn::Linear>(kWidth, kWidth));
+    if (dropout && i == 0) model->push_back(std::make_shared<nn::Dropout>(0.5));
+  }
+  nn::init_parameters(*model, 11);
+  return model;
+}
+
+struct Measured {
+  int64_t bytes_after_forward = 0;  // allocated by forward and still held
+  OpCounter backward;               // the ops backward ran
+  CheckpointStats stats;
+  at::Tensor loss;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// One forward and backward of `model` on a fixed [512, 512] input (no gradient of its own).
+Measured forward_backward(nn::Module& model, const std::optional<CheckpointedModule>& region = std::nullopt) {
+  const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(3));
+  Measured m;
+  at::Tensor out;
+  {
+    MemoryTracker tracker;
+    out = model(x);
+    m.bytes_after_forward = tracker.current();
+  }
+  m.loss = out.pow(2).mean();
+  {
+    DispatchModeGuard on(m.backward);
+    m.loss.backward();
+  }
+  if (region) m.stats = region->stats();
+  for (const auto& item : model.named_parameters()) m.grads[item.key()] = item.value().grad().clone();
+  return m;
+}
+
+void expect_same_gradients(const Measured& got, const Measured& want, const std::string& what) {
+  check_close(got.loss, want.loss, what + ": loss", /*bitwise=*/true);
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (const auto& [name, grad] : want.grads) check_close(got.grads.at(name), grad, what + ": " + name, true);
+}
+
+// The toy: three 512-wide linears on a 512 x 512 input. Without checkpointing, forward
+// keeps each linear's output: the next linear saves it for its weight gradient, the last is the
+// output (3 matrices). Backward runs 2 products per linear (input and weight gradients) but 1 for the
+// first, whose input needs no gradient: 5 mm; the forward's 3 addmm run again only as recomputed.
+TEST(ActivationCheckpoint, ToyLinearsKeepExactlyWhatTheModeSaysAndRecomputeWhatItDropped) {
+  auto plain_model = three_linears();
+  const Measured plain = forward_backward(*plain_model);
+  EXPECT_EQ(plain.bytes_after_forward, 3 * kMatrixBytes);
+  EXPECT_EQ(plain.backward.count("aten::mm"), 5);
+  EXPECT_EQ(plain.backward.count("aten::addmm"), 0);
+
+  struct Case {
+    std::string name;
+    CheckpointPolicyFn policy;
+    int64_t kept_matrices;  // after forward, the output included
+    int64_t recomputed_products;
+  };
+  const auto save_all_but = [](int64_t recompute) {
+    return [recompute](const CheckpointOp& op) {
+      if (op.matmul_index < 0) return CheckpointPolicy::kMustRecompute;
+      return op.matmul_index == recompute ? CheckpointPolicy::kMustRecompute : CheckpointPolicy::kMustSave;
+    };
+  };
+  const std::vector<Case> cases = {
+      {"full", nullptr, 1, 3},  // the output only; all three products again
+      // Products 0 and 2 saved: the first linear's output and the output itself.
+      {"selective (default policy)", default_checkpoint_policy, 2, 1},
+      {"selective (every product)", save_all_but(-1), 3, 0},
+      {"selective (product 0 forced to recompute)", save_all_but(0), 2, 1},
+  };
+  for (const Case& c : cases) {
+    auto model = three_linears();
+    CheckpointOptions options;
+    options.policy = c.policy;
+    const CheckpointedModule region = checkpoint(*model, options);
+    const Measured m = forward_backward(*model, region);
+    EXPECT_EQ(m.bytes_after_forward, c.kept_matrices * kMatrixBytes) << c.name;
+    EXPECT_EQ(m.backward.count("aten::mm"), 5) << c.name;
+    EXPECT_EQ(m.backward.count("aten::addmm"), c.recomputed_products) << c.name;
+    EXPECT_EQ(m.backward.matmul_flops(), plain.backward.matmul_flops() + c.recomputed_products * 2 * kWidth * kWidth * kWidth)
+        << c.name;
+    if (c.policy) {
+      // The stats count what the policy kept: here every kept matrix (the output is one of them).
+      EXPECT_EQ(m.stats.saved_bytes, c.kept_matrices * kMatrixBytes) << c.name;
+      EXPECT_EQ(m.stats.replayed_ops, 3 - c.recomputed_products) << c.name;
+    }
+    expect_same_gradients(m, plain, c.name);
+  }
+}
+
+// Dropout inside the region: the recomputation draws the same mask (its stream is replayed), so
+// loss and gradients are those of the same model without checkpointing, bitwise.
+TEST(ActivationCheckpoint, DropoutRecomputesTheSameMask) {
+  auto plain_model = three_linears(/*dropout=*/true);
+  const Measured plain = forward_backward(*plain_model);
+  for (const bool selective : {false, true}) {
+    auto model = three_linears(/*dropout=*/true);
+    CheckpointOptions options;
+    if (selective) options.policy = default_checkpoint_policy;
+    checkpoint(*model, options);
+    expect_same_gradients(forward_backward(*model), plain, selective ? "selective" : "full");
+  }
+}
+
+// No leaks: after each of three steps (forward, backward, gradients dropped) a region holds the same
+// bytes as after the first, in every mode.
+TEST(ActivationCheckpoint, StepsHoldTheSameBytesAfterTheFirst) {
+  const at::Tensor x = at::randn({64, kWidth});
+  for (const auto& policy : std::vector<CheckpointPolicyFn>{nullptr, default_checkpoint_policy}) {
+    auto model = three_linears(/*dropout=*/true);
+    CheckpointOptions options;
+    options.policy = policy;
+    checkpoint(*model, options);
+    MemoryTracker tracker;
+    std::vector<int64_t> held;
+    for (int step = 0; step < 3; ++step) {
+      (*model)(x).pow(2).mean().backward();
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      held.push_back(tracker.current());
+    }
+    EXPECT_EQ(held[0], 0) << (policy ? "selective" : "full");
+    EXPECT_EQ(held[2], held[0]) << (policy ? "selective" : "full");
+  }
+}
+
+// Dropout on a DTensor draws from the mesh's distributed RNG: the recomputation gets the first
+// pass's stream back, so the input's gradient (the mask, scaled) is bitwise the plain one.
+TEST(ActivationCheckpoint, DistributedRngStreamsAreReplayed) {
+  run(2, [](const comm::ProcessGroup& g) {
+    at::Tensor grads[2];
+    for (const bool checkpointed : {false, true}) {
+      const DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"x"});  // a new root: stream 0 again
+      auto dropout = std::make_shared<nn::Dropout>(0.5);
+      if (checkpointed) checkpoint(*dropout);
+      const at::Tensor x = distribute_tensor(at::ones({8, 6}), mesh, {Shard(0)}).requires_grad_();
+      ((*dropout)(x) * 3.0).sum().backward();
+      grads[checkpointed] = whole(x.grad());
+    }
+    check_close(grads[1], grads[0], "dropout on a DTensor", /*bitwise=*/true);
+    HP_CHECK(at::equal(grads[0].eq(0).any(), at::ones({}, at::kBool)), "the mask dropped nothing");
+  });
+}
+
+TEST(ActivationCheckpoint, NoGradRunsPlainlyAndAModuleIsCheckpointedOnce) {
+  auto model = three_linears();
+  checkpoint(*model);
+  expect_error([&] { checkpoint(*model); }, "already checkpointed");
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::ones({2, kWidth});
+  EXPECT_FALSE((*model)(x).requires_grad());
+}
+
+// A Llama block (attention with RoPE, SwiGLU MLP, RMSNorms, residuals): full checkpointing keeps
+// exactly its output; selective keeps what its stats say; loss and gradients are bitwise equal.
+TEST(ActivationCheckpoint, LlamaBlockKeepsItsOutputOrWhatThePolicySaved) {
+  models::LlamaConfig config;
+  config.dim = 64, config.heads = 4, config.kv_heads = 2, config.ffn_hidden = 96, config.max_seq = 32;
+  const auto run_block = [&](std::optional<CheckpointMode> mode) {
+    auto block = std::make_shared<models::Block>(config);
+    nn::init_parameters(*block, 5);
+    std::optional<CheckpointedModule> region;
+    if (mode) {
+      CheckpointOptions options;
+      if (*mode == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;
+      region = checkpoint(*block, options);
+    }
+    const at::Tensor x = at::randn({2, 32, 64}, at::make_generator<at::CPUGeneratorImpl>(9)).requires_grad_();
+    Measured m;
+    at::Tensor out;
+    {
+      MemoryTracker tracker;
+      out = (*block)(x);
+      m.bytes_after_forward = tracker.current();
+    }
+    m.loss = out.pow(2).mean();
+    m.loss.backward();
+    if (region) m.stats = region->stats();
+    for (const auto& item : block->named_parameters()) m.grads[item.key()] = item.value().grad().clone();
+    m.grads["input"] = x.grad().clone();
+    return std::make_pair(m, out.numel() * 4);
+  };
+  const auto [plain, output_bytes] = run_block(std::nullopt);
+  const auto [full, unused1] = run_block(CheckpointMode::kFull);
+  const auto [selective, unused2] = run_block(CheckpointMode::kSelective);
+  EXPECT_EQ(full.bytes_after_forward, output_bytes);
+  // Selective keeps its saved outputs besides the block's output (the residual sum, not a saved op).
+  EXPECT_GT(selective.stats.saved_bytes, 0);
+  EXPECT_EQ(selective.bytes_after_forward, output_bytes + selective.stats.saved_bytes);
+  EXPECT_LT(selective.bytes_after_forward, plain.bytes_after_forward);
+  expect_same_gradients(full, plain, "full");
+  expect_same_gradients(selective, plain, "selective");
+}
+
+// One training forward and backward of a recipe-built model on `dims`, checkpointed as `mode` says:
+// the loss, every gradient (whole), the collectives backward ran and its host reads, by rank.
+struct RankRun {
+  at::Tensor loss;
+  std::map<std::string, at::Tensor> grads;
+  std::map<std::string, int64_t> backward_collectives;
+  int64_t backward_host_syncs = 0;
+  int64_t backward_topks = 0;  // routing decisions backward made
+  at::Tensor tokens_per_expert;  // the first MoE layer's router's, after the step
+};
+
+std::vector<RankRun> run_recipe(const std::string& yaml, const ParallelDims& dims, CheckpointMode mode) {
+  const train::TrainConfig c = train::parse_config(yaml, {});
+  std::vector<RankRun> runs(static_cast<size_t>(dims.world_size()));
+  run(static_cast<int>(dims.world_size()), [&](const comm::ProcessGroup& world) {
+    models::RecipeOptions options;
+    options.checkpoint = mode;
+    const models::ModelParts parts = c.model->build(build_mesh(world, dims), dims, options);
+    parts.init_parameters(7);
+    // Each data-parallel rank its own batch; tensor-parallel ranks share theirs.
+    const int64_t dp_rank = world.rank() / dims.tp;
+    const at::Tensor data =
+        at::randint(0, 64, {2, 17}, at::make_generator<at::CPUGeneratorImpl>(100 + dp_rank), at::kLong);
+    RankRun& r = runs[static_cast<size_t>(world.rank())];
+    r.loss = parts.loss((*parts.model)(data.narrow(1, 0, 16)), data.narrow(1, 1, 16));
+    {
+      comm::CommDebugMode comm;
+      HostSyncCount syncs;
+      OpCounter ops;
+      {
+        DispatchModeGuard on(ops);
+        r.loss.backward();
+      }
+      r.backward_topks = ops.count("aten::topk");
+      for (const char* op : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
+        r.backward_collectives[op] = comm.count(op);
+      r.backward_host_syncs = syncs.count();
+    }
+    r.loss = whole(r.loss).detach();
+    for (const auto& [fqn, p] : parts.named_parameters()) r.grads[fqn] = whole(p.grad()).clone();
+    for (const auto& [fqn, m] : nn::match_modules(*parts.model, "layers.0.mlp.router"))
+      r.tokens_per_expert = dynamic_cast<nn::TokenChoiceTopKRouter&>(*m).tokens_per_expert.clone();
+  });
+  return runs;
+}
+
+const std::string kLlama = "model: {family: llama, vocab: 64, dim: 32, layers: 2, heads: 4, kv_heads: 2, max_seq: 16}";
+
+// FSDP (dp_shard 2) and TP (tp 2) on 2 ranks: checkpointed blocks give bitwise the gradients of
+// plain blocks. FSDP: a checkpointed unit gathers once in backward, for the recomputation, and stays
+// gathered for the backward after it: as many all-gathers as without checkpointing. TP: the
+// recomputation repeats each block's two forward all-reduces (attention's and the MLP's row-parallel
+// outputs).
+TEST(ActivationCheckpoint, FsdpAndTensorParallelGradientsAreBitwiseAndCollectivesAsPredicted) {
+  for (const auto& [dp_shard, tp] : {std::pair<int64_t, int64_t>{2, 1}, {1, 2}}) {
+    ParallelDims dims;
+    dims.dp_shard = dp_shard;
+    dims.tp = tp;
+    const std::vector<RankRun> plain = run_recipe(kLlama, dims, CheckpointMode::kNone);
+    for (const CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSelective}) {
+      const std::vector<RankRun> got = run_recipe(kLlama, dims, mode);
+      const std::string what = (tp > 1 ? std::string("tp 2, ") : std::string("dp_shard 2, ")) +
+                               (mode == CheckpointMode::kFull ? "full" : "selective");
+      for (size_t rank = 0; rank < got.size(); ++rank) {
+        check_close(got[rank].loss, plain[rank].loss, what + ": loss", true);
+        for (const auto& [fqn, grad] : plain[rank].grads) check_close(got[rank].grads.at(fqn), grad, what + ": " + fqn, true);
+        std::map<std::string, int64_t> want = plain[rank].backward_collectives;
+        if (tp > 1) want["all_reduce"] += 2 * 2;  // 2 blocks x (attention + MLP)
+        EXPECT_EQ(got[rank].backward_collectives, want) << what << ", rank " << rank;
+      }
+    }
+  }
+}
+
+// Qwen3-MoE with expert parallelism (dp_shard 2, ep 2): the recomputation replays each layer's
+// routing and its exchange of counts (no top-k, no host read, no all_to_all of counts in backward), the
+// balancing counters count the forward once, and gradients are bitwise those without checkpointing.
+TEST(ActivationCheckpoint, MoeRoutingIsReplayedUnderExpertParallelism) {
+  const std::string yaml =
+      "model: {family: qwen3_moe, vocab: 64, dim: 32, layers: 2, heads: 4, kv_heads: 2, max_seq: 16, experts: 4, "
+      "top_k: 2, expert_hidden: 16, load_balance_rate: 0.001, aux_loss_coeff: 0.01}";
+  ParallelDims dims;
+  dims.dp_shard = 2;
+  dims.ep = 2;
+  const std::vector<RankRun> plain = run_recipe(yaml, dims, CheckpointMode::kNone);
+  const std::vector<RankRun> full = run_recipe(yaml, dims, CheckpointMode::kFull);
+  for (size_t rank = 0; rank < full.size(); ++rank) {
+    check_close(full[rank].loss, plain[rank].loss, "moe: loss", true);
+    for (const auto& [fqn, grad] : plain[rank].grads) check_close(full[rank].grads.at(fqn), grad, "moe: " + fqn, true);
+    EXPECT_EQ(full[rank].backward_host_syncs, 0);
+    EXPECT_EQ(full[rank].backward_topks, 0);
+    // Plain backward runs the transposes of the rows' two all_to_alls per layer; the recomputation
+    // adds the forward's two (dispatch and combine), not the counts' exchange.
+    EXPECT_EQ(full[rank].backward_collectives.at("all_to_all"), plain[rank].backward_collectives.at("all_to_all") + 2 * 2);
+    ASSERT_TRUE(full[rank].tokens_per_expert.defined());
+    check_close(full[rank].tokens_per_expert, plain[rank].tokens_per_expert, "moe: tokens per expert", true);
+  }
+}
+
+}  // namespace
+}  // namespace hp::test
