@@ -6,7 +6,12 @@ namespace hp {
 namespace {
 thread_local ForwardPass current_pass = ForwardPass::kPlain;
 thread_local RecomputeRecord* current_record = nullptr;
+thread_local int machinery_depth = 0;
 }  // namespace
+
+NotRegionComputation::NotRegionComputation() { ++machinery_depth; }
+NotRegionComputation::~NotRegionComputation() { --machinery_depth; }
+bool NotRegionComputation::active() { return machinery_depth > 0; }
 
 const std::any& RecomputeRecord::take(const std::type_info& type) {
   HP_CHECK(next_ < values_.size(), "activation checkpointing: the recomputation of ", region_,
@@ -21,7 +26,8 @@ const std::any& RecomputeRecord::take(const std::type_info& type) {
 
 void RecomputeRecord::check_all_taken() const {
   HP_CHECK(next_ == values_.size(), "activation checkpointing: the recomputation of ", region_, " drew ", next_,
-           " values where its forward drew ", values_.size(), "; the region's forward must run the same way both times");
+           " values where its forward drew ", values_.size(),
+           "; the region's forward must run the same way both times");
 }
 
 ForwardPass forward_pass() { return current_pass; }

@@ -17,6 +17,7 @@
 #include "hp/core/lambda_backward.h"
 #include "hp/core/recompute.h"
 #include "hp/nn/moe.h"
+#include "parallel/swap_region.h"
 
 namespace hp {
 namespace detail {
@@ -54,10 +55,14 @@ bool can_save(const c10::OperatorHandle& op) {
 }
 
 // The ops a policy saved in one forward of a region, by (op, index among that op's calls).
+struct SavedOutput {
+  at::Tensor alias;   // kept in place: an alias sharing the output's version counter; else undefined
+  int64_t slot = -1;  // swapped: its slot in the call's SwapRegion
+  int64_t version;    // the version when saved: in-place changes afterwards show
+};
 struct SavedOp {
   std::vector<std::vector<int64_t>> input_shapes;  // to check that the recomputation asks the same
-  std::vector<at::Tensor> outputs;                 // aliases sharing the outputs' version counters
-  std::vector<uint32_t> versions;                  // the versions when saved: in-place changes show
+  std::vector<SavedOutput> outputs;
 };
 using SavedOps = std::map<std::pair<std::string, int64_t>, SavedOp>;
 
@@ -66,6 +71,13 @@ std::vector<std::vector<int64_t>> tensor_shapes(const c10::IValue* args, size_t 
   for (size_t i = 0; i < n; ++i)
     if (args[i].isTensor() && args[i].toTensor().defined()) shapes.push_back(args[i].toTensor().sizes().vec());
   return shapes;
+}
+
+// Whether a saved output is as the op left it: not written in place since (its version), and still
+// backed by its storage (plan machinery such as FSDP's release frees storage in place).
+bool intact(const at::Tensor& saved, int64_t version) {
+  const auto needed = static_cast<size_t>((saved.storage_offset() + saved.numel()) * saved.element_size());
+  return saved._version() == version && saved.storage().nbytes() >= needed;
 }
 
 // Counts each op name's calls, and the matrix products, in one forward of a region.
@@ -82,17 +94,23 @@ class OpIndex {
   int64_t matmuls_ = 0;
 };
 
-// First pass of a selective region: runs every op, keeping the outputs of those the policy saves.
+// First pass of a selective region: runs every op, keeping the outputs of those the policy saves
+// (in place, or in `swap`'s slots when it swaps them).
 class SavingMode : public DispatchMode {
  public:
-  SavingMode(const CheckpointPolicyFn& policy, SavedOps& saved, CheckpointStats& stats)
-      : policy_(policy), saved_(saved), stats_(stats) {}
+  SavingMode(const CheckpointPolicyFn& policy, SavedOps& saved, CheckpointStats& stats, detail::SwapRegion* swap,
+             int64_t swap_min_bytes)
+      : policy_(policy), saved_(saved), stats_(stats), swap_(swap), swap_min_bytes_(swap_min_bytes) {}
 
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override {
+    if (NotRegionComputation::active()) return run_below(op, keys, stack);
     const CheckpointOp call = index_.next(op_name(op));
     const CheckpointPolicy decision = policy_(call);
+    const bool swap = decision == CheckpointPolicy::kMustSwap;
+    HP_CHECK(!swap || swap_ != nullptr, "checkpoint: the policy swaps ", call.name,
+             "'s output, but the region has no SwapManager (CheckpointOptions::swap)");
     const bool save =
-        (decision == CheckpointPolicy::kMustSave || decision == CheckpointPolicy::kPreferSave) && can_save(op);
+        (swap || decision == CheckpointPolicy::kMustSave || decision == CheckpointPolicy::kPreferSave) && can_save(op);
     const size_t nargs = op.schema().arguments().size();
     SavedOp entry;
     if (save) entry.input_shapes = tensor_shapes(stack->data() + stack->size() - nargs, nargs);
@@ -105,10 +123,18 @@ class SavingMode : public DispatchMode {
       // its version counter so that a later in-place change to the output is detected.
       at::Tensor alias = out.variable_data();
       alias.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
-      entry.versions.push_back(out._version());
-      ++stats_.saved_tensors;
-      stats_.saved_bytes += static_cast<int64_t>(out.numel()) * static_cast<int64_t>(out.element_size());
-      entry.outputs.push_back(std::move(alias));
+      const int64_t bytes = static_cast<int64_t>(out.numel()) * static_cast<int64_t>(out.element_size());
+      SavedOutput saved{{}, -1, out._version()};
+      if (swap && bytes >= swap_min_bytes_ && out.is_contiguous()) {
+        saved.slot = static_cast<int64_t>(swap_->add(alias));
+        ++stats_.swapped_tensors;
+        stats_.swapped_bytes += bytes;
+      } else {
+        saved.alias = std::move(alias);
+        ++stats_.saved_tensors;
+        stats_.saved_bytes += bytes;
+      }
+      entry.outputs.push_back(std::move(saved));
     }
     saved_[{call.name, call.index}] = std::move(entry);
   }
@@ -117,16 +143,19 @@ class SavingMode : public DispatchMode {
   const CheckpointPolicyFn& policy_;
   SavedOps& saved_;
   CheckpointStats& stats_;
+  detail::SwapRegion* swap_;
+  int64_t swap_min_bytes_;
   OpIndex index_;
 };
 
 // The recomputation of a selective region: ops the first pass saved return their saved outputs.
 class ReplayMode : public DispatchMode {
  public:
-  ReplayMode(const std::string& region, const SavedOps& saved, CheckpointStats& stats)
-      : region_(region), saved_(saved), stats_(stats) {}
+  ReplayMode(const std::string& region, const SavedOps& saved, CheckpointStats& stats, const detail::SwapRegion* swap)
+      : region_(region), saved_(saved), stats_(stats), swap_(swap) {}
 
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override {
+    if (NotRegionComputation::active()) return run_below(op, keys, stack);
     const CheckpointOp call = index_.next(op_name(op));
     const auto it = saved_.find({call.name, call.index});
     if (it == saved_.end()) {
@@ -139,12 +168,14 @@ class ReplayMode : public DispatchMode {
     HP_CHECK(tensor_shapes(stack->data() + stack->size() - nargs, nargs) == entry.input_shapes,
              "selective checkpointing: the recomputation of ", region_, " called ", call.name, " (call ", call.index,
              ") on inputs of other shapes than its forward did; the region's forward must run the same way both times");
-    for (size_t i = 0; i < entry.outputs.size(); ++i)
-      HP_CHECK(entry.outputs[i]._version() == entry.versions[i], "selective checkpointing: ", region_, ": the output of ",
-               call.name, " (call ", call.index,
-               ") was changed in place after the policy saved it; save another op's output or recompute this one");
+    for (const SavedOutput& out : entry.outputs)
+      HP_CHECK(out.slot >= 0 || intact(out.alias, out.version), "selective checkpointing: ", region_,
+               ": the output of ", call.name, " (call ", call.index,
+               ") was changed or freed in place after its region's forward; save another op's output or recompute "
+               "this one");
     torch::jit::drop(*stack, nargs);
-    for (const at::Tensor& out : entry.outputs) stack->emplace_back(out.variable_data());
+    for (const SavedOutput& out : entry.outputs)
+      stack->emplace_back((out.slot < 0 ? out.alias : swap_->get(static_cast<size_t>(out.slot))).variable_data());
     ++stats_.replayed_ops;
   }
 
@@ -152,6 +183,7 @@ class ReplayMode : public DispatchMode {
   const std::string& region_;
   const SavedOps& saved_;
   CheckpointStats& stats_;
+  const detail::SwapRegion* swap_;
   OpIndex index_;
 };
 
@@ -184,7 +216,7 @@ class CpuGeneratorState {
 // Inside a larger FSDP unit these are the unit's gathered tensors, which the unit swaps out after
 // its forward and refills before its backward reaches the region: the recomputation puts them back.
 struct RegionParameters {
-  std::vector<at::Tensor> tensors;                           // distinct, in module order
+  std::vector<at::Tensor> tensors;                                  // distinct, in module order
   std::vector<std::tuple<nn::Module*, std::string, size_t>> slots;  // (module, name, index in tensors)
 
   static RegionParameters of(nn::Module& root) {
@@ -233,13 +265,19 @@ struct Call {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> inputs_require_grad;
   RegionParameters params;
+  std::shared_ptr<SwapManager> swap;            // the region's tier, or null
+  std::shared_ptr<detail::SwapRegion> swapped;  // this call's outputs in it
+  ~Call() {
+    if (swapped) swap->impl().forget(*swapped);
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
 };
 
 // `tensors` as leaves of a new graph: same values, same requires_grad.
 std::vector<at::Tensor> fresh_leaves(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> leaves;
-  for (const at::Tensor& t : tensors)
-    leaves.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+  for (const at::Tensor& t : tensors) leaves.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
   return leaves;
 }
 nn::Inputs fresh_leaves(const std::vector<at::Tensor>& inputs, const std::vector<bool>& require_grad) {
@@ -271,8 +309,9 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   const std::vector<at::Tensor> param_leaves = fresh_leaves(call.params.tensors);
   call.record.rewind();
   region.stats.recomputed_ops = region.stats.replayed_ops = 0;
+  if (call.swapped) call.swap->impl().before_backward(call.swapped);
   std::optional<ReplayMode> replay;
-  if (region.options.policy) replay.emplace(region.name, call.saved, region.stats);
+  if (region.options.policy) replay.emplace(region.name, call.saved, region.stats, call.swapped.get());
   at::Tensor out;
   {
     const InstalledParameters installed(call.params, param_leaves);
@@ -282,10 +321,46 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   HP_CHECK(out.requires_grad(), "checkpoint: the recomputation of ", region.name,
            " gave an output that does not require grad, unlike its forward");
   torch::autograd::backward({out}, {grad});
+  if (call.swapped) call.swap->impl().after_backward(*call.swapped);
   std::vector<at::Tensor> grads;
   for (size_t i : edge_inputs) grads.push_back(leaves[i].grad());
   for (size_t i : edge_params) grads.push_back(param_leaves[i].grad());
   return grads;
+}
+
+// After the first pass: outputs the region changed after they were saved (an empty_like filled in
+// place) are dropped, their ops recomputed; the swapped outputs leave for the tier (once the next
+// region's forward ends), except those that are also the region's output, which the caller holds.
+void settle_saved(CheckpointRegion& region, Call& call, const at::Tensor& result) {
+  for (auto it = call.saved.begin(); it != call.saved.end();) {
+    bool keep = true;
+    for (const SavedOutput& out : it->second.outputs)
+      keep = keep && intact(out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot)), out.version);
+    if (keep) {
+      ++it;
+      continue;
+    }
+    for (const SavedOutput& out : it->second.outputs) {
+      const at::Tensor& t = out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot));
+      const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+      if (out.slot < 0) {
+        --region.stats.saved_tensors;
+        region.stats.saved_bytes -= bytes;
+      } else {
+        --region.stats.swapped_tensors;
+        region.stats.swapped_bytes -= bytes;
+        call.swapped->drop(static_cast<size_t>(out.slot));
+      }
+    }
+    it = call.saved.erase(it);
+  }
+  if (!call.swapped) return;
+  const auto [pinned, pinned_bytes] = call.swapped->pin_aliases_of(result);
+  region.stats.swapped_tensors -= pinned;
+  region.stats.swapped_bytes -= pinned_bytes;
+  region.stats.saved_tensors += pinned;
+  region.stats.saved_bytes += pinned_bytes;
+  if (!call.swapped->empty()) call.swap->impl().after_forward(call.swapped);
 }
 
 at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn::Module& module, nn::Inputs inputs,
@@ -300,14 +375,18 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
     call->inputs_require_grad.push_back(x.defined() && x.requires_grad());
   }
   region->stats = {};
+  if ((call->swap = region->options.swap)) call->swapped = std::make_shared<detail::SwapRegion>();
   std::optional<SavingMode> saving;
-  if (region->options.policy) saving.emplace(region->options.policy, call->saved, region->stats);
+  if (region->options.policy)
+    saving.emplace(region->options.policy, call->saved, region->stats, call->swapped.get(),
+                   call->swap ? call->swap->options().min_bytes : 0);
   at::Tensor out = run_pass(run, fresh_leaves(call->inputs, call->inputs_require_grad), ForwardPass::kFirst, *call,
                             saving ? &*saving : nullptr);
   const bool differentiable = out.requires_grad();
   at::Tensor result = out.detach();
   out.reset();  // the first pass's graph, and with it every activation it saved, goes here
   if (!differentiable) return result;
+  settle_saved(*region, *call, result);
 
   // The node's edges: the inputs and the parameters that require grad.
   std::vector<at::Tensor> edges;
@@ -330,8 +409,14 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
 
 }  // namespace
 
+CheckpointPolicy default_swap_policy(const CheckpointOp& op) {
+  return op.matmul_index >= 0 || op.name == "aten::_softmax" ? CheckpointPolicy::kMustSwap
+                                                             : CheckpointPolicy::kPreferRecompute;
+}
+
 CheckpointPolicy default_checkpoint_policy(const CheckpointOp& op) {
-  if (op.matmul_index >= 0) return op.matmul_index % 2 == 0 ? CheckpointPolicy::kPreferSave : CheckpointPolicy::kPreferRecompute;
+  if (op.matmul_index >= 0)
+    return op.matmul_index % 2 == 0 ? CheckpointPolicy::kPreferSave : CheckpointPolicy::kPreferRecompute;
   if (op.name == "aten::_softmax") return CheckpointPolicy::kPreferSave;
   return CheckpointPolicy::kPreferRecompute;
 }
@@ -342,6 +427,8 @@ CheckpointedModule checkpoint(nn::Module& module, CheckpointOptions options) {
   auto region = std::make_shared<CheckpointRegion>();
   region->name = module.name();
   region->options = std::move(options);
+  HP_CHECK(!region->options.swap || region->options.policy, "checkpoint: ", module.name(),
+           " has a SwapManager but no policy to choose what it swaps (e.g. hp::default_swap_policy)");
   HP_CHECK(!module.has_call_wrapper(), "checkpoint: ", module.name(),
            " is already checkpointed (or another plan wraps its calls)");
   module.set_call_wrapper([region](nn::Module& m, nn::Inputs inputs, const nn::Module::Run& run) {
@@ -357,11 +444,13 @@ std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name) {
   return std::nullopt;
 }
 
-std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode) {
+std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode,
+                                                   SwapOptions swap) {
   std::vector<CheckpointedModule> regions;
   if (mode == CheckpointMode::kNone) return regions;
   CheckpointOptions options;
   if (mode == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;
+  if (mode == CheckpointMode::kSwap) options = {default_swap_policy, std::make_shared<SwapManager>(swap)};
   for (auto& [fqn, module] : nn::match_modules(root, pattern)) regions.push_back(checkpoint(*module, options));
   return regions;
 }

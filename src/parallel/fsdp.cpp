@@ -550,7 +550,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     if (const auto dtype = unit->options.mixed_precision.param_dtype)  // compute in one dtype throughout
       for (at::Tensor& x : inputs)
         if (x.defined() && x.is_floating_point()) x = x.to(*dtype);
-    *current = detail::gather_for_forward(unit);
+    {
+      const NotRegionComputation machinery;  // differs in a recomputation (no prefetch)
+      *current = detail::gather_for_forward(unit);
+    }
     unit->last_call = *current;
     unit->set_params((*current)->params);
   });
@@ -563,6 +566,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       output = output.to(*dtype);
     // A recomputation's backward follows at once: the parameters stay gathered for it.
     if (!u->options.reshard_after_forward || u->keeps_parameters() || !output.requires_grad() || recomputing()) return;
+    const NotRegionComputation machinery;  // not in a recomputation
     for (const at::Tensor& t : call->params) detail::release(t);
     call->released = true;
     // Backward reaches this unit once its output's gradient is complete: gather again first.

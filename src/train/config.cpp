@@ -106,6 +106,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.mixed_precision_param", train.mixed_precision_param),
       HP_CONFIG_FIELD("train.mixed_precision_reduce", train.mixed_precision_reduce),
       HP_CONFIG_FIELD("memory.checkpoint", memory.checkpoint),
+      HP_CONFIG_FIELD("memory.swap", memory.swap),
+      HP_CONFIG_FIELD("memory.swap_prefetch", memory.swap_prefetch),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -312,10 +314,17 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
   HP_CHECK(checkpoint_mode_named(c.memory.checkpoint).has_value(), "memory.checkpoint '", c.memory.checkpoint,
            "' is unknown (available: none, full, selective)");
-  HP_CHECK(c.memory.checkpoint == "none" || c.parallel.pp == 1 || c.pp_schedule != "zbv", "memory.checkpoint ",
-           c.memory.checkpoint,
+  HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host", "memory.swap '", c.memory.swap,
+           "' is unknown (available: none, host)");
+  HP_CHECK(c.memory.swap == "none" || c.memory.checkpoint == "none", "memory.swap ", c.memory.swap,
+           " and memory.checkpoint ", c.memory.checkpoint, " both say what blocks keep for backward; set one of them");
+  HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");
+  const std::string recomputes =
+      c.memory.swap == "none" ? "memory.checkpoint " + c.memory.checkpoint : "memory.swap " + c.memory.swap;
+  HP_CHECK((c.memory.checkpoint == "none" && c.memory.swap == "none") || c.parallel.pp == 1 || c.pp_schedule != "zbv",
+           recomputes,
            " does not work with parallel.pp_schedule zbv yet (it splits the backward into input and weight passes); "
-           "use another schedule or memory.checkpoint none");
+           "use another schedule, or neither memory.checkpoint nor memory.swap");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
   HP_CHECK(c.reshard_after_forward_to >= 0 &&
                (c.reshard_after_forward_to == 0 || c.parallel.dp_shard % c.reshard_after_forward_to == 0),

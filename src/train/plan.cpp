@@ -28,9 +28,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
             << "model: " << c.model->describe() << ": " << c.model->parameter_count() << " parameters\n"
             << "batch: " << c.train.global_batch << " sequences x " << c.data.seq_len << " tokens, "
             << c.per_rank_batch() << " per data-parallel rank in " << c.micro_batches() << " micro-batch(es)\n";
-  if (c.memory.checkpoint != "none")
-    std::cout << "activations: estimated as without memory.checkpoint " << c.memory.checkpoint
-              << ", which keeps less (an upper bound)\n";
+  if (c.memory.checkpoint != "none" || c.memory.swap != "none")
+    std::cout << "activations: estimated as without memory.checkpoint and memory.swap, which keep less in the "
+                 "compute allocator (an upper bound)\n";
   for (int r = 0; r < world.size(); ++r) {
     const auto row = all.view({world.size(), 3})[r];
     std::cout << "  rank " << r << ": " << static_cast<int64_t>(row[0].item<double>()) << " parameter elements ("

@@ -14,6 +14,10 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches()),
                       c.pp_layers_per_stage};
   options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
+  if (c.memory.swap == "host") {
+    options.checkpoint = CheckpointMode::kSwap;
+    options.swap.prefetch = static_cast<int>(c.memory.swap_prefetch);
+  }
   MixedPrecisionPolicy& mixed = options.fsdp.mixed_precision;
   if (c.train.mixed_precision_param == "bf16") {
     mixed.param_dtype = at::kBFloat16;

@@ -109,7 +109,8 @@ TEST(ActivationCheckpoint, ToyLinearsKeepExactlyWhatTheModeSaysAndRecomputeWhatI
     EXPECT_EQ(m.bytes_after_forward, c.kept_matrices * kMatrixBytes) << c.name;
     EXPECT_EQ(m.backward.count("aten::mm"), 5) << c.name;
     EXPECT_EQ(m.backward.count("aten::addmm"), c.recomputed_products) << c.name;
-    EXPECT_EQ(m.backward.matmul_flops(), plain.backward.matmul_flops() + c.recomputed_products * 2 * kWidth * kWidth * kWidth)
+    EXPECT_EQ(m.backward.matmul_flops(),
+              plain.backward.matmul_flops() + c.recomputed_products * 2 * kWidth * kWidth * kWidth)
         << c.name;
     if (c.policy) {
       // The stats count what the policy kept: here every kept matrix (the output is one of them).
@@ -165,12 +166,52 @@ TEST(ActivationCheckpoint, DistributedRngStreamsAreReplayed) {
       auto dropout = std::make_shared<nn::Dropout>(0.5);
       if (checkpointed) checkpoint(*dropout);
       const at::Tensor x = distribute_tensor(at::ones({8, 6}), mesh, {Shard(0)}).requires_grad_();
-      ((*dropout)(x) * 3.0).sum().backward();
+      ((*dropout)(x)*3.0).sum().backward();
       grads[checkpointed] = whole(x.grad());
     }
     check_close(grads[1], grads[0], "dropout on a DTensor", /*bitwise=*/true);
     HP_CHECK(at::equal(grads[0].eq(0).any(), at::ones({}, at::kBool)), "the mask dropped nothing");
   });
+}
+
+// A module that writes into a product's output in place.
+class AddsInPlace : public nn::Module {
+ public:
+  AddsInPlace() : nn::Module("AddsInPlace") { add_param("weight", {kWidth, kWidth}, nn::Init::normal(0.0, 0.02)); }
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = at::mm(x, param("weight"));
+    y.add_(1.0);  // after a policy saved mm's output
+    return y.relu();
+  }
+};
+
+// Saved outputs must be what the op returned. One the region itself changes in place is dropped and
+// its op recomputed (gradients still bitwise); one the caller changes after the region's forward (the
+// region's output) is an error in backward, never a silent wrong gradient.
+TEST(ActivationCheckpoint, SavedOutputsChangedInPlaceAreRecomputedOrRefused) {
+  const auto save_all = [](const CheckpointOp&) { return CheckpointPolicy::kMustSave; };
+  const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(8));
+  at::Tensor want;
+  for (const bool checkpointed : {false, true}) {
+    AddsInPlace m;
+    nn::init_parameters(m, 3);
+    std::optional<CheckpointedModule> region;
+    if (checkpointed) region = checkpoint(m, {save_all});
+    m(x).pow(2).mean().backward();
+    if (!checkpointed) want = m.param("weight").grad().clone();
+    if (checkpointed) {
+      check_close(m.param("weight").grad(), want, "in-place region", /*bitwise=*/true);
+      EXPECT_EQ(region->stats().replayed_ops, 1);  // relu; mm ran again
+    }
+  }
+  auto linear = std::make_shared<nn::Linear>(kWidth, kWidth);
+  nn::init_parameters(*linear, 3);
+  checkpoint(*linear, {save_all});
+  at::Tensor out = (*linear)(x);
+  out.mul_(2.0);  // the region's output, which the policy saved
+  expect_error([&] { out.sum().backward(); }, "was changed or freed in place after its region's forward");
 }
 
 TEST(ActivationCheckpoint, NoGradRunsPlainlyAndAModuleIsCheckpointedOnce) {
@@ -230,7 +271,7 @@ struct RankRun {
   std::map<std::string, at::Tensor> grads;
   std::map<std::string, int64_t> backward_collectives;
   int64_t backward_host_syncs = 0;
-  int64_t backward_topks = 0;  // routing decisions backward made
+  int64_t backward_topks = 0;    // routing decisions backward made
   at::Tensor tokens_per_expert;  // the first MoE layer's router's, after the step
 };
 
@@ -271,8 +312,8 @@ std::vector<RankRun> run_recipe(const std::string& yaml, const ParallelDims& dim
 
 const std::string kLlama = "model: {family: llama, vocab: 64, dim: 32, layers: 2, heads: 4, kv_heads: 2, max_seq: 16}";
 
-// FSDP (dp_shard 2) and TP (tp 2) on 2 ranks: checkpointed blocks give bitwise the gradients of
-// plain blocks. FSDP: a checkpointed unit gathers once in backward, for the recomputation, and stays
+// FSDP (dp_shard 2) and TP (tp 2) on 2 ranks: checkpointed (or swapped) blocks give bitwise the
+// gradients of plain blocks. FSDP: a checkpointed unit gathers once in backward, for the recomputation, and stays
 // gathered for the backward after it: as many all-gathers as without checkpointing. TP: the
 // recomputation repeats each block's two forward all-reduces (attention's and the MLP's row-parallel
 // outputs).
@@ -282,13 +323,16 @@ TEST(ActivationCheckpoint, FsdpAndTensorParallelGradientsAreBitwiseAndCollective
     dims.dp_shard = dp_shard;
     dims.tp = tp;
     const std::vector<RankRun> plain = run_recipe(kLlama, dims, CheckpointMode::kNone);
-    for (const CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSelective}) {
+    for (const CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSelective, CheckpointMode::kSwap}) {
       const std::vector<RankRun> got = run_recipe(kLlama, dims, mode);
       const std::string what = (tp > 1 ? std::string("tp 2, ") : std::string("dp_shard 2, ")) +
-                               (mode == CheckpointMode::kFull ? "full" : "selective");
+                               (mode == CheckpointMode::kFull   ? "full"
+                                : mode == CheckpointMode::kSwap ? "swap"
+                                                                : "selective");
       for (size_t rank = 0; rank < got.size(); ++rank) {
         check_close(got[rank].loss, plain[rank].loss, what + ": loss", true);
-        for (const auto& [fqn, grad] : plain[rank].grads) check_close(got[rank].grads.at(fqn), grad, what + ": " + fqn, true);
+        for (const auto& [fqn, grad] : plain[rank].grads)
+          check_close(got[rank].grads.at(fqn), grad, what + ": " + fqn, true);
         std::map<std::string, int64_t> want = plain[rank].backward_collectives;
         if (tp > 1) want["all_reduce"] += 2 * 2;  // 2 blocks x (attention + MLP)
         EXPECT_EQ(got[rank].backward_collectives, want) << what << ", rank " << rank;
@@ -297,7 +341,8 @@ TEST(ActivationCheckpoint, FsdpAndTensorParallelGradientsAreBitwiseAndCollective
   }
 }
 
-// Qwen3-MoE with expert parallelism (dp_shard 2, ep 2): the recomputation replays each layer's
+// Qwen3-MoE with expert parallelism (dp_shard 2, ep 2), checkpointed or swapped: the recomputation
+// replays each layer's
 // routing and its exchange of counts (no top-k, no host read, no all_to_all of counts in backward), the
 // balancing counters count the forward once, and gradients are bitwise those without checkpointing.
 TEST(ActivationCheckpoint, MoeRoutingIsReplayedUnderExpertParallelism) {
@@ -308,17 +353,21 @@ TEST(ActivationCheckpoint, MoeRoutingIsReplayedUnderExpertParallelism) {
   dims.dp_shard = 2;
   dims.ep = 2;
   const std::vector<RankRun> plain = run_recipe(yaml, dims, CheckpointMode::kNone);
-  const std::vector<RankRun> full = run_recipe(yaml, dims, CheckpointMode::kFull);
-  for (size_t rank = 0; rank < full.size(); ++rank) {
-    check_close(full[rank].loss, plain[rank].loss, "moe: loss", true);
-    for (const auto& [fqn, grad] : plain[rank].grads) check_close(full[rank].grads.at(fqn), grad, "moe: " + fqn, true);
-    EXPECT_EQ(full[rank].backward_host_syncs, 0);
-    EXPECT_EQ(full[rank].backward_topks, 0);
-    // Plain backward runs the transposes of the rows' two all_to_alls per layer; the recomputation
-    // adds the forward's two (dispatch and combine), not the counts' exchange.
-    EXPECT_EQ(full[rank].backward_collectives.at("all_to_all"), plain[rank].backward_collectives.at("all_to_all") + 2 * 2);
-    ASSERT_TRUE(full[rank].tokens_per_expert.defined());
-    check_close(full[rank].tokens_per_expert, plain[rank].tokens_per_expert, "moe: tokens per expert", true);
+  for (const CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSwap}) {
+    const std::vector<RankRun> full = run_recipe(yaml, dims, mode);
+    for (size_t rank = 0; rank < full.size(); ++rank) {
+      check_close(full[rank].loss, plain[rank].loss, "moe: loss", true);
+      for (const auto& [fqn, grad] : plain[rank].grads)
+        check_close(full[rank].grads.at(fqn), grad, "moe: " + fqn, true);
+      EXPECT_EQ(full[rank].backward_host_syncs, 0);
+      EXPECT_EQ(full[rank].backward_topks, 0);
+      // Plain backward runs the transposes of the rows' two all_to_alls per layer; the recomputation
+      // adds the forward's two (dispatch and combine), not the counts' exchange.
+      EXPECT_EQ(full[rank].backward_collectives.at("all_to_all"),
+                plain[rank].backward_collectives.at("all_to_all") + 2 * 2);
+      ASSERT_TRUE(full[rank].tokens_per_expert.defined());
+      check_close(full[rank].tokens_per_expert, plain[rank].tokens_per_expert, "moe: tokens per expert", true);
+    }
   }
 }
 

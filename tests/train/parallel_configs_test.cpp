@@ -122,8 +122,9 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
-// memory.checkpoint: recomputing the blocks changes no bit of the run, on one rank, under FSDP x
-// TP and through a 1F1B pipeline (20 steps, the same seed).
+// memory.checkpoint and memory.swap: recomputing the blocks, or rebuilding them from the host
+// tier, changes no bit of the run, on one rank, under FSDP x TP and through a 1F1B pipeline (20
+// steps, the same seed).
 TEST(Trainer, ActivationCheckpointingChangesNoLoss) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_checkpointing_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -143,6 +144,10 @@ TEST(Trainer, ActivationCheckpointingChangesNoLoss) {
       c.memory.checkpoint = mode;
       EXPECT_EQ(rank0_losses(c, p.world), plain) << p.name << ", memory.checkpoint " << mode;
     }
+    c.memory.checkpoint = "none";
+    c.memory.swap = "host";
+    EXPECT_EQ(rank0_losses(c, p.world), plain) << p.name << ", memory.swap host";
+    c.memory.swap = "none";
   }
   fs::remove_all(dir);
 }

@@ -23,9 +23,9 @@
 namespace hp {
 
 enum class ForwardPass {
-  kPlain,         // not in a checkpointed region
-  kFirst,         // a checkpointed region's first pass
-  kRecompute,     // its recomputation in backward
+  kPlain,      // not in a checkpointed region
+  kFirst,      // a checkpointed region's first pass
+  kRecompute,  // its recomputation in backward
 };
 
 // The values one region's first pass drew, in order.
@@ -66,6 +66,19 @@ class ForwardPassScope {
   RecomputeRecord* record_;
 };
 
+// Marks the ops run in its scope as machinery around a region's computation, not part of it: code
+// that runs differently in a first pass and a recomputation (FSDP's gathers and releases, the draws
+// that `replayed` skips when recomputing). Selective checkpointing neither counts nor saves them, so
+// that the ops it does index line up in both passes; other dispatch modes still see them.
+class NotRegionComputation {
+ public:
+  NotRegionComputation();
+  ~NotRegionComputation();
+  NotRegionComputation(const NotRegionComputation&) = delete;
+  NotRegionComputation& operator=(const NotRegionComputation&) = delete;
+  static bool active();  // on this thread
+};
+
 // draw() outside checkpointed regions; in a first pass, draw() recorded; in a recomputation, what
 // the first pass recorded at this point (draw is not called).
 template <typename T, typename Draw>
@@ -73,6 +86,7 @@ T replayed(Draw&& draw) {
   RecomputeRecord* record = recompute_record();
   if (record == nullptr) return draw();
   if (forward_pass() == ForwardPass::kRecompute) return std::any_cast<T>(record->take(typeid(T)));
+  const NotRegionComputation skipped_when_recomputing;
   T value = draw();
   record->put(value);
   return value;

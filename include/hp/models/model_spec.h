@@ -42,6 +42,7 @@ struct RecipeOptions {
   FullyShardOptions fsdp;
   PipelineOptions pipeline;
   CheckpointMode checkpoint = CheckpointMode::kNone;
+  SwapOptions swap;  // with checkpoint kSwap
 };
 
 // A config field of one of four types, pointing into the spec that owns it.

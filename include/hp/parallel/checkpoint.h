@@ -39,13 +39,20 @@
 #include <vector>
 
 #include "hp/nn/module.h"
+#include "hp/parallel/activation_swap.h"
 
 namespace hp {
 
 // What a selective policy decides for one op of a region's forward. The Prefer forms behave as the
 // Must forms (there is no compiler here to overrule them); they mark decisions an automatic
 // strategy may change.
-enum class CheckpointPolicy { kMustSave, kPreferSave, kMustRecompute, kPreferRecompute };
+enum class CheckpointPolicy {
+  kMustSave,
+  kPreferSave,
+  kMustRecompute,
+  kPreferRecompute,
+  kMustSwap,  // kept in CheckpointOptions::swap's tier between forward and backward
+};
 
 // One op of a checkpointed region's forward as a selective policy sees it: ATen ops below autograd
 // and below DTensor (the ops on local pieces), in the order the forward runs them.
@@ -65,19 +72,29 @@ using CheckpointPolicyFn = std::function<CheckpointPolicy(const CheckpointOp& op
 // activations and their time a small part of it.
 CheckpointPolicy default_checkpoint_policy(const CheckpointOp& op);
 
+// Swaps the outputs of every matrix product and the attention probabilities (activation swap,
+// hp/parallel/activation_swap.h) and recomputes the rest: backward recomputes no product, only the
+// cheap ops between them, whose outputs are most of a block's bytes (see default_checkpoint_policy).
+CheckpointPolicy default_swap_policy(const CheckpointOp& op);
+
 struct CheckpointOptions {
   // Empty: full checkpointing (nothing inside the region is kept). Set: selective; asked once per
-  // op of each forward. Only ops whose outputs are fresh tensors can be saved (not views, in-place or
-  // out= ops): a save decision for another op is taken as recompute.
+  // op of each forward. Only ops whose outputs are fresh tensors can be saved or swapped (not views,
+  // in-place or out= ops, not ops that draw random numbers): a save or swap decision for another op
+  // is taken as recompute.
   CheckpointPolicyFn policy;
+  // Where kMustSwap outputs go (needs a policy); regions may share one manager. Null: none.
+  std::shared_ptr<SwapManager> swap;
 };
 
 // A checkpointed region's counts: of its last forward (what it kept) and last recomputation.
 struct CheckpointStats {
-  int64_t saved_tensors = 0;   // op outputs a policy kept
-  int64_t saved_bytes = 0;     // their bytes
-  int64_t recomputed_ops = 0;  // ops the recomputation ran again
-  int64_t replayed_ops = 0;    // ops whose saved outputs it used instead
+  int64_t saved_tensors = 0;    // op outputs a policy kept in place
+  int64_t saved_bytes = 0;      // their bytes
+  int64_t swapped_tensors = 0;  // op outputs a policy sent to the swap tier
+  int64_t swapped_bytes = 0;    // their bytes
+  int64_t recomputed_ops = 0;   // ops the recomputation ran again
+  int64_t replayed_ops = 0;     // ops whose saved outputs it used instead
 };
 
 namespace detail {
@@ -97,15 +114,18 @@ class CheckpointedModule {
 // module that already is.
 CheckpointedModule checkpoint(nn::Module& module, CheckpointOptions options = {});
 
-// How a model recipe checkpoints its blocks (hp-train's memory.checkpoint).
+// How a model recipe checkpoints its blocks (hp-train's memory.checkpoint and memory.swap).
 enum class CheckpointMode {
   kNone,
   kFull,       // checkpoint(block)
   kSelective,  // checkpoint(block, {default_checkpoint_policy})
+  kSwap,       // checkpoint(block, {default_swap_policy, manager}), one manager for all blocks
 };
-// The mode named "none", "full" or "selective"; nullopt for any other name.
+// The mode named "none", "full" or "selective" (memory.checkpoint's values); nullopt for any other.
 std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name);
-// Checkpoints every module of `root` matching `pattern` (hp::nn::match_modules) as `mode` says.
-std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode);
+// Checkpoints every module of `root` matching `pattern` (hp::nn::match_modules) as `mode` says;
+// kSwap's manager takes `swap`.
+std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode,
+                                                   SwapOptions swap = {});
 
 }  // namespace hp

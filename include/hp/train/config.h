@@ -62,6 +62,11 @@ struct TrainConfig {
     // recompute the rest in backward) or "selective" (also keep the outputs the default policy
     // saves: every other matrix product and the attention probabilities); docs/memory.md.
     std::string checkpoint = "none";
+    // Activation swap of every block: "none", or "host" (each block's activations wait for its
+    // backward in a host pool outside the compute allocator, reloaded swap_prefetch blocks ahead).
+    // Not with checkpoint (swap takes its place).
+    std::string swap = "none";
+    int64_t swap_prefetch = 1;
   } memory;
 
   struct Optimizer {

@@ -178,7 +178,7 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
   HP_CHECK(model != nullptr, "parallelize_llama: no model");
   validate_llama_dims(dims, model->config(), mlp);
   // Checkpointing wraps each block's whole call, the plans' hooks included: order does not matter.
-  checkpoint_modules(*model, "layers.*", options.checkpoint);
+  checkpoint_modules(*model, "layers.*", options.checkpoint, options.swap);
   ModelParts parts;
   parts.model = model;
   parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };

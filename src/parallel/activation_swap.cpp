@@ -1,0 +1,250 @@
+#include "hp/parallel/activation_swap.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "hp/core/error.h"
+#include "parallel/swap_region.h"
+
+namespace hp {
+namespace detail {
+
+HostPool::Buffer HostPool::acquire(const Key& key, int64_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ += size;
+  if (auto it = free_.find(key); it != free_.end()) {
+    Buffer buffer = std::move(it->second);
+    free_.erase(it);
+    return buffer;
+  }
+  held_ += size;
+  return Buffer{key, std::make_unique<uint8_t[]>(static_cast<size_t>(size)), size};
+}
+
+void HostPool::release(Buffer buffer) {
+  if (!buffer.bytes) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= buffer.size;
+  Key key = buffer.key;
+  free_.emplace(std::move(key), std::move(buffer));
+}
+
+int64_t HostPool::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+int64_t HostPool::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+size_t SwapRegion::add(const at::Tensor& output) {
+  Slot slot;
+  slot.tensor = output;
+  slot.shape = output.sizes().vec();
+  slot.dtype = output.scalar_type();
+  slot.bytes = static_cast<int64_t>(output.numel()) * static_cast<int64_t>(output.element_size());
+  slots_.push_back(std::move(slot));
+  return slots_.size() - 1;
+}
+
+std::pair<int64_t, int64_t> SwapRegion::pin_aliases_of(const at::Tensor& t) {
+  int64_t count = 0, bytes = 0;
+  for (Slot& slot : slots_)
+    if (slot.tensor.defined() && slot.tensor.is_alias_of(t)) {
+      slot.pinned = true;
+      ++count;
+      bytes += slot.bytes;
+    }
+  return {count, bytes};
+}
+
+void SwapRegion::drop(size_t slot) {
+  slots_.at(slot).tensor = at::Tensor();
+  slots_.at(slot).pinned = true;
+}
+
+at::Tensor SwapRegion::get(size_t slot) const {
+  const Slot& s = slots_.at(slot);
+  HP_CHECK(s.state == State::kResident || s.state == State::kReloaded,
+           "activation swap: a swapped tensor was asked for before its reload");
+  return s.tensor;
+}
+
+}  // namespace detail
+
+using detail::SwapRegion;
+using State = SwapRegion::State;
+
+SwapManager::Impl::Impl(SwapOptions o) : options(o) {
+  HP_CHECK(options.prefetch >= 0, "SwapManager: prefetch must be >= 0, got ", options.prefetch);
+  HP_CHECK(options.min_bytes >= 0, "SwapManager: min_bytes must be >= 0, got ", options.min_bytes);
+  if (!options.inline_copies) copier_ = std::thread([this] { copy_loop(); });
+}
+
+SwapManager::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (copier_.joinable()) copier_.join();
+}
+
+void SwapManager::Impl::copy_loop() {
+  for (;;) {
+    std::function<void()> copy;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return stopping_ || !copies_.empty(); });
+      if (copies_.empty()) return;  // stopping, nothing left
+      copy = std::move(copies_.front());
+      copies_.pop_front();
+    }
+    copy();
+  }
+}
+
+void SwapManager::Impl::run_copy(std::function<void()> copy) {
+  if (options.inline_copies) {
+    copy();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copies_.push_back(std::move(copy));
+  }
+  changed_.notify_all();
+}
+
+void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
+  std::vector<std::function<void()>> copies;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < region->slots_.size(); ++i) {
+      SwapRegion::Slot& slot = region->slots_[i];
+      if (slot.state != State::kResident || slot.pinned) continue;
+      slot.state = State::kCopyingOut;
+      slot.host = pool_.acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
+      copies.push_back([this, region, i] {
+        SwapRegion::Slot& s = region->slots_[i];
+        std::memcpy(s.host.bytes.get(), s.tensor.data_ptr(), static_cast<size_t>(s.bytes));
+        std::lock_guard<std::mutex> lock(mu_);
+        s.tensor = at::Tensor();  // the compute allocator's memory goes back now
+        s.state = State::kSwapped;
+        ++counts_.swapped_tensors;
+        counts_.swapped_bytes += s.bytes;
+        changed_.notify_all();
+      });
+    }
+  }
+  for (auto& copy : copies) run_copy(std::move(copy));
+}
+
+bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) {
+  std::vector<std::function<void()>> copies;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (size_t i = 0; i < region->slots_.size(); ++i) {
+      SwapRegion::Slot& slot = region->slots_[i];
+      changed_.wait(lock, [&] { return slot.state != State::kCopyingOut; });
+      if (slot.state != State::kSwapped) continue;
+      slot.state = State::kCopyingIn;
+      // Allocated here, on the thread that runs the region: its compute memory is counted there.
+      slot.tensor = at::empty(slot.shape, at::TensorOptions().dtype(slot.dtype));
+      copies.push_back([this, region, i] {
+        SwapRegion::Slot& s = region->slots_[i];
+        std::memcpy(s.tensor.data_ptr(), s.host.bytes.get(), static_cast<size_t>(s.bytes));
+        std::lock_guard<std::mutex> lock(mu_);
+        pool_.release(std::move(s.host));
+        s.host = {};
+        s.state = State::kReloaded;
+        counts_.reloaded_bytes += s.bytes;
+        changed_.notify_all();
+      });
+    }
+  }
+  for (auto& copy : copies) run_copy(std::move(copy));
+  return !copies.empty();
+}
+
+void SwapManager::Impl::after_forward(const std::shared_ptr<SwapRegion>& region) {
+  std::shared_ptr<SwapRegion> leaving;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leaving = pending_.lock();
+    pending_ = region;
+    order_.push_back(region);
+  }
+  if (leaving) copy_out(leaving);
+}
+
+void SwapManager::Impl::before_backward(const std::shared_ptr<SwapRegion>& region) {
+  std::vector<std::shared_ptr<SwapRegion>> next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.lock() == region) pending_.reset();  // never left: its backward comes first
+    auto it = std::find_if(order_.begin(), order_.end(), [&](const auto& r) { return r.lock() == region; });
+    if (it == order_.end()) it = order_.begin();  // not swapped: nothing to prefetch for
+    // The regions whose backward comes next: those before it in forward order, nearest first.
+    for (auto back = it; back != order_.begin() && static_cast<int>(next.size()) < options.prefetch;) {
+      --back;
+      if (auto r = back->lock()) next.push_back(std::move(r));
+    }
+  }
+  if (start_reload(region)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_.reload_waits;
+  }
+  for (const auto& r : next) start_reload(r);
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] {
+    return std::all_of(region->slots_.begin(), region->slots_.end(), [](const SwapRegion::Slot& s) {
+      return s.state == State::kResident || s.state == State::kReloaded;
+    });
+  });
+}
+
+void SwapManager::Impl::after_backward(SwapRegion& region) { forget(region); }
+
+void SwapManager::Impl::forget(SwapRegion& region) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Copies in flight write into the region's buffers: let them finish.
+  changed_.wait(lock, [&] {
+    return std::none_of(region.slots_.begin(), region.slots_.end(), [](const SwapRegion::Slot& s) {
+      return s.state == State::kCopyingOut || s.state == State::kCopyingIn;
+    });
+  });
+  for (SwapRegion::Slot& slot : region.slots_) {
+    slot.tensor = at::Tensor();
+    pool_.release(std::move(slot.host));
+    slot.host = {};
+    slot.state = State::kResident;
+  }
+  region.slots_.clear();
+  if (pending_.lock().get() == &region) pending_.reset();
+  order_.erase(std::remove_if(order_.begin(), order_.end(),
+                              [&](const auto& r) {
+                                const auto alive = r.lock();
+                                return !alive || alive.get() == &region;
+                              }),
+               order_.end());
+}
+
+SwapStats SwapManager::Impl::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SwapStats s = counts_;
+  s.pool_in_use = pool_.in_use();
+  s.pool_held = pool_.held();
+  return s;
+}
+
+SwapManager::SwapManager(SwapOptions options) : impl_(std::make_unique<Impl>(options)) {}
+SwapManager::~SwapManager() = default;
+const SwapOptions& SwapManager::options() const { return impl_->options; }
+SwapStats SwapManager::stats() const { return impl_->stats(); }
+
+}  // namespace hp

@@ -1,0 +1,110 @@
+// SwapManager's working parts, for hp::checkpoint: one region's swapped outputs, the host pool and
+// the copy engine.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "hp/parallel/activation_swap.h"
+
+namespace hp::detail {
+
+// Host buffers outside the compute allocator, reused by (shape, dtype).
+class HostPool {
+ public:
+  using Key = std::pair<std::vector<int64_t>, int>;  // shape, dtype
+  struct Buffer {
+    Key key;
+    std::unique_ptr<uint8_t[]> bytes;
+    int64_t size = 0;
+  };
+  Buffer acquire(const Key& key, int64_t size);
+  void release(Buffer buffer);
+  int64_t in_use() const;
+  int64_t held() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::multimap<Key, Buffer> free_;
+  int64_t in_use_ = 0, held_ = 0;
+};
+
+// One call's outputs that a policy swapped, in the order the first pass made them.
+class SwapRegion {
+ public:
+  enum class State { kResident, kCopyingOut, kSwapped, kCopyingIn, kReloaded };
+  struct Slot {
+    at::Tensor tensor;  // in the compute allocator: until copied out, and again once reloaded
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+    int64_t bytes = 0;
+    HostPool::Buffer host;
+    State state = State::kResident;
+    bool pinned = false;  // stays in place (it is also the region's output)
+  };
+  // Keeps `output` (contiguous, >= min_bytes) for the region's backward; returns its slot.
+  size_t add(const at::Tensor& output);
+  // The slot's tensor in the compute allocator, once SwapManager::Impl::before_backward returned.
+  at::Tensor get(size_t slot) const;
+  bool empty() const { return slots_.empty(); }
+  // Keeps the slots sharing storage with `t` in place; returns how many, and their bytes.
+  std::pair<int64_t, int64_t> pin_aliases_of(const at::Tensor& t);
+  // Lets go of a slot's tensor: it will not be asked for.
+  void drop(size_t slot);
+
+ private:
+  friend struct hp::SwapManager::Impl;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace hp::detail
+
+namespace hp {
+
+struct SwapManager::Impl {
+  explicit Impl(SwapOptions o);
+  ~Impl();
+
+  // The first pass of `region` ended: the region before it may now leave (see activation_swap.h).
+  void after_forward(const std::shared_ptr<detail::SwapRegion>& region);
+  // Backward reached `region`: its tensors must be back when this returns; reloads of the regions
+  // whose backward comes next start.
+  void before_backward(const std::shared_ptr<detail::SwapRegion>& region);
+  // Its backward is done: its buffers go back to the pool.
+  void after_backward(detail::SwapRegion& region);
+  // The region is gone (its graph freed, with or without backward).
+  void forget(detail::SwapRegion& region);
+
+  SwapOptions options;
+  SwapStats stats() const;
+
+ private:
+  void copy_out(const std::shared_ptr<detail::SwapRegion>& region);
+  // Starts the region's reloads; whether any had not started before.
+  bool start_reload(const std::shared_ptr<detail::SwapRegion>& region);
+  void run_copy(std::function<void()> copy);
+  void copy_loop();
+
+  mutable std::mutex mu_;  // slot states, the order, the counters
+  std::condition_variable changed_;
+  detail::HostPool pool_;
+  // Regions with swapped outputs, in forward order; `pending_`'s outputs have not left yet.
+  std::vector<std::weak_ptr<detail::SwapRegion>> order_;
+  std::weak_ptr<detail::SwapRegion> pending_;
+  SwapStats counts_;
+  // The copy engine.
+  std::deque<std::function<void()>> copies_;
+  bool stopping_ = false;
+  std::thread copier_;
+};
+
+}  // namespace hp

@@ -1,0 +1,120 @@
+// Activation swap (hp/parallel/activation_swap.h): what leaves the compute allocator is exactly
+// what the tier received, the host pool empties after backward, prefetching reloads ahead of need
+// (counted with the deterministic copy engine), and gradients are bitwise those without swapping.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "hp/core/op_counter.h"
+#include "hp/nn/init.h"
+#include "hp/nn/layers.h"
+#include "hp/parallel/activation_swap.h"
+#include "hp/parallel/checkpoint.h"
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+constexpr int64_t kWidth = 512;
+constexpr int64_t kMatrixBytes = kWidth * kWidth * 4;
+constexpr int kBlocks = 4;
+
+// Four blocks of two 512-wide linears.
+std::shared_ptr<nn::Sequential> blocks() {
+  auto model = std::make_shared<nn::Sequential>();
+  for (int b = 0; b < kBlocks; ++b) {
+    auto block = std::make_shared<nn::Sequential>();
+    block->push_back(std::make_shared<nn::Linear>(kWidth, kWidth));
+    block->push_back(std::make_shared<nn::Linear>(kWidth, kWidth));
+    model->push_back(block);
+  }
+  nn::init_parameters(*model, 21);
+  return model;
+}
+
+struct Measured {
+  int64_t bytes_after_forward = 0;
+  SwapStats after_forward, after_backward;
+  OpCounter backward;
+  std::map<std::string, at::Tensor> grads;
+};
+
+Measured train(nn::Module& model, const std::shared_ptr<SwapManager>& swap) {
+  const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(4));
+  Measured m;
+  at::Tensor out;
+  {
+    MemoryTracker tracker;
+    out = model(x);
+    m.bytes_after_forward = tracker.current();
+  }
+  if (swap) m.after_forward = swap->stats();
+  {
+    DispatchModeGuard on(m.backward);
+    out.pow(2).mean().backward();
+  }
+  if (swap) m.after_backward = swap->stats();
+  for (const auto& item : model.named_parameters()) m.grads[item.key()] = item.value().grad().clone();
+  return m;
+}
+
+std::shared_ptr<nn::Sequential> swapped_blocks(const std::shared_ptr<SwapManager>& swap) {
+  auto model = blocks();
+  for (auto& [fqn, block] : nn::match_modules(*model, "*")) checkpoint(*block, {default_swap_policy, swap});
+  return model;
+}
+
+// Each block keeps its two products' outputs. Its second is its output, which the next block holds
+// as its input, so it stays; the last block's forward stays resident for the backward that starts
+// with it. That leaves the first product of blocks 0, 1 and 2 for the tier.
+TEST(ActivationSwap, ComputeBytesSavedAreTheBytesSwappedAndBackwardRecomputesNoProduct) {
+  auto plain_model = blocks();
+  const Measured plain = train(*plain_model, nullptr);
+  EXPECT_EQ(plain.bytes_after_forward, 2 * kBlocks * kMatrixBytes);
+  for (const int prefetch : {1, 0}) {
+    auto swap = std::make_shared<SwapManager>(SwapOptions{prefetch, 64 * 1024, /*inline_copies=*/true});
+    auto model = swapped_blocks(swap);
+    const Measured m = train(*model, swap);
+    const std::string what = "prefetch " + std::to_string(prefetch);
+    EXPECT_EQ(m.after_forward.swapped_bytes, (kBlocks - 1) * kMatrixBytes) << what;
+    EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - m.after_forward.swapped_bytes) << what;
+    EXPECT_EQ(m.after_forward.pool_in_use, m.after_forward.swapped_bytes) << what;
+    EXPECT_EQ(m.after_backward.pool_in_use, 0) << what;
+    EXPECT_EQ(m.after_backward.reloaded_bytes, m.after_forward.swapped_bytes) << what;
+    // With prefetch 1 each block's reload starts when the backward of the block after it does; with
+    // none, each swapped block waits for its own.
+    EXPECT_EQ(m.after_backward.reload_waits, prefetch == 0 ? kBlocks - 1 : 0) << what;
+    EXPECT_EQ(m.backward.count("aten::addmm"), 0) << what;
+    EXPECT_EQ(m.backward.count("aten::mm"), plain.backward.count("aten::mm")) << what;
+    for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
+  }
+}
+
+// The real copy thread: the same gradients, the pool empty after backward, its buffers reused by
+// the next step (none allocated after the first).
+TEST(ActivationSwap, TheCopyThreadGivesTheSameGradientsAndReusesItsBuffers) {
+  auto plain_model = blocks();
+  const Measured plain = train(*plain_model, nullptr);
+  auto swap = std::make_shared<SwapManager>();
+  auto model = swapped_blocks(swap);
+  const Measured first = train(*model, swap);
+  for (const auto& [name, grad] : plain.grads) check_close(first.grads.at(name), grad, name, true);
+  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  const Measured second = train(*model, swap);
+  EXPECT_EQ(second.after_backward.pool_in_use, 0);
+  EXPECT_EQ(second.after_backward.pool_held, first.after_backward.pool_held);
+  EXPECT_EQ(second.after_backward.swapped_bytes, 2 * first.after_backward.swapped_bytes);
+  for (const auto& [name, grad] : plain.grads) check_close(second.grads.at(name), grad, name, true);
+}
+
+TEST(ActivationSwap, ASwapDecisionNeedsAManagerAndAManagerAPolicy) {
+  auto model = blocks();
+  expect_error([&] { checkpoint(*model, {nullptr, std::make_shared<SwapManager>()}); }, "no policy");
+  checkpoint(*model, {default_swap_policy, nullptr});
+  expect_error([&] { (*model)(at::ones({2, kWidth})).sum().backward(); }, "has no SwapManager");
+}
+
+}  // namespace
+}  // namespace hp::test
