@@ -19,17 +19,50 @@ constexpr c10::BackendComponent kModeBit = c10::BackendComponent::PrivateUse2Bit
 // runs, it and the modes after it are hidden.
 thread_local std::vector<DispatchMode*> modes;
 thread_local size_t active = 0;
-// Puts the mode key in this thread's key sets while any mode is pushed. A guard, not
-// tls_set_dispatch_key_included: removing a per-backend key by name leaves its backend bit behind.
-thread_local std::optional<c10::impl::IncludeDispatchKeyGuard> key_included;
 
-// Sets `active` for a scope. With no live mode left, also takes the mode key out of this thread's
-// key sets, so that ops run from here (and what their kernels call) reach the kernels directly.
+// Adds (`add`) or removes bits of this thread's included key set for a scope, then undoes exactly
+// what it changed. Raw bits, because DispatchKeySet's set difference (used by the c10 include and
+// exclude guards on exit, and by exclusion itself) never clears backend bits such as ours.
+class IncludedBits {
+ public:
+  IncludedBits(uint64_t bits, bool add) : add_(add) {
+    c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+    const uint64_t now = local.included_.raw_repr();
+    changed_ = add ? bits & ~now : bits & now;
+    set(local, add ? now | changed_ : now & ~changed_);
+  }
+  ~IncludedBits() {
+    c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+    const uint64_t now = local.included_.raw_repr();
+    set(local, add_ ? now & ~changed_ : now | changed_);
+  }
+  IncludedBits(const IncludedBits&) = delete;
+  IncludedBits& operator=(const IncludedBits&) = delete;
+
+ private:
+  static void set(c10::impl::LocalDispatchKeySet local, uint64_t included) {
+    local.included_ = c10::DispatchKeySet(c10::DispatchKeySet::RAW, included);
+    c10::impl::_force_tls_local_dispatch_key_set(local);
+  }
+  bool add_;
+  uint64_t changed_ = 0;
+};
+
+// The mode key's bits: its functionality (Dense) with our backend, and the backend bit alone.
+const uint64_t kModeKeyBits = c10::DispatchKeySet(kModeKey).raw_repr();
+const uint64_t kModeBackendBit = c10::DispatchKeySet(kModeBit).raw_repr();
+
+// Puts the mode key in this thread's key sets while any mode is pushed.
+thread_local std::optional<IncludedBits> key_included;
+
+// Sets `active` for a scope. With no live mode left, also takes our backend bit out of this
+// thread's key sets, so that ops run from here (and what their kernels call) reach the kernels
+// directly.
 class ActiveModes {
  public:
   explicit ActiveModes(size_t count) : previous_(active) {
     active = count;
-    if (count == 0) exclude_.emplace(c10::DispatchKeySet(kModeBit));
+    if (count == 0) hidden_.emplace(kModeBackendBit, /*add=*/false);
   }
   ~ActiveModes() { active = previous_; }
   ActiveModes(const ActiveModes&) = delete;
@@ -37,12 +70,12 @@ class ActiveModes {
 
  private:
   size_t previous_;
-  std::optional<c10::impl::ExcludeDispatchKeyGuard> exclude_;
+  std::optional<IncludedBits> hidden_;
 };
 
 void run_op_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) {
   // Live modes left (those pushed before the one running): the op goes through them first, via our
-  // key again. None: to the kernel below our key (our key is excluded by then, see ActiveModes).
+  // key again. None: to the kernel below our key (our bit is hidden by then, see ActiveModes).
   if (active > 0) {
     op.redispatchBoxed(keys, stack);
     return;
@@ -90,7 +123,7 @@ void DispatchMode::run_below(const c10::OperatorHandle& op, c10::DispatchKeySet 
 DispatchModeGuard::DispatchModeGuard(DispatchMode& mode) : depth_(modes.size()) {
   HP_CHECK(active == modes.size(), "DispatchModeGuard: cannot push a mode from inside a mode's dispatch");
   register_mode_kernel();
-  if (modes.empty()) key_included.emplace(c10::DispatchKeySet(kModeKey));
+  if (modes.empty()) key_included.emplace(kModeKeyBits, /*add=*/true);
   modes.push_back(&mode);
   active = modes.size();
 }

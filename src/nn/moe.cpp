@@ -207,15 +207,18 @@ void MoE::set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) {
 
 at::Tensor MoE::forward(const at::Tensor& x) {
   const at::Tensor tokens = x.reshape({-1, x.size(-1)});
-  routing_ = router->route(tokens);
+  const Routing routing = router->route(tokens);
+  // Kept for last_routing() without its graph, which would hold the router's activations.
+  routing_ = {routing.experts, routing.gates.detach(), routing.counts, routing.logits.detach(),
+              routing.scores.detach()};
   at::Tensor shared_out;
   const auto run_shared = [&] { shared_out = (*shared)(tokens); };
   at::Tensor out =
-      routed_output(tokens, routing_, shared && options_.overlap_shared ? run_shared : std::function<void()>{});
+      routed_output(tokens, routing, shared && options_.overlap_shared ? run_shared : std::function<void()>{});
   if (shared && !shared_out.defined()) run_shared();
   if (shared) out = out + shared_out;
   // [batch, seq, dim]: batch sequences; otherwise the tokens are one sequence.
-  if (const at::Tensor aux = aux_loss(routing_, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
+  if (const at::Tensor aux = aux_loss(routing, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
     if (training_forward()) {
       aux_loss_since_balance.add_(aux.detach());
       ++forwards_since_balance;

@@ -120,55 +120,63 @@ void SwapManager::Impl::run_copy(std::function<void()> copy) {
   changed_.notify_all();
 }
 
+// Slot by slot, allocating before a slot's state changes: a failed allocation leaves no slot in a
+// copying state without its copy queued (which forget() would wait for).
 void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
-  std::vector<std::function<void()>> copies;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < region->slots_.size(); ++i) {
-      SwapRegion::Slot& slot = region->slots_[i];
+  for (size_t i = 0; i < region->slots_.size(); ++i) {
+    SwapRegion::Slot& slot = region->slots_[i];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       if (slot.state != State::kResident || slot.pinned) continue;
-      slot.state = State::kCopyingOut;
-      slot.host = pool_.acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
-      copies.push_back([this, region, i] {
-        SwapRegion::Slot& s = region->slots_[i];
-        std::memcpy(s.host.bytes.get(), s.tensor.data_ptr(), static_cast<size_t>(s.bytes));
-        std::lock_guard<std::mutex> lock(mu_);
-        s.tensor = at::Tensor();  // the compute allocator's memory goes back now
-        s.state = State::kSwapped;
-        ++counts_.swapped_tensors;
-        counts_.swapped_bytes += s.bytes;
-        changed_.notify_all();
-      });
     }
+    detail::HostPool::Buffer host = pool_.acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot.host = std::move(host);
+      slot.state = State::kCopyingOut;
+    }
+    run_copy([this, region, i] {
+      SwapRegion::Slot& s = region->slots_[i];
+      std::memcpy(s.host.bytes.get(), s.tensor.data_ptr(), static_cast<size_t>(s.bytes));
+      std::lock_guard<std::mutex> lock(mu_);
+      s.tensor = at::Tensor();  // the compute allocator's memory goes back now
+      s.state = State::kSwapped;
+      ++counts_.swapped_tensors;
+      counts_.swapped_bytes += s.bytes;
+      changed_.notify_all();
+    });
   }
-  for (auto& copy : copies) run_copy(std::move(copy));
 }
 
 bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) {
-  std::vector<std::function<void()>> copies;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (size_t i = 0; i < region->slots_.size(); ++i) {
-      SwapRegion::Slot& slot = region->slots_[i];
+  bool started = false;
+  for (size_t i = 0; i < region->slots_.size(); ++i) {
+    SwapRegion::Slot& slot = region->slots_[i];
+    {
+      std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return slot.state != State::kCopyingOut; });
       if (slot.state != State::kSwapped) continue;
-      slot.state = State::kCopyingIn;
-      // Allocated here, on the thread that runs the region: its compute memory is counted there.
-      slot.tensor = at::empty(slot.shape, at::TensorOptions().dtype(slot.dtype));
-      copies.push_back([this, region, i] {
-        SwapRegion::Slot& s = region->slots_[i];
-        std::memcpy(s.tensor.data_ptr(), s.host.bytes.get(), static_cast<size_t>(s.bytes));
-        std::lock_guard<std::mutex> lock(mu_);
-        pool_.release(std::move(s.host));
-        s.host = {};
-        s.state = State::kReloaded;
-        counts_.reloaded_bytes += s.bytes;
-        changed_.notify_all();
-      });
     }
+    // Allocated here, on the thread that runs the region: its compute memory is counted there.
+    at::Tensor tensor = at::empty(slot.shape, at::TensorOptions().dtype(slot.dtype));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot.tensor = std::move(tensor);
+      slot.state = State::kCopyingIn;
+    }
+    started = true;
+    run_copy([this, region, i] {
+      SwapRegion::Slot& s = region->slots_[i];
+      std::memcpy(s.tensor.data_ptr(), s.host.bytes.get(), static_cast<size_t>(s.bytes));
+      std::lock_guard<std::mutex> lock(mu_);
+      pool_.release(std::move(s.host));
+      s.host = {};
+      s.state = State::kReloaded;
+      counts_.reloaded_bytes += s.bytes;
+      changed_.notify_all();
+    });
   }
-  for (auto& copy : copies) run_copy(std::move(copy));
-  return !copies.empty();
+  return started;
 }
 
 void SwapManager::Impl::after_forward(const std::shared_ptr<SwapRegion>& region) {

@@ -169,17 +169,19 @@ class ReplayMode : public DispatchMode {
              "selective checkpointing: the recomputation of ", region_, " called ", call.name, " (call ", call.index,
              ") on inputs of other shapes than its forward did; the region's forward must run the same way both times");
     for (const SavedOutput& out : entry.outputs)
-      HP_CHECK(out.slot >= 0 || intact(out.alias, out.version), "selective checkpointing: ", region_,
-               ": the output of ", call.name, " (call ", call.index,
+      HP_CHECK(intact(saved_tensor(out), out.version), "selective checkpointing: ", region_, ": the output of ",
+               call.name, " (call ", call.index,
                ") was changed or freed in place after its region's forward; save another op's output or recompute "
                "this one");
     torch::jit::drop(*stack, nargs);
-    for (const SavedOutput& out : entry.outputs)
-      stack->emplace_back((out.slot < 0 ? out.alias : swap_->get(static_cast<size_t>(out.slot))).variable_data());
+    for (const SavedOutput& out : entry.outputs) stack->emplace_back(saved_tensor(out).variable_data());
     ++stats_.replayed_ops;
   }
 
  private:
+  at::Tensor saved_tensor(const SavedOutput& out) const {
+    return out.slot < 0 ? out.alias : swap_->get(static_cast<size_t>(out.slot));
+  }
   const std::string& region_;
   const SavedOps& saved_;
   CheckpointStats& stats_;
@@ -238,21 +240,27 @@ struct RegionParameters {
 class InstalledParameters {
  public:
   InstalledParameters(const RegionParameters& params, const std::vector<at::Tensor>& replacements) : params_(params) {
-    for (const auto& [module, name, i] : params.slots) {
-      previous_.push_back(module->param(name));
-      module->set_param(name, replacements[i]);
+    try {
+      for (const auto& [module, name, i] : params.slots) {
+        previous_.push_back(module->param(name));
+        module->set_param(name, replacements[i]);
+      }
+    } catch (...) {
+      put_back();
+      throw;
     }
   }
-  ~InstalledParameters() {
-    for (size_t k = 0; k < params_.slots.size(); ++k)
-      std::get<0>(params_.slots[k])->set_param(std::get<1>(params_.slots[k]), previous_[k]);
-  }
+  ~InstalledParameters() { put_back(); }
   InstalledParameters(const InstalledParameters&) = delete;
   InstalledParameters& operator=(const InstalledParameters&) = delete;
 
  private:
+  void put_back() {
+    for (size_t k = 0; k < previous_.size(); ++k)
+      std::get<0>(params_.slots[k])->set_param(std::get<1>(params_.slots[k]), previous_[k]);
+  }
   const RegionParameters& params_;
-  std::vector<at::Tensor> previous_;
+  std::vector<at::Tensor> previous_;  // of the slots installed so far
 };
 
 // What one call of a region keeps for its recomputation.
@@ -265,6 +273,8 @@ struct Call {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> inputs_require_grad;
   RegionParameters params;
+  std::vector<int64_t> versions;                // of the inputs, then the parameters, when the call started
+  bool swap_released = false;                   // its backward ran and gave the swapped outputs back
   std::shared_ptr<SwapManager> swap;            // the region's tier, or null
   std::shared_ptr<detail::SwapRegion> swapped;  // this call's outputs in it
   ~Call() {
@@ -295,6 +305,18 @@ at::Tensor run_pass(const nn::Module::Run& run, nn::Inputs inputs, ForwardPass p
   return run(std::move(inputs));
 }
 
+// The recomputation reads the call's inputs and parameters as they are now: they must be as the
+// forward saw them (autograd's own check for the tensors it saves).
+void check_versions(const CheckpointRegion& region, const Call& call) {
+  size_t k = 0;
+  for (const at::Tensor& x : call.inputs)
+    HP_CHECK(!x.defined() || x._version() == call.versions[k++], "checkpoint: input ", k - 1, " of ", region.name,
+             " was changed in place after its forward; the recomputation would see other values");
+  for (const at::Tensor& p : call.params.tensors)
+    HP_CHECK(p._version() == call.versions[k++], "checkpoint: a parameter of ", region.name,
+             " was changed in place between its forward and backward; the recomputation would see other values");
+}
+
 // The backward of one call: recompute on fresh leaves (the inputs and the parameters the call
 // started with), backward through the recomputed graph, and hand the leaves' gradients to the
 // node's edges. Parameters that FSDP units inside the region gather themselves get theirs through
@@ -302,6 +324,13 @@ at::Tensor run_pass(const nn::Module::Run& run, nn::Inputs inputs, ForwardPass p
 std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const nn::Module::Run& run, Call& call,
                                                const std::vector<size_t>& edge_inputs,
                                                const std::vector<size_t>& edge_params, const at::Tensor& grad) {
+  HP_CHECK(!at::GradMode::is_enabled(), "checkpoint: ", region.name,
+           ": a backward that records its own graph (create_graph, double backward) through a checkpointed region "
+           "is not supported");
+  HP_CHECK(
+      !call.swap_released, "checkpoint: ", region.name,
+      ": a second backward through a swapped region (retain_graph) is not supported; its swapped outputs are gone");
+  check_versions(region, call);
   at::AutoGradMode grad_mode(true);
   const CpuGeneratorState generator(call.cpu_generator_state);
   const nn::AuxLossScale aux_scale(call.aux_loss_scale);
@@ -321,7 +350,10 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   HP_CHECK(out.requires_grad(), "checkpoint: the recomputation of ", region.name,
            " gave an output that does not require grad, unlike its forward");
   torch::autograd::backward({out}, {grad});
-  if (call.swapped) call.swap->impl().after_backward(*call.swapped);
+  if (call.swapped) {
+    call.swap->impl().after_backward(*call.swapped);
+    call.swap_released = true;
+  }
   std::vector<at::Tensor> grads;
   for (size_t i : edge_inputs) grads.push_back(leaves[i].grad());
   for (size_t i : edge_params) grads.push_back(param_leaves[i].grad());
@@ -371,9 +403,11 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
   call->aux_loss_scale = nn::AuxLossScale::current();
   call->params = RegionParameters::of(module);
   for (const at::Tensor& x : inputs) {
-    call->inputs.push_back(x.defined() ? x.detach() : x);
+    call->inputs.push_back(x.defined() ? x.detach() : x);  // shares x's version counter
     call->inputs_require_grad.push_back(x.defined() && x.requires_grad());
+    if (x.defined()) call->versions.push_back(x._version());
   }
+  for (const at::Tensor& p : call->params.tensors) call->versions.push_back(p._version());
   region->stats = {};
   if ((call->swap = region->options.swap)) call->swapped = std::make_shared<detail::SwapRegion>();
   std::optional<SavingMode> saving;
@@ -401,6 +435,9 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
       edges.push_back(call->params.tensors[i]);
       edge_params.push_back(i);
     }
+  HP_CHECK(!edges.empty(), "checkpoint: the output of ", region->name,
+           " requires grad through a tensor that is neither its input nor its parameter; a checkpointed module may "
+           "read only those (and tensors that need no gradient)");
   return record_backward("checkpoint(" + region->name + ")", edges, result,
                          [region, run, call, edge_inputs, edge_params](const at::Tensor& grad) {
                            return recompute_and_backward(*region, run, *call, edge_inputs, edge_params, grad);

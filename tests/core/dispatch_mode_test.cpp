@@ -1,6 +1,7 @@
 // Dispatch modes see every ATen op below autograd and below DTensor, nest like PyTorch's
 // TorchDispatchMode, can replace an op's result, and cost nothing once their guard ends.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <hp/core/dispatch_mode.h>
 #include <hp/core/op_counter.h>
 
@@ -31,9 +32,13 @@ TEST(DispatchMode, CountsForwardAndBackwardOpsAndMatmulFlops) {
   EXPECT_EQ(backward.matmul_flops(), 2 * 4 * 8 * 16);
   EXPECT_EQ(backward.count("aten::addmm"), 0);
 
-  // With the guard gone the key is in no key set: nothing more is counted.
+  // With the guard gone the key is in no key set: nothing more is counted, and this thread's ops
+  // do not pass through the mode kernel at all.
   at::mm(x, w.detach().t());
   EXPECT_EQ(forward.count("aten::mm"), 0);
+  const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+  EXPECT_FALSE(local.included_.has_backend(c10::BackendComponent::PrivateUse2Bit));
+  EXPECT_FALSE(local.excluded_.has_backend(c10::BackendComponent::PrivateUse2Bit));
 }
 
 // A mode that replaces aten::mul's result (by a + b) and records what the ops it runs look like.

@@ -3,6 +3,7 @@
 // same model without checkpointing, with dropout, tensor parallelism, FSDP and expert parallelism.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <map>
 #include <string>
@@ -212,6 +213,40 @@ TEST(ActivationCheckpoint, SavedOutputsChangedInPlaceAreRecomputedOrRefused) {
   at::Tensor out = (*linear)(x);
   out.mul_(2.0);  // the region's output, which the policy saved
   expect_error([&] { out.sum().backward(); }, "was changed or freed in place after its region's forward");
+}
+
+// A module that reads a tensor it does not own.
+class ReadsOutsideTensor : public nn::Module {
+ public:
+  explicit ReadsOutsideTensor(at::Tensor w) : nn::Module("ReadsOutsideTensor"), w_(std::move(w)) {}
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override { return x * w_; }
+
+ private:
+  at::Tensor w_;
+};
+
+// What a recomputation cannot honour is an error naming the region, not a wrong gradient: an input
+// changed in place after the forward, a gradient through a tensor that is neither input nor
+// parameter, a backward that records a graph of its own.
+TEST(ActivationCheckpoint, WhatARecomputationCannotHonourIsRefused) {
+  auto linear = std::make_shared<nn::Linear>(8, 8);
+  nn::init_parameters(*linear, 3);
+  checkpoint(*linear);
+  const at::Tensor leaf = at::randn({4, 8}).requires_grad_();
+  at::Tensor h = leaf * 1.0;
+  const at::Tensor out = (*linear)(h);
+  h.add_(1.0);
+  expect_error([&] { out.sum().backward(); }, "input 0 of Linear was changed in place after its forward");
+
+  ReadsOutsideTensor outside(at::ones({8}).requires_grad_());
+  checkpoint(outside);
+  expect_error([&] { outside(at::ones({4, 8})); }, "neither its input nor its parameter");
+
+  const at::Tensor y = (*linear)(leaf).pow(2).sum();
+  expect_error([&] { torch::autograd::grad({y}, {leaf}, {}, true, /*create_graph=*/true); },
+               "a backward that records its own graph (create_graph, double backward)");
 }
 
 TEST(ActivationCheckpoint, NoGradRunsPlainlyAndAModuleIsCheckpointedOnce) {

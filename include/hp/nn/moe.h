@@ -195,7 +195,7 @@ class MoE : public Module {
   // computed as routed_output's `while_dispatching` (see TokenDispatcher::run).
   at::Tensor routed_output(const at::Tensor& tokens, const Routing& routing,
                            const std::function<void()>& while_dispatching = {});
-  // The routing of the last forward.
+  // The routing of the last forward, without its autograd history.
   const Routing& last_routing() const { return routing_; }
   // The (token, choice) rows the last routed_output dropped over capacity.
   int64_t last_dropped() const { return dropped_; }
