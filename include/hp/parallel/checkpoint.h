@@ -25,10 +25,13 @@
 // backward through it and hands the leaves' gradients to the edges. FSDP units inside the region
 // reduce-scatter their own gradients in that nested backward.
 //
-// Limits: a region returns one tensor (hp::nn::Module's forward does). Under no_grad (evaluation)
-// or inside another checkpointed region a checkpointed module runs plainly. Weight gradients of
-// a checkpointed region are computed when its input gradients are, so a zero-bubble pipeline's
-// separate weight pass has nothing left to do for it.
+// Limits, each an hp::Error naming the region when broken: a region reads only its inputs, its
+// parameters and tensors that need no gradient; its inputs and parameters do not change in place
+// between its forward and backward; its backward does not record a graph (no create_graph), and a
+// swapped region is backpropagated once. A region returns one tensor (hp::nn::Module's forward
+// does). Under no_grad (evaluation) or inside another checkpointed region a checkpointed module
+// runs plainly. Weight gradients of a checkpointed region are computed when its input gradients
+// are, so recipes refuse checkpointing with zero-bubble schedules, whose weight pass is separate.
 #pragma once
 
 #include <cstdint>
