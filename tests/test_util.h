@@ -70,6 +70,23 @@ inline void check_close(const at::Tensor& got, const at::Tensor& want, const std
   }
 }
 
+// Throws unless every element has |got - want| <= atol + rtol * |want| (torch.allclose), naming the
+// largest excess.
+inline void check_allclose(const at::Tensor& got, const at::Tensor& want, const std::string& what, double atol,
+                           double rtol) {
+  if (!got.defined() || got.sizes() != want.sizes())
+    throw std::runtime_error(what + ": shape " + (got.defined() ? c10::str(got.sizes()) : "undefined") + " vs " +
+                             c10::str(want.sizes()));
+  if (want.numel() == 0) return;
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const at::Tensor excess = (g - w).abs() - (w.abs() * rtol + atol);
+  const double worst = excess.max().item<double>();
+  if (!(worst <= 0.0))
+    throw std::runtime_error(what + ": |got - want| exceeds atol " + c10::str(atol) + " + rtol " + c10::str(rtol) +
+                             " x |want| by " + c10::str(worst) + " (largest difference " +
+                             c10::str((g - w).abs().max().item<double>()) + ")");
+}
+
 // Throws unless max |got - want| <= rtol * max |want|: relative in the max norm. For a scalar that
 // is the plain relative error; in a tensor, every element must lie within rtol of the largest
 // magnitude, so elements that are nearly zero are not each held to a relative tolerance.

@@ -59,6 +59,10 @@ struct SavedOutput {
   at::Tensor alias;   // kept in place: an alias sharing the output's version counter; else undefined
   int64_t slot = -1;  // swapped: its slot in the call's SwapRegion
   int64_t version;    // the version when saved: in-place changes afterwards show
+  // Written in place later in the region through a tensor sharing its storage without sharing its
+  // version counter (matmul returns an _unsafe_view of bmm's output: `matmul(a, b).mul_(s)`
+  // changes bmm's saved output and bumps only the view's version).
+  bool overwritten = false;
 };
 struct SavedOp {
   std::vector<std::vector<int64_t>> input_shapes;  // to check that the recomputation asks the same
@@ -75,9 +79,9 @@ std::vector<std::vector<int64_t>> tensor_shapes(const c10::IValue* args, size_t 
 
 // Whether a saved output is as the op left it: not written in place since (its version), and still
 // backed by its storage (plan machinery such as FSDP's release frees storage in place).
-bool intact(const at::Tensor& saved, int64_t version) {
+bool intact(const at::Tensor& saved, const SavedOutput& out) {
   const auto needed = static_cast<size_t>((saved.storage_offset() + saved.numel()) * saved.element_size());
-  return saved._version() == version && saved.storage().nbytes() >= needed;
+  return !out.overwritten && saved._version() == out.version && saved.storage().nbytes() >= needed;
 }
 
 // Counts each op name's calls, and the matrix products, in one forward of a region.
@@ -103,6 +107,7 @@ class SavingMode : public DispatchMode {
       : policy_(policy), saved_(saved), stats_(stats), swap_(swap), swap_min_bytes_(swap_min_bytes) {}
 
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override {
+    note_writes(op, *stack);
     if (NotRegionComputation::active()) return run_below(op, keys, stack);
     const CheckpointOp call = index_.next(op_name(op));
     const CheckpointPolicy decision = policy_(call);
@@ -134,18 +139,35 @@ class SavingMode : public DispatchMode {
         ++stats_.saved_tensors;
         stats_.saved_bytes += bytes;
       }
+      by_storage_[out.storage().unsafeGetStorageImpl()].push_back({{call.name, call.index}, entry.outputs.size()});
       entry.outputs.push_back(std::move(saved));
     }
     saved_[{call.name, call.index}] = std::move(entry);
   }
 
  private:
+  // Marks the saved outputs whose storage `op` writes in place.
+  void note_writes(const c10::OperatorHandle& op, const OpStack& stack) {
+    if (by_storage_.empty()) return;
+    const std::vector<c10::Argument>& args = op.schema().arguments();
+    const size_t base = stack.size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite() || !stack[base + i].isTensor()) continue;
+      const at::Tensor& t = stack[base + i].toTensor();
+      if (!t.defined() || !t.has_storage()) continue;
+      const auto it = by_storage_.find(t.storage().unsafeGetStorageImpl());
+      if (it == by_storage_.end()) continue;
+      for (const auto& [key, index] : it->second) saved_[key].outputs[index].overwritten = true;
+    }
+  }
+
   const CheckpointPolicyFn& policy_;
   SavedOps& saved_;
   CheckpointStats& stats_;
   detail::SwapRegion* swap_;
   int64_t swap_min_bytes_;
   OpIndex index_;
+  std::map<const c10::StorageImpl*, std::vector<std::pair<std::pair<std::string, int64_t>, size_t>>> by_storage_;
 };
 
 // The recomputation of a selective region: ops the first pass saved return their saved outputs.
@@ -169,8 +191,8 @@ class ReplayMode : public DispatchMode {
              "selective checkpointing: the recomputation of ", region_, " called ", call.name, " (call ", call.index,
              ") on inputs of other shapes than its forward did; the region's forward must run the same way both times");
     for (const SavedOutput& out : entry.outputs)
-      HP_CHECK(intact(saved_tensor(out), out.version), "selective checkpointing: ", region_, ": the output of ",
-               call.name, " (call ", call.index,
+      HP_CHECK(intact(saved_tensor(out), out), "selective checkpointing: ", region_, ": the output of ", call.name,
+               " (call ", call.index,
                ") was changed or freed in place after its region's forward; save another op's output or recompute "
                "this one");
     torch::jit::drop(*stack, nargs);
@@ -367,7 +389,7 @@ void settle_saved(CheckpointRegion& region, Call& call, const at::Tensor& result
   for (auto it = call.saved.begin(); it != call.saved.end();) {
     bool keep = true;
     for (const SavedOutput& out : it->second.outputs)
-      keep = keep && intact(out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot)), out.version);
+      keep = keep && intact(out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot)), out);
     if (keep) {
       ++it;
       continue;

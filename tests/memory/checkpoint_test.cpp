@@ -175,17 +175,26 @@ TEST(ActivationCheckpoint, DistributedRngStreamsAreReplayed) {
   });
 }
 
-// A module that writes into a product's output in place.
+// A module that writes into a product's output in place: directly, or through matmul's result,
+// which shares bmm's storage but not its version counter (matmul of 4-d inputs is an _unsafe_view of
+// bmm's output).
 class AddsInPlace : public nn::Module {
  public:
-  AddsInPlace() : nn::Module("AddsInPlace") { add_param("weight", {kWidth, kWidth}, nn::Init::normal(0.0, 0.02)); }
+  explicit AddsInPlace(bool through_matmul = false) : nn::Module("AddsInPlace"), through_matmul_(through_matmul) {
+    add_param("weight", {kWidth, kWidth}, nn::Init::normal(0.0, 0.02));
+  }
 
  protected:
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = at::mm(x, param("weight"));
-    y.add_(1.0);  // after a policy saved mm's output
-    return y.relu();
+    const at::Tensor& w = param("weight");
+    at::Tensor y = through_matmul_ ? at::matmul(x.view({1, 1, kWidth, kWidth}), w.view({1, 1, kWidth, kWidth}))[0][0]
+                                   : at::mm(x, w);
+    y.add_(1.0);                                // after a policy saved mm's output
+    return through_matmul_ ? y * y : y.relu();  // y * y's backward reads y
   }
+
+ private:
+  bool through_matmul_;
 };
 
 // Saved outputs must be what the op returned. One the region itself changes in place is dropped and
@@ -194,17 +203,22 @@ class AddsInPlace : public nn::Module {
 TEST(ActivationCheckpoint, SavedOutputsChangedInPlaceAreRecomputedOrRefused) {
   const auto save_all = [](const CheckpointOp&) { return CheckpointPolicy::kMustSave; };
   const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(8));
-  at::Tensor want;
-  for (const bool checkpointed : {false, true}) {
-    AddsInPlace m;
-    nn::init_parameters(m, 3);
-    std::optional<CheckpointedModule> region;
-    if (checkpointed) region = checkpoint(m, {save_all});
-    m(x).pow(2).mean().backward();
-    if (!checkpointed) want = m.param("weight").grad().clone();
-    if (checkpointed) {
-      check_close(m.param("weight").grad(), want, "in-place region", /*bitwise=*/true);
-      EXPECT_EQ(region->stats().replayed_ops, 1);  // relu; mm ran again
+  for (const bool through_matmul : {false, true}) {
+    at::Tensor want;
+    for (const bool checkpointed : {false, true}) {
+      AddsInPlace m(through_matmul);
+      nn::init_parameters(m, 3);
+      std::optional<CheckpointedModule> region;
+      if (checkpointed) region = checkpoint(m, {save_all});
+      m(x).pow(2).mean().backward();
+      if (!checkpointed) want = m.param("weight").grad().clone();
+      if (checkpointed) {
+        check_close(m.param("weight").grad(), want, through_matmul ? "through matmul" : "in-place region",
+                    /*bitwise=*/true);
+        if (!through_matmul) {
+          EXPECT_EQ(region->stats().replayed_ops, 1);  // relu; mm ran again
+        }
+      }
     }
   }
   auto linear = std::make_shared<nn::Linear>(kWidth, kWidth);

@@ -51,6 +51,7 @@ Attention::Attention(const LlamaConfig& c)
       k_proj(add_module("k_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       v_proj(add_module("v_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_size(), c.dim, false))),
+      core(add_module("core", std::make_shared<nn::CoreAttention>())),
       head_dim_(c.head_size()) {
   if (c.qk_norm) {
     q_norm = add_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
@@ -65,7 +66,9 @@ Attention::Attention(const LlamaConfig& c)
 
 at::Tensor Attention::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), s = x.size(1);
-  HP_CHECK(s <= cos_.size(0), "Llama: sequence length ", s, " exceeds max_seq ", cos_.size(0));
+  const at::Tensor positions = core->positions(s);
+  const int64_t last = s == 0 ? -1 : positions.max().item<int64_t>();
+  HP_CHECK(last < cos_.size(0), "Llama: sequence length ", last + 1, " exceeds max_seq ", cos_.size(0));
   at::Tensor q = (*q_proj)(x).view({b, s, -1, head_dim_});
   at::Tensor k = (*k_proj)(x).view({b, s, -1, head_dim_});
   const at::Tensor v = (*v_proj)(x).view({b, s, -1, head_dim_}).transpose(1, 2);
@@ -73,25 +76,17 @@ at::Tensor Attention::forward(const at::Tensor& x) {
     q = (*q_norm)(q);
     k = (*k_norm)(k);
   }
-  q = rotate(q).transpose(1, 2);  // [b, heads, s, head_dim]
-  k = rotate(k).transpose(1, 2);
-  const int64_t repeat = q.size(1) / k.size(1);  // grouped-query attention
-  auto expand_kv = [&](const at::Tensor& t) {
-    return t.unsqueeze(2).expand({b, t.size(1), repeat, s, head_dim_}).reshape({b, -1, s, head_dim_});
-  };
-  const at::Tensor causal = at::ones({s, s}, at::kBool).triu(1);
-  const at::Tensor scores = at::matmul(q, expand_kv(k).transpose(-2, -1))
-                                .div(std::sqrt(static_cast<double>(head_dim_)))
-                                .masked_fill(causal, -INFINITY);
-  const at::Tensor out = at::matmul(at::softmax(scores, -1), expand_kv(v));
+  q = rotate(q, positions).transpose(1, 2);  // [b, heads, s, head_dim]
+  k = rotate(k, positions).transpose(1, 2);
+  const at::Tensor out = core->call({q, k, v});
   return (*o_proj)(out.transpose(1, 2).reshape({b, s, -1}));
 }
 
-at::Tensor Attention::rotate(const at::Tensor& t) const {  // t: [b, s, heads, head_dim]
+at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
   const int64_t s = t.size(1), half = head_dim_ / 2;
   // In t's dtype, so that bf16 activations stay bf16.
-  const at::Tensor cos = cos_.narrow(0, 0, s).view({1, s, 1, head_dim_}).to(t.scalar_type());
-  const at::Tensor sin = sin_.narrow(0, 0, s).view({1, s, 1, head_dim_}).to(t.scalar_type());
+  const at::Tensor cos = cos_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.scalar_type());
+  const at::Tensor sin = sin_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.scalar_type());
   const at::Tensor rotated = at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
   return t * cos + rotated * sin;
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "hp/nn/attention.h"
 #include "hp/nn/layers.h"
 
 namespace hp::models {
@@ -48,12 +49,14 @@ class Attention : public nn::Module {
   explicit Attention(const LlamaConfig& c);
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<nn::RMSNorm> q_norm, k_norm;  // null without qk_norm
+  // softmax(q k^T / sqrt(head_dim), causal) v; says where this rank's tokens are (RoPE's positions).
+  std::shared_ptr<nn::CoreAttention> core;
 
  protected:
   at::Tensor forward(const at::Tensor& x) override;
 
  private:
-  at::Tensor rotate(const at::Tensor& t) const;
+  at::Tensor rotate(const at::Tensor& t, const at::Tensor& positions) const;
   int64_t head_dim_;
   at::Tensor cos_, sin_;
 };

@@ -1,0 +1,132 @@
+// Core attention behind a kernel interface, with explicit positions.
+//
+// An AttentionKernel is the math of softmax(q k^T * scale, masked) v, forward and backward, with no
+// autograd and no communication: forward returns the output and the log-sum-exp of each row's
+// scores, and backward recomputes the probabilities from that log-sum-exp (FlashAttention's
+// recurrence), so a caller that splits the keys into blocks (ring attention) gets each block's
+// exact share of the gradient by passing the global out and lse. cpu_attention_kernel() works
+// blockwise in fp32 (fp64 for fp64 inputs); a CUDA build can plug in a flash kernel.
+//
+// Masks are by position: with `causal`, query i sees key j when k_positions[j] <= q_positions[i].
+// A rank holding any subset of a sequence (a context-parallel shard, a ring block from a peer)
+// therefore attends exactly as one device would, whatever order its tokens are in.
+//
+// CoreAttention is the module a model calls with q, k, v; how it computes (on this rank alone, or
+// across a context-parallel group) is its AttentionCompute, which plans replace from outside
+// (hp/parallel/context_parallel.h). The model asks it where its tokens are (positions()) for its
+// rotary embedding.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hp/nn/module.h"
+
+namespace hp::nn {
+
+// Which keys each query sees. Positions are int64 vectors on the host, [sq] and [sk]; undefined
+// means 0, 1, ..., n-1.
+struct AttentionMask {
+  bool causal = true;
+  at::Tensor q_positions, k_positions;
+};
+
+// out [b, hq, sq, dv] and lse [b, hq, sq], both in the accumulation dtype (fp64 for fp64 inputs,
+// else fp32). A query that sees no key has out 0 and lse -inf.
+struct AttentionOutput {
+  at::Tensor out, lse;
+};
+
+// In the accumulation dtype.
+struct AttentionGrads {
+  at::Tensor dq, dk, dv;
+};
+
+// q [b, hq, sq, dqk], k [b, hkv, sk, dqk], v [b, hkv, sk, dv] with hq a multiple of hkv (grouped
+// query attention: query head i uses key/value head i / (hq / hkv)). The qk and v head dims may
+// differ. Inputs must not require grad (the caller records autograd).
+class AttentionKernel {
+ public:
+  virtual ~AttentionKernel() = default;
+  virtual AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionMask& mask, double scale) const = 0;
+  // The gradients of sum(dout * out) for these keys, with the probabilities exp(scores - lse):
+  // `out` and `lse` may be those of attention over a superset of these keys.
+  virtual AttentionGrads backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                  const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask,
+                                  double scale) const = 0;
+};
+
+// The CPU kernel: blocks of `query_block` query rows (sorted by position) against the keys they
+// can see (sorted by position, so a causal block skips every key after its last query);
+// probabilities never exist beyond one block.
+std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block = 256);
+
+// Folds a partial result over more keys into (out, lse), both in the accumulation dtype:
+// lse' = logaddexp(lse, lse_b), out' = out exp(lse - lse') + out_b exp(lse_b - lse'). Rows that
+// see no key on either side stay 0 / -inf. Returns the merged pair.
+AttentionOutput merge_attention(const AttentionOutput& acc, const AttentionOutput& block);
+
+// Differentiable attention on one rank through `kernel`: returns out (in q's dtype), whose backward
+// gives q, k and v their gradients (in their dtypes). Saves q, k, v, out and lse.
+at::Tensor attention(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const AttentionMask& mask, double scale);
+
+// Counts the score elements the kernel's forward computes unmasked (one per query, key and head
+// of each batch row), on this thread while alive; for balance tests and benchmarks. Nests like
+// hp::comm::CommDebugMode.
+class AttentionWorkCounter {
+ public:
+  AttentionWorkCounter();
+  ~AttentionWorkCounter();
+  AttentionWorkCounter(const AttentionWorkCounter&) = delete;
+  AttentionWorkCounter& operator=(const AttentionWorkCounter&) = delete;
+  int64_t unmasked_scores() const { return unmasked_; }
+
+ private:
+  friend void note_attention_work(int64_t unmasked);
+  int64_t unmasked_ = 0;
+  AttentionWorkCounter* outer_;
+};
+void note_attention_work(int64_t unmasked);
+
+// How CoreAttention computes over the sequence: alone by default; a context-parallel plan installs
+// one that works across its group.
+class AttentionCompute {
+ public:
+  virtual ~AttentionCompute() = default;
+  // q [b, hq, s, dqk], k and v [b, hkv, s, d] for this rank's `s` tokens; differentiable.
+  virtual at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, bool causal, double scale) const = 0;
+  // The global positions (int64 [local_len]) of this rank's tokens.
+  virtual at::Tensor positions(int64_t local_len) const = 0;
+  virtual std::string name() const = 0;
+};
+
+// forward_inputs({q, k, v}) -> out [b, hq, s, dv]. Holds no parameters.
+class CoreAttention : public Module {
+ public:
+  // scale 0: 1 / sqrt(qk head dim).
+  explicit CoreAttention(bool causal = true, double scale = 0.0);
+  bool causal;
+  double scale;
+
+  // Where this rank's `local_len` tokens sit in the sequence (for rotary embeddings).
+  at::Tensor positions(int64_t local_len) const { return compute_->positions(local_len); }
+  void set_kernel(std::shared_ptr<const AttentionKernel> kernel);
+  const std::shared_ptr<const AttentionKernel>& kernel() const { return kernel_; }
+  void set_compute(std::shared_ptr<const AttentionCompute> compute);
+  const AttentionCompute& compute() const { return *compute_; }
+
+ protected:
+  at::Tensor forward_inputs(const Inputs& inputs) override;
+
+ private:
+  std::shared_ptr<const AttentionKernel> kernel_;
+  std::shared_ptr<const AttentionCompute> compute_;
+};
+
+}  // namespace hp::nn

@@ -1,0 +1,283 @@
+#include "hp/nn/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "hp/core/error.h"
+#include "hp/core/lambda_backward.h"
+
+namespace hp::nn {
+namespace {
+
+thread_local AttentionWorkCounter* current_counter = nullptr;
+
+at::ScalarType accumulation_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char* what) {
+  if (!positions.defined()) return at::arange(n, at::kLong);
+  HP_CHECK(positions.dim() == 1 && positions.size(0) == n && positions.scalar_type() == at::kLong &&
+               positions.device().is_cpu(),
+           "attention: ", what, " must be int64 [", n, "] on the host; got ", positions.sizes(), " ",
+           positions.scalar_type());
+  return positions.contiguous();
+}
+
+// Rows (dim 2) of a problem put in position order: `order` indexes the original rows, undefined
+// when they already are in order.
+struct ByPosition {
+  at::Tensor positions;  // ascending
+  at::Tensor order;
+  at::Tensor take(const at::Tensor& rows) const { return order.defined() ? rows.index_select(2, order) : rows; }
+  at::Tensor put_back(const at::Tensor& sorted_rows) const {
+    return order.defined() ? at::empty_like(sorted_rows).index_copy_(2, order, sorted_rows) : sorted_rows;
+  }
+};
+
+ByPosition by_position(const at::Tensor& positions) {
+  const int64_t* p = positions.data_ptr<int64_t>();
+  if (std::is_sorted(p, p + positions.numel())) return {positions, {}};
+  auto sorted = at::sort(positions, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  return {std::get<0>(sorted).contiguous(), std::get<1>(sorted)};
+}
+
+// One problem laid out for the blockwise loop: grouped-query heads folded so that the query rows of
+// a key/value head are one matrix, everything sorted by position and in the accumulation dtype.
+class Problem {
+ public:
+  Problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, double scale,
+          int64_t query_block)
+      : causal_(mask.causal), scale_(scale), query_block_(query_block) {
+    HP_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+             "attention: q, k and v must be [batch, heads, seq, head_dim]; got ", q.sizes(), ", ", k.sizes(), ", ",
+             v.sizes());
+    HP_CHECK(!q.requires_grad() && !k.requires_grad() && !v.requires_grad(),
+             "attention kernel: inputs must not require grad (hp::nn::attention records autograd)");
+    b_ = q.size(0);
+    hkv_ = k.size(1);
+    sq_ = q.size(2);
+    sk_ = k.size(2);
+    HP_CHECK(k.size(0) == b_ && v.size(0) == b_ && v.size(1) == hkv_ && v.size(2) == sk_ && k.size(3) == q.size(3),
+             "attention: shapes do not match: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+    HP_CHECK(hkv_ > 0 && q.size(1) % hkv_ == 0, "attention: query heads ", q.size(1),
+             " are not a multiple of key/value heads ", hkv_);
+    rep_ = q.size(1) / hkv_;
+    acc_ = accumulation_type(q);
+    qp_ = by_position(positions_or_iota(mask.q_positions, sq_, "q_positions"));
+    kp_ = by_position(positions_or_iota(mask.k_positions, sk_, "k_positions"));
+    q_ = group(q);
+    k_ = kp_.take(k).to(acc_).contiguous();
+    v_ = kp_.take(v).to(acc_).contiguous();
+  }
+
+  // [b, hq, sq, d] (query order) -> [b, hkv, rep, sq, d] sorted, accumulation dtype.
+  at::Tensor group(const at::Tensor& t) const {
+    return qp_.take(t).to(acc_).reshape({b_, hkv_, rep_, sq_, t.size(3)}).contiguous();
+  }
+  // The inverse of group.
+  at::Tensor ungroup(const at::Tensor& t) const { return qp_.put_back(t.reshape({b_, hkv_ * rep_, sq_, t.size(-1)})); }
+  at::Tensor ungroup_rows(const at::Tensor& t) const {  // [b, hkv, rep, sq] -> [b, hq, sq]
+    return ungroup(t.unsqueeze(-1)).squeeze(-1);
+  }
+  at::Tensor unsort_keys(const at::Tensor& t) const { return kp_.put_back(t); }
+
+  struct Block {
+    int64_t begin, rows, keys;  // query rows [begin, begin + rows) see at most the first `keys` keys
+    at::Tensor mask;            // [rows, keys], true where masked; undefined when nothing is
+  };
+  std::vector<Block> blocks() const {
+    std::vector<Block> out;
+    const int64_t* qp = qp_.positions.data_ptr<int64_t>();
+    const int64_t* kp = kp_.positions.data_ptr<int64_t>();
+    for (int64_t begin = 0; begin < sq_; begin += query_block_) {
+      const int64_t rows = std::min(query_block_, sq_ - begin);
+      Block block{begin, rows, sk_, {}};
+      if (causal_) {
+        block.keys = std::upper_bound(kp, kp + sk_, qp[begin + rows - 1]) - kp;
+        const int64_t all_see = std::upper_bound(kp, kp + sk_, qp[begin]) - kp;
+        if (block.keys > all_see)
+          block.mask = at::gt(kp_.positions.narrow(0, 0, block.keys).unsqueeze(0),
+                              qp_.positions.narrow(0, begin, rows).unsqueeze(1));
+      }
+      if (block.keys > 0) out.push_back(std::move(block));
+    }
+    return out;
+  }
+
+  int64_t unmasked_scores() const {
+    if (!causal_) return b_ * hkv_ * rep_ * sq_ * sk_;
+    const int64_t* qp = qp_.positions.data_ptr<int64_t>();
+    const int64_t* kp = kp_.positions.data_ptr<int64_t>();
+    int64_t seen = 0;
+    for (int64_t i = 0; i < sq_; ++i) seen += std::upper_bound(kp, kp + sk_, qp[i]) - kp;
+    return b_ * hkv_ * rep_ * seen;
+  }
+
+  // The block's queries as [b, hkv, rep * rows, dqk], its keys and values.
+  at::Tensor block_rows(const at::Tensor& grouped, const Block& block) const {
+    return grouped.narrow(3, block.begin, block.rows).reshape({b_, hkv_, rep_ * block.rows, grouped.size(-1)});
+  }
+  at::Tensor keys(const Block& block) const { return k_.narrow(2, 0, block.keys); }
+  at::Tensor values(const Block& block) const { return v_.narrow(2, 0, block.keys); }
+
+  // exp(scores - lse) of a block, [b, hkv, rep * rows, keys]; masked scores give 0, and so do rows
+  // whose lse is -inf (they see no key). With `lse` undefined, computes and returns it instead.
+  at::Tensor probabilities(const Block& block, at::Tensor& lse) const {
+    at::Tensor scores = at::matmul(block_rows(q_, block), keys(block).transpose(-2, -1))
+                            .mul_(scale_)
+                            .view({b_, hkv_, rep_, block.rows, block.keys});
+    if (block.mask.defined()) scores.masked_fill_(block.mask, -INFINITY);
+    if (!lse.defined()) lse = at::logsumexp(scores, -1);
+    const at::Tensor finite = lse.masked_fill(at::isinf(lse), 0.0);
+    return scores.sub_(finite.unsqueeze(-1)).exp_().view({b_, hkv_, rep_ * block.rows, block.keys});
+  }
+
+  int64_t b_, hkv_, rep_, sq_, sk_;
+  at::ScalarType acc_;
+  at::Tensor q_, k_, v_;
+
+ private:
+  bool causal_;
+  double scale_;
+  int64_t query_block_;
+  ByPosition qp_, kp_;
+};
+
+class CpuAttentionKernel final : public AttentionKernel {
+ public:
+  explicit CpuAttentionKernel(int64_t query_block) : query_block_(query_block) {
+    HP_CHECK(query_block > 0, "cpu_attention_kernel: query_block must be positive; got ", query_block);
+  }
+
+  AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
+                          double scale) const override {
+    const Problem p(q, k, v, mask, scale, query_block_);
+    note_attention_work(p.unmasked_scores());
+    const auto options = at::TensorOptions().dtype(p.acc_);
+    at::Tensor out = at::zeros({p.b_, p.hkv_, p.rep_, p.sq_, v.size(3)}, options);
+    at::Tensor lse = at::full({p.b_, p.hkv_, p.rep_, p.sq_}, -INFINITY, options);
+    for (const Problem::Block& block : p.blocks()) {
+      at::Tensor block_lse;
+      const at::Tensor probs = p.probabilities(block, block_lse);
+      out.narrow(3, block.begin, block.rows)
+          .copy_(at::matmul(probs, p.values(block)).view({p.b_, p.hkv_, p.rep_, block.rows, v.size(3)}));
+      lse.narrow(3, block.begin, block.rows).copy_(block_lse);
+    }
+    return {p.ungroup(out), p.ungroup_rows(lse)};
+  }
+
+  AttentionGrads backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                          const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask,
+                          double scale) const override {
+    const Problem p(q, k, v, mask, scale, query_block_);
+    const at::Tensor dout_g = p.group(dout);
+    const at::Tensor lse_g = p.group(lse.unsqueeze(-1)).squeeze(-1);
+    // D_i = sum_j dout_ij out_ij: the softmax backward's row term, from the (global) output.
+    const at::Tensor row_term = (dout_g * p.group(out)).sum(-1);
+    at::Tensor dq = at::zeros_like(p.q_);
+    at::Tensor dk = at::zeros_like(p.k_);
+    at::Tensor dv = at::zeros_like(p.v_);
+    for (const Problem::Block& block : p.blocks()) {
+      at::Tensor block_lse = lse_g.narrow(3, block.begin, block.rows);
+      const at::Tensor probs = p.probabilities(block, block_lse);
+      const at::Tensor dout_b = p.block_rows(dout_g, block);
+      dv.narrow(2, 0, block.keys).add_(at::matmul(probs.transpose(-2, -1), dout_b));
+      const at::Tensor dprobs = at::matmul(dout_b, p.values(block).transpose(-2, -1));
+      const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
+      const at::Tensor dscores = probs.mul(dprobs.sub_(row)).mul_(scale);
+      dq.narrow(3, block.begin, block.rows)
+          .copy_(at::matmul(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
+      dk.narrow(2, 0, block.keys).add_(at::matmul(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));
+    }
+    return {p.ungroup(dq), p.unsort_keys(dk), p.unsort_keys(dv)};
+  }
+
+ private:
+  int64_t query_block_;
+};
+
+class LocalCompute final : public AttentionCompute {
+ public:
+  at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, bool causal, double scale) const override {
+    return attention(std::move(kernel), q, k, v, AttentionMask{causal, {}, {}}, scale);
+  }
+  at::Tensor positions(int64_t local_len) const override { return at::arange(local_len, at::kLong); }
+  std::string name() const override { return "local"; }
+};
+
+}  // namespace
+
+std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block) {
+  return std::make_shared<CpuAttentionKernel>(query_block);
+}
+
+AttentionOutput merge_attention(const AttentionOutput& acc, const AttentionOutput& block) {
+  const at::Tensor top = at::maximum(acc.lse, block.lse);
+  const at::Tensor shift = top.masked_fill(at::isinf(top), 0.0);
+  const at::Tensor w_acc = (acc.lse - shift).exp_();
+  const at::Tensor w_block = (block.lse - shift).exp_();
+  const at::Tensor total = w_acc + w_block;
+  at::Tensor lse = total.log() + shift;
+  // Rows that see no key on either side: total 0; divide by 1 to keep their out at 0.
+  const at::Tensor divisor = total.masked_fill(total == 0, 1.0).unsqueeze(-1);
+  at::Tensor out = (acc.out * w_acc.unsqueeze(-1) + block.out * w_block.unsqueeze(-1)).div_(divisor);
+  return {std::move(out), std::move(lse)};
+}
+
+at::Tensor attention(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const AttentionMask& mask, double scale) {
+  AttentionOutput result;
+  {
+    at::NoGradGuard no_grad;
+    result = kernel->forward(q.detach(), k.detach(), v.detach(), mask, scale);
+  }
+  at::Tensor out = result.out.to(q.scalar_type());
+  // The backward keeps a detached alias of out: holding out itself would hold its own node.
+  return record_backward(
+      "attention", {q, k, v}, out,
+      [kernel = std::move(kernel), q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(),
+       lse = std::move(result.lse), mask, scale](const at::Tensor& dout) {
+        at::NoGradGuard no_grad;
+        const AttentionGrads g = kernel->backward(q, k, v, out, lse, dout, mask, scale);
+        return std::vector<at::Tensor>{g.dq.to(q.scalar_type()), g.dk.to(k.scalar_type()), g.dv.to(v.scalar_type())};
+      });
+}
+
+AttentionWorkCounter::AttentionWorkCounter() : outer_(current_counter) { current_counter = this; }
+AttentionWorkCounter::~AttentionWorkCounter() { current_counter = outer_; }
+
+void note_attention_work(int64_t unmasked) {
+  for (AttentionWorkCounter* c = current_counter; c != nullptr; c = c->outer_) c->unmasked_ += unmasked;
+}
+
+CoreAttention::CoreAttention(bool causal_, double scale_)
+    : Module("CoreAttention"),
+      causal(causal_),
+      scale(scale_),
+      kernel_(cpu_attention_kernel()),
+      compute_(std::make_shared<LocalCompute>()) {}
+
+void CoreAttention::set_kernel(std::shared_ptr<const AttentionKernel> kernel) {
+  HP_CHECK(kernel != nullptr, "CoreAttention::set_kernel: null kernel");
+  kernel_ = std::move(kernel);
+}
+
+void CoreAttention::set_compute(std::shared_ptr<const AttentionCompute> compute) {
+  HP_CHECK(compute != nullptr, "CoreAttention::set_compute: null compute");
+  compute_ = std::move(compute);
+}
+
+at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
+  HP_CHECK(inputs.size() == 3, "CoreAttention takes q, k and v; got ", inputs.size(), " inputs");
+  const at::Tensor& q = inputs[0];
+  const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s);
+}
+
+}  // namespace hp::nn

@@ -1,0 +1,194 @@
+#include "hp/parallel/context_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <utility>
+
+#include "hp/comm/functional.h"
+#include "hp/core/error.h"
+#include "hp/nn/attention.h"
+#include "parallel/ring_attention.h"
+
+namespace hp {
+namespace {
+
+at::Tensor long_tensor(const std::vector<int64_t>& values) {
+  return at::tensor(at::ArrayRef<int64_t>(values), at::kLong);
+}
+
+// Sequence-sharded [b, h, s, d] on each of `group`'s ranks -> head-sharded [b, h / n, n s, d], the
+// sequence in group-rank order. Differentiable (the backward is the inverse all_to_all).
+at::Tensor sequence_to_heads(const at::Tensor& x, const comm::ProcessGroup& group) {
+  const int64_t n = group.size(), b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
+  const at::Tensor pieces = x.reshape({b, n, h / n, s, d}).permute({1, 0, 2, 3, 4}).contiguous();
+  const at::Tensor received = comm::functional::all_to_all(pieces, group);  // [n (source), b, h/n, s, d]
+  return received.permute({1, 2, 0, 3, 4}).reshape({b, h / n, n * s, d});
+}
+
+// The inverse of sequence_to_heads.
+at::Tensor heads_to_sequence(const at::Tensor& x, const comm::ProcessGroup& group) {
+  const int64_t n = group.size(), b = x.size(0), h = x.size(1), s = x.size(2) / n, d = x.size(3);
+  const at::Tensor pieces = x.reshape({b, h, n, s, d}).permute({2, 0, 1, 3, 4}).contiguous();
+  const at::Tensor received = comm::functional::all_to_all(pieces, group);  // [n (head group), b, h, s, d]
+  return received.permute({1, 0, 2, 3, 4}).reshape({b, n * h, s, d});
+}
+
+// Key/value heads for a Ulysses group of n: split as they are when n divides them, else each
+// repeated so that every rank gets the one its query heads use.
+at::Tensor kv_heads_for_ulysses(const at::Tensor& kv, int64_t query_heads, int64_t n) {
+  const int64_t heads = kv.size(1);
+  HP_CHECK(query_heads % n == 0, "ContextParallel (Ulysses): ", query_heads,
+           " query heads (on this rank) do not divide by the Ulysses degree ", n);
+  if (heads % n == 0) return kv;
+  HP_CHECK(n % heads == 0, "ContextParallel (Ulysses): ", heads, " key/value heads (on this rank) neither divide by ",
+           "nor divide the Ulysses degree ", n);
+  return kv.repeat_interleave(n / heads, 1);
+}
+
+class ContextParallelCompute final : public nn::AttentionCompute {
+ public:
+  ContextParallelCompute(comm::ProcessGroup group, CpMode mode, bool load_balance, int64_t ulysses_degree)
+      : group_(std::move(group)), mode_(mode), load_balance_(load_balance) {
+    const int64_t ranks = group_.size(), rank = group_.rank();
+    if (mode_ == CpMode::kRing) ring_ = group_;
+    if (mode_ == CpMode::kUlysses) ulysses_ = group_;
+    if (mode_ == CpMode::kHybrid) {
+      // cp rank c = ring index c / u, Ulysses index c % u: Ulysses groups are neighbouring ranks.
+      const int64_t u = ulysses_degree;
+      std::vector<int> ulysses_ranks, ring_ranks;
+      for (int64_t i = 0; i < u; ++i) ulysses_ranks.push_back(group_.ranks()[rank / u * u + i]);
+      for (int64_t j = 0; j < ranks / u; ++j) ring_ranks.push_back(group_.ranks()[j * u + rank % u]);
+      ulysses_ = group_.new_group(ulysses_ranks, group_.name() + ".ulysses");
+      ring_ = group_.new_group(ring_ranks, group_.name() + ".ring");
+    }
+  }
+
+  at::Tensor positions(int64_t local_len) const override {
+    return cp_positions(local_len * group_.size(), group_.size(), group_.rank(), load_balance_);
+  }
+
+  std::string name() const override { return "ContextParallel(" + to_string(mode_) + ")"; }
+
+  at::Tensor attend(std::shared_ptr<const nn::AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, bool causal, double scale) const override {
+    const int64_t s = q.size(2);
+    HP_CHECK(k.size(2) == s && v.size(2) == s, "ContextParallel: q, k and v must hold the same tokens; got ", q.sizes(),
+             ", ", k.sizes(), ", ", v.sizes());
+    // positions_of(i): cp rank i's positions.
+    auto positions_of = [&](int64_t i) { return cp_positions(s * group_.size(), group_.size(), i, load_balance_); };
+    if (mode_ == CpMode::kAllGather) {
+      std::vector<at::Tensor> all;
+      for (int64_t i = 0; i < group_.size(); ++i) all.push_back(positions_of(i));
+      const comm::AllGatherOptions along_sequence{2, {}};
+      return nn::attention(kernel, q, comm::functional::all_gather(k, group_, along_sequence),
+                           comm::functional::all_gather(v, group_, along_sequence),
+                           {causal, positions_of(group_.rank()), at::cat(all)}, scale);
+    }
+    // The tokens this rank attends for (after Ulysses, its group's), and the ring peers' tokens.
+    const int64_t u = ulysses_.defined() ? ulysses_.size() : 1;
+    auto group_positions = [&](int64_t first_rank) {
+      std::vector<at::Tensor> parts;
+      for (int64_t i = 0; i < u; ++i) parts.push_back(positions_of(first_rank + i));
+      return at::cat(parts);
+    };
+    const int64_t my_first = group_.rank() / u * u;
+    std::shared_ptr<const nn::AttentionKernel> inner = kernel;
+    if (ring_.defined()) {
+      std::vector<at::Tensor> key_positions;
+      for (int64_t j = 0; j < ring_.size(); ++j) key_positions.push_back(group_positions(j * u));
+      inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions));
+    }
+    const nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first)};
+    if (!ulysses_.defined()) return nn::attention(inner, q, k, v, mask, scale);
+    const at::Tensor out = nn::attention(
+        inner, sequence_to_heads(q, ulysses_), sequence_to_heads(kv_heads_for_ulysses(k, q.size(1), u), ulysses_),
+        sequence_to_heads(kv_heads_for_ulysses(v, q.size(1), u), ulysses_), mask, scale);
+    return heads_to_sequence(out, ulysses_);
+  }
+
+ private:
+  comm::ProcessGroup group_, ring_, ulysses_;
+  CpMode mode_;
+  bool load_balance_;
+};
+
+}  // namespace
+
+std::string to_string(CpMode mode) {
+  switch (mode) {
+    case CpMode::kRing:
+      return "ring";
+    case CpMode::kAllGather:
+      return "allgather";
+    case CpMode::kUlysses:
+      return "ulysses";
+    case CpMode::kHybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+CpMode cp_mode_named(const std::string& name) {
+  for (CpMode m : {CpMode::kRing, CpMode::kAllGather, CpMode::kUlysses, CpMode::kHybrid})
+    if (to_string(m) == name) return m;
+  HP_FAIL("unknown context-parallel mode '", name, "' (ring, allgather, ulysses or hybrid)");
+}
+
+std::vector<int64_t> head_tail_order(int64_t seq) {
+  HP_CHECK(seq >= 0 && seq % 2 == 0, "head_tail_order: the sequence length ", seq, " must be even");
+  std::vector<int64_t> order;
+  order.reserve(seq);
+  for (int64_t i = 0; i < seq / 2; ++i) {
+    order.push_back(i);
+    order.push_back(seq - 1 - i);
+  }
+  return order;
+}
+
+at::Tensor cp_positions(int64_t seq, int64_t ranks, int64_t rank, bool load_balance) {
+  HP_CHECK(ranks > 0 && rank >= 0 && rank < ranks, "cp_positions: rank ", rank, " of ", ranks);
+  const int64_t pieces = load_balance ? 2 * ranks : ranks;
+  HP_CHECK(seq > 0 && seq % pieces == 0, "context parallelism: the sequence length ", seq, " must divide by ", pieces,
+           load_balance ? " (2 x cp, for the load-balanced head-tail cut)" : " (cp)");
+  const int64_t local = seq / ranks;
+  if (!load_balance) return at::arange(rank * local, (rank + 1) * local, at::kLong);
+  const std::vector<int64_t> order = head_tail_order(seq);
+  return long_tensor(std::vector<int64_t>(order.begin() + rank * local, order.begin() + (rank + 1) * local));
+}
+
+at::Tensor cp_shard(const at::Tensor& x, int64_t dim, int64_t ranks, int64_t rank, bool load_balance) {
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  HP_CHECK(d >= 0 && d < x.dim(), "cp_shard: dim ", dim, " of a ", x.dim(), "-d tensor");
+  return x.index_select(d, cp_positions(x.size(d), ranks, rank, load_balance).to(x.device()));
+}
+
+at::Tensor cp_unshard(const at::Tensor& local, int64_t dim, const comm::ProcessGroup& group, bool load_balance) {
+  const int64_t d = dim < 0 ? dim + local.dim() : dim;
+  HP_CHECK(d >= 0 && d < local.dim(), "cp_unshard: dim ", dim, " of a ", local.dim(), "-d tensor");
+  const at::Tensor gathered = group.all_gather(local.contiguous(), comm::AllGatherOptions{d, {}});
+  std::vector<at::Tensor> positions;
+  for (int64_t r = 0; r < group.size(); ++r)
+    positions.push_back(cp_positions(gathered.size(d), group.size(), r, load_balance));
+  return at::empty_like(gathered).index_copy_(d, at::cat(positions).to(local.device()), gathered);
+}
+
+void ContextParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  HP_CHECK(dynamic_cast<nn::CoreAttention*>(&module) != nullptr, "ContextParallel applies to CoreAttention modules; ",
+           fqn, " is a ", module.name());
+  HP_CHECK(mesh.ndim() == 1, "ContextParallel needs a 1-D mesh (the cp dim); got ", mesh.str());
+  if (mode_ == CpMode::kHybrid) {
+    const int64_t w = mesh.size(0);
+    HP_CHECK(ulysses_degree_ > 1 && ulysses_degree_ < w && w % ulysses_degree_ == 0,
+             "ContextParallel(hybrid): the Ulysses degree ", ulysses_degree_,
+             " must be above 1, below cp and divide cp (", w, ")");
+  }
+}
+
+void ContextParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check(module, fqn, mesh);
+  auto& core = static_cast<nn::CoreAttention&>(module);
+  core.set_compute(std::make_shared<ContextParallelCompute>(mesh.get_group(0), mode_, load_balance_, ulysses_degree_));
+}
+
+}  // namespace hp

@@ -1,0 +1,195 @@
+// The CPU attention kernel against attention written out (repeat the key/value heads, scores,
+// mask by position, softmax, mix) and differentiated by autograd: out, dq, dk and dv within 1e-12
+// in fp64 and PyTorch's fp32 bound (atol 2e-6, rtol 1e-5); with q/k head dim 24 and v head dim 16,
+// a custom scale, grouped-query heads, blocks of 3 query rows, and tokens in any order. Plus the
+// pieces ring attention is built from: merging partial results over key blocks, and backward of a
+// key block against the global out and lse.
+#include <hp/nn/attention.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+constexpr double kScale = 0.3;
+
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+// b 2, 4 query heads, 2 key/value heads, qk head dim 24, v head dim 16.
+Qkv make_qkv(int64_t sq, int64_t sk, at::ScalarType dtype, int salt = 0) {
+  return {rank_data(0, {2, 4, sq, 24}, dtype, salt + 1), rank_data(0, {2, 2, sk, 24}, dtype, salt + 2),
+          rank_data(0, {2, 2, sk, 16}, dtype, salt + 3)};
+}
+
+at::Tensor iota(int64_t n) { return at::arange(n, at::kLong); }
+
+// Attention written out with autograd ops, in the inputs' dtype.
+at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const nn::AttentionMask& m,
+                           double scale) {
+  const int64_t rep = q.size(1) / k.size(1);
+  at::Tensor scores = at::matmul(q, k.repeat_interleave(rep, 1).transpose(-2, -1)) * scale;
+  const at::Tensor qp = m.q_positions.defined() ? m.q_positions : iota(q.size(2));
+  const at::Tensor kp = m.k_positions.defined() ? m.k_positions : iota(k.size(2));
+  if (m.causal) scores = scores.masked_fill(kp.unsqueeze(0) > qp.unsqueeze(1), -INFINITY);
+  return at::matmul(at::softmax(scores, -1), v.repeat_interleave(rep, 1));
+}
+
+struct Result {
+  at::Tensor out, dq, dk, dv;
+};
+
+// out and the gradients of sum(out * dout).
+template <typename Fn>
+Result run_with_grad(const Qkv& in, const at::Tensor& dout, Fn fn) {
+  const at::Tensor q = in.q.detach().requires_grad_(), k = in.k.detach().requires_grad_(),
+                   v = in.v.detach().requires_grad_();
+  const at::Tensor out = fn(q, k, v);
+  out.backward(dout);
+  return {out.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+void check_result(const Result& got, const Result& want, const std::string& what, double atol, double rtol) {
+  check_allclose(got.out, want.out, what + ": out", atol, rtol);
+  check_allclose(got.dq, want.dq, what + ": dq", atol, rtol);
+  check_allclose(got.dk, want.dk, what + ": dk", atol, rtol);
+  check_allclose(got.dv, want.dv, what + ": dv", atol, rtol);
+}
+
+// (dtype, causal, query block, tokens shuffled)
+class AttentionKernelCase : public ::testing::TestWithParam<std::tuple<at::ScalarType, bool, int64_t, bool>> {};
+
+TEST_P(AttentionKernelCase, MatchesAttentionWrittenOut) {
+  const auto [dtype, causal, block, shuffled] = GetParam();
+  const int64_t s = 10;
+  const Qkv in = make_qkv(s, s, dtype);
+  const at::Tensor dout = rank_data(0, {2, 4, s, 16}, dtype, 9);
+  // Shuffled: the same tokens in another order (as a context-parallel shard holds them).
+  const at::Tensor positions = shuffled ? at::tensor(std::vector<int64_t>{3, 9, 0, 7, 1, 8, 2, 6, 4, 5}) : iota(s);
+  const nn::AttentionMask mask{causal, positions, positions};
+  const auto kernel = nn::cpu_attention_kernel(block);
+  const Result got = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return nn::attention(kernel, q, k, v, mask, kScale);
+  });
+  // The reference in fp64 from the same (rounded) inputs.
+  const Qkv in64{in.q.to(at::kDouble), in.k.to(at::kDouble), in.v.to(at::kDouble)};
+  const Result want =
+      run_with_grad(in64, dout.to(at::kDouble), [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return naive_attention(q, k, v, mask, kScale);
+      });
+  EXPECT_EQ(got.out.scalar_type(), dtype);
+  EXPECT_EQ(got.dq.scalar_type(), dtype);
+  try {
+    if (dtype == at::kDouble) check_result(got, want, "fp64", 1e-12, 0.0);
+    if (dtype == at::kFloat) check_result(got, want, "fp32", 2e-6, 1e-5);
+    if (dtype == at::kBFloat16) check_result(got, want, "bf16", 1e-2, 1e-2);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AttentionKernel, AttentionKernelCase,
+                         ::testing::Combine(::testing::Values(at::kDouble, at::kFloat, at::kBFloat16),
+                                            ::testing::Bool(), ::testing::Values<int64_t>(3, 256), ::testing::Bool()));
+
+TEST(AttentionKernel, QueriesAfterTheKeysSeeThemAll) {
+  // Queries at 5..9 against keys 0..9: a query block that sees a prefix of the keys.
+  const Qkv in = make_qkv(5, 10, at::kDouble);
+  const nn::AttentionMask mask{true, at::arange(5, 10, at::kLong), {}};
+  const at::Tensor dout = rank_data(0, {2, 4, 5, 16}, at::kDouble, 9);
+  const Result got = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return nn::attention(nn::cpu_attention_kernel(2), q, k, v, mask, kScale);
+  });
+  const Result want = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return naive_attention(q, k, v, mask, kScale);
+  });
+  check_result(got, want, "queries 5..9", 1e-12, 0.0);
+}
+
+TEST(AttentionKernel, LseIsTheLogSumExpOfTheScores) {
+  const Qkv in = make_qkv(6, 6, at::kDouble);
+  const nn::AttentionOutput r = nn::cpu_attention_kernel(4)->forward(in.q, in.k, in.v, {true, {}, {}}, kScale);
+  const at::Tensor scores = at::matmul(in.q, in.k.repeat_interleave(2, 1).transpose(-2, -1)) * kScale;
+  const at::Tensor want = at::logsumexp(scores.masked_fill(at::ones({6, 6}, at::kBool).triu(1), -INFINITY), -1);
+  check_allclose(r.lse, want, "lse", 1e-12, 0.0);
+}
+
+TEST(AttentionKernel, QueriesThatSeeNoKeyGiveZeroAndMinusInfinity) {
+  const Qkv in = make_qkv(2, 3, at::kDouble);
+  const nn::AttentionMask mask{true, at::arange(0, 2, at::kLong), at::arange(5, 8, at::kLong)};
+  const auto kernel = nn::cpu_attention_kernel();
+  const nn::AttentionOutput r = kernel->forward(in.q, in.k, in.v, mask, kScale);
+  EXPECT_TRUE(at::equal(r.out, at::zeros_like(r.out)));
+  EXPECT_TRUE(at::all(r.lse == -INFINITY).item<bool>());
+  const nn::AttentionGrads g = kernel->backward(in.q, in.k, in.v, r.out, r.lse, at::ones_like(r.out), mask, kScale);
+  for (const at::Tensor& t : {g.dq, g.dk, g.dv}) EXPECT_TRUE(at::equal(t, at::zeros_like(t)));
+}
+
+// Keys split in two blocks (the first one invisible to the early queries): merging the blocks'
+// partial results gives the whole result, and backward of each block against the whole out and
+// lse gives its share of the whole gradients. What ring attention relies on.
+TEST(AttentionKernel, KeyBlocksMergeAndDifferentiateToTheWhole) {
+  const int64_t s = 10;
+  const Qkv in = make_qkv(s, s, at::kDouble);
+  const at::Tensor dout = rank_data(0, {2, 4, s, 16}, at::kDouble, 9);
+  const auto kernel = nn::cpu_attention_kernel(3);
+  // Block A: keys at 6..9 (after the first queries), block B: keys at 0..5.
+  const at::Tensor a = at::arange(6, 10, at::kLong), b = at::arange(0, 6, at::kLong);
+  auto keys = [&](const at::Tensor& t, const at::Tensor& p) { return t.index_select(2, p); };
+  const nn::AttentionMask whole{true, {}, {}}, mask_a{true, {}, a}, mask_b{true, {}, b};
+  const nn::AttentionOutput full = kernel->forward(in.q, in.k, in.v, whole, kScale);
+  const nn::AttentionOutput merged =
+      nn::merge_attention(kernel->forward(in.q, keys(in.k, a), keys(in.v, a), mask_a, kScale),
+                          kernel->forward(in.q, keys(in.k, b), keys(in.v, b), mask_b, kScale));
+  check_allclose(merged.out, full.out, "merged out", 1e-12, 0.0);
+  check_allclose(merged.lse, full.lse, "merged lse", 1e-12, 0.0);
+
+  const nn::AttentionGrads g = kernel->backward(in.q, in.k, in.v, full.out, full.lse, dout, whole, kScale);
+  const nn::AttentionGrads ga =
+      kernel->backward(in.q, keys(in.k, a), keys(in.v, a), full.out, full.lse, dout, mask_a, kScale);
+  const nn::AttentionGrads gb =
+      kernel->backward(in.q, keys(in.k, b), keys(in.v, b), full.out, full.lse, dout, mask_b, kScale);
+  check_allclose(ga.dq + gb.dq, g.dq, "dq from blocks", 1e-12, 0.0);
+  check_allclose(at::cat({gb.dk, ga.dk}, 2), g.dk, "dk from blocks", 1e-12, 0.0);
+  check_allclose(at::cat({gb.dv, ga.dv}, 2), g.dv, "dv from blocks", 1e-12, 0.0);
+}
+
+TEST(AttentionKernel, WorkCounterCountsUnmaskedScores) {
+  const Qkv in = make_qkv(8, 8, at::kFloat);
+  const auto kernel = nn::cpu_attention_kernel(3);
+  nn::AttentionWorkCounter outer;
+  {
+    nn::AttentionWorkCounter causal;
+    kernel->forward(in.q, in.k, in.v, {true, {}, {}}, kScale);
+    EXPECT_EQ(causal.unmasked_scores(), 2 * 4 * 36);  // batch x query heads x 8*9/2
+  }
+  nn::AttentionWorkCounter full;
+  kernel->forward(in.q, in.k, in.v, {false, {}, {}}, kScale);
+  EXPECT_EQ(full.unmasked_scores(), 2 * 4 * 64);
+  EXPECT_EQ(outer.unmasked_scores(), 2 * 4 * (36 + 64));
+}
+
+TEST(AttentionKernel, CoreAttentionDefaultsToCausalWithInverseSqrtScale) {
+  const Qkv in = make_qkv(6, 6, at::kDouble);
+  nn::CoreAttention core;
+  const at::Tensor got = core.call({in.q, in.k, in.v});
+  check_allclose(got, naive_attention(in.q, in.k, in.v, {true, {}, {}}, 1.0 / std::sqrt(24.0)), "core", 1e-12, 0.0);
+  EXPECT_TRUE(at::equal(core.positions(6), iota(6)));
+}
+
+TEST(AttentionKernel, BadShapesAreErrors) {
+  const Qkv in = make_qkv(6, 6, at::kFloat);
+  const auto kernel = nn::cpu_attention_kernel();
+  expect_error([&] { kernel->forward(in.q.narrow(1, 0, 3), in.k, in.v, {}, 1.0); }, "not a multiple");
+  expect_error([&] { kernel->forward(in.q, in.k, in.v, {true, iota(5), {}}, 1.0); }, "q_positions must be int64 [6]");
+  expect_error([&] { kernel->forward(in.q, in.k, in.v.narrow(2, 0, 5), {}, 1.0); }, "shapes do not match");
+  expect_error([&] { nn::cpu_attention_kernel(0); }, "query_block must be positive");
+}
+
+}  // namespace
+}  // namespace hp::test
