@@ -104,6 +104,28 @@ struct QueuedWorkState final : WorkState {
   std::shared_future<at::Tensor> future;
 };
 
+// A native collective that the group's CollectiveQueue starts, in program order, once the composed
+// collectives queued before it have run; the caller waits for it.
+struct StartedLaterWorkState final : WorkState {
+  StartedLaterWorkState(std::shared_future<at::Tensor> started, std::shared_ptr<NativeWorkState> native)
+      : started(std::move(started)), native(std::move(native)) {}
+  at::Tensor wait() override {
+    started.get();  // rethrows a failure to start
+    if (abort_requested) native->abort(native);
+    return native->wait();
+  }
+  bool is_completed() override {
+    return started.wait_for(std::chrono::seconds(0)) == std::future_status::ready && native->is_completed();
+  }
+  void abort(const std::shared_ptr<WorkState>& /*self*/) override {
+    abort_requested = true;  // a wait() still before the start aborts once it is started
+    if (started.wait_for(std::chrono::seconds(0)) == std::future_status::ready) native->abort(native);
+  }
+  std::shared_future<at::Tensor> started;
+  std::shared_ptr<NativeWorkState> native;
+  std::atomic<bool> abort_requested{false};
+};
+
 // A collective with nothing to communicate (e.g. on a group of one rank).
 struct ReadyWorkState final : WorkState {
   explicit ReadyWorkState(at::Tensor t) : tensor(std::move(t)) {}

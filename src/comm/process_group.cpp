@@ -140,10 +140,13 @@ Work issue_native(const std::shared_ptr<GroupImpl>& g, const CollectiveSite& sit
   state->keep_alive = g;
   if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
   // Behind a composed collective: issue from the worker so the issue order stays the program order.
-  return Work(std::make_shared<detail::QueuedWorkState>(g->queue.enqueue([state, site, step] {
+  // The worker only starts it and goes on: waiting there would keep a send's matching receive (the
+  // next operation of a batch_isend_irecv, on both ranks) from being posted.
+  std::shared_future<at::Tensor> started = g->queue.enqueue([state, site, step] {
     state->work = start_or_explain(site, step);
-    return state->wait();
-  })));
+    return at::Tensor();
+  });
+  return Work(std::make_shared<detail::StartedLaterWorkState>(std::move(started), std::move(state)));
 }
 
 // A native collective that fills `tensor` in place, through a contiguous copy when it is not.

@@ -34,16 +34,19 @@ at::Tensor heads_to_sequence(const at::Tensor& x, const comm::ProcessGroup& grou
   return received.permute({1, 0, 2, 3, 4}).reshape({b, n * h, s, d});
 }
 
+void check_ulysses_heads(int64_t query_heads, int64_t kv_heads, int64_t n) {
+  HP_CHECK(query_heads % n == 0, "ContextParallel (Ulysses): ", query_heads,
+           " query heads (on this rank) do not divide by the Ulysses degree ", n);
+  HP_CHECK(kv_heads % n == 0 || n % kv_heads == 0, "ContextParallel (Ulysses): ", kv_heads,
+           " key/value heads (on this rank) neither divide by nor divide the Ulysses degree ", n);
+}
+
 // Key/value heads for a Ulysses group of n: split as they are when n divides them, else each
 // repeated so that every rank gets the one its query heads use.
 at::Tensor kv_heads_for_ulysses(const at::Tensor& kv, int64_t query_heads, int64_t n) {
   const int64_t heads = kv.size(1);
-  HP_CHECK(query_heads % n == 0, "ContextParallel (Ulysses): ", query_heads,
-           " query heads (on this rank) do not divide by the Ulysses degree ", n);
-  if (heads % n == 0) return kv;
-  HP_CHECK(n % heads == 0, "ContextParallel (Ulysses): ", heads, " key/value heads (on this rank) neither divide by ",
-           "nor divide the Ulysses degree ", n);
-  return kv.repeat_interleave(n / heads, 1);
+  check_ulysses_heads(query_heads, heads, n);
+  return heads % n == 0 ? kv : kv.repeat_interleave(n / heads, 1);
 }
 
 class ContextParallelCompute final : public nn::AttentionCompute {
@@ -173,16 +176,21 @@ at::Tensor cp_unshard(const at::Tensor& local, int64_t dim, const comm::ProcessG
   return at::empty_like(gathered).index_copy_(d, at::cat(positions).to(local.device()), gathered);
 }
 
+void ContextParallel::check_heads(int64_t ranks, int64_t q_heads, int64_t kv_heads) const {
+  if (mode_ == CpMode::kHybrid)
+    HP_CHECK(ulysses_degree_ > 1 && ulysses_degree_ < ranks && ranks % ulysses_degree_ == 0,
+             "ContextParallel(hybrid): the Ulysses degree ", ulysses_degree_,
+             " must be above 1, below cp and divide cp (", ranks, ")");
+  if (mode_ == CpMode::kUlysses) check_ulysses_heads(q_heads, kv_heads, ranks);
+  if (mode_ == CpMode::kHybrid) check_ulysses_heads(q_heads, kv_heads, ulysses_degree_);
+}
+
 void ContextParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
   HP_CHECK(dynamic_cast<nn::CoreAttention*>(&module) != nullptr, "ContextParallel applies to CoreAttention modules; ",
            fqn, " is a ", module.name());
   HP_CHECK(mesh.ndim() == 1, "ContextParallel needs a 1-D mesh (the cp dim); got ", mesh.str());
-  if (mode_ == CpMode::kHybrid) {
-    const int64_t w = mesh.size(0);
-    HP_CHECK(ulysses_degree_ > 1 && ulysses_degree_ < w && w % ulysses_degree_ == 0,
-             "ContextParallel(hybrid): the Ulysses degree ", ulysses_degree_,
-             " must be above 1, below cp and divide cp (", w, ")");
-  }
+  // The heads are known at the first call; here only the degree (heads pass with one per rank).
+  if (mode_ == CpMode::kHybrid) check_heads(mesh.size(0), ulysses_degree_, ulysses_degree_);
 }
 
 void ContextParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {

@@ -23,11 +23,11 @@ class RingShift {
  public:
   RingShift(const comm::ProcessGroup& group, const TensorPair& out, int first_tag, int second_tag) {
     const int ranks = group.size(), next = (group.rank() + 1) % ranks, prev = (group.rank() + ranks - 1) % ranks;
-    const at::Tensor a = out.first.contiguous(), b = out.second.contiguous();
-    in_ = {at::empty_like(a), at::empty_like(b)};
-    works_ = group.batch_isend_irecv({comm::P2POp::send(a, next, first_tag), comm::P2POp::send(b, next, second_tag),
-                                      comm::P2POp::recv(in_.first, prev, first_tag),
-                                      comm::P2POp::recv(in_.second, prev, second_tag)});
+    out_ = {out.first.contiguous(), out.second.contiguous()};  // alive until the sends complete
+    in_ = {at::empty_like(out_.first), at::empty_like(out_.second)};
+    works_ = group.batch_isend_irecv(
+        {comm::P2POp::send(out_.first, next, first_tag), comm::P2POp::send(out_.second, next, second_tag),
+         comm::P2POp::recv(in_.first, prev, first_tag), comm::P2POp::recv(in_.second, prev, second_tag)});
   }
   // The pair the previous rank sent.
   TensorPair wait() {
@@ -37,7 +37,7 @@ class RingShift {
 
  private:
   std::vector<comm::Work> works_;
-  TensorPair in_;
+  TensorPair out_, in_;
 };
 
 class RingAttentionKernel final : public nn::AttentionKernel {

@@ -83,6 +83,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("parallel.tp", parallel.tp),
       HP_CONFIG_FIELD("parallel.pp", parallel.pp),
       HP_CONFIG_FIELD("parallel.cp", parallel.cp),
+      HP_CONFIG_FIELD("parallel.cp_mode", cp_mode),
+      HP_CONFIG_FIELD("parallel.cp_ulysses", cp_ulysses),
       HP_CONFIG_FIELD("parallel.ep", parallel.ep),
       HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
       HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
@@ -325,6 +327,18 @@ void validate(const TrainConfig& c, int64_t world_size) {
            recomputes,
            " does not work with parallel.pp_schedule zbv yet (it splits the backward into input and weight passes); "
            "use another schedule, or neither memory.checkpoint nor memory.swap");
+  HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
+           "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
+  const CpMode cp_mode = cp_mode_named(c.cp_mode);
+  HP_CHECK(c.data.seq_len % (2 * c.parallel.cp) == 0, "data.seq_len (", c.data.seq_len,
+           ") must be divisible by 2 x parallel.cp (", 2 * c.parallel.cp,
+           "): context parallelism cuts each sequence into 2 x cp pieces, an early and a late one per rank");
+  HP_CHECK(c.parallel.cp > 1 || (c.cp_mode == "ring" && c.cp_ulysses == 0),
+           "parallel.cp_mode and parallel.cp_ulysses need parallel.cp > 1");
+  HP_CHECK(cp_mode == CpMode::kHybrid || c.cp_ulysses == 0, "parallel.cp_ulysses is the Ulysses degree of ",
+           "parallel.cp_mode hybrid; parallel.cp_mode is ", c.cp_mode);
+  HP_CHECK(c.parallel.cp == 1 || c.sample.tokens == 0, "sample.tokens needs parallel.cp 1: generating one token at ",
+           "a time under context parallelism is not supported yet");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
   HP_CHECK(c.reshard_after_forward_to >= 0 &&
                (c.reshard_after_forward_to == 0 || c.parallel.dp_shard % c.reshard_after_forward_to == 0),
@@ -340,9 +354,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
              dtype == &c.train.mixed_precision_param ? "param" : "reduce", " '", *dtype,
              "' is unknown (available: fp32, bf16)");
   HP_CHECK((c.train.mixed_precision_param == "fp32" && c.train.mixed_precision_reduce == "fp32") ||
-               c.parallel.dp() > 1 || c.parallel.pp > 1,
+               c.parallel.dp() * c.parallel.cp > 1 || c.parallel.pp > 1,
            "train.mixed_precision_param and _reduce apply through FSDP, which this run does not use: they need ",
-           "parallel.dp_shard x dp_replicate > 1 or parallel.pp > 1");
+           "parallel.dp_shard x dp_replicate x cp > 1 or parallel.pp > 1");
   HP_CHECK(c.train.cpu_threads >= 0 && c.train.cpu_threads <= 1024, "train.cpu_threads must be in 0..1024 (0: as ",
            "launched), got ", c.train.cpu_threads);
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,

@@ -17,8 +17,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   // one micro-batch keeps for backward.
   int64_t param_bytes = 0;
   for (const auto& module : parts.modules) param_bytes += nn::local_parameter_bytes(*module);
-  const double activations =
-      static_cast<double>(c.train.micro_batch * c.data.seq_len) * c.model->activation_bytes_per_token(c.parallel);
+  // A context-parallel rank keeps its 1/cp of each sequence.
+  const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
+                             c.model->activation_bytes_per_token(c.parallel);
   at::Tensor mine = at::tensor(
       {static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), 4.0 * param_bytes + activations},
       at::kDouble);

@@ -18,6 +18,7 @@
 #include "hp/optim/clip_grad.h"
 #include "hp/optim/lr_scheduler.h"
 #include "hp/optim/muon.h"
+#include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
@@ -71,13 +72,20 @@ struct Setup {
   DeviceMesh mesh;
   models::ModelParts parts;
   int64_t dp_rank = 0;  // which rows of each global batch this rank reads
+  int64_t cp_rank = 0;  // which tokens of each row (cp_shard's cut)
+
+  // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come here).
+  at::Tensor shard_sequence(const at::Tensor& batch, int64_t cp) const {
+    return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch;
+  }
 };
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel);
   models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
-  return {std::move(mesh), std::move(parts), dp_rank};
+  const int64_t cp_rank = mesh.get_local_rank("cp");
+  return {std::move(mesh), std::move(parts), dp_rank, cp_rank};
 }
 
 // The training and held-out token streams: rank 0 prepares the token files, the others wait and
@@ -136,7 +144,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   step_options.lead = lead;
   TrainStep train_step(s.parts, step_options);
   const std::vector<at::Tensor> counted = s.parts.counted_parameters(), copies = s.parts.copied_parameters();
-  const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
+  const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows, cp = c.parallel.cp;
 
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
@@ -157,7 +165,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     double sum = 0.0;
     for (int64_t b = 0; b < c.eval.batches; ++b) {
       auto [x, y] = data.eval.eval_batch(b, c.train.global_batch, first_row, rows);
-      sum += train_step.evaluate(x, y);
+      sum += train_step.evaluate(s.shard_sequence(x, cp), s.shard_sequence(y, cp));
     }
     return world_mean(sum / static_cast<double>(c.eval.batches), world);
   };
@@ -174,7 +182,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       memory.reset_peak();
       optimizer->zero_grad();
       auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
-      const double local_loss = train_step.forward_backward(step, x, y);
+      // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
+      // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.
+      const double local_loss = train_step.forward_backward(step, s.shard_sequence(x, cp), s.shard_sequence(y, cp));
       StepRecord record;
       record.step = step + 1;
       double local_grad_norm = 0.0;

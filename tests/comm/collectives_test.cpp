@@ -253,6 +253,25 @@ TEST_P(Collectives, BatchIsendIrecv) {
   });
 }
 
+// A batch issued while composed collectives (reduce_scatter: all_to_all then a local tree sum, run
+// on the group's queue) are still queued ahead of it: every send and receive of it is still posted
+// before any is waited on. Sends come first, so a queue that waited for each would deadlock.
+TEST_P(Collectives, BatchIsendIrecvBehindComposedCollectives) {
+  const int world = GetParam();
+  if (world == 1) return;
+  run(world, [&](const ProcessGroup& g) {
+    const int me = g.rank(), next = (me + 1) % world, prev = (me + world - 1) % world;
+    std::vector<comm::Work> ahead;
+    for (int i = 0; i < 4; ++i) ahead.push_back(g.reduce_scatter_async(rank_data(me, {world * 4096}, at::kFloat, i)));
+    const at::Tensor from_prev = at::empty({1024});
+    std::vector<comm::Work> works = g.batch_isend_irecv(
+        {comm::P2POp::send(rank_data(me, {1024}, at::kFloat, 9), next, 3), comm::P2POp::recv(from_prev, prev, 3)});
+    for (comm::Work& w : works) w.wait();
+    for (comm::Work& w : ahead) w.wait();
+    check_close(from_prev, rank_data(prev, {1024}, at::kFloat, 9), "batch behind composed collectives");
+  });
+}
+
 // Many async collectives in flight at once, mixing native and composed ones, complete in order
 // with the right values (issue order is program order on every rank).
 TEST_P(Collectives, ManyAsyncInFlight) {

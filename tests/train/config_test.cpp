@@ -87,7 +87,21 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   expect_error([] { parse_config(kConfig, {"parallel.pp_layers_per_stage=[1, x]"}); },
                "parallel.pp_layers_per_stage: expected an integer");
   validate(parse_config(kConfig, {"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1]"}), 4);
-  invalid({"parallel.cp=2"}, 8, "parallel.cp and parallel.ep are reserved");
+  invalid({"parallel.ep=2"}, 4, "parallel.ep is for expert parallelism, which a dense llama has no use for");
+  validate(parse_config(kConfig, {"parallel.cp=2"}), 8);
+  invalid({"parallel.cp=2", "parallel.cp_mode=zigzag"}, 8,
+          "parallel.cp_mode 'zigzag' is unknown (available: ring, allgather, ulysses, hybrid)");
+  invalid({"parallel.cp=2", "data.seq_len=30"}, 8, "data.seq_len (30) must be divisible by 2 x parallel.cp (4)");
+  invalid({"parallel.cp_mode=ulysses"}, 4, "parallel.cp_mode and parallel.cp_ulysses need parallel.cp > 1");
+  invalid({"parallel.cp=2", "parallel.cp_ulysses=2"}, 8,
+          "parallel.cp_ulysses is the Ulysses degree of parallel.cp_mode hybrid; parallel.cp_mode is ring");
+  invalid({"parallel.cp=2", "sample.tokens=5"}, 8, "sample.tokens needs parallel.cp 1");
+  invalid({"parallel.cp=4", "parallel.cp_mode=ulysses"}, 16,
+          "2 query heads (on this rank) do not divide by the Ulysses degree 4");
+  invalid({"parallel.cp=4", "parallel.cp_mode=hybrid", "parallel.cp_ulysses=4"}, 16,
+          "the Ulysses degree 4 must be above 1, below cp and divide cp (4)");
+  invalid({"parallel.cp=2", "parallel.dp_replicate=2"}, 16,
+          "parallel.cp > 1 with parallel.dp_replicate > 1 (HSDP) is not supported yet");
   invalid({"parallel.reshard_after_forward_to=3"}, 4,
           "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
   invalid({"parallel.pp_timeline_step=2"}, 4, "parallel.pp_timeline_step needs parallel.pp > 1");

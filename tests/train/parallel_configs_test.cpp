@@ -42,6 +42,8 @@ struct Parallel {
   int64_t layers = 2;
   std::vector<int64_t> layers_per_stage = {};  // parallel.pp_layers_per_stage
   std::string optimizer = "adamw";
+  std::string cp_mode = "ring";  // parallel.cp_mode, parallel.cp_ulysses
+  int64_t cp_ulysses = 0;
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -54,8 +56,26 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.model.as<models::LlamaConfig>().layers = p.layers;
   c.pp_layers_per_stage = p.layers_per_stage;
   c.optimizer.name = p.optimizer;
+  c.cp_mode = p.cp_mode;
+  c.cp_ulysses = p.cp_ulysses;
   c.run_dir += "_" + std::to_string(p.world) + "_" + std::to_string(p.layers_per_stage.size()) + p.optimizer;
   return rank0_losses(c, p.world);
+}
+
+// Every config's losses against the one-rank run `one` of the same model, within `rtol` (relative)
+// at every step.
+void expect_agreement(const std::vector<double>& one, std::initializer_list<Parallel> configs, const fs::path& dir,
+                      double rtol = 1e-4) {
+  for (const Parallel& p : configs) {
+    const std::vector<double> got = run_config(p, dir);
+    ASSERT_EQ(got.size(), one.size()) << p.name;
+    double worst = 0.0;
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(got[i], one[i], rtol * std::abs(one[i])) << p.name << ", step " << i + 1;
+      worst = std::max(worst, std::abs(got[i] - one[i]) / std::abs(one[i]));
+    }
+    std::cout << p.name << ": largest relative loss difference to 1 rank over 20 steps " << worst << "\n";
+  }
 }
 
 TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
@@ -79,18 +99,8 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   hsdp_tp.dp_replicate = 2;
   hsdp_tp.dp_shard = 2;
   hsdp_tp.tp = 2;
-  // Every config's losses against the one-rank run of the same model.
   const auto agree_with = [&](const std::vector<double>& one, std::initializer_list<Parallel> configs) {
-    for (const Parallel& p : configs) {
-      const std::vector<double> got = run_config(p, dir);
-      ASSERT_EQ(got.size(), one.size()) << p.name;
-      double worst = 0.0;
-      for (size_t i = 0; i < one.size(); ++i) {
-        EXPECT_NEAR(got[i], one[i], 1e-4 * std::abs(one[i])) << p.name << ", step " << i + 1;
-        worst = std::max(worst, std::abs(got[i] - one[i]) / std::abs(one[i]));
-      }
-      std::cout << p.name << ": largest relative loss difference to 1 rank over 20 steps " << worst << "\n";
-    }
+    expect_agreement(one, configs, dir);
   };
   agree_with(one, {Parallel{2, dp2, false, false, "dp_shard 2"}, Parallel{2, tp2, true, true, "tp 2 (SP, LP)"},
                    Parallel{4, dp2tp2, false, false, "dp_shard 2 x tp 2"},
@@ -119,6 +129,36 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   agree_with(run_config(muon({1, {}, false, false, "1 rank"}), dir),
              {muon({2, dp2, false, false, "dp_shard 2"}), muon({2, pp2, false, false, "pp 2 (1F1B)"}),
               muon({4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"})});
+  fs::remove_all(dir);
+}
+
+// Context parallelism (parallel.cp): each mode, and cp composed with FSDP, TP (with SP) and a 1F1B
+// pipeline, within 1e-6 of one rank at every one of 20 steps.
+TEST(Trainer, ContextParallelAgreesWithOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_cp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ParallelDims cp2, cp4, cp2dp2, cp2tp2, cp2pp2;
+  cp2.cp = 2;
+  cp4.cp = 4;
+  cp2dp2.cp = cp2tp2.cp = cp2pp2.cp = 2;
+  cp2dp2.dp_shard = 2;
+  cp2tp2.tp = 2;
+  cp2pp2.pp = 2;
+  const auto mode = [](Parallel p, const std::string& cp_mode, int64_t ulysses = 0) {
+    p.cp_mode = cp_mode;
+    p.cp_ulysses = ulysses;
+    return p;
+  };
+  expect_agreement(run_config({1, {}, false, false, "1 rank"}, dir),
+                   {Parallel{2, cp2, false, false, "cp 2 (ring)"},
+                    mode(Parallel{2, cp2, false, false, "cp 2 (allgather)"}, "allgather"),
+                    mode(Parallel{2, cp2, false, false, "cp 2 (ulysses)"}, "ulysses"),
+                    mode(Parallel{4, cp4, false, false, "cp 4 (hybrid 2 x 2)"}, "hybrid", 2),
+                    Parallel{4, cp2dp2, false, false, "cp 2 (ring) x dp_shard 2"},
+                    Parallel{4, cp2tp2, true, false, "cp 2 (ring) x tp 2 (SP)"},
+                    mode(Parallel{4, cp2tp2, false, false, "cp 2 (ulysses) x tp 2"}, "ulysses"),
+                    Parallel{4, cp2pp2, false, false, "cp 2 (ring) x pp 2 (1F1B)"}},
+                   dir, 1e-6);
   fs::remove_all(dir);
 }
 

@@ -16,6 +16,7 @@
 #include "hp/models/model_parts.h"
 #include "hp/models/registry.h"
 #include "hp/parallel/checkpoint.h"
+#include "hp/parallel/context_parallel.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/parallel_dims.h"
 
@@ -41,6 +42,7 @@ struct RecipeOptions {
   TpOptions tp;
   FullyShardOptions fsdp;
   PipelineOptions pipeline;
+  ContextParallel cp;  // applied to the core attention with parallel.cp > 1
   CheckpointMode checkpoint = CheckpointMode::kNone;
   SwapOptions swap;  // with checkpoint kSwap
 };

@@ -73,6 +73,9 @@ class ContextParallel : public ParallelStyleBase {
     ulysses_degree_ = degree;
     return *this;
   }
+  // Throws hp::Error unless the plan can run on `ranks` ranks with `q_heads` query and `kv_heads`
+  // key/value heads per rank (after tensor parallelism): the Ulysses degree and the heads it splits.
+  void check_heads(int64_t ranks, int64_t q_heads, int64_t kv_heads) const;
   std::string name() const override { return "ContextParallel(" + to_string(mode_) + ")"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;

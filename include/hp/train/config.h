@@ -31,6 +31,8 @@ struct TrainConfig {
   std::string pp_schedule = "1f1b";          // gpipe | 1f1b | interleaved | zbv (pp > 1)
   int64_t pp_stages_per_rank = 2;            // interleaved only
   std::vector<int64_t> pp_layers_per_stage;  // layers of each pipeline stage, in stage order; empty: equal
+  std::string cp_mode = "ring";              // ring | allgather | ulysses | hybrid (cp > 1)
+  int64_t cp_ulysses = 0;                    // hybrid: the ranks of each Ulysses group
   int64_t pp_timeline_step = 0;  // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
 
   struct Data {

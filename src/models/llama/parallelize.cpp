@@ -14,10 +14,11 @@
 namespace hp::models {
 
 void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, LlamaMlp mlp) {
-  HP_CHECK(dims.cp == 1 && dims.ep == 1,
-           "parallel.cp and parallel.ep are reserved for context and expert "
-           "parallelism, which the llama recipe does not support yet: both must be 1 (got cp=",
-           dims.cp, ", ep=", dims.ep, ")");
+  HP_CHECK(dims.ep == 1,
+           "parallel.ep is for expert parallelism, which a dense llama has no use for: it must be 1 (got ", dims.ep,
+           ")");
+  HP_CHECK(dims.cp == 1 || dims.dp_replicate == 1,
+           "parallel.cp > 1 with parallel.dp_replicate > 1 (HSDP) is not supported yet");
   if (dims.tp > 1) {
     HP_CHECK(model.heads % dims.tp == 0 && model.kv_heads % dims.tp == 0, "model.heads (", model.heads,
              ") and model.kv_heads (", model.kv_heads, ") must be divisible by parallel.tp (", dims.tp, ")");
@@ -99,12 +100,19 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, const ParallelD
     shard_over_data_and_tp(model, {"layers.*.attn.q_norm", "layers.*.attn.k_norm"}, mesh, dims, options.fsdp);
 }
 
+// CP on mesh["cp"]: every layer's core attention works across the cp ranks.
+void apply_context_parallel(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
+                            const RecipeOptions& options) {
+  if (dims.cp > 1) parallelize_module(model, mesh["cp"], {{"layers.*.attn.core", options.cp}});
+}
+
 }  // namespace
 
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options,
                        LlamaMlp mlp) {
   if (dims.tp > 1) apply_tensor_parallel(model, mesh, dims, options, mlp);
-  if (dims.dp() == 1) return;
+  apply_context_parallel(model, mesh, dims, options);
+  if (dims.dp() * dims.cp == 1) return;
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
   // root only: blocks hand their outputs on in the compute dtype.
@@ -193,6 +201,7 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
   }
   // Tensor parallelism first, on every rank over the whole model: each rank then runs its stages' share.
   if (dims.tp > 1) apply_tensor_parallel(*model, mesh, dims, options, mlp);
+  apply_context_parallel(*model, mesh, dims, options);
   split_into_pipeline(parts, *model, mesh, dims, options);
   return parts;
 }
