@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -28,24 +29,6 @@ at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char*
   return positions.contiguous();
 }
 
-// Rows (dim 2) of a problem put in position order: `order` indexes the original rows, undefined
-// when they already are in order.
-struct ByPosition {
-  at::Tensor positions;  // ascending
-  at::Tensor order;
-  at::Tensor take(const at::Tensor& rows) const { return order.defined() ? rows.index_select(2, order) : rows; }
-  at::Tensor put_back(const at::Tensor& sorted_rows) const {
-    return order.defined() ? at::empty_like(sorted_rows).index_copy_(2, order, sorted_rows) : sorted_rows;
-  }
-};
-
-ByPosition by_position(const at::Tensor& positions) {
-  const int64_t* p = positions.data_ptr<int64_t>();
-  if (std::is_sorted(p, p + positions.numel())) return {positions, {}};
-  auto sorted = at::sort(positions, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  return {std::get<0>(sorted).contiguous(), std::get<1>(sorted)};
-}
-
 // One problem laid out for the blockwise loop: grouped-query heads folded so that the query rows of
 // a key/value head are one matrix, everything sorted by position and in the accumulation dtype.
 class Problem {
@@ -68,23 +51,23 @@ class Problem {
              " are not a multiple of key/value heads ", hkv_);
     rep_ = q.size(1) / hkv_;
     acc_ = accumulation_type(q);
-    qp_ = by_position(positions_or_iota(mask.q_positions, sq_, "q_positions"));
-    kp_ = by_position(positions_or_iota(mask.k_positions, sk_, "k_positions"));
+    qp_.emplace(positions_or_iota(mask.q_positions, sq_, "q_positions"));
+    kp_.emplace(positions_or_iota(mask.k_positions, sk_, "k_positions"));
     q_ = group(q);
-    k_ = kp_.take(k).to(acc_).contiguous();
-    v_ = kp_.take(v).to(acc_).contiguous();
+    k_ = kp_->take(k).to(acc_).contiguous();
+    v_ = kp_->take(v).to(acc_).contiguous();
   }
 
   // [b, hq, sq, d] (query order) -> [b, hkv, rep, sq, d] sorted, accumulation dtype.
   at::Tensor group(const at::Tensor& t) const {
-    return qp_.take(t).to(acc_).reshape({b_, hkv_, rep_, sq_, t.size(3)}).contiguous();
+    return qp_->take(t).to(acc_).reshape({b_, hkv_, rep_, sq_, t.size(3)}).contiguous();
   }
   // The inverse of group.
-  at::Tensor ungroup(const at::Tensor& t) const { return qp_.put_back(t.reshape({b_, hkv_ * rep_, sq_, t.size(-1)})); }
+  at::Tensor ungroup(const at::Tensor& t) const { return qp_->put_back(t.reshape({b_, hkv_ * rep_, sq_, t.size(-1)})); }
   at::Tensor ungroup_rows(const at::Tensor& t) const {  // [b, hkv, rep, sq] -> [b, hq, sq]
     return ungroup(t.unsqueeze(-1)).squeeze(-1);
   }
-  at::Tensor unsort_keys(const at::Tensor& t) const { return kp_.put_back(t); }
+  at::Tensor unsort_keys(const at::Tensor& t) const { return kp_->put_back(t); }
 
   struct Block {
     int64_t begin, rows, keys;  // query rows [begin, begin + rows) see at most the first `keys` keys
@@ -92,8 +75,8 @@ class Problem {
   };
   std::vector<Block> blocks() const {
     std::vector<Block> out;
-    const int64_t* qp = qp_.positions.data_ptr<int64_t>();
-    const int64_t* kp = kp_.positions.data_ptr<int64_t>();
+    const int64_t* qp = qp_->positions.data_ptr<int64_t>();
+    const int64_t* kp = kp_->positions.data_ptr<int64_t>();
     for (int64_t begin = 0; begin < sq_; begin += query_block_) {
       const int64_t rows = std::min(query_block_, sq_ - begin);
       Block block{begin, rows, sk_, {}};
@@ -101,8 +84,8 @@ class Problem {
         block.keys = std::upper_bound(kp, kp + sk_, qp[begin + rows - 1]) - kp;
         const int64_t all_see = std::upper_bound(kp, kp + sk_, qp[begin]) - kp;
         if (block.keys > all_see)
-          block.mask = at::gt(kp_.positions.narrow(0, 0, block.keys).unsqueeze(0),
-                              qp_.positions.narrow(0, begin, rows).unsqueeze(1));
+          block.mask = at::gt(kp_->positions.narrow(0, 0, block.keys).unsqueeze(0),
+                              qp_->positions.narrow(0, begin, rows).unsqueeze(1));
       }
       if (block.keys > 0) out.push_back(std::move(block));
     }
@@ -111,8 +94,8 @@ class Problem {
 
   int64_t unmasked_scores() const {
     if (!causal_) return b_ * hkv_ * rep_ * sq_ * sk_;
-    const int64_t* qp = qp_.positions.data_ptr<int64_t>();
-    const int64_t* kp = kp_.positions.data_ptr<int64_t>();
+    const int64_t* qp = qp_->positions.data_ptr<int64_t>();
+    const int64_t* kp = kp_->positions.data_ptr<int64_t>();
     int64_t seen = 0;
     for (int64_t i = 0; i < sq_; ++i) seen += std::upper_bound(kp, kp + sk_, qp[i]) - kp;
     return b_ * hkv_ * rep_ * seen;
@@ -145,7 +128,7 @@ class Problem {
   bool causal_;
   double scale_;
   int64_t query_block_;
-  ByPosition qp_, kp_;
+  std::optional<PositionOrder> qp_, kp_;  // set by the constructor
 };
 
 class CpuAttentionKernel final : public AttentionKernel {
@@ -212,6 +195,18 @@ class LocalCompute final : public AttentionCompute {
 };
 
 }  // namespace
+
+PositionOrder::PositionOrder(const at::Tensor& p) : positions(p.contiguous()) {
+  const int64_t* first = positions.data_ptr<int64_t>();
+  if (std::is_sorted(first, first + positions.numel())) return;
+  auto sorted = at::sort(positions, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  positions = std::get<0>(sorted).contiguous();
+  order = std::get<1>(sorted);
+}
+
+at::Tensor PositionOrder::put_back(const at::Tensor& sorted) const {
+  return order.defined() ? at::empty_like(sorted).index_copy_(2, order, sorted) : sorted;
+}
 
 std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block) {
   return std::make_shared<CpuAttentionKernel>(query_block);

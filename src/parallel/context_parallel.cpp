@@ -51,8 +51,9 @@ at::Tensor kv_heads_for_ulysses(const at::Tensor& kv, int64_t query_heads, int64
 
 class ContextParallelCompute final : public nn::AttentionCompute {
  public:
-  ContextParallelCompute(comm::ProcessGroup group, CpMode mode, bool load_balance, int64_t ulysses_degree)
-      : group_(std::move(group)), mode_(mode), load_balance_(load_balance) {
+  ContextParallelCompute(comm::ProcessGroup group, CpMode mode, bool load_balance, int64_t ulysses_degree,
+                         bool ring_overlap)
+      : group_(std::move(group)), mode_(mode), load_balance_(load_balance), ring_overlap_(ring_overlap) {
     const int64_t ranks = group_.size(), rank = group_.rank();
     if (mode_ == CpMode::kRing) ring_ = group_;
     if (mode_ == CpMode::kUlysses) ulysses_ = group_;
@@ -100,7 +101,7 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     if (ring_.defined()) {
       std::vector<at::Tensor> key_positions;
       for (int64_t j = 0; j < ring_.size(); ++j) key_positions.push_back(group_positions(j * u));
-      inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions));
+      inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions), ring_overlap_);
     }
     const nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first)};
     if (!ulysses_.defined()) return nn::attention(inner, q, k, v, mask, scale);
@@ -114,6 +115,7 @@ class ContextParallelCompute final : public nn::AttentionCompute {
   comm::ProcessGroup group_, ring_, ulysses_;
   CpMode mode_;
   bool load_balance_;
+  bool ring_overlap_;
 };
 
 }  // namespace
@@ -196,7 +198,8 @@ void ContextParallel::check(nn::Module& module, const std::string& fqn, const De
 void ContextParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
   check(module, fqn, mesh);
   auto& core = static_cast<nn::CoreAttention&>(module);
-  core.set_compute(std::make_shared<ContextParallelCompute>(mesh.get_group(0), mode_, load_balance_, ulysses_degree_));
+  core.set_compute(std::make_shared<ContextParallelCompute>(mesh.get_group(0), mode_, load_balance_, ulysses_degree_,
+                                                            ring_overlap_));
 }
 
 }  // namespace hp

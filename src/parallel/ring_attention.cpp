@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "hp/core/error.h"
 
@@ -21,17 +23,19 @@ struct TensorPair {
 // A pair of tensors on its way from each rank to the next one of the ring.
 class RingShift {
  public:
-  RingShift(const comm::ProcessGroup& group, const TensorPair& out, int first_tag, int second_tag) {
+  RingShift(const comm::ProcessGroup& group, const TensorPair& out, int first_tag, int second_tag, bool overlap) {
     const int ranks = group.size(), next = (group.rank() + 1) % ranks, prev = (group.rank() + ranks - 1) % ranks;
     out_ = {out.first.contiguous(), out.second.contiguous()};  // alive until the sends complete
     in_ = {at::empty_like(out_.first), at::empty_like(out_.second)};
     works_ = group.batch_isend_irecv(
         {comm::P2POp::send(out_.first, next, first_tag), comm::P2POp::send(out_.second, next, second_tag),
          comm::P2POp::recv(in_.first, prev, first_tag), comm::P2POp::recv(in_.second, prev, second_tag)});
+    if (!overlap) wait();
   }
   // The pair the previous rank sent.
   TensorPair wait() {
     for (comm::Work& w : works_) w.wait();
+    works_.clear();
     return in_;
   }
 
@@ -43,32 +47,39 @@ class RingShift {
 class RingAttentionKernel final : public nn::AttentionKernel {
  public:
   RingAttentionKernel(comm::ProcessGroup group, std::shared_ptr<const nn::AttentionKernel> local,
-                      std::vector<at::Tensor> key_positions)
-      : group_(std::move(group)), local_(std::move(local)), key_positions_(std::move(key_positions)) {
-    HP_CHECK(static_cast<int64_t>(key_positions_.size()) == group_.size(), "ring attention: ", key_positions_.size(),
+                      std::vector<at::Tensor> key_positions, bool overlap)
+      : group_(std::move(group)), local_(std::move(local)), overlap_(overlap) {
+    HP_CHECK(static_cast<int64_t>(key_positions.size()) == group_.size(), "ring attention: ", key_positions.size(),
              " key position vectors for ", group_.size(), " ranks");
+    // Every rank sorts its tokens once per call and sends its keys sorted, so the local kernel
+    // finds every block in order and copies nothing per step.
+    for (const at::Tensor& p : key_positions) sorted_positions_.push_back(nn::PositionOrder(p).positions);
+    own_ = std::make_unique<nn::PositionOrder>(key_positions[group_.rank()]);
   }
 
-  nn::AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+  nn::AttentionOutput forward(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                               const nn::AttentionMask& mask, double scale) const override {
     const int ranks = group_.size();
-    TensorPair kv{k, v};
+    const at::Tensor q = own_->take(q_in);
+    TensorPair kv{own_->take(k), own_->take(v)};
     nn::AttentionOutput acc;
     for (int step = 0; step < ranks; ++step) {
       std::optional<RingShift> shift;
-      if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV);
+      if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV, overlap_);
       const nn::AttentionOutput part = local_->forward(q, kv.first, kv.second, block_mask(mask, step), scale);
       acc = step == 0 ? part : nn::merge_attention(acc, part);
       if (shift) kv = shift->wait();
     }
-    return acc;
+    return {own_->put_back(acc.out), own_->put_back(acc.lse)};
   }
 
-  nn::AttentionGrads backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                              const at::Tensor& lse, const at::Tensor& dout, const nn::AttentionMask& mask,
-                              double scale) const override {
+  nn::AttentionGrads backward(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& dout_in,
+                              const nn::AttentionMask& mask, double scale) const override {
     const int ranks = group_.size();
-    TensorPair kv{k, v};
+    const at::Tensor q = own_->take(q_in), out = own_->take(out_in), lse = own_->take(lse_in),
+                     dout = own_->take(dout_in);
+    TensorPair kv{own_->take(k), own_->take(v)};
     at::Tensor dq;
     // The dK/dV accumulator of the keys this rank holds at a step arrives from the previous rank
     // (which added its share the step before) and leaves for the next; after the last step it
@@ -76,7 +87,7 @@ class RingAttentionKernel final : public nn::AttentionKernel {
     std::optional<RingShift> accumulator;
     for (int step = 0; step < ranks; ++step) {
       std::optional<RingShift> shift;
-      if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV);
+      if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV, overlap_);
       const nn::AttentionGrads g =
           local_->backward(q, kv.first, kv.second, out, lse, dout, block_mask(mask, step), scale);
       dq = step == 0 ? g.dq : dq.add_(g.dq);
@@ -85,31 +96,33 @@ class RingAttentionKernel final : public nn::AttentionKernel {
         const TensorPair arrived = accumulator->wait();
         dkv = {arrived.first.add_(g.dk), arrived.second.add_(g.dv)};
       }
-      accumulator.emplace(group_, dkv, kTagDk, kTagDv);
+      accumulator.emplace(group_, dkv, kTagDk, kTagDv, overlap_);
       if (shift) kv = shift->wait();
     }
     const TensorPair own = accumulator->wait();
-    return {dq, own.first, own.second};
+    return {own_->put_back(dq), own_->put_back(own.first), own_->put_back(own.second)};
   }
 
  private:
-  // At `step` this rank holds the keys of the rank `step` places before it.
+  // At `step` this rank holds the keys of the rank `step` places before it (sorted).
   nn::AttentionMask block_mask(const nn::AttentionMask& mask, int step) const {
     const int ranks = group_.size(), source = (group_.rank() + ranks - step) % ranks;
-    return {mask.causal, mask.q_positions, key_positions_[source]};
+    return {mask.causal, own_->positions, sorted_positions_[source]};
   }
 
   comm::ProcessGroup group_;
   std::shared_ptr<const nn::AttentionKernel> local_;
-  std::vector<at::Tensor> key_positions_;
+  std::vector<at::Tensor> sorted_positions_;  // of each rank's tokens
+  std::unique_ptr<nn::PositionOrder> own_;    // this rank's tokens (its queries and keys alike)
+  bool overlap_;
 };
 
 }  // namespace
 
 std::shared_ptr<const nn::AttentionKernel> ring_attention_kernel(comm::ProcessGroup group,
                                                                  std::shared_ptr<const nn::AttentionKernel> local,
-                                                                 std::vector<at::Tensor> key_positions) {
-  return std::make_shared<RingAttentionKernel>(std::move(group), std::move(local), std::move(key_positions));
+                                                                 std::vector<at::Tensor> key_positions, bool overlap) {
+  return std::make_shared<RingAttentionKernel>(std::move(group), std::move(local), std::move(key_positions), overlap);
 }
 
 }  // namespace hp::detail

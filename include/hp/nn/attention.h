@@ -34,6 +34,16 @@ struct AttentionMask {
   at::Tensor q_positions, k_positions;
 };
 
+// Tokens put in ascending position order, along dim 2 (the sequence of [b, h, s, d] and of
+// [b, h, s]): kernels work on sorted tokens, and ring attention sorts once per call.
+struct PositionOrder {
+  explicit PositionOrder(const at::Tensor& positions);  // int64 [s] on the host
+  at::Tensor positions;                                 // ascending
+  at::Tensor order;                                     // into the original tokens; undefined when already ascending
+  at::Tensor take(const at::Tensor& tokens) const { return order.defined() ? tokens.index_select(2, order) : tokens; }
+  at::Tensor put_back(const at::Tensor& sorted) const;
+};
+
 // out [b, hq, sq, dv] and lse [b, hq, sq], both in the accumulation dtype (fp64 for fp64 inputs,
 // else fp32). A query that sees no key has out 0 and lse -inf.
 struct AttentionOutput {

@@ -73,6 +73,12 @@ class ContextParallel : public ParallelStyleBase {
     ulysses_degree_ = degree;
     return *this;
   }
+  // kRing / kHybrid: false waits for each K/V exchange before computing on the keys at hand, for
+  // measuring what the overlap buys (bench_cp). Default true.
+  ContextParallel& set_ring_overlap(bool overlap) {
+    ring_overlap_ = overlap;
+    return *this;
+  }
   // Throws hp::Error unless the plan can run on `ranks` ranks with `q_heads` query and `kv_heads`
   // key/value heads per rank (after tensor parallelism): the Ulysses degree and the heads it splits.
   void check_heads(int64_t ranks, int64_t q_heads, int64_t kv_heads) const;
@@ -84,6 +90,7 @@ class ContextParallel : public ParallelStyleBase {
   CpMode mode_ = CpMode::kRing;
   bool load_balance_ = true;
   int64_t ulysses_degree_ = 0;
+  bool ring_overlap_ = true;
 };
 
 }  // namespace hp
