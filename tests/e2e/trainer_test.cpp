@@ -184,6 +184,12 @@ TEST(HpTrain, KillAndResumeWithExpertParallelismThroughAPipelineIsBitwiseIdentic
                   "tiny_qwen3_moe.yaml");
 }
 
+// The long-context example (cp 4, ring attention over the head-tail cut), on 256-token sequences:
+// every rank's parameters and optimizer state (FSDP over dp_shard x cp) resume bitwise.
+TEST(HpTrain, KillAndResumeWithContextParallelismIsBitwiseIdentical) {
+  kill_and_resume("cp", "--set data.seq_len=256 --set sample.tokens=0", "long_context_llama.yaml");
+}
+
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
