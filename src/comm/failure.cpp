@@ -135,6 +135,7 @@ at::Tensor NativeWorkState::wait() {
 }
 
 void NativeWorkState::abort(const std::shared_ptr<WorkState>& self) {
+  std::lock_guard<std::mutex> aborting(abort_mutex);
   if (!work || !keep_alive) return;  // nothing issued, or aborted already
   work->abort();
   const std::shared_ptr<GroupImpl> group = std::move(keep_alive);  // the group keeps us, not the reverse

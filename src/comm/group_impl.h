@@ -90,7 +90,8 @@ struct NativeWorkState final : WorkState {
   void abort(const std::shared_ptr<WorkState>& self) override;
 
   CollectiveSite site;
-  shim::NativeWork work;  // set by the issuer
+  std::mutex abort_mutex;  // abort() may come from the waiter's thread, another one and the queue's worker
+  shim::NativeWork work;   // set by the issuer
   std::function<at::Tensor()> finish;
   std::optional<at::Tensor> result;
   std::shared_ptr<GroupImpl> keep_alive;
@@ -105,25 +106,27 @@ struct QueuedWorkState final : WorkState {
 };
 
 // A native collective that the group's CollectiveQueue starts, in program order, once the composed
-// collectives queued before it have run; the caller waits for it.
+// collectives queued before it have run; the caller waits for it. An abort before the start takes
+// effect when the worker starts it (a wait() meanwhile returns once the collectives ahead end).
 struct StartedLaterWorkState final : WorkState {
-  StartedLaterWorkState(std::shared_future<at::Tensor> started, std::shared_ptr<NativeWorkState> native)
-      : started(std::move(started)), native(std::move(native)) {}
+  StartedLaterWorkState(std::shared_future<at::Tensor> started, std::shared_ptr<NativeWorkState> native,
+                        std::shared_ptr<std::atomic<bool>> abort_requested)
+      : started(std::move(started)), native(std::move(native)), abort_requested(std::move(abort_requested)) {}
   at::Tensor wait() override {
-    started.get();  // rethrows a failure to start
-    if (abort_requested) native->abort(native);
+    started.get();                                // rethrows a failure to start
+    if (*abort_requested) native->abort(native);  // requested while the worker was starting it
     return native->wait();
   }
   bool is_completed() override {
     return started.wait_for(std::chrono::seconds(0)) == std::future_status::ready && native->is_completed();
   }
   void abort(const std::shared_ptr<WorkState>& /*self*/) override {
-    abort_requested = true;  // a wait() still before the start aborts once it is started
+    *abort_requested = true;  // seen by the worker when it starts the collective
     if (started.wait_for(std::chrono::seconds(0)) == std::future_status::ready) native->abort(native);
   }
   std::shared_future<at::Tensor> started;
   std::shared_ptr<NativeWorkState> native;
-  std::atomic<bool> abort_requested{false};
+  std::shared_ptr<std::atomic<bool>> abort_requested;  // shared with the worker
 };
 
 // A collective with nothing to communicate (e.g. on a group of one rank).

@@ -142,11 +142,14 @@ Work issue_native(const std::shared_ptr<GroupImpl>& g, const CollectiveSite& sit
   // Behind a composed collective: issue from the worker so the issue order stays the program order.
   // The worker only starts it and goes on: waiting there would keep a send's matching receive (the
   // next operation of a batch_isend_irecv, on both ranks) from being posted.
-  std::shared_future<at::Tensor> started = g->queue.enqueue([state, site, step] {
+  auto abort_requested = std::make_shared<std::atomic<bool>>(false);
+  std::shared_future<at::Tensor> started = g->queue.enqueue([state, site, step, abort_requested] {
     state->work = start_or_explain(site, step);
+    if (*abort_requested) state->abort(state);
     return at::Tensor();
   });
-  return Work(std::make_shared<detail::StartedLaterWorkState>(std::move(started), std::move(state)));
+  return Work(std::make_shared<detail::StartedLaterWorkState>(std::move(started), std::move(state),
+                                                              std::move(abort_requested)));
 }
 
 // A native collective that fills `tensor` in place, through a contiguous copy when it is not.

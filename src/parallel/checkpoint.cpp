@@ -59,9 +59,11 @@ struct SavedOutput {
   at::Tensor alias;   // kept in place: an alias sharing the output's version counter; else undefined
   int64_t slot = -1;  // swapped: its slot in the call's SwapRegion
   int64_t version;    // the version when saved: in-place changes afterwards show
+  int64_t bytes = 0;
   // Written in place later in the region through a tensor sharing its storage without sharing its
   // version counter (matmul returns an _unsafe_view of bmm's output: `matmul(a, b).mul_(s)`
-  // changes bmm's saved output and bumps only the view's version).
+  // changes bmm's saved output and bumps only the view's version). Released at once: an output
+  // overwritten block by block (attention's scores) must not pile up until the region ends.
   bool overwritten = false;
 };
 struct SavedOp {
@@ -79,9 +81,24 @@ std::vector<std::vector<int64_t>> tensor_shapes(const c10::IValue* args, size_t 
 
 // Whether a saved output is as the op left it: not written in place since (its version), and still
 // backed by its storage (plan machinery such as FSDP's release frees storage in place).
-bool intact(const at::Tensor& saved, const SavedOutput& out) {
+bool intact(const SavedOutput& out, const detail::SwapRegion* swapped) {
+  if (out.overwritten) return false;  // released already
+  const at::Tensor& saved = out.slot < 0 ? out.alias : swapped->get(static_cast<size_t>(out.slot));
   const auto needed = static_cast<size_t>((saved.storage_offset() + saved.numel()) * saved.element_size());
-  return !out.overwritten && saved._version() == out.version && saved.storage().nbytes() >= needed;
+  return saved._version() == out.version && saved.storage().nbytes() >= needed;
+}
+
+// Lets go of a saved output that will not be used, and takes it off the stats.
+void release_saved(SavedOutput& out, detail::SwapRegion* swapped, CheckpointStats& stats) {
+  if (out.slot < 0) {
+    out.alias = at::Tensor();
+    --stats.saved_tensors;
+    stats.saved_bytes -= out.bytes;
+  } else {
+    swapped->drop(static_cast<size_t>(out.slot));
+    --stats.swapped_tensors;
+    stats.swapped_bytes -= out.bytes;
+  }
 }
 
 // Counts each op name's calls, and the matrix products, in one forward of a region.
@@ -129,7 +146,7 @@ class SavingMode : public DispatchMode {
       at::Tensor alias = out.variable_data();
       alias.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
       const int64_t bytes = static_cast<int64_t>(out.numel()) * static_cast<int64_t>(out.element_size());
-      SavedOutput saved{{}, -1, out._version()};
+      SavedOutput saved{{}, -1, out._version(), bytes};
       if (swap && bytes >= swap_min_bytes_ && out.is_contiguous()) {
         saved.slot = static_cast<int64_t>(swap_->add(alias));
         ++stats_.swapped_tensors;
@@ -157,7 +174,12 @@ class SavingMode : public DispatchMode {
       if (!t.defined() || !t.has_storage()) continue;
       const auto it = by_storage_.find(t.storage().unsafeGetStorageImpl());
       if (it == by_storage_.end()) continue;
-      for (const auto& [key, index] : it->second) saved_[key].outputs[index].overwritten = true;
+      for (const auto& [key, index] : it->second) {
+        SavedOutput& out = saved_[key].outputs[index];
+        if (out.overwritten) continue;
+        release_saved(out, swap_, stats_);
+        out.overwritten = true;
+      }
     }
   }
 
@@ -191,8 +213,8 @@ class ReplayMode : public DispatchMode {
              "selective checkpointing: the recomputation of ", region_, " called ", call.name, " (call ", call.index,
              ") on inputs of other shapes than its forward did; the region's forward must run the same way both times");
     for (const SavedOutput& out : entry.outputs)
-      HP_CHECK(intact(saved_tensor(out), out), "selective checkpointing: ", region_, ": the output of ", call.name,
-               " (call ", call.index,
+      HP_CHECK(intact(out, swap_), "selective checkpointing: ", region_, ": the output of ", call.name, " (call ",
+               call.index,
                ") was changed or freed in place after its region's forward; save another op's output or recompute "
                "this one");
     torch::jit::drop(*stack, nargs);
@@ -388,24 +410,13 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
 void settle_saved(CheckpointRegion& region, Call& call, const at::Tensor& result) {
   for (auto it = call.saved.begin(); it != call.saved.end();) {
     bool keep = true;
-    for (const SavedOutput& out : it->second.outputs)
-      keep = keep && intact(out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot)), out);
+    for (const SavedOutput& out : it->second.outputs) keep = keep && intact(out, call.swapped.get());
     if (keep) {
       ++it;
       continue;
     }
-    for (const SavedOutput& out : it->second.outputs) {
-      const at::Tensor& t = out.slot < 0 ? out.alias : call.swapped->get(static_cast<size_t>(out.slot));
-      const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-      if (out.slot < 0) {
-        --region.stats.saved_tensors;
-        region.stats.saved_bytes -= bytes;
-      } else {
-        --region.stats.swapped_tensors;
-        region.stats.swapped_bytes -= bytes;
-        call.swapped->drop(static_cast<size_t>(out.slot));
-      }
-    }
+    for (SavedOutput& out : it->second.outputs)
+      if (!out.overwritten) release_saved(out, call.swapped.get(), region.stats);
     it = call.saved.erase(it);
   }
   if (!call.swapped) return;

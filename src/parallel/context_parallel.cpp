@@ -81,6 +81,7 @@ class ContextParallelCompute final : public nn::AttentionCompute {
              ", ", k.sizes(), ", ", v.sizes());
     // positions_of(i): cp rank i's positions.
     auto positions_of = [&](int64_t i) { return cp_positions(s * group_.size(), group_.size(), i, load_balance_); };
+    if (group_.size() == 1) return nn::attention(kernel, q, k, v, {causal, positions_of(0), positions_of(0)}, scale);
     if (mode_ == CpMode::kAllGather) {
       std::vector<at::Tensor> all;
       for (int64_t i = 0; i < group_.size(); ++i) all.push_back(positions_of(i));

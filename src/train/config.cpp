@@ -330,7 +330,7 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
            "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
   const CpMode cp_mode = cp_mode_named(c.cp_mode);
-  HP_CHECK(c.data.seq_len % (2 * c.parallel.cp) == 0, "data.seq_len (", c.data.seq_len,
+  HP_CHECK(c.parallel.cp == 1 || c.data.seq_len % (2 * c.parallel.cp) == 0, "data.seq_len (", c.data.seq_len,
            ") must be divisible by 2 x parallel.cp (", 2 * c.parallel.cp,
            "): context parallelism cuts each sequence into 2 x cp pieces, an early and a late one per rank");
   HP_CHECK(c.parallel.cp > 1 || (c.cp_mode == "ring" && c.cp_ulysses == 0),
@@ -340,13 +340,15 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.parallel.cp == 1 || c.sample.tokens == 0, "sample.tokens needs parallel.cp 1: generating one token at ",
            "a time under context parallelism is not supported yet");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
-  HP_CHECK(c.reshard_after_forward_to >= 0 &&
-               (c.reshard_after_forward_to == 0 || c.parallel.dp_shard % c.reshard_after_forward_to == 0),
+  // FSDP shards over dp_shard x cp (context-parallel ranks hold the same parameters).
+  HP_CHECK(c.reshard_after_forward_to >= 0 && (c.reshard_after_forward_to == 0 ||
+                                               (c.parallel.dp_shard * c.parallel.cp) % c.reshard_after_forward_to == 0),
            "parallel.reshard_after_forward_to (", c.reshard_after_forward_to, ") must divide parallel.dp_shard (",
-           c.parallel.dp_shard, ")");
+           c.parallel.dp_shard, ")", c.parallel.cp > 1 ? " x parallel.cp (" + std::to_string(c.parallel.cp) + ")" : "");
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
-  HP_CHECK(!c.sequence_parallel || c.data.seq_len % c.parallel.tp == 0, "data.seq_len (", c.data.seq_len,
-           ") must be divisible by parallel.tp (", c.parallel.tp, ") with sequence_parallel");
+  HP_CHECK(!c.sequence_parallel || (c.data.seq_len / c.parallel.cp) % c.parallel.tp == 0, "data.seq_len (",
+           c.data.seq_len, ") / parallel.cp (", c.parallel.cp, ") must be divisible by parallel.tp (", c.parallel.tp,
+           ") with sequence_parallel");
   HP_CHECK(c.train.on_nonfinite == "stop" || c.train.on_nonfinite == "skip", "train.on_nonfinite '",
            c.train.on_nonfinite, "' is unknown (available: stop, skip)");
   for (const std::string* dtype : {&c.train.mixed_precision_param, &c.train.mixed_precision_reduce})

@@ -107,6 +107,8 @@ TEST(ContextParallel, UlyssesMatchesOneRank) {
 
 TEST(ContextParallel, HybridMatchesOneRank) { check_against_one_rank(4, {CpMode::kHybrid, 2}); }
 
+TEST(ContextParallel, OneRankRingMatches) { check_against_one_rank(1, {CpMode::kRing}); }
+
 TEST(ContextParallel, HeadTailOrder) {
   EXPECT_EQ(head_tail_order(8), (std::vector<int64_t>{0, 7, 1, 6, 2, 5, 3, 4}));
   EXPECT_TRUE(at::equal(cp_positions(8, 2, 0), at::tensor(std::vector<int64_t>{0, 7, 1, 6})));

@@ -229,6 +229,41 @@ TEST(ActivationCheckpoint, SavedOutputsChangedInPlaceAreRecomputedOrRefused) {
   expect_error([&] { out.sum().backward(); }, "was changed or freed in place after its region's forward");
 }
 
+// Eight products, each scaled in place through matmul's result (as attention kernels do with
+// their scores) and summed: a policy that saves every product must let each go when it is
+// overwritten, not hold all eight until the region's forward ends.
+class OverwritesEachProduct : public nn::Module {
+ public:
+  OverwritesEachProduct() : nn::Module("OverwritesEachProduct") {
+    add_param("weight", {kWidth, kWidth}, nn::Init::normal(0.0, 0.02));
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor w = param("weight").view({1, 1, kWidth, kWidth});
+    at::Tensor total = at::zeros({}, x.options());
+    for (int i = 0; i < 8; ++i) total = total + at::matmul(x.view({1, 1, kWidth, kWidth}), w).mul_(1.0 + i).sum();
+    return total;
+  }
+};
+
+TEST(ActivationCheckpoint, OutputsOverwrittenInTheRegionAreReleasedAtOnce) {
+  const auto save_all = [](const CheckpointOp&) { return CheckpointPolicy::kMustSave; };
+  const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(8));
+  int64_t peaks[2];
+  for (const bool checkpointed : {false, true}) {
+    OverwritesEachProduct m;
+    nn::init_parameters(m, 3);
+    std::optional<CheckpointedModule> region;
+    if (checkpointed) region = checkpoint(m, {save_all});
+    MemoryTracker tracker;
+    const at::Tensor out = m(x);
+    peaks[checkpointed] = tracker.peak();
+  }
+  const int64_t product = kWidth * kWidth * 4;
+  EXPECT_LE(peaks[1], peaks[0] + product) << "a checkpointed forward held overwritten products";
+}
+
 // A module that reads a tensor it does not own.
 class ReadsOutsideTensor : public nn::Module {
  public:

@@ -96,6 +96,11 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.cp=2", "parallel.cp_ulysses=2"}, 8,
           "parallel.cp_ulysses is the Ulysses degree of parallel.cp_mode hybrid; parallel.cp_mode is ring");
   invalid({"parallel.cp=2", "sample.tokens=5"}, 8, "sample.tokens needs parallel.cp 1");
+  validate(parse_config(kConfig, {"data.seq_len=31"}), 4);  // odd lengths are fine without cp
+  invalid({"parallel.cp=2", "parallel.sequence_parallel=true", "data.seq_len=12", "parallel.tp=4",
+           "parallel.dp_shard=1", "model.heads=8", "model.kv_heads=4"},
+          8, "data.seq_len (12) / parallel.cp (2) must be divisible by parallel.tp (4) with sequence_parallel");
+  validate(parse_config(kConfig, {"parallel.cp=2", "parallel.dp_shard=1", "parallel.reshard_after_forward_to=2"}), 4);
   invalid({"parallel.cp=4", "parallel.cp_mode=ulysses"}, 16,
           "2 query heads (on this rank) do not divide by the Ulysses degree 4");
   invalid({"parallel.cp=4", "parallel.cp_mode=hybrid", "parallel.cp_ulysses=4"}, 16,
