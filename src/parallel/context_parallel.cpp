@@ -13,8 +13,18 @@
 namespace hp {
 namespace {
 
-at::Tensor long_tensor(const std::vector<int64_t>& values) {
-  return at::tensor(at::ArrayRef<int64_t>(values), at::kLong);
+// The global positions that ranks [first, first + count) of `ranks` hold together, in rank order:
+// one piece of the sequence's order (contiguous, or head_tail_order with load_balance).
+at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t count, bool load_balance) {
+  HP_CHECK(ranks > 0 && first >= 0 && count > 0 && first + count <= ranks, "cp_positions: ranks [", first, ", ",
+           first + count, ") of ", ranks);
+  const int64_t pieces = load_balance ? 2 * ranks : ranks;
+  HP_CHECK(seq > 0 && seq % pieces == 0, "context parallelism: the sequence length ", seq, " must divide by ", pieces,
+           load_balance ? " (2 x cp, for the load-balanced head-tail cut)" : " (cp)");
+  const int64_t local = seq / ranks, begin = first * local, end = (first + count) * local;
+  if (!load_balance) return at::arange(begin, end, at::kLong);
+  const std::vector<int64_t> order = head_tail_order(seq);
+  return at::tensor(at::ArrayRef<int64_t>(order.data() + begin, end - begin), at::kLong);
 }
 
 // Sequence-sharded [b, h, s, d] on each of `group`'s ranks -> head-sharded [b, h / n, n s, d], the
@@ -79,24 +89,21 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     const int64_t s = q.size(2);
     HP_CHECK(k.size(2) == s && v.size(2) == s, "ContextParallel: q, k and v must hold the same tokens; got ", q.sizes(),
              ", ", k.sizes(), ", ", v.sizes());
-    // positions_of(i): cp rank i's positions.
-    auto positions_of = [&](int64_t i) { return cp_positions(s * group_.size(), group_.size(), i, load_balance_); };
-    if (group_.size() == 1) return nn::attention(kernel, q, k, v, {causal, positions_of(0), positions_of(0)}, scale);
+    const int64_t ranks = group_.size();
+    // The positions cp ranks [first, first + count) hold together.
+    auto positions_of = [&](int64_t first, int64_t count) {
+      return positions_of_ranks(s * ranks, ranks, first, count, load_balance_);
+    };
+    if (ranks == 1) return nn::attention(kernel, q, k, v, {causal, positions_of(0, 1), positions_of(0, 1)}, scale);
     if (mode_ == CpMode::kAllGather) {
-      std::vector<at::Tensor> all;
-      for (int64_t i = 0; i < group_.size(); ++i) all.push_back(positions_of(i));
       const comm::AllGatherOptions along_sequence{2, {}};
       return nn::attention(kernel, q, comm::functional::all_gather(k, group_, along_sequence),
                            comm::functional::all_gather(v, group_, along_sequence),
-                           {causal, positions_of(group_.rank()), at::cat(all)}, scale);
+                           {causal, positions_of(group_.rank(), 1), positions_of(0, ranks)}, scale);
     }
     // The tokens this rank attends for (after Ulysses, its group's), and the ring peers' tokens.
     const int64_t u = ulysses_.defined() ? ulysses_.size() : 1;
-    auto group_positions = [&](int64_t first_rank) {
-      std::vector<at::Tensor> parts;
-      for (int64_t i = 0; i < u; ++i) parts.push_back(positions_of(first_rank + i));
-      return at::cat(parts);
-    };
+    auto group_positions = [&](int64_t first_rank) { return positions_of(first_rank, u); };
     const int64_t my_first = group_.rank() / u * u;
     std::shared_ptr<const nn::AttentionKernel> inner = kernel;
     if (ring_.defined()) {
@@ -153,14 +160,7 @@ std::vector<int64_t> head_tail_order(int64_t seq) {
 }
 
 at::Tensor cp_positions(int64_t seq, int64_t ranks, int64_t rank, bool load_balance) {
-  HP_CHECK(ranks > 0 && rank >= 0 && rank < ranks, "cp_positions: rank ", rank, " of ", ranks);
-  const int64_t pieces = load_balance ? 2 * ranks : ranks;
-  HP_CHECK(seq > 0 && seq % pieces == 0, "context parallelism: the sequence length ", seq, " must divide by ", pieces,
-           load_balance ? " (2 x cp, for the load-balanced head-tail cut)" : " (cp)");
-  const int64_t local = seq / ranks;
-  if (!load_balance) return at::arange(rank * local, (rank + 1) * local, at::kLong);
-  const std::vector<int64_t> order = head_tail_order(seq);
-  return long_tensor(std::vector<int64_t>(order.begin() + rank * local, order.begin() + (rank + 1) * local));
+  return positions_of_ranks(seq, ranks, rank, 1, load_balance);
 }
 
 at::Tensor cp_shard(const at::Tensor& x, int64_t dim, int64_t ranks, int64_t rank, bool load_balance) {
@@ -173,10 +173,8 @@ at::Tensor cp_unshard(const at::Tensor& local, int64_t dim, const comm::ProcessG
   const int64_t d = dim < 0 ? dim + local.dim() : dim;
   HP_CHECK(d >= 0 && d < local.dim(), "cp_unshard: dim ", dim, " of a ", local.dim(), "-d tensor");
   const at::Tensor gathered = group.all_gather(local.contiguous(), comm::AllGatherOptions{d, {}});
-  std::vector<at::Tensor> positions;
-  for (int64_t r = 0; r < group.size(); ++r)
-    positions.push_back(cp_positions(gathered.size(d), group.size(), r, load_balance));
-  return at::empty_like(gathered).index_copy_(d, at::cat(positions).to(local.device()), gathered);
+  const at::Tensor positions = positions_of_ranks(gathered.size(d), group.size(), 0, group.size(), load_balance);
+  return at::empty_like(gathered).index_copy_(d, positions.to(local.device()), gathered);
 }
 
 void ContextParallel::check_heads(int64_t ranks, int64_t q_heads, int64_t kv_heads) const {

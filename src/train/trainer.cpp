@@ -71,13 +71,11 @@ LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimi
 struct Setup {
   DeviceMesh mesh;
   models::ModelParts parts;
-  int64_t dp_rank = 0;  // which rows of each global batch this rank reads
-  int64_t cp_rank = 0;  // which tokens of each row (cp_shard's cut)
+  int64_t dp_rank = 0;          // which rows of each global batch this rank reads
+  int64_t cp = 1, cp_rank = 0;  // which tokens of each row (cp_shard's cut)
 
   // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come here).
-  at::Tensor shard_sequence(const at::Tensor& batch, int64_t cp) const {
-    return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch;
-  }
+  at::Tensor shard_sequence(const at::Tensor& batch) const { return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch; }
 };
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
@@ -85,7 +83,7 @@ Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
   const int64_t cp_rank = mesh.get_local_rank("cp");
-  return {std::move(mesh), std::move(parts), dp_rank, cp_rank};
+  return {std::move(mesh), std::move(parts), dp_rank, c.parallel.cp, cp_rank};
 }
 
 // The training and held-out token streams: rank 0 prepares the token files, the others wait and
@@ -144,7 +142,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   step_options.lead = lead;
   TrainStep train_step(s.parts, step_options);
   const std::vector<at::Tensor> counted = s.parts.counted_parameters(), copies = s.parts.copied_parameters();
-  const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows, cp = c.parallel.cp;
+  const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
 
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
@@ -165,7 +163,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     double sum = 0.0;
     for (int64_t b = 0; b < c.eval.batches; ++b) {
       auto [x, y] = data.eval.eval_batch(b, c.train.global_batch, first_row, rows);
-      sum += train_step.evaluate(s.shard_sequence(x, cp), s.shard_sequence(y, cp));
+      sum += train_step.evaluate(s.shard_sequence(x), s.shard_sequence(y));
     }
     return world_mean(sum / static_cast<double>(c.eval.batches), world);
   };
@@ -184,7 +182,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
       // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
       // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.
-      const double local_loss = train_step.forward_backward(step, s.shard_sequence(x, cp), s.shard_sequence(y, cp));
+      const double local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
       StepRecord record;
       record.step = step + 1;
       double local_grad_norm = 0.0;
