@@ -166,9 +166,9 @@ TEST(Qwen3Moe, ItsKeysParseAndItsRecipeChecksTheDims) {
   validate(
       parse_config("model: {family: qwen3_moe, z_loss_coeff: 0.001}\nparallel: {dp_shard: 2, tp: 2}\n" + kBatch, {}),
       4);
-  test::expect_error(
-      [&] { validate(parse_config("model: {family: qwen3_moe}\nparallel: {dp_shard: 2, cp: 2}\n" + kBatch, {}), 4); },
-      "the qwen3_moe recipe does not support parallel.cp yet");
+  // cp, with ep borrowed from it.
+  validate(parse_config("model: {family: qwen3_moe, experts: 4}\nparallel: {dp_shard: 2, cp: 2, ep: 4}\n" + kBatch, {}),
+           4);
 }
 
 struct Layout {
@@ -176,11 +176,14 @@ struct Layout {
   std::string pp_schedule = "1f1b";
   int64_t layers = 2, tp = 1;
   bool sequence_parallel = true;  // with tp > 1
-  int world() const { return static_cast<int>(pp * dp_replicate * dp_shard * tp); }
+  int64_t cp = 1;
+  std::string cp_mode = "ring";  // with cp > 1
+  int world() const { return static_cast<int>(pp * dp_replicate * dp_shard * cp * tp); }
   std::string name() const {
     std::string n;
-    for (int64_t v : {dp_replicate, dp_shard, ep, pp, layers, tp}) n += "_" + std::to_string(v);
-    return n + (pp > 1 ? "_" + pp_schedule : "") + (tp > 1 && !sequence_parallel ? "_nosp" : "");
+    for (int64_t v : {dp_replicate, dp_shard, ep, pp, layers, tp, cp}) n += "_" + std::to_string(v);
+    return n + (pp > 1 ? "_" + pp_schedule : "") + (tp > 1 && !sequence_parallel ? "_nosp" : "") +
+           (cp > 1 ? "_" + cp_mode : "");
   }
 };
 
@@ -198,6 +201,8 @@ TrainConfig qwen3_moe_config(const Layout& layout, int64_t experts, const fs::pa
   c.parallel.ep = layout.ep;
   c.parallel.pp = layout.pp;
   c.parallel.tp = layout.tp;
+  c.parallel.cp = layout.cp;
+  if (layout.cp > 1) c.cp_mode = layout.cp_mode;
   c.sequence_parallel = layout.tp > 1 && layout.sequence_parallel;
   c.pp_schedule = layout.pp_schedule;
   c.data.sources = {write_corpus(dir / "text")};
@@ -321,31 +326,34 @@ TEST(Qwen3Moe, ExpertsFewerThanTheirShardRanksSplitTheHiddenDim) {
   fs::remove_all(dir);
 }
 
+// `layout`'s run of 4 experts with every auxiliary loss on.
+TrainConfig with_aux_losses(const Layout& layout, const fs::path& dir) {
+  TrainConfig c = qwen3_moe_config(layout, 4, dir);
+  auto& m = c.model.as<Qwen3MoeConfig>();
+  m.aux_loss_coeff = 0.01;
+  m.seq_aux_loss_coeff = 0.01;
+  m.z_loss_coeff = 0.001;
+  c.run_dir += "_aux";
+  return c;
+}
+
 // The auxiliary losses in hp-train: ep 2 of dp_shard 4, ep 2 of dp_shard 2 x tp 2 (with and
 // without sequence parallelism) and one rank with four micro-batches train alike with them (losses
 // and gradient norms within 1e-6 of ep 1), and metrics.jsonl reports them.
 TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
   const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_aux_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  const auto with_aux = [&](const Layout& layout) {
-    TrainConfig c = qwen3_moe_config(layout, 4, dir);
-    auto& m = c.model.as<Qwen3MoeConfig>();
-    m.aux_loss_coeff = 0.01;
-    m.seq_aux_loss_coeff = 0.01;
-    m.z_loss_coeff = 0.001;
-    c.run_dir += "_aux";
-    return c;
-  };
-  const TrainConfig reference = with_aux({1, 4, 1});
+  const TrainConfig reference = with_aux_losses({1, 4, 1}, dir);
   const TrainResult ep1 = rank0_result(reference, 4);
-  expect_near(rank0_result(with_aux({1, 4, 2}), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 4");
+  expect_near(rank0_result(with_aux_losses({1, 4, 2}, dir), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 4");
   // Under tp each rank sees a shard of every sequence: the statistics are summed over tp.
   Layout tp{1, 2, 2}, no_sp{1, 2, 2};
   tp.tp = no_sp.tp = 2;
   no_sp.sequence_parallel = false;
-  expect_near(rank0_result(with_aux(tp), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 2 x tp 2");
-  expect_near(rank0_result(with_aux(no_sp), 4), ep1, 1e-6, "aux losses, the same without sequence parallelism");
-  TrainConfig one = with_aux({1, 1, 1});  // 8 rows in 4 micro-batches of 2
+  expect_near(rank0_result(with_aux_losses(tp, dir), 4), ep1, 1e-6, "aux losses, ep 2 of dp_shard 2 x tp 2");
+  expect_near(rank0_result(with_aux_losses(no_sp, dir), 4), ep1, 1e-6,
+              "aux losses, the same without sequence parallelism");
+  TrainConfig one = with_aux_losses({1, 1, 1}, dir);  // 8 rows in 4 micro-batches of 2
   expect_near(rank0_result(one, 1), ep1, 1e-6, "aux losses, one rank");
   // Without them the gradients differ: the losses reach the router.
   EXPECT_NE(train_qwen3_moe({1, 4, 1}, 4, dir).grad_norms[0], ep1.grad_norms[0]);
@@ -356,6 +364,35 @@ TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
     if (j.at("kind") == "train") aux = j.at("moe.layers.1.aux_loss").get<double>();
   }
   EXPECT_GT(aux, 0.0);
+  fs::remove_all(dir);
+}
+
+// Context parallelism: each cp rank runs the MoE on its head-tail share of every sequence's
+// positions. Against dp_shard 4 with ep 1, with the routers' bias balancing on (per-step losses and
+// gradient norms within 1e-6, and rank 0's loads of every layer equal): cp 2 alone (the experts
+// FSDP-sharded over the cp ranks), ep 2 borrowed from cp 2 x dp_shard 2 (ring and Ulysses), ep 4
+// from cp 4 alone, ep 4 from cp 2 x tp 2, and ep 2 of cp 2 x pp 2 (1F1B). Then the auxiliary
+// losses, whose statistics the cp ranks sum (sequences the cp ranks share count once): cp 2 x
+// dp_shard 2 and cp 2 x tp 2 with ep 2, within 1e-6 of dp_shard 4.
+TEST(Qwen3Moe, HpTrainWithContextParallelismMatches) {
+  Layout cp2{1, 1, 1}, cp_dp{1, 2, 2}, ulysses{1, 2, 2}, cp4{1, 1, 4}, cp_tp{1, 1, 4}, cp_pp{1, 1, 2, 2};
+  for (Layout* l : {&cp2, &cp_dp, &ulysses, &cp_tp, &cp_pp}) l->cp = 2;
+  cp4.cp = 4;
+  cp_tp.tp = 2;
+  ulysses.cp_mode = "ulysses";
+  expect_balanced_runs_match("cp", {{cp2, "cp 2, ep 1"},
+                                    {cp_dp, "ep 2 of cp 2 (ring) x dp_shard 2"},
+                                    {ulysses, "ep 2 of cp 2 (ulysses) x dp_shard 2"},
+                                    {cp4, "ep 4 of cp 4 (ring)"},
+                                    {cp_tp, "ep 4 of cp 2 (ring) x tp 2"},
+                                    {cp_pp, "ep 2 of cp 2 (ring) x pp 2 (1F1B)"}});
+  const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_cp_aux_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const TrainResult want = rank0_result(with_aux_losses({1, 4, 1}, dir), 4);
+  Layout aux_dp{1, 2, 2}, aux_tp{1, 1, 2};
+  aux_dp.cp = aux_tp.cp = aux_tp.tp = 2;
+  expect_near(rank0_result(with_aux_losses(aux_dp, dir), 4), want, 1e-6, "aux losses, ep 2 of cp 2 x dp_shard 2");
+  expect_near(rank0_result(with_aux_losses(aux_tp, dir), 4), want, 1e-6, "aux losses, ep 2 of cp 2 x tp 2");
   fs::remove_all(dir);
 }
 

@@ -168,10 +168,12 @@ struct MoEOptions {
 };
 
 // How a layer's sequences are split over ranks that each run the layer on their share of every
-// sequence's positions (tensor parallelism splitting the tokens): the auxiliary losses' statistics
-// are sums over all of them. `sum` adds a tensor over the shards; its backward must pass the
-// gradient through unchanged (every shard computes the same losses from the sum, and the losses
-// count once: each shard's own tokens receive their part). Default: one shard.
+// sequence's positions (context parallelism, or tensor parallelism splitting the tokens): the
+// auxiliary losses' statistics are sums over all of them. `sum` adds a tensor over the shards; its
+// backward passes the gradient through (every shard computes the same losses from the sum, and
+// each shard's own tokens receive their part), times whatever makes the losses count once after
+// the gradient reduction that follows: 1 where the shards' gradients are summed, the number of
+// shards where they are averaged. Default: one shard.
 struct TokenSplit {
   int64_t shards = 1;
   std::function<at::Tensor(const at::Tensor&)> sum;
@@ -188,7 +190,7 @@ class MoE : public Module {
   std::shared_ptr<SwiGLU> shared;  // null without shared experts
   // Who runs the experts (set by hp::ExpertParallel); the default runs them here.
   void set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher);
-  // The ranks this layer's sequences are split over (set by a recipe that splits tokens over tp).
+  // The ranks this layer's sequences are split over (set by a recipe that splits tokens over cp or tp).
   void set_token_split(TokenSplit split);
   // The routed experts' output for `tokens` [tokens, dim] as `routing` routes them (without the
   // shared experts): forward is routed_output(x, router->route(x)) + shared(x), the shared experts

@@ -1,6 +1,7 @@
 #include "hp/models/qwen3_moe/parallelize.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <iomanip>
 #include <optional>
 #include <sstream>
@@ -17,10 +18,6 @@
 namespace hp::models {
 
 void validate_qwen3_moe_dims(const ParallelDims& dims, const Qwen3MoeConfig& config) {
-  HP_CHECK(dims.cp == 1,
-           "the qwen3_moe recipe does not support parallel.cp yet (its composition with expert parallelism is still "
-           "to come): it must be 1 (got ",
-           dims.cp, ")");
   HP_CHECK(config.experts % dims.ep == 0, "model.experts (", config.experts, ") must be divisible by parallel.ep (",
            dims.ep, ")");
   ParallelDims dense = dims;
@@ -46,26 +43,38 @@ void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDi
   for (auto& [fqn, experts] : nn::match_modules(model, "layers.*.mlp.experts")) {
     FSDPModule unit = fully_shard(*experts, data, options);
     // A rank's expert gradients already sum the losses of its ep group's ranks (the rows came to
-    // it); averaging over the efsdp ranks then leaves a factor ep above the data-parallel mean. The
-    // tp ranks' rows, on the other hand, are shares of one data-parallel rank's tokens: summed.
+    // it); averaging over the efsdp ranks then leaves a factor ep above the mean over the dp x cp
+    // ranks (each one's loss a mean over its tokens, as for the dense blocks). The tp ranks' rows,
+    // on the other hand, are shares of one data-parallel rank's tokens: summed.
     unit.set_gradient_scaling_factor(static_cast<double>(dims.tp) / static_cast<double>(dims.ep));
   }
 }
 
-// The ranks whose counts balance_experts sums, or none on one rank: the data-parallel and tp ranks
-// (they see different tokens) and the pipeline stages. A rank counts its own stages' layers only (zeros
-// for the others), so the sum gives every rank every layer's counts: each updates every bias alike
-// (the copies of layers it does not run included) and reports every layer.
-std::optional<comm::ProcessGroup> balancing_group(const DeviceMesh& mesh, const ParallelDims& dims) {
+// One group over the dims of `mesh` named in `dims` whose size is above 1, flattened as `name`
+// when there are several; none when there are none.
+std::optional<comm::ProcessGroup> group_over(const DeviceMesh& mesh,
+                                             std::initializer_list<std::pair<const char*, int64_t>> dims,
+                                             const std::string& name) {
   std::vector<std::string> names;
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", dims.pp},
-                                   {"dp_replicate", dims.dp_replicate},
-                                   {"dp_shard", dims.dp_shard},
-                                   {"tp", dims.tp}})
-    if (size > 1) names.push_back(name);
+  for (const auto& [dim, size] : dims)
+    if (size > 1) names.push_back(dim);
   if (names.empty()) return std::nullopt;
   const DeviceMesh counted = mesh[names];
-  return names.size() == 1 ? counted.get_group(0) : counted.flatten("balancing").get_group(0);
+  return names.size() == 1 ? counted.get_group(0) : counted.flatten(name).get_group(0);
+}
+
+// The ranks whose counts balance_experts sums, or none on one rank: the data-parallel, cp and tp
+// ranks (they see different tokens) and the pipeline stages. A rank counts its own stages' layers
+// only (zeros for the others), so the sum gives every rank every layer's counts: each updates
+// every bias alike (the copies of layers it does not run included) and reports every layer.
+std::optional<comm::ProcessGroup> balancing_group(const DeviceMesh& mesh, const ParallelDims& dims) {
+  return group_over(mesh,
+                    {{"pp", dims.pp},
+                     {"dp_replicate", dims.dp_replicate},
+                     {"dp_shard", dims.dp_shard},
+                     {"cp", dims.cp},
+                     {"tp", dims.tp}},
+                    "balancing");
 }
 
 // The step hook: balance_experts with the counts summed over balancing_group, and per layer as
@@ -101,15 +110,22 @@ std::function<StepStats()> load_balancing_hook(const std::shared_ptr<Llama>& mod
   };
 }
 
-// Each tp rank runs a layer on its share of every sequence's positions: the auxiliary losses'
-// statistics are summed over the tp ranks. The sum's backward passes the gradient through
-// (Megatron's reduce from the tensor-parallel region): every tp rank computes the same losses, and
-// each one's tokens receive their part of the gradient, summed over tp with the routers' others.
-void split_tokens_over_tp(Llama& model, const DeviceMesh& mesh, int64_t tp) {
-  const comm::ProcessGroup group = mesh["tp"].get_group(0);
-  const nn::TokenSplit split{tp, [group](const at::Tensor& x) {
+// Each cp and tp rank runs a layer on its share of every sequence's positions: the auxiliary
+// losses' statistics are summed over the (cp, tp) ranks, so every one of them computes the losses
+// of its data-parallel rank's whole sequences. The sum's backward passes the gradient through
+// (Megatron's reduce from the tensor-parallel region), each rank's tokens receiving their part,
+// times cp: the recipe averages gradients over the cp ranks like data-parallel ranks (each one's
+// loss is the mean over its share of the tokens) but sums them over the tp ranks (the routers'
+// units scale by tp), while the losses count once for the sequences the cp ranks share.
+void split_tokens_over_sequence_shards(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims) {
+  const std::optional<comm::ProcessGroup> shards =
+      group_over(mesh, {{"cp", dims.cp}, {"tp", dims.tp}}, "sequence_shards");
+  if (!shards) return;
+  const comm::ProcessGroup group = *shards;
+  const double cp = static_cast<double>(dims.cp);
+  const nn::TokenSplit split{dims.cp * dims.tp, [group, cp](const at::Tensor& x) {
                                return record_backward("SumOverTokenShards", x, group.all_reduce(x.detach().clone()),
-                                                      [](const at::Tensor& grad) { return grad; });
+                                                      [cp](const at::Tensor& grad) { return grad * cp; });
                              }};
   for (auto& [fqn, moe] : nn::match_modules(model, "layers.*.mlp")) dynamic_cast<nn::MoE&>(*moe).set_token_split(split);
 }
@@ -120,7 +136,7 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
                                  const Qwen3MoeConfig& config, const RecipeOptions& options) {
   HP_CHECK(model != nullptr, "parallelize_qwen3_moe: no model");
   validate_qwen3_moe_dims(dims, config);
-  if (dims.dp() > 1 || dims.ep > 1 || dims.tp > 1) {
+  if (dims.dp() * dims.cp * dims.tp > 1 || dims.ep > 1) {
     const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims);
     if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
     shard_experts(*model, expert_mesh, dims, config, options.fsdp);
@@ -128,10 +144,8 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   // Each tp rank routes its own tokens: the routers are data-parallel over the tp ranks too. The
   // unit is the whole MoE (its experts are their own units already), whose forward FSDP sees; the
   // router is called through route().
-  if (dims.tp > 1) {
-    shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
-    split_tokens_over_tp(*model, mesh, dims.tp);
-  }
+  if (dims.tp > 1) shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
+  split_tokens_over_sequence_shards(*model, mesh, dims);
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama
   RecipeOptions dense_options = options;
