@@ -337,8 +337,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "parallel.cp_mode and parallel.cp_ulysses need parallel.cp > 1");
   HP_CHECK(cp_mode == CpMode::kHybrid || c.cp_ulysses == 0, "parallel.cp_ulysses is the Ulysses degree of ",
            "parallel.cp_mode hybrid; parallel.cp_mode is ", c.cp_mode);
-  HP_CHECK(c.parallel.cp == 1 || c.sample.tokens == 0, "sample.tokens needs parallel.cp 1: generating one token at ",
-           "a time under context parallelism is not supported yet");
+  HP_CHECK(c.parallel.cp == 1 || c.sample.tokens == 0 || c.model->max_seq() % (2 * c.parallel.cp) == 0,
+           "sample.tokens under parallel.cp needs model.max_seq (", c.model->max_seq(),
+           ") divisible by 2 x parallel.cp (", 2 * c.parallel.cp,
+           "): the context, padded at its end to such a multiple, must fit in max_seq");
   c.model->validate_parallel(c.parallel, detail::recipe_options(c));  // needs the batch split checked
   // FSDP shards over dp_shard x cp (context-parallel ranks hold the same parameters).
   HP_CHECK(c.reshard_after_forward_to >= 0 && (c.reshard_after_forward_to == 0 ||

@@ -76,6 +76,17 @@ struct Setup {
 
   // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come here).
   at::Tensor shard_sequence(const at::Tensor& batch) const { return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch; }
+
+  // Plain logits [1, n, vocab] of tokens [1, n] for any n up to model.max_seq. Under cp the
+  // sequence is padded at its end to a multiple of 2 x cp (the model is causal: later tokens change
+  // no earlier position's logits), cut as in training, and the logits gathered back over the cp
+  // ranks. Collective over the model's ranks.
+  at::Tensor sequence_logits(TrainStep& step, const at::Tensor& tokens) const {
+    if (cp == 1) return step.logits(tokens);
+    const int64_t n = tokens.size(1), padded = (n + 2 * cp - 1) / (2 * cp) * (2 * cp);
+    const at::Tensor whole = at::constant_pad_nd(tokens, {0, padded - n}, 0);
+    return cp_unshard(step.logits(shard_sequence(whole)), 1, mesh.get_group("cp")).narrow(1, 0, n);
+  }
 };
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
@@ -237,7 +248,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     result.mfu = peak > 0 ? flops_per_token * result.tokens_per_s / peak : 0.0;
     if (c.sample.tokens > 0) {
       const data::ByteTokenizer tokenizer;
-      const auto logits = [&](const at::Tensor& tokens) { return train_step.logits(tokens); };
+      const auto logits = [&](const at::Tensor& tokens) { return s.sequence_logits(train_step, tokens); };
       result.sample = tokenizer.decode(
           detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model->max_seq()));
     }

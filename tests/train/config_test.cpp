@@ -95,7 +95,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.cp_mode=ulysses"}, 4, "parallel.cp_mode and parallel.cp_ulysses need parallel.cp > 1");
   invalid({"parallel.cp=2", "parallel.cp_ulysses=2"}, 8,
           "parallel.cp_ulysses is the Ulysses degree of parallel.cp_mode hybrid; parallel.cp_mode is ring");
-  invalid({"parallel.cp=2", "sample.tokens=5"}, 8, "sample.tokens needs parallel.cp 1");
+  validate(parse_config(kConfig, {"parallel.cp=2", "sample.tokens=5"}), 8);
+  invalid({"parallel.cp=2", "sample.tokens=5", "model.max_seq=34", "data.seq_len=24"}, 8,
+          "sample.tokens under parallel.cp needs model.max_seq (34) divisible by 2 x parallel.cp (4)");
   validate(parse_config(kConfig, {"data.seq_len=31"}), 4);  // odd lengths are fine without cp
   invalid({"parallel.cp=2", "parallel.sequence_parallel=true", "data.seq_len=12", "parallel.tp=4",
            "parallel.dp_shard=1", "model.heads=8", "model.kv_heads=4"},

@@ -162,6 +162,41 @@ TEST(Trainer, ContextParallelAgreesWithOneRank) {
   fs::remove_all(dir);
 }
 
+// sample.tokens under context parallelism: each context is padded at its end to a multiple of 2 x cp,
+// cut as in training, and its logits gathered back. The greedy continuation (40 bytes after a
+// 5-byte prompt: contexts of every length up to max_seq 32, then cropped) is that of one rank, under
+// cp 2 (ring), cp 4 (hybrid 2 x 2) and cp 2 x tp 2 with loss parallelism.
+TEST(Trainer, GeneratesUnderContextParallelismAsOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_cp_sample_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto sample = [&](const Parallel& p) {
+    TrainConfig c = tiny_config(dir);
+    c.parallel = p.dims;
+    c.sequence_parallel = p.sequence_parallel;
+    c.loss_parallel = p.loss_parallel;
+    c.cp_mode = p.cp_mode;
+    c.cp_ulysses = p.cp_ulysses;
+    c.sample.prompt = "The c";
+    c.sample.tokens = 40;
+    c.run_dir += "_" + std::to_string(p.world) + "_" + p.cp_mode;
+    return rank0_result(c, p.world).sample;
+  };
+  ParallelDims cp2, cp4, cp2tp2;
+  cp2.cp = cp2tp2.cp = 2;
+  cp4.cp = 4;
+  cp2tp2.tp = 2;
+  Parallel hybrid{4, cp4, false, false, "cp 4 (hybrid 2 x 2)"};
+  hybrid.cp_mode = "hybrid";
+  hybrid.cp_ulysses = 2;
+  const std::string one = sample({1, {}, false, false, "1 rank"});
+  std::cout << "1 rank samples '" << one << "'\n";
+  ASSERT_EQ(one.size(), 45u);
+  for (const Parallel& p : {Parallel{2, cp2, false, false, "cp 2 (ring)"}, hybrid,
+                            Parallel{4, cp2tp2, true, true, "cp 2 x tp 2 (SP, loss parallel)"}})
+    EXPECT_EQ(sample(p), one) << p.name;
+  fs::remove_all(dir);
+}
+
 // memory.checkpoint and memory.swap: recomputing the blocks, or rebuilding them from the host
 // tier, changes no bit of the run, on one rank, under FSDP x TP and through a 1F1B pipeline (20
 // steps, the same seed).
