@@ -198,31 +198,46 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& dims) const {
   HP_CHECK(!dims.empty(), "DeviceMesh::operator[]: name at least one mesh dim");
   const auto& coordinate = coordinate_or_throw("DeviceMesh::operator[]");
 
-  // A flattened dim stands alone: its ranks are not a slice along the original dims.
-  std::vector<std::string> constituents;
+  // A flattened dim not of this mesh stands for the dims it merges: the slice is taken over those
+  // (in mesh order, each once), then each flattening's run of dims becomes one dim, row-major, whose
+  // group is the flattening's. mesh[{"dp_replicate", "dp_shard_cp"}] is HSDP's 2-D mesh.
+  std::vector<std::string> expanded;
+  std::vector<size_t> merged;  // how many of `expanded` each of `dims` stands for
   {
     std::lock_guard<std::mutex> lock(root_->mu);
     for (const std::string& d : dims) {
       auto it = root_->flattened.find(d);
-      if (it == root_->flattened.end() || std::count(names_.begin(), names_.end(), d)) continue;
-      HP_CHECK(dims.size() == 1, "DeviceMesh::operator[]: flattened dim '", d,
-               "' cannot be mixed with other dims in one slice (got [", join(dims), "]); slice it alone");
-      constituents = it->second;
+      const bool flattened = it != root_->flattened.end() && !std::count(names_.begin(), names_.end(), d);
+      const std::vector<std::string> constituents = flattened ? it->second : std::vector<std::string>{d};
+      expanded.insert(expanded.end(), constituents.begin(), constituents.end());
+      merged.push_back(flattened ? constituents.size() : 0);
     }
   }
-  if (!constituents.empty()) return (*this)[constituents].flatten(dims[0]);
+  if (dims.size() == 1 && merged[0] > 0) return (*this)[expanded].flatten(dims[0]);
 
   std::vector<int64_t> indices;
-  for (const std::string& d : dims) indices.push_back(dim_index(d));
+  for (const std::string& d : expanded) indices.push_back(dim_index(d));
   HP_CHECK(std::set<int64_t>(indices.begin(), indices.end()).size() == indices.size(),
-           "DeviceMesh::operator[]: mesh dim named twice in [", join(dims), "]");
+           "DeviceMesh::operator[]: mesh dim named twice in [", join(dims), "]",
+           expanded.size() == dims.size() ? "" : " (flattened dims stand for (" + join(expanded) + "))");
   HP_CHECK(std::is_sorted(indices.begin(), indices.end()), "DeviceMesh::operator[]: name mesh dims in mesh order (",
-           join(names_), "), got [", join(dims), "]");
+           join(names_), "), got [", join(dims), "]",
+           expanded.size() == dims.size() ? "" : " (flattened dims stand for (" + join(expanded) + "))");
   std::vector<int64_t> shape;
   std::vector<comm::ProcessGroup> groups;
-  for (int64_t i : indices) {
-    shape.push_back(shape_[i]);
-    groups.push_back(groups_[i]);
+  size_t next = 0;  // into indices
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (merged[i] == 0) {
+      shape.push_back(shape_[indices[next]]);
+      groups.push_back(groups_[indices[next]]);
+      ++next;
+      continue;
+    }
+    const std::vector<std::string> run(expanded.begin() + next, expanded.begin() + next + merged[i]);
+    const DeviceMesh flat = (*this)[run].flatten(dims[i]);
+    shape.push_back(flat.size());
+    groups.push_back(flat.get_group(0));
+    next += merged[i];
   }
   return DeviceMesh(root_, std::move(shape), slice_ranks(ranks_, shape_, coordinate, indices), dims, std::move(groups));
 }

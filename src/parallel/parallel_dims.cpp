@@ -45,8 +45,8 @@ DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims
 
 DeviceMesh data_parallel_mesh(const DeviceMesh& mesh, const ParallelDims& dims) {
   if (dims.cp == 1) return dims.dp_replicate > 1 ? mesh[{"dp_replicate", "dp_shard"}] : mesh["dp_shard"];
-  HP_CHECK(dims.dp_replicate == 1, "parallel.cp > 1 with parallel.dp_replicate > 1 (HSDP) is not supported yet");
-  return mesh[{"dp_shard", "cp"}].flatten("dp_shard_cp");
+  const DeviceMesh shard = mesh[{"dp_shard", "cp"}].flatten("dp_shard_cp");
+  return dims.dp_replicate > 1 ? mesh[{"dp_replicate", "dp_shard_cp"}] : shard;
 }
 
 DeviceMesh expert_data_parallel_mesh(const DeviceMesh& expert_mesh, const ParallelDims& dims) {

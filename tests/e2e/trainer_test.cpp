@@ -190,6 +190,15 @@ TEST(HpTrain, KillAndResumeWithContextParallelismIsBitwiseIdentical) {
   kill_and_resume("cp", "--set data.seq_len=256 --set sample.tokens=0", "long_context_llama.yaml");
 }
 
+// The same with cp 2 under HSDP (dp_replicate 2): FSDP shards over dp_shard x cp, replicas over
+// dp_replicate.
+TEST(HpTrain, KillAndResumeWithContextParallelismUnderHsdpIsBitwiseIdentical) {
+  kill_and_resume("cp_hsdp",
+                  "--set data.seq_len=256 --set sample.tokens=0 --set parallel.cp=2 --set parallel.dp_replicate=2 "
+                  "--set train.micro_batch=2",
+                  "long_context_llama.yaml");
+}
+
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {

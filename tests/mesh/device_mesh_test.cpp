@@ -64,15 +64,29 @@ TEST(DeviceMesh, World8Shape2x2x2SliceAndFlatten) {
     expect_value(flat.get_local_rank(0), int64_t{r / 2}, "flattened local rank");
     const int64_t sum = flat.get_group(0).all_reduce(at::full({1}, r, at::kLong)).item<int64_t>();
     expect_value(sum, int64_t{(r % 2 == 0) ? 12 : 16}, "sum over dp_cp");
-    // The root now knows "dp_cp", alone; mixing it with original dims is refused.
+    // The root now knows "dp_cp", alone and beside original dims (its dims merged, row-major, its
+    // group the flattening's), but not beside a dim it merges.
     expect_eq(mesh["dp_cp"].ranks(), flat.ranks(), "root[dp_cp]");
-    expect_error([&] { mesh[{"dp_cp", "tp"}]; }, "cannot be mixed");
-    expect_error([&] { mesh[{"dp", "dp_cp"}]; }, "cannot be mixed");
+    const DeviceMesh dp_cp_tp = mesh[{"dp_cp", "tp"}];
+    expect_value(dp_cp_tp.shape(), std::vector<int64_t>{4, 2}, "(dp_cp, tp) shape");
+    expect_value(dp_cp_tp.dim_names(), std::vector<std::string>{"dp_cp", "tp"}, "(dp_cp, tp) names");
+    expect_eq(dp_cp_tp.ranks(), ints({0, 1, 2, 3, 4, 5, 6, 7}), "(dp_cp, tp) ranks");
+    expect_value(dp_cp_tp.get_local_rank("dp_cp"), int64_t{r / 2}, "local rank on the merged dim");
+    expect_value(dp_cp_tp.get_local_rank("tp"), int64_t{r % 2}, "local rank on tp");
+    expect_value(&dp_cp_tp.get_group("dp_cp").impl(), &flat.get_group(0).impl(), "the flattening's group");
+    expect_value(&dp_cp_tp.get_group("tp").impl(), &mesh.get_group("tp").impl(), "tp's group");
+    const DeviceMesh dp_tp_flat = mesh[{"dp", "tp"}].flatten("dp_tp");
+    expect_eq(mesh[{"dp_tp"}].ranks(), dp_tp_flat.ranks(), "root[dp_tp]");
+    expect_error(
+        [&] {
+          mesh[{"dp", "dp_cp"}];
+        },
+        "mesh dim named twice in [dp, dp_cp] (flattened dims stand for (dp, dp, cp))");
+    expect_error([&] { mesh[{"dp_tp", "cp"}]; }, "name mesh dims in mesh order");
     expect_error([&] { mesh[{"tp", "dp"}]; }, "in mesh order");
     expect_error([&] { mesh["tp"].flatten("dp"); }, "the name 'dp' is already a mesh dim of (dp, cp, tp)");
     // Non-adjacent dims flatten too.
-    expect_eq(mesh[{"dp", "tp"}].flatten("dp_tp").ranks(), r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}),
-              "dp_tp");
+    expect_eq(dp_tp_flat.ranks(), r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}), "dp_tp");
   });
 }
 

@@ -371,12 +371,14 @@ TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
 // positions. Against dp_shard 4 with ep 1, with the routers' bias balancing on (per-step losses and
 // gradient norms within 1e-6, and rank 0's loads of every layer equal): cp 2 alone (the experts
 // FSDP-sharded over the cp ranks), ep 2 borrowed from cp 2 x dp_shard 2 (ring and Ulysses), ep 4
-// from cp 4 alone, ep 4 from cp 2 x tp 2, and ep 2 of cp 2 x pp 2 (1F1B). Then the auxiliary
-// losses, whose statistics the cp ranks sum (sequences the cp ranks share count once): cp 2 x
-// dp_shard 2 and cp 2 x tp 2 with ep 2, within 1e-6 of dp_shard 4.
+// from cp 4 alone, ep 4 from cp 2 x tp 2, ep 2 of cp 2 x pp 2 (1F1B), and ep 2 of cp 2 under
+// dp_replicate 2 (HSDP). Then the auxiliary losses, whose statistics the cp ranks sum (sequences
+// the cp ranks share count once): cp 2 x dp_shard 2 and cp 2 x tp 2 with ep 2, within 1e-6 of
+// dp_shard 4.
 TEST(Qwen3Moe, HpTrainWithContextParallelismMatches) {
-  Layout cp2{1, 1, 1}, cp_dp{1, 2, 2}, ulysses{1, 2, 2}, cp4{1, 1, 4}, cp_tp{1, 1, 4}, cp_pp{1, 1, 2, 2};
-  for (Layout* l : {&cp2, &cp_dp, &ulysses, &cp_tp, &cp_pp}) l->cp = 2;
+  Layout cp2{1, 1, 1}, cp_dp{1, 2, 2}, ulysses{1, 2, 2}, cp4{1, 1, 4}, cp_tp{1, 1, 4}, cp_pp{1, 1, 2, 2},
+      cp_hsdp{2, 1, 2};
+  for (Layout* l : {&cp2, &cp_dp, &ulysses, &cp_tp, &cp_pp, &cp_hsdp}) l->cp = 2;
   cp4.cp = 4;
   cp_tp.tp = 2;
   ulysses.cp_mode = "ulysses";
@@ -385,7 +387,8 @@ TEST(Qwen3Moe, HpTrainWithContextParallelismMatches) {
                                     {ulysses, "ep 2 of cp 2 (ulysses) x dp_shard 2"},
                                     {cp4, "ep 4 of cp 4 (ring)"},
                                     {cp_tp, "ep 4 of cp 2 (ring) x tp 2"},
-                                    {cp_pp, "ep 2 of cp 2 (ring) x pp 2 (1F1B)"}});
+                                    {cp_pp, "ep 2 of cp 2 (ring) x pp 2 (1F1B)"},
+                                    {cp_hsdp, "ep 2 of cp 2 (ring) under dp_replicate 2"}});
   const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_cp_aux_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const TrainResult want = rank0_result(with_aux_losses({1, 4, 1}, dir), 4);

@@ -107,8 +107,7 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
           "2 query heads (on this rank) do not divide by the Ulysses degree 4");
   invalid({"parallel.cp=4", "parallel.cp_mode=hybrid", "parallel.cp_ulysses=4"}, 16,
           "the Ulysses degree 4 must be above 1, below cp and divide cp (4)");
-  invalid({"parallel.cp=2", "parallel.dp_replicate=2"}, 16,
-          "parallel.cp > 1 with parallel.dp_replicate > 1 (HSDP) is not supported yet");
+  validate(parse_config(kConfig, {"parallel.cp=2", "parallel.dp_replicate=2"}), 16);
   invalid({"parallel.reshard_after_forward_to=3"}, 4,
           "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
   invalid({"parallel.pp_timeline_step=2"}, 4, "parallel.pp_timeline_step needs parallel.pp > 1");

@@ -132,16 +132,17 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
-// Context parallelism (parallel.cp): each mode, and cp composed with FSDP, TP (with SP) and a 1F1B
-// pipeline, within 1e-6 of one rank at every one of 20 steps.
+// Context parallelism (parallel.cp): each mode, and cp composed with FSDP, HSDP, TP (with SP) and a
+// 1F1B pipeline, within 1e-6 of one rank at every one of 20 steps.
 TEST(Trainer, ContextParallelAgreesWithOneRank) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_cp_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  ParallelDims cp2, cp4, cp2dp2, cp2tp2, cp2pp2;
+  ParallelDims cp2, cp4, cp2dp2, cp2hsdp, cp2tp2, cp2pp2;
   cp2.cp = 2;
   cp4.cp = 4;
-  cp2dp2.cp = cp2tp2.cp = cp2pp2.cp = 2;
+  cp2dp2.cp = cp2hsdp.cp = cp2tp2.cp = cp2pp2.cp = 2;
   cp2dp2.dp_shard = 2;
+  cp2hsdp.dp_replicate = 2;
   cp2tp2.tp = 2;
   cp2pp2.pp = 2;
   const auto mode = [](Parallel p, const std::string& cp_mode, int64_t ulysses = 0) {
@@ -155,6 +156,7 @@ TEST(Trainer, ContextParallelAgreesWithOneRank) {
                     mode(Parallel{2, cp2, false, false, "cp 2 (ulysses)"}, "ulysses"),
                     mode(Parallel{4, cp4, false, false, "cp 4 (hybrid 2 x 2)"}, "hybrid", 2),
                     Parallel{4, cp2dp2, false, false, "cp 2 (ring) x dp_shard 2"},
+                    Parallel{4, cp2hsdp, false, false, "cp 2 (ring) x dp_replicate 2 (HSDP)"},
                     Parallel{4, cp2tp2, true, false, "cp 2 (ring) x tp 2 (SP)"},
                     mode(Parallel{4, cp2tp2, false, false, "cp 2 (ulysses) x tp 2"}, "ulysses"),
                     Parallel{4, cp2pp2, false, false, "cp 2 (ring) x pp 2 (1F1B)"}},

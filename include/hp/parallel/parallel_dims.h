@@ -47,8 +47,8 @@ DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims
 
 // The mesh data-parallel training reduces gradients over: ("dp_replicate", "dp_shard") when
 // dp_replicate > 1 (HSDP), else ("dp_shard"); with cp > 1, ("dp_shard", "cp") flattened to
-// "dp_shard_cp" (context-parallel ranks hold the same parameters and each a share of the tokens;
-// with dp_replicate > 1 an hp::Error for now). Collective with cp > 1.
+// "dp_shard_cp" (context-parallel ranks hold the same parameters and each a share of the tokens),
+// as ("dp_replicate", "dp_shard_cp") with HSDP. Collective with cp > 1.
 DeviceMesh data_parallel_mesh(const DeviceMesh& mesh, const ParallelDims& dims);
 
 // The same for the ranks that hold the same experts, on build_expert_mesh's mesh:

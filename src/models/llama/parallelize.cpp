@@ -17,8 +17,6 @@ void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, Lla
   HP_CHECK(dims.ep == 1,
            "parallel.ep is for expert parallelism, which a dense llama has no use for: it must be 1 (got ", dims.ep,
            ")");
-  HP_CHECK(dims.cp == 1 || dims.dp_replicate == 1,
-           "parallel.cp > 1 with parallel.dp_replicate > 1 (HSDP) is not supported yet");
   if (dims.tp > 1) {
     HP_CHECK(model.heads % dims.tp == 0 && model.kv_heads % dims.tp == 0, "model.heads (", model.heads,
              ") and model.kv_heads (", model.kv_heads, ") must be divisible by parallel.tp (", dims.tp, ")");
