@@ -262,7 +262,9 @@ TEST(ContextParallel, BadPlansAreErrors) {
 }
 
 // The test Llama in fp64 on a sequence of 8, with the loss summed over this rank's tokens and
-// divided by the global token count: CP 2 and 4 give CP 1's loss and gradients.
+// divided by the global token count: CP 2 and 4 give CP 1's loss and gradients, with every layer's
+// attention in ring or Ulysses mode, or one mode per layer (ring for layer 0, Ulysses for layer 1:
+// the forward then sends the ring's K/V and makes Ulysses's 4 all_to_alls).
 TEST(ContextParallel, LlamaLossAtShardBoundaries) {
   models::LlamaConfig config;
   config.max_seq = 8;
@@ -283,18 +285,29 @@ TEST(ContextParallel, LlamaLossAtShardBoundaries) {
   auto single = build();
   const at::Tensor want = loss_sum((*single)(tokens), labels) / (batch * seq);
   want.backward();
+  const ContextParallel ring = ContextParallel().set_mode(CpMode::kRing),
+                        ulysses = ContextParallel().set_mode(CpMode::kUlysses);
+  const std::vector<std::pair<std::string, ParallelizePlan>> plans = {
+      {"ring", {{"layers.*.attn.core", ring}}},
+      {"ulysses", {{"layers.*.attn.core", ulysses}}},
+      {"ring then ulysses", {{"layers.0.attn.core", ring}, {"layers.1.attn.core", ulysses}}}};
+  ASSERT_EQ(config.layers, 2);
   for (int ranks : {2, 4})
-    for (CpMode mode : {CpMode::kRing, CpMode::kUlysses})
+    for (const auto& [name, plan] : plans)
       run(ranks, [&](const comm::ProcessGroup& world) {
         auto model = build();
         const DeviceMesh mesh = cp_mesh(world);
-        parallelize_module(*model, mesh, {{"layers.*.attn.core", ContextParallel().set_mode(mode)}});
+        parallelize_module(*model, mesh, plan);
         auto shard = [&](const at::Tensor& t) { return cp_shard(t, 1, ranks, world.rank()); };
         // This rank's share of the loss; backward from it gives this rank's share of the gradients.
+        comm::CommDebugMode forward;
         const at::Tensor local = loss_sum((*model)(shard(tokens)), shard(labels)) / (batch * seq);
+        if (plan.size() == 2)
+          HP_CHECK(forward.count("send") == 2 * (ranks - 1) && forward.count("all_to_all") == 4,
+                   "one mode per layer, forward: ", forward.str());
         local.backward();
         const at::Tensor loss = world.all_reduce(local.detach().clone());
-        const std::string what = to_string(mode) + " on " + std::to_string(ranks) + " ranks";
+        const std::string what = name + " on " + std::to_string(ranks) + " ranks";
         check_allclose(loss, want.detach(), what + ": loss", 1e-12, 0.0);
         for (const auto& item : model->named_parameters()) {
           // Each rank's gradient is its tokens' share; their sum is the whole gradient.
