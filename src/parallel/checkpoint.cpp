@@ -163,23 +163,30 @@ class SavingMode : public DispatchMode {
   }
 
  private:
-  // Marks the saved outputs whose storage `op` writes in place.
+  // Marks the saved outputs whose storage `op` writes in place, through a tensor argument or a
+  // tensor list (the _foreach_ ops, list out= forms).
   void note_writes(const c10::OperatorHandle& op, const OpStack& stack) {
     if (by_storage_.empty()) return;
     const std::vector<c10::Argument>& args = op.schema().arguments();
     const size_t base = stack.size() - args.size();
     for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite() || !stack[base + i].isTensor()) continue;
-      const at::Tensor& t = stack[base + i].toTensor();
-      if (!t.defined() || !t.has_storage()) continue;
-      const auto it = by_storage_.find(t.storage().unsafeGetStorageImpl());
-      if (it == by_storage_.end()) continue;
-      for (const auto& [key, index] : it->second) {
-        SavedOutput& out = saved_[key].outputs[index];
-        if (out.overwritten) continue;
-        release_saved(out, swap_, stats_);
-        out.overwritten = true;
-      }
+      if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
+      const c10::IValue& value = stack[base + i];
+      if (value.isTensor()) note_write(value.toTensor());
+      if (value.isTensorList())
+        for (const at::Tensor& t : value.toTensorList().vec()) note_write(t);
+    }
+  }
+
+  void note_write(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    const auto it = by_storage_.find(t.storage().unsafeGetStorageImpl());
+    if (it == by_storage_.end()) return;
+    for (const auto& [key, index] : it->second) {
+      SavedOutput& out = saved_[key].outputs[index];
+      if (out.overwritten) continue;
+      release_saved(out, swap_, stats_);
+      out.overwritten = true;
     }
   }
 

@@ -180,7 +180,10 @@ TEST(ActivationCheckpoint, DistributedRngStreamsAreReplayed) {
 // bmm's output).
 class AddsInPlace : public nn::Module {
  public:
-  explicit AddsInPlace(bool through_matmul = false) : nn::Module("AddsInPlace"), through_matmul_(through_matmul) {
+  // through_list: the add goes through a tensor-list argument (_foreach_add_, without autograd,
+  // which has no formula for it), as an optimizer-like step inside a region would.
+  explicit AddsInPlace(bool through_matmul = false, bool through_list = false)
+      : nn::Module("AddsInPlace"), through_matmul_(through_matmul), through_list_(through_list) {
     add_param("weight", {kWidth, kWidth}, nn::Init::normal(0.0, 0.02));
   }
 
@@ -189,31 +192,41 @@ class AddsInPlace : public nn::Module {
     const at::Tensor& w = param("weight");
     at::Tensor y = through_matmul_ ? at::matmul(x.view({1, 1, kWidth, kWidth}), w.view({1, 1, kWidth, kWidth}))[0][0]
                                    : at::mm(x, w);
-    y.add_(1.0);                                // after a policy saved mm's output
+    // After a policy saved mm's output.
+    if (through_list_) {
+      at::NoGradGuard no_grad;
+      at::_foreach_add_(at::TensorList(y), 1.0);
+    } else {
+      y.add_(1.0);
+    }
     return through_matmul_ ? y * y : y.relu();  // y * y's backward reads y
   }
 
  private:
-  bool through_matmul_;
+  bool through_matmul_, through_list_;
 };
 
-// Saved outputs must be what the op returned. One the region itself changes in place is dropped and
-// its op recomputed (gradients still bitwise); one the caller changes after the region's forward (the
+// Saved outputs must be what the op returned. One the region itself changes in place (directly,
+// through matmul's alias of it, or through a tensor-list argument) is dropped and its op
+// recomputed (gradients still bitwise); one the caller changes after the region's forward (the
 // region's output) is an error in backward, never a silent wrong gradient.
 TEST(ActivationCheckpoint, SavedOutputsChangedInPlaceAreRecomputedOrRefused) {
   const auto save_all = [](const CheckpointOp&) { return CheckpointPolicy::kMustSave; };
   const at::Tensor x = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(8));
-  for (const bool through_matmul : {false, true}) {
+  for (const auto& [through_matmul, through_list] : {std::pair{false, false}, {true, false}, {true, true}}) {
     at::Tensor want;
     for (const bool checkpointed : {false, true}) {
-      AddsInPlace m(through_matmul);
+      AddsInPlace m(through_matmul, through_list);
       nn::init_parameters(m, 3);
       std::optional<CheckpointedModule> region;
       if (checkpointed) region = checkpoint(m, {save_all});
       m(x).pow(2).mean().backward();
       if (!checkpointed) want = m.param("weight").grad().clone();
       if (checkpointed) {
-        check_close(m.param("weight").grad(), want, through_matmul ? "through matmul" : "in-place region",
+        check_close(m.param("weight").grad(), want,
+                    through_list     ? "through matmul and a tensor list"
+                    : through_matmul ? "through matmul"
+                                     : "in-place region",
                     /*bitwise=*/true);
         if (!through_matmul) {
           EXPECT_EQ(region->stats().replayed_ops, 1);  // relu; mm ran again
