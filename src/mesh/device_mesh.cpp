@@ -198,31 +198,39 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& dims) const {
   HP_CHECK(!dims.empty(), "DeviceMesh::operator[]: name at least one mesh dim");
   const auto& coordinate = coordinate_or_throw("DeviceMesh::operator[]");
 
-  // A flattened dim not of this mesh stands for the dims it merges: the slice is taken over those
-  // (in mesh order, each once), then each flattening's run of dims becomes one dim, row-major, whose
-  // group is the flattening's. mesh[{"dp_replicate", "dp_shard_cp"}] is HSDP's 2-D mesh.
-  std::vector<std::string> expanded;
-  std::vector<size_t> merged;  // how many of `expanded` each of `dims` stands for
+  // A flattened dim not of this mesh stands for the dims it merges (a flattening of flattenings
+  // for theirs, down to this mesh's): the slice is taken over those (in mesh order, each once),
+  // then each flattening's run of dims becomes one dim, row-major, whose group is the flattening's.
+  // mesh[{"dp_replicate", "dp_shard_cp"}] is HSDP's 2-D mesh.
+  std::map<std::string, std::vector<std::string>> flattenings;
   {
     std::lock_guard<std::mutex> lock(root_->mu);
-    for (const std::string& d : dims) {
-      auto it = root_->flattened.find(d);
-      const bool flattened = it != root_->flattened.end() && !std::count(names_.begin(), names_.end(), d);
-      const std::vector<std::string> constituents = flattened ? it->second : std::vector<std::string>{d};
-      expanded.insert(expanded.end(), constituents.begin(), constituents.end());
-      merged.push_back(flattened ? constituents.size() : 0);
-    }
+    flattenings = root_->flattened;
   }
-  if (dims.size() == 1 && merged[0] > 0) return (*this)[expanded].flatten(dims[0]);
-
+  const auto is_flattened = [&](const std::string& d) {
+    return flattenings.count(d) && !std::count(names_.begin(), names_.end(), d);
+  };
+  const std::function<void(const std::string&, std::vector<std::string>&)> expand = [&](const std::string& d,
+                                                                                        std::vector<std::string>& out) {
+    if (!is_flattened(d)) return out.push_back(d);
+    for (const std::string& part : flattenings.at(d)) expand(part, out);
+  };
+  if (dims.size() == 1 && is_flattened(dims[0])) return (*this)[flattenings.at(dims[0])].flatten(dims[0]);
+  std::vector<std::string> expanded;
+  std::vector<size_t> merged;  // how many of `expanded` each of `dims` stands for; 0: itself
+  for (const std::string& d : dims) {
+    const size_t before = expanded.size();
+    expand(d, expanded);
+    merged.push_back(is_flattened(d) ? expanded.size() - before : 0);
+  }
+  const bool any_flattened = std::any_of(merged.begin(), merged.end(), [](size_t n) { return n > 0; });
+  const std::string standing_for = any_flattened ? " (standing for (" + join(expanded) + "))" : "";
   std::vector<int64_t> indices;
   for (const std::string& d : expanded) indices.push_back(dim_index(d));
   HP_CHECK(std::set<int64_t>(indices.begin(), indices.end()).size() == indices.size(),
-           "DeviceMesh::operator[]: mesh dim named twice in [", join(dims), "]",
-           expanded.size() == dims.size() ? "" : " (flattened dims stand for (" + join(expanded) + "))");
+           "DeviceMesh::operator[]: mesh dim named twice in [", join(dims), "]", standing_for);
   HP_CHECK(std::is_sorted(indices.begin(), indices.end()), "DeviceMesh::operator[]: name mesh dims in mesh order (",
-           join(names_), "), got [", join(dims), "]",
-           expanded.size() == dims.size() ? "" : " (flattened dims stand for (" + join(expanded) + "))");
+           join(names_), "), got [", join(dims), "]", standing_for);
   std::vector<int64_t> shape;
   std::vector<comm::ProcessGroup> groups;
   size_t next = 0;  // into indices
@@ -233,8 +241,7 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& dims) const {
       ++next;
       continue;
     }
-    const std::vector<std::string> run(expanded.begin() + next, expanded.begin() + next + merged[i]);
-    const DeviceMesh flat = (*this)[run].flatten(dims[i]);
+    const DeviceMesh flat = (*this)[std::vector<std::string>{dims[i]}];  // the flattening itself
     shape.push_back(flat.size());
     groups.push_back(flat.get_group(0));
     next += merged[i];

@@ -79,8 +79,8 @@ struct Setup {
 
   // Plain logits [1, n, vocab] of tokens [1, n] for any n up to model.max_seq. Under cp the
   // sequence is padded at its end to a multiple of 2 x cp (the model is causal: later tokens change
-  // no earlier position's logits), cut as in training, and the logits gathered back over the cp
-  // ranks. Collective over the model's ranks.
+  // no earlier position's logits; only a MoE capacity, per rank, counts them), cut as in training,
+  // and the logits gathered back over the cp ranks. Collective over the model's ranks.
   at::Tensor sequence_logits(TrainStep& step, const at::Tensor& tokens) const {
     if (cp == 1) return step.logits(tokens);
     const int64_t n = tokens.size(1), padded = (n + 2 * cp - 1) / (2 * cp) * (2 * cp);

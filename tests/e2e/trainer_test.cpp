@@ -191,10 +191,10 @@ TEST(HpTrain, KillAndResumeWithContextParallelismIsBitwiseIdentical) {
 }
 
 // The same with cp 2 under HSDP (dp_replicate 2): FSDP shards over dp_shard x cp, replicas over
-// dp_replicate.
+// dp_replicate. These runs also sample (greedy generation under cp).
 TEST(HpTrain, KillAndResumeWithContextParallelismUnderHsdpIsBitwiseIdentical) {
   kill_and_resume("cp_hsdp",
-                  "--set data.seq_len=256 --set sample.tokens=0 --set parallel.cp=2 --set parallel.dp_replicate=2 "
+                  "--set data.seq_len=256 --set sample.tokens=8 --set parallel.cp=2 --set parallel.dp_replicate=2 "
                   "--set train.micro_batch=2",
                   "long_context_llama.yaml");
 }

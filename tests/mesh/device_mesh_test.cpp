@@ -77,16 +77,30 @@ TEST(DeviceMesh, World8Shape2x2x2SliceAndFlatten) {
     expect_value(&dp_cp_tp.get_group("tp").impl(), &mesh.get_group("tp").impl(), "tp's group");
     const DeviceMesh dp_tp_flat = mesh[{"dp", "tp"}].flatten("dp_tp");
     expect_eq(mesh[{"dp_tp"}].ranks(), dp_tp_flat.ranks(), "root[dp_tp]");
-    expect_error(
-        [&] {
-          mesh[{"dp", "dp_cp"}];
-        },
-        "mesh dim named twice in [dp, dp_cp] (flattened dims stand for (dp, dp, cp))");
-    expect_error([&] { mesh[{"dp_tp", "cp"}]; }, "name mesh dims in mesh order");
+    expect_error([&] { mesh[{"dp", "dp_cp"}]; }, "mesh dim named twice in [dp, dp_cp] (standing for (dp, dp, cp))");
+    expect_error([&] { mesh[{"dp_tp", "cp"}]; }, "got [dp_tp, cp] (standing for (dp, tp, cp))");
     expect_error([&] { mesh[{"tp", "dp"}]; }, "in mesh order");
     expect_error([&] { mesh["tp"].flatten("dp"); }, "the name 'dp' is already a mesh dim of (dp, cp, tp)");
     // Non-adjacent dims flatten too.
     expect_eq(dp_tp_flat.ranks(), r % 4 < 2 ? ints({0, 1, 4, 5}) : ints({2, 3, 6, 7}), "dp_tp");
+  });
+}
+
+// A flattening of a flattening beside another dim: on (a, b, c, d) = (2, 2, 1, 2), (b, c) flattened
+// as "bc", then (a, bc) as "a_bc"; mesh[{"a_bc", "d"}] stands for (a, b, c, d), with a_bc merged.
+TEST(DeviceMesh, NestedFlatteningsSliceBesideOtherDims) {
+  run(8, [](const ProcessGroup& world) {
+    const int r = world.rank();
+    DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2, 1, 2}, {"a", "b", "c", "d"});
+    mesh[{"b", "c"}].flatten("bc");
+    const DeviceMesh a_bc = mesh[{"a", "bc"}].flatten("a_bc");  // a flattening of (a, bc)
+    expect_eq(a_bc.ranks(), r % 2 == 0 ? ints({0, 2, 4, 6}) : ints({1, 3, 5, 7}), "a_bc ranks");
+    const DeviceMesh sliced = mesh[{"a_bc", "d"}];
+    expect_value(sliced.shape(), std::vector<int64_t>{4, 2}, "(a_bc, d) shape");
+    expect_eq(sliced.ranks(), ints({0, 1, 2, 3, 4, 5, 6, 7}), "(a_bc, d) ranks");
+    expect_value(sliced.get_local_rank("a_bc"), int64_t{r / 2}, "local rank on a_bc");
+    expect_value(&sliced.get_group("a_bc").impl(), &a_bc.get_group(0).impl(), "a_bc's group");
+    expect_value(&sliced.get_group("d").impl(), &mesh.get_group("d").impl(), "d's group");
   });
 }
 

@@ -316,13 +316,17 @@ TEST(Qwen3Moe, HpTrainWithTensorParallelismSplitsTheTokens) {
 }
 
 // Fewer local experts than expert-data ranks: the experts' FSDP splits dim 1 instead of the experts
-// (and the blocks' FSDP splits the routers' columns: 2 rows for 4 ranks).
+// (and the blocks' FSDP splits the routers' columns: 2 rows for 4 ranks, over dp_shard or over
+// dp_shard x cp).
 TEST(Qwen3Moe, ExpertsFewerThanTheirShardRanksSplitTheHiddenDim) {
   const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_dim1_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const TrainResult one = train_qwen3_moe({1, 1, 1}, 2, dir);
   expect_near(train_qwen3_moe({1, 4, 1}, 2, dir), one, 1e-6, "2 experts over dp_shard 4");
   expect_near(train_qwen3_moe({1, 4, 2}, 2, dir), one, 1e-6, "1 local expert over efsdp 2");
+  Layout cp{1, 2, 1};  // the blocks' units shard over dp_shard x cp: 4 ranks for the routers' 2 rows
+  cp.cp = 2;
+  expect_near(train_qwen3_moe(cp, 2, dir), one, 1e-6, "2 experts over dp_shard 2 x cp 2");
   fs::remove_all(dir);
 }
 

@@ -6,7 +6,8 @@
 // Collective contract: constructing a mesh and flatten() are collective over the mesh's ranks (every
 // member calls them, in the same order), because they create the per-dim process groups. Groups are
 // cached per rank set on the world group, so sub-meshes and repeated meshes reuse them. Indexing,
-// sizes and coordinates are local. A process outside the mesh may build it; asking it for a
+// sizes and coordinates are local (a slice naming a flattened dim reuses the group this rank's own
+// flatten() made). A process outside the mesh may build it; asking it for a
 // coordinate-dependent thing (group, local rank, sub-mesh) is an hp::Error.
 //
 // Unlike PyTorch there is no default process group: the world group is passed in explicitly, so
@@ -53,7 +54,9 @@ class DeviceMesh {
   const std::vector<int>& ranks() const { return ranks_; }  // row-major
   int64_t dim_index(const std::string& name) const;
 
-  // Sub-mesh over the named dims (in mesh order) that contains this rank.
+  // Sub-mesh over the named dims (in mesh order) that contains this rank. A dim flattened before
+  // (flatten's name) may be named beside others: it stands for the dims it merges, which become one
+  // dim of the slice, row-major, with the flattening's group.
   DeviceMesh operator[](const std::string& dim) const;
   DeviceMesh operator[](const std::vector<std::string>& dims) const;
   // mesh[{"dp", "cp"}]: without this, {"dp", "cp"} would also match std::string's iterator-pair constructor.

@@ -149,10 +149,10 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama
   RecipeOptions dense_options = options;
-  // A router's gate has one row per expert: with fewer experts than data-parallel ranks, split its
-  // columns instead.
+  // A router's gate has one row per expert: with fewer experts than the blocks' shard ranks
+  // (dp_shard x cp), split its columns instead.
   dense_options.fsdp.shard_placement_fn =
-      split_short_matrices_by_columns(options.fsdp.shard_placement_fn, dims.dp_shard);
+      split_short_matrices_by_columns(options.fsdp.shard_placement_fn, dims.dp_shard * dims.cp);
   ModelParts parts = parallelize_llama(model, mesh, dense, dense_options, LlamaMlp::kTokenSplit);
   // Muon steps the llama recipe's matrices but the dense MLP's (there is none); the router and the
   // stacked experts step with AdamW.

@@ -34,8 +34,8 @@ namespace hp::models {
 enum class LlamaMlp { kDense, kTokenSplit };
 
 // What the family needs of the dims beyond ParallelDims::validate: heads, kv_heads, ffn_hidden (for
-// a dense MLP) and vocab divisible by tp; ep refused (a dense model has no experts), cp with
-// dp_replicate refused for now. Throws hp::Error naming the config fields and the dim.
+// a dense MLP) and vocab divisible by tp; ep refused (a dense model has no experts). Throws
+// hp::Error naming the config fields and the dim.
 void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, LlamaMlp mlp = LlamaMlp::kDense);
 
 // The tensor-parallel plan of Llama: attention split column- then row-wise (Megatron), the MLP as
@@ -61,8 +61,8 @@ void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& p
 // Applies TP on mesh["tp"] (when tp > 1), options.cp to every layer's core attention on mesh["cp"]
 // (when cp > 1; the inputs are then this rank's cp_shard of each sequence) and FSDP on the
 // data-parallel dims with cp (data_parallel_mesh, when dp x cp > 1; a 2-D (dp_replicate, dp_shard)
-// mesh gives HSDP) to the whole model. Call before hp::nn::init_parameters. Collective over the
-// mesh's groups.
+// mesh, or (dp_replicate, dp_shard_cp) with cp, gives HSDP) to the whole model. Call before hp::nn::init_parameters.
+// Collective over the mesh's groups.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
                        const RecipeOptions& options = {}, LlamaMlp mlp = LlamaMlp::kDense);
 
