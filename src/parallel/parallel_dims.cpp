@@ -45,6 +45,7 @@ DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims
 
 DeviceMesh data_parallel_mesh(const DeviceMesh& mesh, const ParallelDims& dims) {
   if (dims.cp == 1) return dims.dp_replicate > 1 ? mesh[{"dp_replicate", "dp_shard"}] : mesh["dp_shard"];
+  // The flattening registers "dp_shard_cp" on the root, which HSDP's 2-D slice then names.
   const DeviceMesh shard = mesh[{"dp_shard", "cp"}].flatten("dp_shard_cp");
   return dims.dp_replicate > 1 ? mesh[{"dp_replicate", "dp_shard_cp"}] : shard;
 }
