@@ -23,6 +23,7 @@ nlohmann::json decoder_config(const LlamaConfig& c) {
           {"rope_theta", c.rope_theta},
           {"rms_norm_eps", c.norm_eps},
           {"tie_word_embeddings", c.tie_embeddings},
+          {"attention_dropout", c.attention_dropout},
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"rope_scaling", nullptr}};
@@ -109,7 +110,8 @@ std::string model_keys_from_hf_config(const std::string& config_json) {
       << "  rope_theta: " << nlohmann::json(value_or(j, "rope_theta", 10000.0)).dump() << "\n"
       << "  norm_eps: " << nlohmann::json(value_or(j, "rms_norm_eps", 1e-6)).dump() << "\n"
       << "  qk_norm: " << (type == "llama" ? "false" : "true") << "\n"
-      << "  tie_embeddings: " << (value_or(j, "tie_word_embeddings", false) ? "true" : "false") << "\n";
+      << "  tie_embeddings: " << (value_or(j, "tie_word_embeddings", false) ? "true" : "false") << "\n"
+      << "  attention_dropout: " << nlohmann::json(value_or(j, "attention_dropout", 0.0)).dump() << "\n";
   if (type == "qwen3_moe") {
     HP_CHECK(
         value_or<int64_t>(j, "decoder_sparse_step", 1) == 1 &&

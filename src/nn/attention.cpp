@@ -10,6 +10,7 @@
 
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/dtensor/random.h"
 
 namespace hp::nn {
 namespace {
@@ -35,7 +36,7 @@ class Problem {
  public:
   Problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, double scale,
           int64_t query_block)
-      : causal_(mask.causal), scale_(scale), query_block_(query_block) {
+      : causal_(mask.causal), scale_(scale), query_block_(query_block), dropout_(mask.dropout) {
     HP_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
              "attention: q, k and v must be [batch, heads, seq, head_dim]; got ", q.sizes(), ", ", k.sizes(), ", ",
              v.sizes());
@@ -56,6 +57,7 @@ class Problem {
     q_ = group(q);
     k_ = kp_->take(k).to(acc_).contiguous();
     v_ = kp_->take(v).to(acc_).contiguous();
+    if (dropout_.p > 0.0) check_dropout(q.size(1));
   }
 
   // [b, hq, sq, d] (query order) -> [b, hkv, rep, sq, d] sorted, accumulation dtype.
@@ -101,6 +103,27 @@ class Problem {
     return b_ * hkv_ * rep_ * seen;
   }
 
+  // The block's dropout factors (0 or 1 / (1 - p)) as [b, hkv, rep * rows, keys]; undefined without
+  // dropout. By global index ((row * heads + head) * 2^21 + q position) * 2^21 + k position.
+  at::Tensor keep(const Block& block) const {
+    if (dropout_.p <= 0.0) return {};
+    const auto along = [](const at::Tensor& t, int64_t dim) {  // t as a [1, .., n, .., 1] index of 5 dims
+      std::vector<int64_t> shape(5, 1);
+      shape[dim] = t.numel();
+      return t.reshape(shape);
+    };
+    const at::Tensor rows = at::arange(dropout_.first_row, dropout_.first_row + b_, at::kLong);
+    const at::Tensor heads =
+        at::arange(dropout_.first_head, dropout_.first_head + hkv_ * rep_, at::kLong).view({1, hkv_, rep_, 1, 1});
+    const at::Tensor row_head = along(rows, 0) * dropout_.heads + heads;  // [b, hkv, rep, 1, 1]
+    const at::Tensor index =
+        (row_head * kPositions + along(qp_->positions.narrow(0, block.begin, block.rows), 3)) * kPositions +
+        along(kp_->positions.narrow(0, 0, block.keys), 4);
+    at::Tensor keep = at::empty(index.sizes(), at::TensorOptions().dtype(acc_));
+    philox_fill_at(keep, index, dropout_.seed, dropout_.stream, RandomFill::kBernoulli, 1.0 - dropout_.p);
+    return keep.mul_(1.0 / (1.0 - dropout_.p)).view({b_, hkv_, rep_ * block.rows, block.keys});
+  }
+
   // The block's queries as [b, hkv, rep * rows, dqk], its keys and values.
   at::Tensor block_rows(const at::Tensor& grouped, const Block& block) const {
     return grouped.narrow(3, block.begin, block.rows).reshape({b_, hkv_, rep_ * block.rows, grouped.size(-1)});
@@ -125,9 +148,25 @@ class Problem {
   at::Tensor q_, k_, v_;
 
  private:
+  static constexpr int64_t kPositions = int64_t{1} << 21;  // dropout indices: positions below 2^21
+
+  void check_dropout(int64_t q_heads) const {
+    const AttentionDropout& d = dropout_;
+    HP_CHECK(d.p < 1.0, "attention dropout: p must be below 1; got ", d.p);
+    HP_CHECK(d.first_row >= 0 && d.first_head >= 0 && d.first_head + q_heads <= d.heads, "attention dropout: heads [",
+             d.first_head, ", ", d.first_head + q_heads, ") are not heads of the model's ", d.heads);
+    HP_CHECK((d.first_row + b_) * d.heads < kPositions, "attention dropout: ", d.first_row + b_, " rows x ", d.heads,
+             " heads exceed the ", kPositions, " its indices hold");
+    for (const auto* order : {&*qp_, &*kp_})
+      HP_CHECK(order->positions.numel() == 0 ||
+                   (order->positions[0].item<int64_t>() >= 0 && order->positions[-1].item<int64_t>() < kPositions),
+               "attention dropout: positions must be in [0, ", kPositions, ")");
+  }
+
   bool causal_;
   double scale_;
   int64_t query_block_;
+  AttentionDropout dropout_;
   std::optional<PositionOrder> qp_, kp_;  // set by the constructor
 };
 
@@ -146,7 +185,8 @@ class CpuAttentionKernel final : public AttentionKernel {
     at::Tensor lse = at::full({p.b_, p.hkv_, p.rep_, p.sq_}, -INFINITY, options);
     for (const Problem::Block& block : p.blocks()) {
       at::Tensor block_lse;
-      const at::Tensor probs = p.probabilities(block, block_lse);
+      at::Tensor probs = p.probabilities(block, block_lse);
+      if (const at::Tensor keep = p.keep(block); keep.defined()) probs.mul_(keep);
       out.narrow(3, block.begin, block.rows)
           .copy_(at::matmul(probs, p.values(block)).view({p.b_, p.hkv_, p.rep_, block.rows, v.size(3)}));
       lse.narrow(3, block.begin, block.rows).copy_(block_lse);
@@ -169,8 +209,12 @@ class CpuAttentionKernel final : public AttentionKernel {
       at::Tensor block_lse = lse_g.narrow(3, block.begin, block.rows);
       const at::Tensor probs = p.probabilities(block, block_lse);
       const at::Tensor dout_b = p.block_rows(dout_g, block);
-      dv.narrow(2, 0, block.keys).add_(at::matmul(probs.transpose(-2, -1), dout_b));
-      const at::Tensor dprobs = at::matmul(dout_b, p.values(block).transpose(-2, -1));
+      // With dropout Z: out = (P Z) v, so dv = (P Z)^T dout and the probabilities' gradient is
+      // Z (dout v^T); the softmax's row term sum(dout * out) is unchanged.
+      const at::Tensor keep = p.keep(block);
+      dv.narrow(2, 0, block.keys).add_(at::matmul((keep.defined() ? probs * keep : probs).transpose(-2, -1), dout_b));
+      at::Tensor dprobs = at::matmul(dout_b, p.values(block).transpose(-2, -1));
+      if (keep.defined()) dprobs.mul_(keep);
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
       const at::Tensor dscores = probs.mul(dprobs.sub_(row)).mul_(scale);
       dq.narrow(3, block.begin, block.rows)
@@ -187,8 +231,8 @@ class CpuAttentionKernel final : public AttentionKernel {
 class LocalCompute final : public AttentionCompute {
  public:
   at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& v, bool causal, double scale) const override {
-    return attention(std::move(kernel), q, k, v, AttentionMask{causal, {}, {}}, scale);
+                    const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout) const override {
+    return attention(std::move(kernel), q, k, v, AttentionMask{causal, {}, {}, dropout}, scale);
   }
   at::Tensor positions(int64_t local_len) const override { return at::arange(local_len, at::kLong); }
   std::string name() const override { return "local"; }
@@ -251,12 +295,26 @@ void note_attention_work(int64_t unmasked) {
   for (AttentionWorkCounter* c = current_counter; c != nullptr; c = c->outer_) c->unmasked_ += unmasked;
 }
 
-CoreAttention::CoreAttention(bool causal_, double scale_)
+CoreAttention::CoreAttention(bool causal_, double scale_, double dropout_)
     : Module("CoreAttention"),
       causal(causal_),
       scale(scale_),
+      dropout(dropout_),
       kernel_(cpu_attention_kernel()),
-      compute_(std::make_shared<LocalCompute>()) {}
+      compute_(std::make_shared<LocalCompute>()) {
+  HP_CHECK(dropout >= 0.0 && dropout < 1.0, "CoreAttention: dropout must be in [0, 1); got ", dropout);
+}
+
+void CoreAttention::seed(uint64_t seed) {
+  seed_ = seed;
+  draws_.reset();
+}
+
+void CoreAttention::set_heads(int64_t first, int64_t total) {
+  HP_CHECK(first >= 0 && total > first, "CoreAttention::set_heads: heads from ", first, " of ", total);
+  first_head_ = first;
+  heads_ = total;
+}
 
 void CoreAttention::set_kernel(std::shared_ptr<const AttentionKernel> kernel) {
   HP_CHECK(kernel != nullptr, "CoreAttention::set_kernel: null kernel");
@@ -272,7 +330,14 @@ at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
   HP_CHECK(inputs.size() == 3, "CoreAttention takes q, k and v; got ", inputs.size(), " inputs");
   const at::Tensor& q = inputs[0];
   const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s);
+  AttentionDropout drop;
+  if (is_training() && dropout > 0.0) {
+    const Draw draw = draws_.next();
+    drop = {dropout,     seed_,
+            draw.stream, draw.where ? draw.where->first_row : 0,
+            first_head_, heads_ > 0 ? heads_ : q.size(1)};
+  }
+  return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s, drop);
 }
 
 }  // namespace hp::nn

@@ -2,18 +2,29 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 #include "hp/dtensor/random.h"
+#include "hp/nn/attention.h"
 #include "hp/nn/layers.h"
 
 namespace hp::nn {
 namespace {
 
-// Parameter k draws from stream k of `seed`. Dropout modules get their own seeds, derived from
-// `seed` and their position so that two dropouts never share a mask stream.
-constexpr uint64_t kDropoutSeedSalt = 0x9E3779B97F4A7C15ull;
+// Parameter k draws from stream k of `seed`. Modules that drop (Dropout, CoreAttention's
+// probability dropout) get their own seeds, derived from `seed` and their FQN, so that two dropouts never share masks
+// and a module keeps its seed whatever else the model holds.
+uint64_t dropout_seed(uint64_t seed, const std::string& fqn) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a of the FQN, then SplitMix64's finalizer with the seed
+  for (const char ch : fqn) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001B3ull;
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 // Fills `piece`, which sits at `offset` in a parameter of `global_shape`, as `init` says.
 void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
@@ -52,7 +63,8 @@ void init_parameters(Module& model, uint64_t seed) {
 void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted) {
   uint64_t stream = 0;  // counts every parameter, drawn or not, so each keeps its stream
   for (auto& [prefix, module] : model.named_modules_fqn()) {
-    if (auto* dropout = dynamic_cast<Dropout*>(module)) dropout->seed(seed ^ (kDropoutSeedSalt * (stream + 1)));
+    if (auto* dropout = dynamic_cast<Dropout*>(module)) dropout->seed(dropout_seed(seed, prefix));
+    if (auto* core = dynamic_cast<CoreAttention*>(module)) core->seed(dropout_seed(seed, prefix));
     for (const auto& item : module->named_parameters(/*recurse=*/false)) {
       if (!wanted(prefix.empty() ? item.key() : prefix + "." + item.key())) {
         ++stream;

@@ -5,9 +5,7 @@
 #include <cmath>
 
 #include "hp/core/error.h"
-#include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
-#include "hp/dtensor/random.h"
 
 namespace hp::nn {
 
@@ -48,22 +46,6 @@ LayerNorm::LayerNorm(int64_t d, double e) : Module("LayerNorm"), dim(d), eps(e) 
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
   return at::layer_norm(x, {dim}, param("weight"), param("bias"), eps);
-}
-
-Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {
-  HP_CHECK(prob >= 0.0 && prob <= 1.0, "Dropout: p must be in [0, 1], got ", prob);
-}
-
-at::Tensor Dropout::forward(const at::Tensor& x) {
-  if (!is_training() || p == 0.0) return x;
-  if (p == 1.0) return x * 0.0;
-  if (is_dtensor(x)) return at::dropout(x, p, /*train=*/true);
-  at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
-  // A recomputation (activation checkpointing) draws the first pass's stream again.
-  const uint64_t stream = replayed<uint64_t>([&] { return calls_++; });
-  philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, stream, RandomFill::kBernoulli, 1.0 - p,
-              0.0);
-  return x * keep.to(x.scalar_type()) * (1.0 / (1.0 - p));
 }
 
 Sequential::Sequential() : Module("Sequential") {}

@@ -85,7 +85,8 @@ class ContextParallelCompute final : public nn::AttentionCompute {
   std::string name() const override { return "ContextParallel(" + to_string(mode_) + ")"; }
 
   at::Tensor attend(std::shared_ptr<const nn::AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& v, bool causal, double scale) const override {
+                    const at::Tensor& v, bool causal, double scale,
+                    const nn::AttentionDropout& dropout) const override {
     const int64_t s = q.size(2);
     HP_CHECK(k.size(2) == s && v.size(2) == s, "ContextParallel: q, k and v must hold the same tokens; got ", q.sizes(),
              ", ", k.sizes(), ", ", v.sizes());
@@ -94,12 +95,13 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     auto positions_of = [&](int64_t first, int64_t count) {
       return positions_of_ranks(s * ranks, ranks, first, count, load_balance_);
     };
-    if (ranks == 1) return nn::attention(kernel, q, k, v, {causal, positions_of(0, 1), positions_of(0, 1)}, scale);
+    if (ranks == 1)
+      return nn::attention(kernel, q, k, v, {causal, positions_of(0, 1), positions_of(0, 1), dropout}, scale);
     if (mode_ == CpMode::kAllGather) {
       const comm::AllGatherOptions along_sequence{2, {}};
       return nn::attention(kernel, q, comm::functional::all_gather(k, group_, along_sequence),
                            comm::functional::all_gather(v, group_, along_sequence),
-                           {causal, positions_of(group_.rank(), 1), positions_of(0, ranks)}, scale);
+                           {causal, positions_of(group_.rank(), 1), positions_of(0, ranks), dropout}, scale);
     }
     // The tokens this rank attends for (after Ulysses, its group's), and the ring peers' tokens.
     const int64_t u = ulysses_.defined() ? ulysses_.size() : 1;
@@ -111,8 +113,9 @@ class ContextParallelCompute final : public nn::AttentionCompute {
       for (int64_t j = 0; j < ring_.size(); ++j) key_positions.push_back(group_positions(j * u));
       inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions), ring_overlap_);
     }
-    const nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first)};
+    nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first), dropout};
     if (!ulysses_.defined()) return nn::attention(inner, q, k, v, mask, scale);
+    mask.dropout.first_head += ulysses_.rank() * (q.size(1) / u);  // sequence_to_heads' share of the heads
     const at::Tensor out = nn::attention(
         inner, sequence_to_heads(q, ulysses_), sequence_to_heads(kv_heads_for_ulysses(k, q.size(1), u), ulysses_),
         sequence_to_heads(kv_heads_for_ulysses(v, q.size(1), u), ulysses_), mask, scale);

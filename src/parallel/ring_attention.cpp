@@ -107,7 +107,7 @@ class RingAttentionKernel final : public nn::AttentionKernel {
   // At `step` this rank holds the keys of the rank `step` places before it (sorted).
   nn::AttentionMask block_mask(const nn::AttentionMask& mask, int step) const {
     const int ranks = group_.size(), source = (group_.rank() + ranks - step) % ranks;
-    return {mask.causal, own_->positions, sorted_positions_[source]};
+    return {mask.causal, own_->positions, sorted_positions_[source], mask.dropout};
   }
 
   comm::ProcessGroup group_;

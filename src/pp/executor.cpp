@@ -12,6 +12,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
+#include "hp/nn/token_coordinates.h"
 #include "pp/failure_notice.h"
 #include "pp/messages.h"
 #include "pp/placement.h"
@@ -271,7 +272,11 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
                 }
                 const bool stand_in = s == 0 && backward && first_leaf_output_;
                 if (stand_in) first_leaf_output_->armed = true;
+                // Draws by global position (dropout) see this micro-batch's rows of the call's.
+                std::optional<nn::MicroBatchRows> rows;
+                if (d == 0) rows.emplace(mb * xs[0].size(0));
                 at::Tensor out = (*stage(s).module)(in);
+                rows.reset();
                 if (stand_in) {
                   first_leaf_output_->armed = false;
                   slot.input = std::exchange(first_leaf_output_->output, at::Tensor());

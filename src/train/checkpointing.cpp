@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/dcp/state_dict.h"
 
@@ -48,6 +49,14 @@ int64_t Checkpointing::resume(LRScheduler& scheduler) {
   dcp::load(state_, *latest);
   dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
   const int64_t step = state_.values.at("step").get<int64_t>();
+  // The run's random draws (the data order, dropout masks) are functions of (seed, step): the
+  // checkpoint's step continues its run only under its seed.
+  if (const auto saved = state_.values.find("seed"); saved != state_.values.end())
+    HP_CHECK(saved->get<uint64_t>() == config_.seed, "resume: ", *latest, " was trained with seed ",
+             saved->get<uint64_t>(), " but the config says seed ", config_.seed,
+             "; the data order and dropout masks depend on it, so the run would not continue as it was. Resume "
+             "with seed: ",
+             saved->get<uint64_t>(), ", or start a new run (another run_dir)");
   scheduler.set_step(step);
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
   return step;

@@ -13,6 +13,7 @@
 #include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/moe.h"
+#include "hp/nn/token_coordinates.h"
 #include "hp/parallel/fsdp.h"
 
 namespace hp::train {
@@ -21,6 +22,28 @@ namespace {
 at::Tensor whole(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
 
 double scalar(const at::Tensor& t) { return whole(t).detach().item<double>(); }
+
+// The model's modules in evaluation mode (no dropout) for the scope, as they were after.
+class EvalMode {
+ public:
+  explicit EvalMode(const models::ModelParts& parts) {
+    // Every module's flag before any changes: eval() reaches the submodules too.
+    for (const auto& part : parts.modules)
+      for (const auto& module : part->modules()) modules_.push_back(module);
+    for (const auto& module : parts.model->modules()) modules_.push_back(module);
+    for (const auto& module : modules_) training_.push_back(module->is_training());
+    for (const auto& module : modules_) module->eval();
+  }
+  ~EvalMode() {  // parents before their submodules (train() sets a module's whole subtree)
+    for (size_t i = 0; i < modules_.size(); ++i) modules_[i]->train(training_[i]);
+  }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<torch::nn::Module>> modules_;  // each with its submodules
+  std::vector<bool> training_;
+};
 
 }  // namespace
 
@@ -50,6 +73,7 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   at::Tensor losses = at::empty({micro}, at::kDouble);
   for (int64_t m = 0; m < micro; ++m) {
     for (FSDPModule& unit : units) unit.set_requires_gradient_sync(m == micro - 1);
+    const nn::MicroBatchRows where(m * rows);  // for draws by global position (dropout)
     const at::Tensor loss =
         parts_.loss((*parts_.model)(inputs.narrow(0, m * rows, rows)), targets.narrow(0, m * rows, rows));
     losses[m].fill_(scalar(loss));
@@ -64,12 +88,14 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
 
 double TrainStep::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {
   torch::NoGradGuard no_grad;
+  const EvalMode eval(parts_);
   if (parts_.pipeline) return parts_.pipeline->evaluate(inputs, targets);
   return scalar(parts_.loss((*parts_.model)(inputs), targets));
 }
 
 at::Tensor TrainStep::logits(const at::Tensor& inputs) {
   torch::NoGradGuard no_grad;
+  const EvalMode eval(parts_);
   return whole(parts_.pipeline ? parts_.pipeline->forward(inputs) : (*parts_.model)(inputs));
 }
 

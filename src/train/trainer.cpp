@@ -13,6 +13,7 @@
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
 #include "hp/models/model_spec.h"
+#include "hp/nn/token_coordinates.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 #include "hp/optim/clip_grad.h"
@@ -76,6 +77,18 @@ struct Setup {
 
   // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come here).
   at::Tensor shard_sequence(const at::Tensor& batch) const { return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch; }
+
+  // Where this rank's rows and tokens of step `step`'s batch sit in it, for draws by global
+  // position (dropout masks).
+  nn::TokenCoordinates coordinates(const TrainConfig& c, int64_t step, int64_t first_row) const {
+    nn::TokenCoordinates where;
+    where.step = step;
+    where.first_row = first_row;
+    where.global_rows = c.train.global_batch;
+    if (cp > 1) where.positions = cp_positions(c.data.seq_len, cp, cp_rank);
+    where.global_seq = c.data.seq_len;
+    return where;
+  }
 
   // Plain logits [1, n, vocab] of tokens [1, n] for any n up to model.max_seq. Under cp the
   // sequence is padded at its end to a multiple of 2 x cp (the model is causal: later tokens change
@@ -193,7 +206,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
       // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
       // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.
-      const double local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
+      double local_loss = 0.0;
+      {
+        const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
+        local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
+      }
       StepRecord record;
       record.step = step + 1;
       double local_grad_norm = 0.0;

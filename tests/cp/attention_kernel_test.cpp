@@ -4,6 +4,7 @@
 // a custom scale, grouped-query heads, blocks of 3 query rows, and tokens in any order. Plus the
 // pieces ring attention is built from: merging partial results over key blocks, and backward of a
 // key block against the global out and lse.
+#include <hp/dtensor/random.h>
 #include <hp/nn/attention.h>
 
 #include <cmath>
@@ -96,6 +97,57 @@ TEST_P(AttentionKernelCase, MatchesAttentionWrittenOut) {
 INSTANTIATE_TEST_SUITE_P(AttentionKernel, AttentionKernelCase,
                          ::testing::Combine(::testing::Values(at::kDouble, at::kFloat, at::kBFloat16),
                                             ::testing::Bool(), ::testing::Values<int64_t>(3, 256), ::testing::Bool()));
+
+// Probability dropout (AttentionDropout): the kernel's out and gradients against attention written
+// out with the documented mask (element ((row * heads + head) * 2^21 + q position) * 2^21 + k
+// position of the Philox stream), within 1e-12 in fp64: rows 1..2 of the batch, query heads 2..5
+// of 8, shuffled positions, blocks of 3 query rows. Key blocks (ring attention) merge and
+// differentiate to the whole with dropout too.
+TEST(AttentionKernel, DropoutMatchesAttentionWrittenOut) {
+  const int64_t s = 10;
+  const Qkv in = make_qkv(s, s, at::kDouble);
+  const at::Tensor dout = rank_data(0, {2, 4, s, 16}, at::kDouble, 9);
+  const at::Tensor positions = at::tensor(std::vector<int64_t>{3, 9, 0, 7, 1, 8, 2, 6, 4, 5});
+  nn::AttentionMask mask{true, positions, positions, {0.3, 17, 5, 1, 2, 8}};
+  const Result got = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return nn::attention(nn::cpu_attention_kernel(3), q, k, v, mask, kScale);
+  });
+  const int64_t two21 = int64_t{1} << 21;
+  const at::Tensor row_head =
+      (at::arange(1, 3, at::kLong).view({2, 1}) * 8 + at::arange(2, 6, at::kLong)).view({2, 4, 1, 1});
+  const at::Tensor index = (row_head * two21 + positions.view({1, 1, s, 1})) * two21 + positions.view({1, 1, 1, s});
+  at::Tensor keep = at::empty({2, 4, s, s}, at::kDouble);
+  philox_fill_at(keep, index, 17, 5, RandomFill::kBernoulli, 0.7);
+  const Result want = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    at::Tensor scores = at::matmul(q, k.repeat_interleave(2, 1).transpose(-2, -1)) * kScale;
+    scores = scores.masked_fill(positions.unsqueeze(0) > positions.unsqueeze(1), -INFINITY);
+    return at::matmul(at::softmax(scores, -1) * keep / 0.7, v.repeat_interleave(2, 1));
+  });
+  check_result(got, want, "dropout", 1e-12, 0.0);
+  EXPECT_GT((keep == 0.0).sum().item<int64_t>(), 0) << "something is dropped";
+  // Key blocks: the first 4 tokens and the other 6, merged, then each block's backward.
+  const auto kernel = nn::cpu_attention_kernel(3);
+  const auto block_mask = [&](int64_t first, int64_t n) {
+    nn::AttentionMask m = mask;
+    m.k_positions = positions.narrow(0, first, n);
+    return m;
+  };
+  const auto keys = [&](const at::Tensor& t, int64_t first, int64_t n) { return t.narrow(2, first, n); };
+  const nn::AttentionOutput a = kernel->forward(in.q, keys(in.k, 0, 4), keys(in.v, 0, 4), block_mask(0, 4), kScale);
+  const nn::AttentionOutput b = kernel->forward(in.q, keys(in.k, 4, 6), keys(in.v, 4, 6), block_mask(4, 6), kScale);
+  const nn::AttentionOutput merged = nn::merge_attention(a, b);
+  check_allclose(merged.out, want.out, "merged out", 1e-12, 0.0);
+  const nn::AttentionGrads ga = kernel->backward(in.q, keys(in.k, 0, 4), keys(in.v, 0, 4), merged.out, merged.lse, dout,
+                                                 block_mask(0, 4), kScale);
+  const nn::AttentionGrads gb = kernel->backward(in.q, keys(in.k, 4, 6), keys(in.v, 4, 6), merged.out, merged.lse, dout,
+                                                 block_mask(4, 6), kScale);
+  check_allclose(ga.dq + gb.dq, want.dq, "dq over key blocks", 1e-12, 0.0);
+  check_allclose(at::cat({ga.dv, gb.dv}, 2), want.dv, "dv over key blocks", 1e-12, 0.0);
+  check_allclose(at::cat({ga.dk, gb.dk}, 2), want.dk, "dk over key blocks", 1e-12, 0.0);
+  mask.dropout.first_head = 6;
+  expect_error([&] { nn::cpu_attention_kernel()->forward(in.q, in.k, in.v, mask, kScale); },
+               "heads [6, 10) are not heads of the model's 8");
+}
 
 TEST(AttentionKernel, QueriesAfterTheKeysSeeThemAll) {
   // Queries at 5..9 against keys 0..9: a query block that sees a prefix of the keys.

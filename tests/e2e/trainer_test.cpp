@@ -159,6 +159,12 @@ TEST(HpTrain, KillAndResumeWithTiedEmbeddingsAcrossStagesIsBitwiseIdentical) {
   kill_and_resume("pp_tied", "--set parallel.pp=2 --set parallel.tp=1 --set model.tie_embeddings=true");
 }
 
+// Residual and attention dropout: the masks are functions of (seed, step, global position), so
+// the resumed steps draw what the uninterrupted run drew.
+TEST(HpTrain, KillAndResumeWithDropoutIsBitwiseIdentical) {
+  kill_and_resume("dropout", "--set model.residual_dropout=0.1 --set model.attention_dropout=0.1");
+}
+
 // Muon for the hidden matrices and AdamW for the rest, as one ChainedOptimizer: both halves' state
 // resumes bitwise (momentum buffers; moments and step counts).
 TEST(HpTrain, KillAndResumeWithMuonIsBitwiseIdentical) { kill_and_resume("muon", "--set optimizer.name=muon"); }

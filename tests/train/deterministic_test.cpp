@@ -29,7 +29,7 @@ struct Outcome {
   dcp::StateDict state;  // the last checkpoint, whole
 };
 
-Outcome train_with(const ParallelDims& dims, bool sequence_parallel, const std::string& name) {
+Outcome train_with(const ParallelDims& dims, bool sequence_parallel, const std::string& name, double dropout = 0.0) {
   const fs::path dir = test::scratch_dir("hp_deterministic_" + name);
   TrainConfig c = small_llama_config(dir);
   c.seed = 5;
@@ -42,6 +42,8 @@ Outcome train_with(const ParallelDims& dims, bool sequence_parallel, const std::
   c.checkpoint.interval = kSteps;
   c.parallel = dims;
   c.sequence_parallel = sequence_parallel;
+  c.model.as<models::LlamaConfig>().residual_dropout = dropout;
+  c.model.as<models::LlamaConfig>().attention_dropout = dropout;
   testing::RunRanksOptions ranks = ranks_for(c);
   ranks.cpu_threads_per_rank = 1;  // ATen splits reductions by thread count: the same in every run
   const TrainResult result = rank0_result(c, static_cast<int>(dims.world_size()), ranks);
@@ -93,6 +95,61 @@ TEST(DeterministicTraining, DataParallelDegreeDoesNotChangeOneBitUnderTensorPara
     const Outcome tp = train_with(dims(1, 1, 2), sp, "tp2" + tag);
     expect_same_bits(train_with(dims(1, 2, 2), sp, "tp2dp2" + tag), tp, "tp 2 x dp_shard 2 vs 1" + tag);
   }
+}
+
+// With residual and attention dropout (masks by global row, head and position): dp_shard 1, 2
+// and 4 the same bits, and at tp 2 with SP, dp_shard 1 and 2.
+TEST(DeterministicTraining, DataParallelDegreeDoesNotChangeOneBitWithDropout) {
+  const Outcome one = train_with(dims(1, 1, 1), false, "dropout_dp1", 0.1);
+  const Outcome without = train_with(dims(1, 1, 1), false, "no_dropout_dp1");
+  EXPECT_NE(one.losses.back(), without.losses.back()) << "dropout is on";
+  expect_same_bits(train_with(dims(1, 2, 1), false, "dropout_dp2", 0.1), one, "dp_shard 2 vs 1, dropout");
+  expect_same_bits(train_with(dims(1, 4, 1), false, "dropout_dp4", 0.1), one, "dp_shard 4 vs 1, dropout");
+  const Outcome tp = train_with(dims(1, 1, 2), true, "dropout_tp2_sp", 0.1);
+  expect_same_bits(train_with(dims(1, 2, 2), true, "dropout_tp2dp2_sp", 0.1), tp,
+                   "tp 2 x dp_shard 2 vs 1 (SP), dropout");
+}
+
+// Evaluation runs without dropout and leaves training as it was: evaluating after every step does
+// not change one bit of the training losses.
+TEST(DeterministicTraining, EvaluationDoesNotChangeTraining) {
+  const auto losses = [](int64_t eval_interval) {
+    const fs::path dir = test::scratch_dir("hp_deterministic_eval_" + std::to_string(eval_interval));
+    TrainConfig c = small_llama_config(dir);
+    c.seed = 5;
+    c.train.steps = 4;
+    c.eval.interval = eval_interval;
+    c.model.as<models::LlamaConfig>().residual_dropout = 0.1;
+    c.model.as<models::LlamaConfig>().attention_dropout = 0.1;
+    const std::vector<double> out = rank0_losses(c, 1);
+    fs::remove_all(dir);
+    return out;
+  };
+  EXPECT_EQ(losses(1), losses(0));
+}
+
+// The seed is the run's random state (data order, dropout masks by step): resuming a checkpoint
+// under another seed would silently start another run from its parameters, so it is an error.
+TEST(DeterministicTraining, ResumingUnderAnotherSeedIsAnError) {
+  const fs::path dir = test::scratch_dir("hp_deterministic_reseed");
+  TrainConfig c = small_llama_config(dir);
+  c.seed = 5;
+  c.train.steps = 2;
+  c.checkpoint.interval = 2;
+  c.model.as<models::LlamaConfig>().residual_dropout = 0.1;
+  train_on_ranks(c, 1);
+  c.seed = 6;
+  c.train.steps = 3;
+  test::run(
+      1,
+      [&](const comm::ProcessGroup& world) {
+        TrainOptions options;
+        options.progress = false;
+        options.resume = true;
+        test::expect_error([&] { train(c, world, options); }, "was trained with seed 5 but the config says seed 6");
+      },
+      ranks_for(c));
+  fs::remove_all(dir);
 }
 
 TEST(DeterministicTraining, TheWorldGroupMustMatchTheConfig) {

@@ -24,14 +24,30 @@
 #include <string>
 
 #include "hp/nn/module.h"
+#include "hp/nn/token_coordinates.h"
 
 namespace hp::nn {
 
-// Which keys each query sees. Positions are int64 vectors on the host, [sq] and [sk]; undefined
-// means 0, 1, ..., n-1.
+// Dropout on the attention probabilities (Hugging Face's attention_dropout), by global
+// coordinates so that it does not depend on the layout: the probability of query position i for
+// key position j in head h of batch row r is kept (and scaled by 1 / (1 - p)) by Philox under
+// (seed, stream) at index ((r * heads + h) * 2^21 + i) * 2^21 + j. A rank holding some rows, some
+// heads (tensor parallelism, Ulysses) or some positions (context parallelism) draws its part of
+// one device's masks.
+struct AttentionDropout {
+  double p = 0.0;  // 0: none
+  uint64_t seed = 0, stream = 0;
+  int64_t first_row = 0;   // q's first row in the global batch
+  int64_t first_head = 0;  // q's first head among the model's query heads
+  int64_t heads = 0;       // the model's query heads
+};
+
+// Which keys each query sees, and the probabilities' dropout. Positions are int64 vectors on the
+// host, [sq] and [sk]; undefined means 0, 1, ..., n-1.
 struct AttentionMask {
   bool causal = true;
   at::Tensor q_positions, k_positions;
+  AttentionDropout dropout = {};
 };
 
 // Tokens put in ascending position order, along dim 2 (the sequence of [b, h, s, d] and of
@@ -108,21 +124,30 @@ void note_attention_work(int64_t unmasked);
 class AttentionCompute {
  public:
   virtual ~AttentionCompute() = default;
-  // q [b, hq, s, dqk], k and v [b, hkv, s, d] for this rank's `s` tokens; differentiable.
+  // q [b, hq, s, dqk], k and v [b, hkv, s, d] for this rank's `s` tokens; differentiable. A
+  // compute that moves heads between ranks moves `dropout.first_head` with them.
   virtual at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, bool causal, double scale) const = 0;
+                            const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout) const = 0;
   // The global positions (int64 [local_len]) of this rank's tokens.
   virtual at::Tensor positions(int64_t local_len) const = 0;
   virtual std::string name() const = 0;
 };
 
-// forward_inputs({q, k, v}) -> out [b, hq, s, dv]. Holds no parameters.
+// forward_inputs({q, k, v}) -> out [b, hq, s, dv]. Holds no parameters. With `dropout` > 0 it drops
+// probabilities in training (AttentionDropout), with the rows and the step's stream of the token
+// coordinates in effect (hp/nn/token_coordinates.h), this module's seed (init_parameters derives it
+// from the model seed and the FQN) and its heads' place among the model's (set_heads: a plan that
+// splits heads says which are this rank's).
 class CoreAttention : public Module {
  public:
   // scale 0: 1 / sqrt(qk head dim).
-  explicit CoreAttention(bool causal = true, double scale = 0.0);
+  explicit CoreAttention(bool causal = true, double scale = 0.0, double dropout = 0.0);
   bool causal;
   double scale;
+  double dropout;
+  void seed(uint64_t seed);
+  // This rank's query heads are heads [first, first + local heads) of the model's `total`.
+  void set_heads(int64_t first, int64_t total);
 
   // Where this rank's `local_len` tokens sit in the sequence (for rotary embeddings).
   at::Tensor positions(int64_t local_len) const { return compute_->positions(local_len); }
@@ -137,6 +162,9 @@ class CoreAttention : public Module {
  private:
   std::shared_ptr<const AttentionKernel> kernel_;
   std::shared_ptr<const AttentionCompute> compute_;
+  uint64_t seed_ = 0;
+  int64_t first_head_ = 0, heads_ = 0;  // heads_ 0: this rank holds them all
+  DrawCounter draws_;
 };
 
 }  // namespace hp::nn

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hp/nn/module.h"
+#include "hp/nn/token_coordinates.h"
 
 namespace hp::nn {
 
@@ -53,21 +54,29 @@ class LayerNorm : public Module {
   at::Tensor forward(const at::Tensor& x) override;
 };
 
-// Zeroes elements with probability p in training mode (and scales the rest by 1/(1-p)). On
-// DTensors the mask comes from the mesh's RNG, so it does not depend on the sharding; on plain
-// tensors from this module's own counter-based stream, seeded by init_parameters (never from a
-// process-global generator, which ranks running as threads would share).
+// Zeroes elements with probability p in training mode (and scales the rest by 1/(1-p)), from a
+// counter-based generator (Philox) keyed by this module's seed, which init_parameters derives from
+// the model seed and the module's FQN (never a process-global generator, which ranks running as
+// threads would share).
+//
+// Where token coordinates are in effect (hp/nn/token_coordinates.h; hp-train sets them), the input
+// is [rows, tokens, ...] and element (row, position, i...) of the global batch keeps or drops by
+// its global index under the step's stream: a data-parallel rank's rows, a micro-batch, a context-
+// parallel shard and a DTensor's piece (sequence- or feature-sharded, or replicated) each get their
+// part of the mask one device draws for the whole batch. Without coordinates the mask covers the
+// tensor as given (a DTensor's from the mesh's RNG, hp/dtensor/random.h). Recomputation replays it.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
   double p;
-  void seed(uint64_t seed) { seed_ = seed, calls_ = 0; }
+  void seed(uint64_t seed);  // init_parameters seeds each Dropout apart
 
  protected:
   at::Tensor forward(const at::Tensor& x) override;
 
  private:
-  uint64_t seed_ = 0, calls_ = 0;
+  uint64_t seed_ = 0;
+  DrawCounter draws_;
 };
 
 // Children named "0", "1", ...; calling it runs them in order (torch.nn.Sequential). Holding layers

@@ -4,6 +4,7 @@
 // tensor's contiguous strides, so element idx of the piece is global element sum((offset + idx) *
 // global_strides).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/strides.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@ namespace hp {
 
 namespace {
 constexpr double kTwoPow32 = 4294967296.0;
+constexpr int64_t kGrain = 16384;  // elements per thread's share, at least
 
 double draw(RandomFill kind, const std::array<uint32_t, 4>& r, double a, double b) {
   switch (kind) {
@@ -40,20 +42,57 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
   at::Tensor values = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
   double* out = values.data_ptr<double>();
   const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
-  std::vector<int64_t> index(shape.size(), 0);
-  for (int64_t n = 0; n < values.numel(); ++n) {
-    int64_t global = 0;
-    for (size_t d = 0; d < shape.size(); ++d) global += (offset[d] + index[d]) * global_strides[d];
-    const auto r = detail::philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
-                                       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
-                                      key);
-    out[n] = draw(kind, r, a, b);
-    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {  // odometer
-      if (++index[d] < shape[d]) break;
-      index[d] = 0;
+  // Each element is independent of the others: threads split them, with the same values.
+  at::parallel_for(0, values.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> index(shape.size(), 0);
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1, rest = begin; d >= 0; --d) {
+      index[d] = rest % shape[d];
+      rest /= shape[d];
     }
-  }
+    for (int64_t n = begin; n < end; ++n) {
+      int64_t global = 0;
+      for (size_t d = 0; d < shape.size(); ++d) global += (offset[d] + index[d]) * global_strides[d];
+      const auto r = detail::philox4x32({static_cast<uint32_t>(global), static_cast<uint32_t>(global >> 32),
+                                         static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                                        key);
+      out[n] = draw(kind, r, a, b);
+      for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {  // odometer
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+      }
+    }
+  });
   piece.copy_(values);
+}
+
+void philox_fill_at(const at::Tensor& out, const at::Tensor& global_indices, uint64_t seed, uint64_t stream,
+                    RandomFill kind, double a) {
+  HP_CHECK(kind != RandomFill::kNormal, "philox_fill_at: uniform or bernoulli values only");
+  HP_CHECK(global_indices.scalar_type() == at::kLong && global_indices.sizes() == out.sizes(),
+           "philox_fill_at: indices must be int64 of the output's shape ", out.sizes(), "; got ",
+           global_indices.scalar_type(), " ", global_indices.sizes());
+  const at::Tensor indices = global_indices.contiguous();
+  const int64_t* index = indices.data_ptr<int64_t>();
+  at::Tensor values = at::empty(out.sizes(), at::TensorOptions().dtype(at::kDouble));
+  double* value = values.data_ptr<double>();
+  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  at::parallel_for(0, values.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    // Element i is word i % 4 of counter i / 4: runs of consecutive indices share one evaluation.
+    uint64_t counter = ~uint64_t{0};
+    std::array<uint32_t, 4> words{};
+    for (int64_t n = begin; n < end; ++n) {
+      const uint64_t i = static_cast<uint64_t>(index[n]);
+      if (i / 4 != counter) {
+        counter = i / 4;
+        words = detail::philox4x32({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
+                                    static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                                   key);
+      }
+      const double u = words[i % 4] / kTwoPow32;
+      value[n] = kind == RandomFill::kUniform ? u : (u < a ? 1.0 : 0.0);
+    }
+  });
+  out.copy_(values);
 }
 
 }  // namespace hp

@@ -41,6 +41,9 @@ void LlamaConfig::validate() const {
              "): the parameter count would overflow 64 bits");
   HP_CHECK(head_dim > 0 || dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads,
            " (or set model.head_dim)");
+  for (const auto& [name, p] :
+       {std::pair<const char*, double>{"residual_dropout", residual_dropout}, {"attention_dropout", attention_dropout}})
+    HP_CHECK(p >= 0.0 && p < 1.0, "model: ", name, " must be in [0, 1); got ", p);
   HP_CHECK(heads % kv_heads == 0, "model: heads ", heads, " is not divisible by kv_heads ", kv_heads);
   HP_CHECK(head_size() % 2 == 0, "model: the head size ", head_size(), " must be even for rotary embeddings");
 }
@@ -51,7 +54,8 @@ Attention::Attention(const LlamaConfig& c)
       k_proj(add_module("k_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       v_proj(add_module("v_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_size(), c.dim, false))),
-      core(add_module("core", std::make_shared<nn::CoreAttention>())),
+      core(
+          add_module("core", std::make_shared<nn::CoreAttention>(/*causal=*/true, /*scale=*/0.0, c.attention_dropout))),
       head_dim_(c.head_size()) {
   if (c.qk_norm) {
     q_norm = add_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
@@ -104,11 +108,19 @@ Block::Block(const LlamaConfig& c, std::shared_ptr<nn::Module> ffn)
       attn_norm(add_module("attn_norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps))),
       attn(add_module("attn", std::make_shared<Attention>(c))),
       mlp_norm(add_module("mlp_norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps))),
-      mlp(add_module("mlp", ffn ? std::move(ffn) : std::make_shared<Mlp>(c))) {}
+      mlp(add_module("mlp", ffn ? std::move(ffn) : std::make_shared<Mlp>(c))) {
+  if (c.residual_dropout > 0.0) {
+    attn_out_dropout = add_module("attn_out_dropout", std::make_shared<nn::Dropout>(c.residual_dropout));
+    mlp_out_dropout = add_module("mlp_out_dropout", std::make_shared<nn::Dropout>(c.residual_dropout));
+  }
+}
 
 at::Tensor Block::forward(const at::Tensor& x) {
-  const at::Tensor h = x + (*attn)((*attn_norm)(x));
-  return h + (*mlp)((*mlp_norm)(h));
+  const auto dropped = [](const std::shared_ptr<nn::Dropout>& dropout, const at::Tensor& branch) {
+    return dropout ? (*dropout)(branch) : branch;
+  };
+  const at::Tensor h = x + dropped(attn_out_dropout, (*attn)((*attn_norm)(x)));
+  return h + dropped(mlp_out_dropout, (*mlp)((*mlp_norm)(h)));
 }
 
 Llama::Llama(const LlamaConfig& c, const FfnFactory& ffn)

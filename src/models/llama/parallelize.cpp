@@ -94,6 +94,16 @@ namespace {
 void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims, const RecipeOptions& options,
                            LlamaMlp mlp) {
   parallelize_module(model, mesh["tp"], llama_tp_plan(options.tp, mlp));
+  // With SP the residual branches leave the block's layers as local sequence pieces: their dropouts
+  // see them as DTensors, which say which positions each rank holds.
+  if (options.tp.sequence_parallel && model.config().residual_dropout > 0.0)
+    parallelize_module(model, mesh["tp"],
+                       {{"layers.*.attn_out_dropout", SequenceParallel(1, /*use_local_output=*/true)},
+                        {"layers.*.mlp_out_dropout", SequenceParallel(1, /*use_local_output=*/true)}});
+  // Each tp rank's core attention holds its share of the heads (for the probabilities' dropout).
+  const int64_t local_heads = model.config().heads / dims.tp;
+  for (auto& [fqn, core] : nn::match_modules(model, "layers.*.attn.core"))
+    static_cast<nn::CoreAttention*>(core)->set_heads(mesh.get_local_rank("tp") * local_heads, model.config().heads);
   if (model.config().qk_norm)
     shard_over_data_and_tp(model, {"layers.*.attn.q_norm", "layers.*.attn.k_norm"}, mesh, dims, options.fsdp);
 }

@@ -8,11 +8,20 @@
 namespace hp::models {
 
 ConfigFields llama_config_fields(LlamaConfig& config, bool with_mlp) {
-  ConfigFields fields = {
-      {"vocab", &config.vocab},           {"dim", &config.dim},           {"layers", &config.layers},
-      {"heads", &config.heads},           {"kv_heads", &config.kv_heads}, {"head_dim", &config.head_dim},
-      {"ffn_hidden", &config.ffn_hidden}, {"max_seq", &config.max_seq},   {"rope_theta", &config.rope_theta},
-      {"norm_eps", &config.norm_eps},     {"qk_norm", &config.qk_norm},   {"tie_embeddings", &config.tie_embeddings}};
+  ConfigFields fields = {{"vocab", &config.vocab},
+                         {"dim", &config.dim},
+                         {"layers", &config.layers},
+                         {"heads", &config.heads},
+                         {"kv_heads", &config.kv_heads},
+                         {"head_dim", &config.head_dim},
+                         {"ffn_hidden", &config.ffn_hidden},
+                         {"max_seq", &config.max_seq},
+                         {"rope_theta", &config.rope_theta},
+                         {"norm_eps", &config.norm_eps},
+                         {"qk_norm", &config.qk_norm},
+                         {"tie_embeddings", &config.tie_embeddings},
+                         {"residual_dropout", &config.residual_dropout},
+                         {"attention_dropout", &config.attention_dropout}};
   if (!with_mlp)
     fields.erase(std::find_if(fields.begin(), fields.end(), [](const auto& f) { return f.first == "ffn_hidden"; }));
   return fields;

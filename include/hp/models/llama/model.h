@@ -30,6 +30,11 @@ struct LlamaConfig {
   // Each head's size; 0: dim / heads. Qwen3 sets it apart (128 at dim 2048 and 32 heads). Last, so
   // that positional initializers of the fields above keep their meaning.
   int64_t head_dim = 0;
+  // Residual dropout: on the attention's and the MLP's outputs before each joins the residual
+  // stream (GPT-2's resid_pdrop), in training only. Masks by global position (hp::nn::Dropout).
+  double residual_dropout = 0.0;
+  // Dropout on the attention probabilities (Hugging Face's attention_dropout), in training only.
+  double attention_dropout = 0.0;
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
   int64_t parameter_count() const { return parameter_count(3 * dim * ffn_hidden); }
   // With each layer's MLP replaced by a feed-forward module of `ffn_parameters` parameters.
@@ -70,8 +75,9 @@ class Mlp : public nn::Module {
   at::Tensor forward(const at::Tensor& x) override;
 };
 
-// x + attn(norm(x)), then h + mlp(norm(h)); `mlp` is the dense Mlp unless the block is given
-// another feed-forward module ([..., dim] -> [..., dim]), such as a mixture of experts.
+// x + attn(norm(x)), then h + mlp(norm(h)), each branch through its residual dropout when the
+// config has one; `mlp` is the dense Mlp unless the block is given another feed-forward module
+// ([..., dim] -> [..., dim]), such as a mixture of experts.
 class Block : public nn::Module {
  public:
   explicit Block(const LlamaConfig& c, std::shared_ptr<nn::Module> ffn = nullptr);
@@ -79,6 +85,7 @@ class Block : public nn::Module {
   std::shared_ptr<Attention> attn;
   std::shared_ptr<nn::RMSNorm> mlp_norm;
   std::shared_ptr<nn::Module> mlp;
+  std::shared_ptr<nn::Dropout> attn_out_dropout, mlp_out_dropout;  // null without residual_dropout
 
  protected:
   at::Tensor forward(const at::Tensor& x) override;
