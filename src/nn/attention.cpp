@@ -153,14 +153,19 @@ class Problem {
   void check_dropout(int64_t q_heads) const {
     const AttentionDropout& d = dropout_;
     HP_CHECK(d.p < 1.0, "attention dropout: p must be below 1; got ", d.p);
-    HP_CHECK(d.first_row >= 0 && d.first_head >= 0 && d.first_head + q_heads <= d.heads, "attention dropout: heads [",
-             d.first_head, ", ", d.first_head + q_heads, ") are not heads of the model's ", d.heads);
-    HP_CHECK((d.first_row + b_) * d.heads < kPositions, "attention dropout: ", d.first_row + b_, " rows x ", d.heads,
-             " heads exceed the ", kPositions, " its indices hold");
-    for (const auto* order : {&*qp_, &*kp_})
-      HP_CHECK(order->positions.numel() == 0 ||
-                   (order->positions[0].item<int64_t>() >= 0 && order->positions[-1].item<int64_t>() < kPositions),
-               "attention dropout: positions must be in [0, ", kPositions, ")");
+    HP_CHECK(d.first_row >= 0 && d.first_row + b_ <= d.global_rows, "attention dropout: rows [", d.first_row, ", ",
+             d.first_row + b_, ") are not rows of the global batch of ", d.global_rows);
+    HP_CHECK(d.first_head >= 0 && d.first_head + q_heads <= d.heads, "attention dropout: heads [", d.first_head, ", ",
+             d.first_head + q_heads, ") are not heads of the model's ", d.heads);
+    // Checked on the global batch, so that every layout fails alike.
+    HP_CHECK(d.global_rows * d.heads <= kPositions, "attention dropout: the global batch's ", d.global_rows, " rows x ",
+             d.heads, " heads exceed the ", kPositions, " its mask indices hold");
+    for (const PositionOrder* order : {&*qp_, &*kp_}) {
+      const int64_t n = order->positions.numel();
+      const int64_t* sorted = order->positions.data_ptr<int64_t>();
+      HP_CHECK(n == 0 || (sorted[0] >= 0 && sorted[n - 1] < kPositions), "attention dropout: positions must be in [0, ",
+               kPositions, ")");
+    }
   }
 
   bool causal_;
@@ -333,9 +338,13 @@ at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
   AttentionDropout drop;
   if (is_training() && dropout > 0.0) {
     const Draw draw = draws_.next();
-    drop = {dropout,     seed_,
-            draw.stream, draw.where ? draw.where->first_row : 0,
-            first_head_, heads_ > 0 ? heads_ : q.size(1)};
+    drop = {dropout,
+            seed_,
+            draw.stream,
+            draw.where ? draw.where->first_row : 0,
+            draw.where ? draw.where->global_rows : q.size(0),
+            first_head_,
+            heads_ > 0 ? heads_ : q.size(1)};
   }
   return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s, drop);
 }

@@ -11,6 +11,7 @@ namespace {
 thread_local const TokenCoordinates* current = nullptr;
 
 constexpr int64_t kCallsPerStep = int64_t{1} << 16;
+constexpr uint64_t kWithoutCoordinates = uint64_t{1} << 63;  // never a step's stream
 
 }  // namespace
 
@@ -32,7 +33,7 @@ MicroBatchRows::MicroBatchRows(int64_t offset) {
 
 Draw DrawCounter::next() {
   return replayed<Draw>([&] {
-    if (current == nullptr) return Draw{std::nullopt, calls_++};
+    if (current == nullptr) return Draw{std::nullopt, kWithoutCoordinates | calls_++};
     if (current->step != step_) calls_at_rows_.clear(), step_ = current->step;
     const int64_t call = calls_at_rows_[current->first_row]++;
     HP_CHECK(call < kCallsPerStep, "more than ", kCallsPerStep,

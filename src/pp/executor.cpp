@@ -273,6 +273,9 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
                 const bool stand_in = s == 0 && backward && first_leaf_output_;
                 if (stand_in) first_leaf_output_->armed = true;
                 // Draws by global position (dropout) see this micro-batch's rows of the call's.
+                HP_CHECK(d == 0 || nn::token_coordinates() == nullptr, "PipelineExecutor: token coordinates (for ",
+                         "draws by global position, such as dropout) describe rows along dim 0, but micro-batches ",
+                         "split dim ", d);
                 std::optional<nn::MicroBatchRows> rows;
                 if (d == 0) rows.emplace(mb * xs[0].size(0));
                 at::Tensor out = (*stage(s).module)(in);

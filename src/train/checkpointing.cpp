@@ -46,17 +46,19 @@ Checkpointing::Checkpointing(const TrainConfig& config, const models::ModelParts
 int64_t Checkpointing::resume(LRScheduler& scheduler) {
   const auto latest = dcp::latest_checkpoint(config_.checkpoint_dir());
   if (!latest) return 0;
-  dcp::load(state_, *latest);
-  dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
-  const int64_t step = state_.values.at("step").get<int64_t>();
   // The run's random draws (the data order, dropout masks) are functions of (seed, step): the
-  // checkpoint's step continues its run only under its seed.
-  if (const auto saved = state_.values.find("seed"); saved != state_.values.end())
+  // checkpoint's step continues its run only under its seed. Checked before anything is loaded.
+  dcp::StateDict values_only;
+  dcp::load(values_only, *latest);
+  if (const auto saved = values_only.values.find("seed"); saved != values_only.values.end())
     HP_CHECK(saved->get<uint64_t>() == config_.seed, "resume: ", *latest, " was trained with seed ",
              saved->get<uint64_t>(), " but the config says seed ", config_.seed,
              "; the data order and dropout masks depend on it, so the run would not continue as it was. Resume "
              "with seed: ",
              saved->get<uint64_t>(), ", or start a new run (another run_dir)");
+  dcp::load(state_, *latest);
+  dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
+  const int64_t step = state_.values.at("step").get<int64_t>();
   scheduler.set_step(step);
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
   return step;

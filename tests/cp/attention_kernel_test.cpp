@@ -108,7 +108,7 @@ TEST(AttentionKernel, DropoutMatchesAttentionWrittenOut) {
   const Qkv in = make_qkv(s, s, at::kDouble);
   const at::Tensor dout = rank_data(0, {2, 4, s, 16}, at::kDouble, 9);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{3, 9, 0, 7, 1, 8, 2, 6, 4, 5});
-  nn::AttentionMask mask{true, positions, positions, {0.3, 17, 5, 1, 2, 8}};
+  nn::AttentionMask mask{true, positions, positions, {0.3, 17, 5, 1, 4, 2, 8}};
   const Result got = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     return nn::attention(nn::cpu_attention_kernel(3), q, k, v, mask, kScale);
   });
@@ -144,9 +144,14 @@ TEST(AttentionKernel, DropoutMatchesAttentionWrittenOut) {
   check_allclose(ga.dq + gb.dq, want.dq, "dq over key blocks", 1e-12, 0.0);
   check_allclose(at::cat({ga.dv, gb.dv}, 2), want.dv, "dv over key blocks", 1e-12, 0.0);
   check_allclose(at::cat({ga.dk, gb.dk}, 2), want.dk, "dk over key blocks", 1e-12, 0.0);
-  mask.dropout.first_head = 6;
-  expect_error([&] { nn::cpu_attention_kernel()->forward(in.q, in.k, in.v, mask, kScale); },
-               "heads [6, 10) are not heads of the model's 8");
+  const auto fails = [&](nn::AttentionDropout dropout, const std::string& message) {
+    nn::AttentionMask bad = mask;
+    bad.dropout = dropout;
+    expect_error([&] { nn::cpu_attention_kernel()->forward(in.q, in.k, in.v, bad, kScale); }, message);
+  };
+  fails({0.3, 17, 5, 1, 4, 6, 8}, "heads [6, 10) are not heads of the model's 8");
+  fails({0.3, 17, 5, 3, 4, 2, 8}, "rows [3, 5) are not rows of the global batch of 4");
+  fails({0.3, 17, 5, 0, int64_t{1} << 19, 2, 8}, "the global batch's 524288 rows x 8 heads exceed the 2097152");
 }
 
 TEST(AttentionKernel, QueriesAfterTheKeysSeeThemAll) {

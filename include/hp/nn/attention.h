@@ -31,15 +31,16 @@ namespace hp::nn {
 // Dropout on the attention probabilities (Hugging Face's attention_dropout), by global
 // coordinates so that it does not depend on the layout: the probability of query position i for
 // key position j in head h of batch row r is kept (and scaled by 1 / (1 - p)) by Philox under
-// (seed, stream) at index ((r * heads + h) * 2^21 + i) * 2^21 + j. A rank holding some rows, some
-// heads (tensor parallelism, Ulysses) or some positions (context parallelism) draws its part of
-// one device's masks.
+// (seed, stream) at index ((r * heads + h) * 2^21 + i) * 2^21 + j (so rows x heads and positions
+// must stay within 2^21). A rank holding some rows, some heads (tensor parallelism, Ulysses) or
+// some positions (context parallelism) draws its part of one device's masks.
 struct AttentionDropout {
   double p = 0.0;  // 0: none
   uint64_t seed = 0, stream = 0;
-  int64_t first_row = 0;   // q's first row in the global batch
-  int64_t first_head = 0;  // q's first head among the model's query heads
-  int64_t heads = 0;       // the model's query heads
+  int64_t first_row = 0;    // q's first row in the global batch
+  int64_t global_rows = 0;  // rows of the global batch
+  int64_t first_head = 0;   // q's first head among the model's query heads
+  int64_t heads = 0;        // the model's query heads
 };
 
 // Which keys each query sees, and the probabilities' dropout. Positions are int64 vectors on the
@@ -136,8 +137,9 @@ class AttentionCompute {
 // forward_inputs({q, k, v}) -> out [b, hq, s, dv]. Holds no parameters. With `dropout` > 0 it drops
 // probabilities in training (AttentionDropout), with the rows and the step's stream of the token
 // coordinates in effect (hp/nn/token_coordinates.h), this module's seed (init_parameters derives it
-// from the model seed and the FQN) and its heads' place among the model's (set_heads: a plan that
-// splits heads says which are this rank's).
+// from the model seed and the FQN; 0 until then) and its heads' place among the model's. A plan
+// that splits the heads over ranks (tensor parallelism) must say which are this rank's with
+// set_heads, or every rank would draw head 0's masks for its own first head.
 class CoreAttention : public Module {
  public:
   // scale 0: 1 / sqrt(qk head dim).

@@ -56,8 +56,8 @@ class LayerNorm : public Module {
 
 // Zeroes elements with probability p in training mode (and scales the rest by 1/(1-p)), from a
 // counter-based generator (Philox) keyed by this module's seed, which init_parameters derives from
-// the model seed and the module's FQN (never a process-global generator, which ranks running as
-// threads would share).
+// the model seed and the module's FQN (0 until then; never a process-global generator, which ranks
+// running as threads would share).
 //
 // Where token coordinates are in effect (hp/nn/token_coordinates.h; hp-train sets them), the input
 // is [rows, tokens, ...] and element (row, position, i...) of the global batch keeps or drops by

@@ -57,9 +57,9 @@ class MicroBatchRows {
 
 // The stream of each draw of a module that draws random masks (Dropout, attention dropout). With
 // coordinates, the step's stream: calls of one module at the same rows of one step (a module used
-// twice in a forward) get streams step * 2^16 + call. Without, the count of the module's calls so
-// far (masks over the tensor as given). A recomputation (activation checkpointing) gets the first
-// pass's coordinates and stream back, wherever its caller is by then.
+// twice in a forward) get streams step * 2^16 + call, so the step must advance from one step to
+// the next. Without, 2^63 + the count of the module's calls so far (masks over the tensor as given). A recomputation
+// (activation checkpointing) gets the first pass's coordinates and stream back, wherever its caller is by then.
 struct Draw {
   std::optional<TokenCoordinates> where;
   uint64_t stream = 0;
