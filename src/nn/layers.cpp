@@ -34,7 +34,8 @@ RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  const at::Tensor x32 = x.to(at::kFloat);
+  // In fp32 at least (bf16 inputs), in fp64 for fp64 inputs.
+  const at::Tensor x32 = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return normed.to(x.scalar_type()) * param("weight");
 }

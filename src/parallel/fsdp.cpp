@@ -63,6 +63,8 @@ struct FsdpUnit {
   int n = 1, rank = 0;
   std::vector<ManagedParam> params;
   int64_t flat = 0;  // L
+  // The parameters' dtype when they share one (fp64 parameters gather and compute in fp64), else fp32.
+  at::ScalarType params_dtype = at::kFloat;
   bool sync = true;
   double scale = 1.0;
   // [n, L] gradients of backward passes run with sync off. Deterministic groups sum them in
@@ -117,7 +119,7 @@ struct FsdpUnit {
 
   // This rank's shards packed into [1, L].
   // The dtype parameters are gathered and computed in.
-  at::ScalarType compute_dtype() const { return options.mixed_precision.param_dtype.value_or(at::kFloat); }
+  at::ScalarType compute_dtype() const { return options.mixed_precision.param_dtype.value_or(params_dtype); }
 
   at::Tensor pack_shards() const {
     at::Tensor buffer = at::zeros({1, flat}, at::TensorOptions().dtype(compute_dtype()));
@@ -498,6 +500,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       mp.offset = unit->flat;
       mp.tp = tp;
       unit->flat += mp.rows[0] * mp.row_numel;  // rows[0] is the widest piece
+      unit->params_dtype =
+          unit->params.empty() || unit->params_dtype == piece.scalar_type() ? piece.scalar_type() : at::kFloat;
       unit->params.push_back(std::move(mp));
     }
   }

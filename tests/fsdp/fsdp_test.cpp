@@ -23,11 +23,35 @@ namespace {
 constexpr int kSteps = 5;
 constexpr int64_t kGlobalBatch = 4, kSeq = 8;
 constexpr uint64_t kSeed = 21;
-constexpr double kLr = 1e-3;  // a usual LLM rate; Adam turns gradient rounding into update differences ~ lr
+// A usual LLM rate. At 1e-2 in fp32 the comparison below fails at 1e-5 (1.7e-5 on 2 ranks), and not
+// from sharding: the worst element's first gradient nearly cancels (1.1e-7, against a median of
+// 3e-3), so the fp32 rounding of a differently ordered sum is ~0.5% of it, and Adam, which divides
+// by |g| + eps, turns that into an update difference of about lr x 0.5% x eps / (|g| + eps) = 4e-6.
+// The same runs in fp64 at 1e-2 agree within 1e-10 (HighLearningRateInFp64MatchesSingleDevice).
+constexpr double kLr = 1e-3;
 // fp32 rounding of a differently split computation, after 5 Adam steps. Measured worst: 3e-6 with
 // OpenBLAS's Haswell kernels (this is what OPENBLAS_CORETYPE=Haswell gives on AVX-512 machines),
 // below 1e-6 with its SkylakeX kernels. A sharding bug is off by orders of magnitude more.
 constexpr double kRtol = 1e-5;
+
+// The learning rate and the dtype of parameters and activations (the default dtype while the
+// models are built).
+struct Precision {
+  double lr = kLr;
+  at::ScalarType dtype = at::kFloat;
+};
+
+// Makes `dtype` the default dtype for the scope (parameters are created in it).
+class DefaultDtype {
+ public:
+  explicit DefaultDtype(at::ScalarType dtype) : previous_(c10::get_default_dtype()) {
+    c10::set_default_dtype(c10::scalarTypeToTypeMeta(dtype));
+  }
+  ~DefaultDtype() { c10::set_default_dtype(previous_); }
+
+ private:
+  caffe2::TypeMeta previous_;
+};
 
 LlamaConfig config() {
   LlamaConfig c;
@@ -51,11 +75,17 @@ struct Result {
 };
 
 // One device: gradient accumulation over the global batch, one sequence per micro-batch.
-const Result& single_device() {
-  static const Result result = [] {
+const Result& single_device(Precision precision = {}) {
+  static std::map<std::pair<double, at::ScalarType>, Result> results;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(precision.lr, precision.dtype);
+  if (const auto it = results.find(key); it != results.end()) return it->second;
+  return results[key] = [&] {
+    const DefaultDtype dtype(precision.dtype);
     Llama model(config());
     nn::init_parameters(model, kSeed);
-    torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(kLr));
+    torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(precision.lr));
     Result r;
     for (int step = 0; step < kSteps; ++step) {
       optimizer.zero_grad();
@@ -72,7 +102,6 @@ const Result& single_device() {
     for (const auto& item : model.named_parameters()) r.params[item.key()] = item.value().detach().clone();
     return r;
   }();
-  return result;
 }
 
 // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
@@ -96,12 +125,13 @@ void shard_llama(Llama& model, const DeviceMesh& mesh, FullyShardOptions options
 // `rtol`. `tp`: a tensor-parallel mesh to apply the TP plan on first.
 void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::string& what,
                        FullyShardOptions options = {}, const DeviceMesh* tp = nullptr, TpOptions tp_options = {},
-                       double rtol = kRtol, bool prefetch = false) {
+                       double rtol = kRtol, bool prefetch = false, Precision precision = {}) {
+  const Result& want = single_device(precision);
   Llama model(config());
   if (tp) parallelize_module(model, *tp, llama_tp_plan(tp_options));
   shard_llama(model, mesh, options, prefetch);
   nn::init_parameters(model, kSeed);
-  torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(kLr));
+  torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(precision.lr));
   const int64_t per_rank = kGlobalBatch / dp;
   for (int step = 0; step < kSteps; ++step) {
     optimizer.zero_grad();
@@ -109,13 +139,14 @@ void train_and_compare(const DeviceMesh& mesh, int dp, int dp_rank, const std::s
     at::Tensor loss = cross_entropy(model(tokens), targets);
     loss.backward();
     const double global = mesh.world().all_reduce(whole(loss).detach().clone(), {comm::ReduceOp::kAvg}).item<double>();
-    check_relative(at::scalar_tensor(global), at::scalar_tensor(single_device().losses[step]),
+    check_relative(at::scalar_tensor(global), at::scalar_tensor(want.losses[step]),
                    what + ": loss at step " + std::to_string(step), rtol);
     optimizer.step();
   }
   for (const auto& item : model.named_parameters()) {
     EXPECT_TRUE(is_dtensor(item.value())) << item.key();
-    check_relative(whole(item.value()).detach(), single_device().params.at(item.key()), what + ": " + item.key(), rtol);
+    EXPECT_EQ(item.value().scalar_type(), precision.dtype) << item.key();
+    check_relative(whole(item.value()).detach(), want.params.at(item.key()), what + ": " + item.key(), rtol);
   }
 }
 
@@ -130,6 +161,24 @@ TEST_P(Fsdp, MatchesSingleDeviceWithGradientAccumulation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Fsdp, ::testing::Values(2, 4));
+
+// lr 1e-2 (see kLr) in fp64: FSDP on 2 and 4 ranks and HSDP (2, 2) within 1e-10 of one device.
+TEST(Fsdp, HighLearningRateInFp64MatchesSingleDevice) {
+  const Precision fp64{1e-2, at::kDouble};
+  const DefaultDtype dtype(at::kDouble);  // for the ranks' models (the default dtype is process-wide)
+  single_device(fp64);
+  for (int dp : {2, 4})
+    run(dp, [&](const comm::ProcessGroup& g) {
+      const DeviceMesh mesh = dp == 2 ? init_device_mesh(g, "cpu", {2}, {"dp"})
+                                      : init_device_mesh(g, "cpu", {2, 2}, {"replicate", "shard"});
+      train_and_compare(mesh, dp, g.rank(), dp == 2 ? "FSDP on 2, fp64, lr 1e-2" : "HSDP (2, 2), fp64, lr 1e-2", {},
+                        nullptr, {}, 1e-10, false, fp64);
+    });
+  run(4, [&](const comm::ProcessGroup& g) {
+    train_and_compare(init_device_mesh(g, "cpu", {4}, {"dp"}), 4, g.rank(), "FSDP on 4, fp64, lr 1e-2", {}, nullptr, {},
+                      1e-10, false, fp64);
+  });
+}
 
 TEST(Hsdp, TwoByTwoMatchesSingleDevice) {
   single_device();

@@ -32,7 +32,7 @@ class Embedding : public Module {
   at::Tensor forward(const at::Tensor& indices) override;
 };
 
-// x / sqrt(mean(x^2, last dim) + eps) * weight, computed in fp32. Init: ones.
+// x / sqrt(mean(x^2, last dim) + eps) * weight, computed in fp32 (fp64 for fp64 inputs). Init: ones.
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6);

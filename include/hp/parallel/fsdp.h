@@ -33,7 +33,8 @@ namespace hp {
 struct MixedPrecisionPolicy {
   // Forward and backward compute with parameters in this dtype; shards are cast before the
   // all_gather, so communication shrinks too, and the unit's floating-point inputs are cast to it.
-  // The sharded parameters and the optimizer stay fp32.
+  // The sharded parameters and the optimizer keep their dtype. Unset: the parameters' own dtype
+  // (fp32 when a unit mixes dtypes).
   std::optional<at::ScalarType> param_dtype;
   // Gradients are reduced in this dtype (default: param_dtype), then cast to the shards' dtype.
   std::optional<at::ScalarType> reduce_dtype;
