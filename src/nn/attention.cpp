@@ -120,7 +120,7 @@ class Problem {
         (row_head * kPositions + along(qp_->positions.narrow(0, block.begin, block.rows), 3)) * kPositions +
         along(kp_->positions.narrow(0, 0, block.keys), 4);
     at::Tensor keep = at::empty(index.sizes(), at::TensorOptions().dtype(acc_));
-    philox_fill_at(keep, index, dropout_.seed, dropout_.stream, RandomFill::kBernoulli, 1.0 - dropout_.p);
+    philox_fill_at(keep, index, dropout_.seed, dropout_.stream, RandomFill::kBernoulli, 1.0 - dropout_.p, 0.0);
     return keep.mul_(1.0 / (1.0 - dropout_.p)).view({b_, hkv_, rep_ * block.rows, block.keys});
   }
 

@@ -117,7 +117,7 @@ TEST(AttentionKernel, DropoutMatchesAttentionWrittenOut) {
       (at::arange(1, 3, at::kLong).view({2, 1}) * 8 + at::arange(2, 6, at::kLong)).view({2, 4, 1, 1});
   const at::Tensor index = (row_head * two21 + positions.view({1, 1, s, 1})) * two21 + positions.view({1, 1, 1, s});
   at::Tensor keep = at::empty({2, 4, s, s}, at::kDouble);
-  philox_fill_at(keep, index, 17, 5, RandomFill::kBernoulli, 0.7);
+  philox_fill_at(keep, index, 17, 5, RandomFill::kBernoulli, 0.7, 0.0);
   const Result want = run_with_grad(in, dout, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     at::Tensor scores = at::matmul(q, k.repeat_interleave(2, 1).transpose(-2, -1)) * kScale;
     scores = scores.masked_fill(positions.unsqueeze(0) > positions.unsqueeze(1), -INFINITY);

@@ -35,10 +35,10 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
 
 // Values for elements named by their global linear index, for pieces that are not boxes
 // (attention's probabilities at scattered positions): out[n] is element global_indices[n] (int64,
-// out's shape), uniform in [0, 1) or bernoulli (1 with probability a). Element i is word i % 4 of
+// out's shape), uniform in [a, b) or bernoulli (1 with probability a). Element i is word i % 4 of
 // Philox-4x32-10 at counter (i / 4, stream) under key seed, so runs of consecutive indices cost a
 // quarter of philox_fill's evaluations (and the values differ from philox_fill's).
 void philox_fill_at(const at::Tensor& out, const at::Tensor& global_indices, uint64_t seed, uint64_t stream,
-                    RandomFill kind, double a);
+                    RandomFill kind, double a, double b);
 
 }  // namespace hp

@@ -66,7 +66,7 @@ void philox_fill(const at::Tensor& piece, const std::vector<int64_t>& offset, co
 }
 
 void philox_fill_at(const at::Tensor& out, const at::Tensor& global_indices, uint64_t seed, uint64_t stream,
-                    RandomFill kind, double a) {
+                    RandomFill kind, double a, double b) {
   HP_CHECK(kind != RandomFill::kNormal, "philox_fill_at: uniform or bernoulli values only");
   HP_CHECK(global_indices.scalar_type() == at::kLong && global_indices.sizes() == out.sizes(),
            "philox_fill_at: indices must be int64 of the output's shape ", out.sizes(), "; got ",
@@ -88,8 +88,7 @@ void philox_fill_at(const at::Tensor& out, const at::Tensor& global_indices, uin
                                     static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
                                    key);
       }
-      const double u = words[i % 4] / kTwoPow32;
-      value[n] = kind == RandomFill::kUniform ? u : (u < a ? 1.0 : 0.0);
+      value[n] = draw(kind, {words[i % 4], 0, 0, 0}, a, b);  // uniform and bernoulli read word 0 only
     }
   });
   out.copy_(values);
