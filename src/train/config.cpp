@@ -105,7 +105,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.deterministic", train.deterministic),
       HP_CONFIG_FIELD("train.cpu_threads", train.cpu_threads),
       HP_CONFIG_FIELD("train.on_nonfinite", train.on_nonfinite),
-      HP_CONFIG_FIELD("train.mixed_precision_param", train.mixed_precision_param),
+      HP_CONFIG_FIELD("train.dtype", train.dtype),
       HP_CONFIG_FIELD("train.mixed_precision_reduce", train.mixed_precision_reduce),
       HP_CONFIG_FIELD("memory.checkpoint", memory.checkpoint),
       HP_CONFIG_FIELD("memory.swap", memory.swap),
@@ -353,14 +353,14 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") with sequence_parallel");
   HP_CHECK(c.train.on_nonfinite == "stop" || c.train.on_nonfinite == "skip", "train.on_nonfinite '",
            c.train.on_nonfinite, "' is unknown (available: stop, skip)");
-  for (const std::string* dtype : {&c.train.mixed_precision_param, &c.train.mixed_precision_reduce})
-    HP_CHECK(*dtype == "fp32" || *dtype == "bf16", "train.mixed_precision_",
-             dtype == &c.train.mixed_precision_param ? "param" : "reduce", " '", *dtype,
+  for (const std::string* dtype : {&c.train.dtype, &c.train.mixed_precision_reduce})
+    HP_CHECK(*dtype == "fp32" || *dtype == "bf16",
+             dtype == &c.train.dtype ? "train.dtype" : "train.mixed_precision_reduce", " '", *dtype,
              "' is unknown (available: fp32, bf16)");
-  HP_CHECK((c.train.mixed_precision_param == "fp32" && c.train.mixed_precision_reduce == "fp32") ||
-               c.parallel.dp() * c.parallel.cp > 1 || c.parallel.pp > 1,
-           "train.mixed_precision_param and _reduce apply through FSDP, which this run does not use: they need ",
-           "parallel.dp_shard x dp_replicate x cp > 1 or parallel.pp > 1");
+  HP_CHECK(
+      c.train.mixed_precision_reduce == "fp32" || c.parallel.dp() * c.parallel.cp > 1,
+      "train.mixed_precision_reduce is the dtype of the gradient reduction across data-parallel ranks, which this ",
+      "run does not have: it needs parallel.dp_shard x dp_replicate x cp > 1");
   HP_CHECK(c.train.cpu_threads >= 0 && c.train.cpu_threads <= 1024, "train.cpu_threads must be in 0..1024 (0: as ",
            "launched), got ", c.train.cpu_threads);
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,

@@ -20,11 +20,11 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
     options.swap.prefetch = static_cast<int>(c.memory.swap_prefetch);
   }
   MixedPrecisionPolicy& mixed = options.fsdp.mixed_precision;
-  if (c.train.mixed_precision_param == "bf16") {
+  if (c.train.dtype == "bf16") {
     mixed.param_dtype = at::kBFloat16;
     mixed.output_dtype = at::kFloat;  // the root's output: fp32 logits for the loss
   }
-  if (c.train.mixed_precision_param != c.train.mixed_precision_reduce)
+  if (c.train.dtype != c.train.mixed_precision_reduce)
     mixed.reduce_dtype = c.train.mixed_precision_reduce == "bf16" ? at::kBFloat16 : at::kFloat;
   return options;
 }

@@ -1,6 +1,6 @@
 // What the trainer watches in each step: every rank's local loss and gradient norm in the metrics,
 // a loss or gradient that is not finite (the run stops naming the rank and the parameter, with the
-// last checkpoint intact, or skips the step), and bf16 mixed precision from the config.
+// last checkpoint intact, or skips the step).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -134,25 +134,6 @@ TEST(StepHealth, NonFiniteStepsCanBeSkipped) {
   ASSERT_GE(first_skipped, 2);
   const dcp::StateDict good = dcp::load_whole(step_dir(c, first_skipped - 1)), end = dcp::load_whole(step_dir(c, 6));
   for (const auto& [name, t] : good.tensors) EXPECT_TRUE(at::equal(end.tensors.at(name), t)) << name;
-}
-
-// train.mixed_precision_param: bf16 computes in bf16 through FSDP: close to the fp32 run, not
-// equal to it. Without FSDP the keys would do nothing, so they are refused.
-TEST(StepHealth, Bf16MixedPrecisionFromTheConfig) {
-  TrainConfig fp32 = small_config("fp32"), bf16 = small_config("bf16");
-  bf16.train.mixed_precision_param = "bf16";
-  const std::vector<double> want = rank0_losses(fp32, 2), got = rank0_losses(bf16, 2);
-  ASSERT_EQ(got.size(), want.size());
-  bool differs = false;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], 2e-2 * want[i]) << "step " << i + 1;
-    differs |= got[i] != want[i];
-  }
-  EXPECT_TRUE(differs) << "bf16 gave the fp32 losses";
-  bf16.parallel.dp_shard = 1;
-  test::expect_error([&] { validate(bf16, 1); }, "apply through FSDP, which this run does not use");
-  bf16.train.mixed_precision_reduce = "fp8";
-  test::expect_error([&] { validate(bf16, 1); }, "train.mixed_precision_reduce 'fp8' is unknown");
 }
 
 }  // namespace

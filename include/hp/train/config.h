@@ -53,9 +53,10 @@ struct TrainConfig {
     // A step whose loss or gradients are not finite: "stop" (the run fails naming where, the last
     // checkpoint stays as it was) or "skip" (no optimizer step; the run goes on).
     std::string on_nonfinite = "stop";
-    // Mixed precision through FSDP: the dtype forward and backward compute in, and the one
-    // gradients are reduced in ("fp32" or "bf16"); parameters and optimizer state stay fp32.
-    std::string mixed_precision_param = "fp32";
+    // The dtype forward and backward compute in ("fp32" or "bf16"), through FSDP's mixed precision
+    // (units of one rank when there is no data parallelism); parameters, optimizer state and the
+    // logits stay fp32. mixed_precision_reduce: the dtype gradients are reduced in across ranks.
+    std::string dtype = "fp32";
     std::string mixed_precision_reduce = "fp32";
   } train;
 

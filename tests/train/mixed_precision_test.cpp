@@ -1,0 +1,77 @@
+// train.dtype: bf16 computes forward and backward in bf16 with fp32 parameters, under every
+// layout: FSDP, one rank (FSDP units of one rank), tensor and pipeline parallel without data
+// parallelism. Close to the fp32 run and not equal to it; bitwise the same run to run and across
+// data-parallel degrees (deterministic mode).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "hp/train/trainer.h"
+#include "scratch_dir.h"
+#include "test_util.h"
+#include "train/train_helpers.h"
+
+namespace hp::train {
+namespace {
+
+TrainConfig small_config(const std::string& name, const std::string& dtype) {
+  TrainConfig c = small_llama_config(test::scratch_dir("hp_mixed_precision_" + name));
+  c.seed = 7;
+  c.train.steps = 6;
+  c.train.global_batch = 4;
+  c.train.micro_batch = 2;
+  c.optimizer.lr = 3e-3;
+  c.train.dtype = dtype;
+  return c;
+}
+
+struct Layout {
+  std::string name;
+  int64_t dp_shard = 1, tp = 1, pp = 1;
+  int world() const { return static_cast<int>(dp_shard * tp * pp); }
+};
+
+std::vector<double> losses(const Layout& layout, const std::string& dtype) {
+  TrainConfig c = small_config(layout.name + "_" + dtype, dtype);
+  c.parallel.dp_shard = layout.dp_shard;
+  c.parallel.tp = layout.tp;
+  c.parallel.pp = layout.pp;
+  return rank0_losses(c, layout.world());
+}
+
+TEST(MixedPrecision, Bf16IsCloseToFp32InEveryLayout) {
+  const std::vector<double> one_rank = losses({"one_rank"}, "bf16");
+  for (const Layout& layout :
+       {Layout{"one_rank"}, Layout{"dp_shard_2", 2}, Layout{"tp_2", 1, 2}, Layout{"pp_2", 1, 1, 2}}) {
+    SCOPED_TRACE(layout.name);
+    // Against fp32 in the same layout, so that a layout that ignored the dtype would show.
+    const std::vector<double> fp32 = losses(layout, "fp32"), bf16 = losses(layout, "bf16");
+    ASSERT_EQ(bf16.size(), fp32.size());
+    bool differs = false;
+    for (size_t i = 0; i < fp32.size(); ++i) {
+      EXPECT_NEAR(bf16[i], fp32[i], 2e-2 * fp32[i]) << "step " << i + 1;
+      differs |= bf16[i] != fp32[i];
+    }
+    EXPECT_TRUE(differs) << "bf16 gave the fp32 losses: it did not compute in bf16";
+    // Run to run, and across the data-parallel degree: the same bits.
+    if (layout.tp == 1 && layout.pp == 1) {
+      EXPECT_EQ(bf16, one_rank);
+    }
+  }
+}
+
+TEST(MixedPrecision, BadDtypesAreRefused) {
+  TrainConfig c = small_config("bad", "fp16");
+  test::expect_error([&] { validate(c, 1); }, "train.dtype 'fp16' is unknown (available: fp32, bf16)");
+  c.train.dtype = "bf16";
+  c.train.mixed_precision_reduce = "fp8";
+  test::expect_error([&] { validate(c, 1); }, "train.mixed_precision_reduce 'fp8' is unknown");
+  c.train.mixed_precision_reduce = "bf16";
+  test::expect_error([&] { validate(c, 1); }, "which this run does not have");
+  c.parallel.dp_shard = 2;
+  validate(c, 2);
+}
+
+}  // namespace
+}  // namespace hp::train
