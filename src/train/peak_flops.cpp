@@ -1,46 +1,150 @@
+#include "hp/train/peak_flops.h"
+
 #include <ATen/ATen.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
+#include <ctime>
 #include <fstream>
-#include <string>
+#include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "hp/core/cpu_threads.h"
-#include "hp/train/trainer.h"
+#include "hp/core/error.h"
 
 namespace hp::train {
 namespace fs = std::filesystem;
 
-double machine_peak_flops() {
-  if (const char* env = std::getenv("HP_PEAK_FLOPS")) return std::stod(env);
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+std::string dtype_name(at::ScalarType dtype) {
+  HP_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "peak FLOP/s: no measurement for ", dtype);
+  return dtype == at::kBFloat16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+std::string host_cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+fs::path default_cache() {
   const char* home = std::getenv("HOME");
-  const fs::path cache = fs::path(home ? home : "/tmp") / ".cache/hyperparallel/peak_flops.json";
-  const std::string key = "fp32_matmul_threads_" + std::to_string(threads);
-  nlohmann::json cached = nlohmann::json::object();
-  if (fs::exists(cache)) {
-    std::ifstream in(cache);
-    cached = nlohmann::json::parse(in, nullptr, false);
-    if (cached.is_object() && cached.contains(key)) return cached.at(key).get<double>();
-    if (!cached.is_object()) cached = nlohmann::json::object();
+  return fs::path(home ? home : "/tmp") / ".cache/hyperparallel/peak_flops.json";
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char text[16];
+  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
+  return text;
+}
+
+// Enough repetitions of the matmul for about 10 ms after a warm-up; seconds per matmul.
+double time_with_aten(const MatmulShape& shape, at::ScalarType dtype, int threads) {
+  CpuThreadsGuard guard(threads);
+  const auto options = at::TensorOptions().dtype(dtype);
+  const at::Tensor x = at::ones({shape.m, shape.k}, options), w = at::ones({shape.n, shape.k}, options);
+  at::Tensor out = at::linear(x, w);
+  using clock = std::chrono::steady_clock;
+  const auto seconds_of = [&](int reps) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i) out = at::linear(x, w);
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  const double once = seconds_of(1);
+  const int reps = std::clamp(static_cast<int>(0.01 / std::max(once, 1e-9)), 1, 1000);
+  return seconds_of(reps) / reps;
+}
+
+// The key of one measurement: everything that changes the answer.
+std::string cache_key(const PeakFlopsOptions& o, int cores, const std::string& cpu) {
+  std::ostringstream key;
+  key << cpu << " | libtorch " << TORCH_VERSION << " | " << cores << " cores | " << dtype_name(o.dtype) << " |";
+  for (const MatmulShape& s : o.shapes) key << ' ' << s.m << 'x' << s.k << 'x' << s.n;
+  return key.str();
+}
+
+PeakFlops measure(const PeakFlopsOptions& o, int cores) {
+  const auto time_matmul = o.time_matmul ? o.time_matmul : time_with_aten;
+  PeakFlops best;
+  best.dtype = o.dtype;
+  for (int threads = 1; threads <= cores; ++threads) {
+    if (cores % threads != 0) continue;
+    const int ranks = cores / threads;
+    for (const MatmulShape& shape : o.shapes) {
+      double fastest = time_matmul(shape, o.dtype, threads);
+      for (int trial = 1; trial < o.trials; ++trial) fastest = std::min(fastest, time_matmul(shape, o.dtype, threads));
+      const double flops = ranks * shape.flops() / fastest;
+      if (flops > best.flops) best.flops = flops, best.ranks = ranks, best.threads = threads, best.shape = shape;
+    }
   }
-  CpuThreadsGuard all_cores(threads);
-  const int64_t n = 1024;
-  const at::Tensor a = at::ones({n, n}), b = at::ones({n, n});
-  at::Tensor out = at::empty({n, n});
-  for (int i = 0; i < 3; ++i) at::mm_out(out, a, b);
-  const int reps = 10;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) at::mm_out(out, a, b);
-  const double flops =
-      2.0 * n * n * n * reps / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  cached[key] = flops;
-  fs::create_directories(cache.parent_path());
-  std::ofstream(cache) << cached.dump(1);
-  return flops;
+  return best;
+}
+
+nlohmann::json read_cache(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  nlohmann::json cached = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return cached.is_object() ? cached : nlohmann::json::object();
+}
+
+std::string layout_text(const PeakFlops& p) {
+  std::ostringstream text;
+  text << p.ranks << " rank" << (p.ranks > 1 ? "s" : "") << " x " << p.threads << " thread"
+       << (p.threads > 1 ? "s" : "") << ", " << p.shape.m << 'x' << p.shape.k << 'x' << p.shape.n;
+  return text.str();
+}
+
+}  // namespace
+
+PeakFlops measure_peak_flops(const PeakFlopsOptions& o) {
+  HP_CHECK(!o.shapes.empty(), "measure_peak_flops: no matmul shapes");
+  HP_CHECK(o.trials >= 1, "measure_peak_flops: trials must be at least 1, got ", o.trials);
+  const std::string dtype = dtype_name(o.dtype);
+  if (const char* env = std::getenv("HP_PEAK_FLOPS")) {
+    PeakFlops given;
+    char* end = nullptr;
+    given.flops = std::strtod(env, &end);
+    HP_CHECK(end != env && *end == '\0' && given.flops > 0, "HP_PEAK_FLOPS must be a positive number of FLOP/s, got '",
+             env, "'");
+    given.dtype = o.dtype;
+    given.source = "HP_PEAK_FLOPS";
+    return given;
+  }
+  const int cores = o.cores > 0 ? o.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const fs::path cache = o.cache.empty() ? default_cache() : o.cache;
+  const std::string key = cache_key(o, cores, o.cpu_model.empty() ? host_cpu_model() : o.cpu_model);
+  nlohmann::json cached = read_cache(cache);
+  if (const auto hit = cached.find(key); hit != cached.end() && hit->is_object()) {
+    PeakFlops p;
+    p.flops = hit->value("flops", 0.0);
+    p.dtype = o.dtype;
+    p.ranks = hit->value("ranks", 1);
+    p.threads = hit->value("threads", 1);
+    p.shape = {hit->value("m", int64_t{0}), hit->value("k", int64_t{0}), hit->value("n", int64_t{0})};
+    p.source = layout_text(p) + ", measured " + hit->value("date", std::string("?")) + ", cached in " + cache.string();
+    if (p.flops > 0) return p;
+  }
+  PeakFlops p = measure(o, cores);
+  p.source = layout_text(p) + ", best of " + std::to_string(o.trials) + " trials, measured now";
+  cached[key] = {{"flops", p.flops}, {"ranks", p.ranks}, {"threads", p.threads}, {"m", p.shape.m},
+                 {"k", p.shape.k},   {"n", p.shape.n},   {"date", today()}};
+  // Written aside and renamed, so that a process reading it meanwhile sees the old file or the new.
+  // An unwritable cache costs a measurement next time, nothing else.
+  std::error_code ignored;
+  fs::create_directories(cache.parent_path(), ignored);
+  const fs::path aside = cache.string() + "." + std::to_string(::getpid()) + ".tmp";
+  std::ofstream(aside) << cached.dump(1);
+  fs::rename(aside, cache, ignored);
+  if (ignored) fs::remove(aside, ignored);
+  return p;
 }
 
 }  // namespace hp::train

@@ -25,6 +25,7 @@
 #include "train/checkpointing.h"
 #include "train/generation.h"
 #include "train/hf_weights.h"
+#include "train/job_peak.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
@@ -102,6 +103,13 @@ struct Setup {
   }
 };
 
+// Logs what MFU divides by and where the number comes from; its FLOP/s.
+double report_peak(const PeakFlops& peak) {
+  log::info("MFU against a ", dtype_name(peak.dtype), " matmul peak of ", static_cast<int64_t>(peak.flops / 1e9),
+            " GFLOP/s (", peak.source, ")");
+  return peak.flops;
+}
+
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel);
   models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
@@ -149,12 +157,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   }
 
   const Data data = load_data(c, world);
-  const double peak = lead ? machine_peak_flops() : 0.0;
-  world.barrier();
-
   MemoryTracker memory;
   Setup s = build(c, world);
   s.parts.init_parameters(c.seed);  // a pipeline rank: only its stages
+  const double peak = lead ? report_peak(detail::job_peak_flops(c, s.parts, world.size())) : 0.0;
+  world.barrier();  // the others wait while rank 0 measures the peak
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.parts, *optimizer, world);

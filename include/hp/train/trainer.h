@@ -51,8 +51,4 @@ TrainResult train(const TrainConfig& config, const comm::ProcessGroup& world, co
 // `base` with what train() needs of its world group (deterministic = train.deterministic).
 comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base = {});
 
-// FLOP/s of this machine for fp32 matmul, measured once with a large matmul on all cores and
-// cached in ~/.cache/hyperparallel/peak_flops.json (HP_PEAK_FLOPS overrides).
-double machine_peak_flops();
-
 }  // namespace hp::train
