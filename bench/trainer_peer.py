@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# The peer of bench_trainer's speed comparison: the main job's model, batch and step (micro-batch
+# The peer of bench/trainer_vs_python: the main job's model, batch and step (micro-batch
 # accumulation, gradient clipping, AdamW) in plain PyTorch eager on one process, fp32 or bf16
 # autocast, at a given thread count and CPU capability (ATEN_CPU_CAPABILITY, set by the caller).
 # Random tokens of the batch's shape: throughput does not depend on their values.

@@ -12,7 +12,10 @@ namespace {
 // at run time; with another BLAS they are absent and only ATen's pool is set.
 using SetThreads = void (*)(int);
 
+using GetThreads = int (*)();
+
 SetThreads openblas_set() { return reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")); }
+GetThreads openblas_get() { return reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")); }
 
 }  // namespace
 
@@ -21,6 +24,16 @@ int cpu_threads() { return at::get_num_threads(); }
 void set_cpu_threads(int threads) {
   HP_CHECK(threads > 0, "set_cpu_threads: need at least one thread, got ", threads);
   at::set_num_threads(threads);
+  set_blas_threads(threads);
+}
+
+int blas_threads() {
+  const GetThreads get = openblas_get();
+  return get ? get() : 0;
+}
+
+void set_blas_threads(int threads) {
+  HP_CHECK(threads > 0, "set_blas_threads: need at least one thread, got ", threads);
   if (SetThreads set = openblas_set()) set(threads);
 }
 

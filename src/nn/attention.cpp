@@ -21,6 +21,12 @@ at::ScalarType accumulation_type(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// The dtype the matrix products take their factors in: the inputs' when below fp32 (bf16 products
+// run on the CPU's bf16 units and accumulate in fp32 inside), else the accumulation dtype.
+at::ScalarType product_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf ? t.scalar_type() : accumulation_type(t);
+}
+
 at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char* what) {
   if (!positions.defined()) return at::arange(n, at::kLong);
   HP_CHECK(positions.dim() == 1 && positions.size(0) == n && positions.scalar_type() == at::kLong &&
@@ -31,7 +37,8 @@ at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char*
 }
 
 // One problem laid out for the blockwise loop: grouped-query heads folded so that the query rows of
-// a key/value head are one matrix, everything sorted by position and in the accumulation dtype.
+// a key/value head are one matrix, everything sorted by position. q, k and v are kept in the
+// product dtype; scores, probabilities, the log-sum-exp and every sum are in the accumulation dtype.
 class Problem {
  public:
   Problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, double scale,
@@ -52,17 +59,23 @@ class Problem {
              " are not a multiple of key/value heads ", hkv_);
     rep_ = q.size(1) / hkv_;
     acc_ = accumulation_type(q);
+    mm_ = product_type(q);
     qp_.emplace(positions_or_iota(mask.q_positions, sq_, "q_positions"));
     kp_.emplace(positions_or_iota(mask.k_positions, sk_, "k_positions"));
-    q_ = group(q);
-    k_ = kp_->take(k).to(acc_).contiguous();
-    v_ = kp_->take(v).to(acc_).contiguous();
+    q_ = group(q, mm_);
+    k_ = kp_->take(k).to(mm_).contiguous();
+    v_ = kp_->take(v).to(mm_).contiguous();
     if (dropout_.p > 0.0) check_dropout(q.size(1));
   }
 
-  // [b, hq, sq, d] (query order) -> [b, hkv, rep, sq, d] sorted, accumulation dtype.
-  at::Tensor group(const at::Tensor& t) const {
-    return qp_->take(t).to(acc_).reshape({b_, hkv_, rep_, sq_, t.size(3)}).contiguous();
+  // [b, hq, sq, d] (query order) -> [b, hkv, rep, sq, d] sorted, in `dtype` (the accumulation dtype
+  // by default).
+  at::Tensor group(const at::Tensor& t, std::optional<at::ScalarType> dtype = std::nullopt) const {
+    return qp_->take(t).to(dtype.value_or(acc_)).reshape({b_, hkv_, rep_, sq_, t.size(3)}).contiguous();
+  }
+  // a times b with factors in the product dtype; the result in the accumulation dtype.
+  at::Tensor product(const at::Tensor& a, const at::Tensor& b) const {
+    return at::matmul(a.to(mm_), b.to(mm_)).to(acc_);
   }
   // The inverse of group.
   at::Tensor ungroup(const at::Tensor& t) const { return qp_->put_back(t.reshape({b_, hkv_ * rep_, sq_, t.size(-1)})); }
@@ -134,7 +147,7 @@ class Problem {
   // exp(scores - lse) of a block, [b, hkv, rep * rows, keys]; masked scores give 0, and so do rows
   // whose lse is -inf (they see no key). With `lse` undefined, computes and returns it instead.
   at::Tensor probabilities(const Block& block, at::Tensor& lse) const {
-    at::Tensor scores = at::matmul(block_rows(q_, block), keys(block).transpose(-2, -1))
+    at::Tensor scores = product(block_rows(q_, block), keys(block).transpose(-2, -1))
                             .mul_(scale_)
                             .view({b_, hkv_, rep_, block.rows, block.keys});
     if (block.mask.defined()) scores.masked_fill_(block.mask, -INFINITY);
@@ -144,8 +157,8 @@ class Problem {
   }
 
   int64_t b_, hkv_, rep_, sq_, sk_;
-  at::ScalarType acc_;
-  at::Tensor q_, k_, v_;
+  at::ScalarType acc_, mm_;
+  at::Tensor q_, k_, v_;  // in the product dtype
 
  private:
   static constexpr int64_t kPositions = int64_t{1} << 21;  // dropout indices: positions below 2^21
@@ -193,7 +206,7 @@ class CpuAttentionKernel final : public AttentionKernel {
       at::Tensor probs = p.probabilities(block, block_lse);
       if (const at::Tensor keep = p.keep(block); keep.defined()) probs.mul_(keep);
       out.narrow(3, block.begin, block.rows)
-          .copy_(at::matmul(probs, p.values(block)).view({p.b_, p.hkv_, p.rep_, block.rows, v.size(3)}));
+          .copy_(p.product(probs, p.values(block)).view({p.b_, p.hkv_, p.rep_, block.rows, v.size(3)}));
       lse.narrow(3, block.begin, block.rows).copy_(block_lse);
     }
     return {p.ungroup(out), p.ungroup_rows(lse)};
@@ -207,24 +220,28 @@ class CpuAttentionKernel final : public AttentionKernel {
     const at::Tensor lse_g = p.group(lse.unsqueeze(-1)).squeeze(-1);
     // D_i = sum_j dout_ij out_ij: the softmax backward's row term, from the (global) output.
     const at::Tensor row_term = (dout_g * p.group(out)).sum(-1);
-    at::Tensor dq = at::zeros_like(p.q_);
-    at::Tensor dk = at::zeros_like(p.k_);
-    at::Tensor dv = at::zeros_like(p.v_);
+    const at::Tensor dout_factor = p.mm_ == p.acc_ ? dout_g : p.group(dout, p.mm_);  // for the products
+    const auto acc = at::TensorOptions().dtype(p.acc_);
+    at::Tensor dq = at::zeros(p.q_.sizes(), acc);
+    at::Tensor dk = at::zeros(p.k_.sizes(), acc);
+    at::Tensor dv = at::zeros(p.v_.sizes(), acc);
     for (const Problem::Block& block : p.blocks()) {
       at::Tensor block_lse = lse_g.narrow(3, block.begin, block.rows);
       const at::Tensor probs = p.probabilities(block, block_lse);
-      const at::Tensor dout_b = p.block_rows(dout_g, block);
+      const at::Tensor dout_b = p.block_rows(dout_factor, block);
       // With dropout Z: out = (P Z) v, so dv = (P Z)^T dout and the probabilities' gradient is
       // Z (dout v^T); the softmax's row term sum(dout * out) is unchanged.
       const at::Tensor keep = p.keep(block);
-      dv.narrow(2, 0, block.keys).add_(at::matmul((keep.defined() ? probs * keep : probs).transpose(-2, -1), dout_b));
-      at::Tensor dprobs = at::matmul(dout_b, p.values(block).transpose(-2, -1));
+      dv.narrow(2, 0, block.keys).add_(p.product((keep.defined() ? probs * keep : probs).transpose(-2, -1), dout_b));
+      // In the accumulation dtype: dprobs - row cancels nearly, and row comes from the (global)
+      // output, so a rounded dprobs would leave its rounding error in dscores whole.
+      at::Tensor dprobs = at::matmul(p.block_rows(dout_g, block), p.values(block).to(p.acc_).transpose(-2, -1));
       if (keep.defined()) dprobs.mul_(keep);
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
       const at::Tensor dscores = probs.mul(dprobs.sub_(row)).mul_(scale);
       dq.narrow(3, block.begin, block.rows)
-          .copy_(at::matmul(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
-      dk.narrow(2, 0, block.keys).add_(at::matmul(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));
+          .copy_(p.product(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
+      dk.narrow(2, 0, block.keys).add_(p.product(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));
     }
     return {p.ungroup(dq), p.unsort_keys(dk), p.unsort_keys(dv)};
   }

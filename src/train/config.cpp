@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 #include "hp/data/text_data.h"
 #include "hp/models/hf_config.h"
 #include "hp/models/model_spec.h"
@@ -129,6 +130,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("eval.interval", eval.interval),
       HP_CONFIG_FIELD("eval.batches", eval.batches),
       HP_CONFIG_FIELD("log.interval", log.interval),
+      HP_CONFIG_FIELD("log.profile_step", log.profile_step),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -179,7 +181,17 @@ std::string known_keys_under(const TrainConfig& config, const std::string& secti
   return out;
 }
 
-void apply(TrainConfig& config, const std::string& key, const YAML::Node& node, const std::string& source) {
+// Keys that were renamed, so that the config.json of an older run still loads (hp-ckpt reads it).
+const std::map<std::string, std::string>& renamed_keys() {
+  static const std::map<std::string, std::string> renamed = {{"train.mixed_precision_param", "train.dtype"}};
+  return renamed;
+}
+
+void apply(TrainConfig& config, const std::string& given_key, const YAML::Node& node, const std::string& source) {
+  const auto renamed = renamed_keys().find(given_key);
+  const std::string& key = renamed == renamed_keys().end() ? given_key : renamed->second;
+  if (renamed != renamed_keys().end())
+    log::warn("config: '", given_key, "' in ", source, " is now '", key, "'; read as that");
   const std::optional<Field> field = find_field(config, key);
   if (!field) {
     const auto dot = key.find('.');
@@ -365,6 +377,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "launched), got ", c.train.cpu_threads);
   HP_CHECK(c.optimizer.name == "adamw" || c.optimizer.name == "muon", "optimizer.name '", c.optimizer.name,
            "' is unknown (available: adamw, muon)");
+  HP_CHECK(c.log.profile_step >= 0 && c.log.profile_step <= c.train.steps, "log.profile_step (", c.log.profile_step,
+           ") must be a step of the run, 1 to train.steps (", c.train.steps, "), or 0 for none");
   HP_CHECK(c.pp_timeline_step >= 0 && c.pp_timeline_step <= c.train.steps, "parallel.pp_timeline_step (",
            c.pp_timeline_step, ") must be a step of the run, 1 to train.steps (", c.train.steps, "), or 0 for none");
   HP_CHECK(c.pp_timeline_step == 0 || c.parallel.pp > 1, "parallel.pp_timeline_step needs parallel.pp > 1");

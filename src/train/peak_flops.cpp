@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -29,9 +30,16 @@ namespace {
 
 std::string host_cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (line.rfind("model name", 0) == 0 && colon != std::string::npos) return line.substr(colon + 1);
+  }
   return "unknown";
+}
+
+std::string env_or(const char* name, const char* otherwise) {
+  const char* value = std::getenv(name);
+  return value ? value : otherwise;
 }
 
 fs::path default_cache() {
@@ -42,11 +50,14 @@ fs::path default_cache() {
 std::string today() {
   const std::time_t now = std::time(nullptr);
   char text[16];
-  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(text, sizeof text, "%Y-%m-%d", &utc);
   return text;
 }
 
-// Enough repetitions of the matmul for about 10 ms after a warm-up; seconds per matmul.
+// Seconds per matmul: after a warm-up, one timed call if it takes 10 ms, else enough repetitions
+// for about 10 ms.
 double time_with_aten(const MatmulShape& shape, at::ScalarType dtype, int threads) {
   CpuThreadsGuard guard(threads);
   const auto options = at::TensorOptions().dtype(dtype);
@@ -59,6 +70,7 @@ double time_with_aten(const MatmulShape& shape, at::ScalarType dtype, int thread
     return std::chrono::duration<double>(clock::now() - t0).count();
   };
   const double once = seconds_of(1);
+  if (once >= 0.01) return once;
   const int reps = std::clamp(static_cast<int>(0.01 / std::max(once, 1e-9)), 1, 1000);
   return seconds_of(reps) / reps;
 }
@@ -66,17 +78,23 @@ double time_with_aten(const MatmulShape& shape, at::ScalarType dtype, int thread
 // The key of one measurement: everything that changes the answer.
 std::string cache_key(const PeakFlopsOptions& o, int cores, const std::string& cpu) {
   std::ostringstream key;
-  key << cpu << " | libtorch " << TORCH_VERSION << " | " << cores << " cores | " << dtype_name(o.dtype) << " |";
+  key << cpu << " | libtorch " << TORCH_VERSION << " | " << cores << " cores | ATEN_CPU_CAPABILITY "
+      << env_or("ATEN_CPU_CAPABILITY", "unset") << " | OMP_WAIT_POLICY " << env_or("OMP_WAIT_POLICY", "unset") << " | "
+      << dtype_name(o.dtype) << " |";
   for (const MatmulShape& s : o.shapes) key << ' ' << s.m << 'x' << s.k << 'x' << s.n;
   return key.str();
 }
 
 PeakFlops measure(const PeakFlopsOptions& o, int cores) {
   const auto time_matmul = o.time_matmul ? o.time_matmul : time_with_aten;
+  const auto start = std::chrono::steady_clock::now();
   PeakFlops best;
   best.dtype = o.dtype;
   for (int threads = 1; threads <= cores; ++threads) {
     if (cores % threads != 0) continue;
+    if (best.flops > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > o.budget_seconds)
+      break;  // the layouts measured so far give the peak
     const int ranks = cores / threads;
     for (const MatmulShape& shape : o.shapes) {
       double fastest = time_matmul(shape, o.dtype, threads);
@@ -86,6 +104,23 @@ PeakFlops measure(const PeakFlopsOptions& o, int cores) {
     }
   }
   return best;
+}
+
+// The cached peak under `key`, or nullopt (none, or an entry that is not what this code writes).
+std::optional<PeakFlops> cached_peak(const nlohmann::json& cached, const std::string& key) {
+  const auto hit = cached.find(key);
+  if (hit == cached.end() || !hit->is_object()) return std::nullopt;
+  try {
+    PeakFlops p;
+    p.flops = hit->at("flops").get<double>();
+    p.ranks = hit->at("ranks").get<int>();
+    p.threads = hit->at("threads").get<int>();
+    p.shape = {hit->at("m").get<int64_t>(), hit->at("k").get<int64_t>(), hit->at("n").get<int64_t>()};
+    p.source = hit->at("date").get<std::string>();
+    if (p.flops > 0 && std::isfinite(p.flops)) return p;
+  } catch (const nlohmann::json::exception&) {
+  }
+  return std::nullopt;
 }
 
 nlohmann::json read_cache(const fs::path& path) {
@@ -107,44 +142,42 @@ std::string layout_text(const PeakFlops& p) {
 PeakFlops measure_peak_flops(const PeakFlopsOptions& o) {
   HP_CHECK(!o.shapes.empty(), "measure_peak_flops: no matmul shapes");
   HP_CHECK(o.trials >= 1, "measure_peak_flops: trials must be at least 1, got ", o.trials);
-  const std::string dtype = dtype_name(o.dtype);
-  if (const char* env = std::getenv("HP_PEAK_FLOPS")) {
-    PeakFlops given;
-    char* end = nullptr;
-    given.flops = std::strtod(env, &end);
-    HP_CHECK(end != env && *end == '\0' && given.flops > 0, "HP_PEAK_FLOPS must be a positive number of FLOP/s, got '",
-             env, "'");
-    given.dtype = o.dtype;
-    given.source = "HP_PEAK_FLOPS";
-    return given;
-  }
+  dtype_name(o.dtype);  // checks it
   const int cores = o.cores > 0 ? o.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const fs::path cache = o.cache.empty() ? default_cache() : o.cache;
   const std::string key = cache_key(o, cores, o.cpu_model.empty() ? host_cpu_model() : o.cpu_model);
   nlohmann::json cached = read_cache(cache);
-  if (const auto hit = cached.find(key); hit != cached.end() && hit->is_object()) {
-    PeakFlops p;
-    p.flops = hit->value("flops", 0.0);
-    p.dtype = o.dtype;
-    p.ranks = hit->value("ranks", 1);
-    p.threads = hit->value("threads", 1);
-    p.shape = {hit->value("m", int64_t{0}), hit->value("k", int64_t{0}), hit->value("n", int64_t{0})};
-    p.source = layout_text(p) + ", measured " + hit->value("date", std::string("?")) + ", cached in " + cache.string();
-    if (p.flops > 0) return p;
+  if (std::optional<PeakFlops> p = cached_peak(cached, key)) {
+    p->dtype = o.dtype;
+    p->source = layout_text(*p) + ", measured " + p->source + ", cached in " + cache.string();
+    return *p;
   }
   PeakFlops p = measure(o, cores);
   p.source = layout_text(p) + ", best of " + std::to_string(o.trials) + " trials, measured now";
   cached[key] = {{"flops", p.flops}, {"ranks", p.ranks}, {"threads", p.threads}, {"m", p.shape.m},
                  {"k", p.shape.k},   {"n", p.shape.n},   {"date", today()}};
-  // Written aside and renamed, so that a process reading it meanwhile sees the old file or the new.
-  // An unwritable cache costs a measurement next time, nothing else.
+  // Written aside and renamed, so that a process reading it meanwhile sees the old file or the new
+  // (two writing at once: the last one's keys stay, the other's are measured again next time). An
+  // unwritable cache costs a measurement next time, nothing else.
   std::error_code ignored;
   fs::create_directories(cache.parent_path(), ignored);
-  const fs::path aside = cache.string() + "." + std::to_string(::getpid()) + ".tmp";
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  const fs::path aside = cache.string() + "." + host + "." + std::to_string(::getpid()) + ".tmp";
   std::ofstream(aside) << cached.dump(1);
   fs::rename(aside, cache, ignored);
   if (ignored) fs::remove(aside, ignored);
   return p;
+}
+
+std::optional<double> peak_flops_override() {
+  const char* env = std::getenv("HP_PEAK_FLOPS");
+  if (env == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const double flops = std::strtod(env, &end);
+  HP_CHECK(end != env && *end == '\0' && flops > 0 && std::isfinite(flops),
+           "HP_PEAK_FLOPS must be a positive number of FLOP/s, got '", env, "'");
+  return flops;
 }
 
 }  // namespace hp::train

@@ -30,6 +30,7 @@
 #include "train/plan.h"
 #include "train/recipe_options.h"
 #include "train/step_health.h"
+#include "train/step_profile.h"
 
 namespace hp::train {
 namespace {
@@ -103,11 +104,18 @@ struct Setup {
   }
 };
 
-// Logs what MFU divides by and where the number comes from; its FLOP/s.
-double report_peak(const PeakFlops& peak) {
-  log::info("MFU against a ", dtype_name(peak.dtype), " matmul peak of ", static_cast<int64_t>(peak.flops / 1e9),
-            " GFLOP/s (", peak.source, ")");
-  return peak.flops;
+// What MFU divides by, logged with where the number comes from; 0 (no MFU) when measuring fails,
+// which costs the run its MFU, nothing else. Rank 0 measures while the others wait.
+double report_peak(const TrainConfig& c, const models::ModelParts& parts, int64_t world_size) {
+  try {
+    const PeakFlops peak = detail::job_peak_flops(c, parts, world_size);
+    log::info("MFU against a ", dtype_name(peak.dtype), " matmul peak of ", static_cast<int64_t>(peak.flops / 1e9),
+              " GFLOP/s (", peak.source, ")");
+    return peak.flops;
+  } catch (const std::exception& e) {
+    log::warn("no MFU: measuring the matmul peak failed: ", e.what());
+    return 0.0;
+  }
 }
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
@@ -148,19 +156,29 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
            ": create it with hp::train::world_options(config)");
   std::optional<CpuThreadsGuard> threads;
   if (c.train.cpu_threads > 0) threads.emplace(static_cast<int>(c.train.cpu_threads));
+  // In bf16 the fp32 matmuls left (the attention kernel's dP) are small: one BLAS thread, so that
+  // OpenBLAS's threads do not fight ATen's spinning workers (one rank of 2 threads: 8,300 tok/s
+  // instead of 5,900 on the main job's model, docs/performance.md).
+  std::optional<BlasThreadsGuard> one_blas_thread;
+  if (c.train.dtype == "bf16") one_blas_thread.emplace(1);
   log::LogRankGuard log_rank(world.rank());
   const bool lead = world.rank() == 0;
+  if (lead && c.train.dtype == "fp32" && cpu_threads() > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr)
+    log::warn("fp32 on ", cpu_threads(), " threads per rank with OpenMP's default (spinning) wait: OpenBLAS's ",
+              "threads wait for the cores; OMP_WAIT_POLICY=PASSIVE in the environment ran 3.5x faster on one rank of ",
+              "2 threads (docs/performance.md)");
   if (options.dry_run) {
     const Setup s = build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts);
     return {};
   }
 
+  peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
   const Data data = load_data(c, world);
   MemoryTracker memory;
   Setup s = build(c, world);
   s.parts.init_parameters(c.seed);  // a pipeline rank: only its stages
-  const double peak = lead ? report_peak(detail::job_peak_flops(c, s.parts, world.size())) : 0.0;
+  const double peak = lead ? report_peak(c, s.parts, world.size()) : 0.0;
   world.barrier();  // the others wait while rank 0 measures the peak
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
@@ -208,6 +226,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     for (; step < c.train.steps; ++step) {
       notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
       const auto t0 = Clock::now();
+      detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
       memory.reset_peak();
       optimizer->zero_grad();
       auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
@@ -252,6 +271,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       scheduler.step();
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
+      profile.finish(c, step + 1, record.seconds);
       if (step > result.first_step) timed_seconds += record.seconds, ++timed_steps;
       record.tokens_per_s = tokens_per_step / record.seconds;
       record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;

@@ -148,6 +148,9 @@ void kill_and_resume(const std::string& name, const std::string& parallel,
 
 TEST(HpTrain, KillAndResumeIsBitwiseIdentical) { kill_and_resume("fsdp_tp", ""); }
 
+// The same in fp32 (the main job trains in bf16).
+TEST(HpTrain, KillAndResumeInFp32IsBitwiseIdentical) { kill_and_resume("fsdp_tp_fp32", "--set train.dtype=fp32"); }
+
 // The same through a pipeline: pp 2 (1F1B) x dp_shard 2, each rank checkpointing its own stage.
 TEST(HpTrain, KillAndResumeThroughAPipelineIsBitwiseIdentical) {
   kill_and_resume("pp", "--set parallel.pp=2 --set parallel.tp=1");
@@ -229,7 +232,7 @@ TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
 // optimizer state, consolidated to one chunk per tensor and compared by checksum) are the same bits
 // for dp_shard 1, 2 and 4; dp_replicate 2 x dp_shard 2 against dp_shard 4; and, at tp 2, dp_shard
 // 1 against 2. train.cpu_threads=1 gives every rank the same intra-op threads whatever hprun's
-// split of the cores.
+// split of the cores. In bf16 (the main job's dtype) and in fp32.
 TEST(HpTrain, DataParallelDegreeDoesNotChangeOneBit) {
   struct Layout {
     std::string name;
@@ -243,32 +246,34 @@ TEST(HpTrain, DataParallelDegreeDoesNotChangeOneBit) {
        {"hsdp", 4, "dp_shard=2 --set parallel.dp_replicate=2 --set parallel.tp=1"}},
       {{"tp2", 2, "dp_shard=1 --set parallel.tp=2"}, {"tp2dp2", 4, "dp_shard=2 --set parallel.tp=2"}}};
   const std::string ckpt = bin_dir() + "/hp-ckpt ";
-  for (const auto& group : groups) {
-    std::map<int64_t, double> want_losses;
-    nlohmann::json want_state;
-    for (const Layout& layout : group) {
-      const std::string dir = scratch("deterministic_" + layout.name);
-      const Result r = run_job(
-          "--nproc-per-node " + std::to_string(layout.ranks) + " " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR +
-          "/examples/tiny_llama.yaml --set run_dir=" + dir + " --set data.cache_dir=" + dir +
-          "/data --set train.steps=3 --set schedule.warmup_steps=1" +
-          " --set train.micro_batch=4 --set train.cpu_threads=1 --set checkpoint.interval=3 --set eval.batches=1" +
-          " --set sample.tokens=0 --no-progress --set parallel." + layout.dims);
-      ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.output;
-      ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + dir + "/checkpoints " + dir + "/whole").exit_code, 0);
-      const auto losses = train_losses(dir);
-      const nlohmann::json state = checkpoint_contents(dir + "/whole");
-      ASSERT_EQ(losses.size(), 3u) << layout.name;
-      if (want_losses.empty()) {
-        want_losses = losses, want_state = state;
-        EXPECT_GT(state.size(), 39u) << "parameters and optimizer state";
-        continue;
+  for (const std::string dtype : {"bf16", "fp32"})
+    for (const auto& group : groups) {
+      std::map<int64_t, double> want_losses;
+      nlohmann::json want_state;
+      for (const Layout& layout : group) {
+        const std::string dir = scratch("deterministic_" + dtype + "_" + layout.name);
+        const Result r = run_job(
+            "--nproc-per-node " + std::to_string(layout.ranks) + " " + bin_dir() + "/hp-train --config " +
+            HP_SOURCE_DIR + "/examples/tiny_llama.yaml --set run_dir=" + dir + " --set data.cache_dir=" + dir +
+            "/data --set train.steps=3 --set schedule.warmup_steps=1" +
+            " --set train.micro_batch=4 --set train.cpu_threads=1 --set checkpoint.interval=3 --set eval.batches=1" +
+            " --set sample.tokens=0 --no-progress --set train.dtype=" + dtype + " --set parallel." + layout.dims);
+        ASSERT_EQ(r.exit_code, 0) << dtype << " " << layout.name << "\n" << r.output;
+        ASSERT_EQ(hp::e2e::run_command(ckpt + "consolidate " + dir + "/checkpoints " + dir + "/whole").exit_code, 0);
+        const auto losses = train_losses(dir);
+        const nlohmann::json state = checkpoint_contents(dir + "/whole");
+        ASSERT_EQ(losses.size(), 3u) << layout.name;
+        if (want_losses.empty()) {
+          want_losses = losses, want_state = state;
+          EXPECT_GT(state.size(), 39u) << "parameters and optimizer state";
+          continue;
+        }
+        for (const auto& [step, loss] : want_losses)
+          EXPECT_EQ(losses.at(step), loss)
+              << dtype << " " << layout.name << " vs " << group.front().name << ", step " << step;
+        EXPECT_EQ(state, want_state) << dtype << " " << layout.name << " vs " << group.front().name;
       }
-      for (const auto& [step, loss] : want_losses)
-        EXPECT_EQ(losses.at(step), loss) << layout.name << " vs " << group.front().name << ", step " << step;
-      EXPECT_EQ(state, want_state) << layout.name << " vs " << group.front().name;
     }
-  }
 }
 
 // --dry-run prints the plan of every rank and trains nothing.

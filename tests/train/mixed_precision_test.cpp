@@ -1,9 +1,10 @@
 // train.dtype: bf16 computes forward and backward in bf16 with fp32 parameters, under every
 // layout: FSDP, one rank (FSDP units of one rank), tensor and pipeline parallel without data
-// parallelism. Close to the fp32 run and not equal to it; bitwise the same run to run and across
-// data-parallel degrees (deterministic mode).
+// parallelism, and qwen3_moe on one rank and with expert parallelism. Close to the fp32 run and not equal to it;
+// bitwise the same run to run and across data-parallel degrees (deterministic mode).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -28,22 +29,31 @@ TrainConfig small_config(const std::string& name, const std::string& dtype) {
 
 struct Layout {
   std::string name;
-  int64_t dp_shard = 1, tp = 1, pp = 1;
+  int64_t dp_shard = 1, tp = 1, pp = 1, ep = 1;
+  bool moe = false;  // qwen3_moe instead of llama
   int world() const { return static_cast<int>(dp_shard * tp * pp); }
 };
 
 std::vector<double> losses(const Layout& layout, const std::string& dtype) {
   TrainConfig c = small_config(layout.name + "_" + dtype, dtype);
+  if (layout.moe)
+    c.model = parse_config(
+                  "model: {family: qwen3_moe, vocab: 256, dim: 64, layers: 2, heads: 4, kv_heads: 2, "
+                  "max_seq: 32, experts: 4, top_k: 2, expert_hidden: 48}",
+                  {})
+                  .model;
   c.parallel.dp_shard = layout.dp_shard;
   c.parallel.tp = layout.tp;
   c.parallel.pp = layout.pp;
+  c.parallel.ep = layout.ep;
   return rank0_losses(c, layout.world());
 }
 
 TEST(MixedPrecision, Bf16IsCloseToFp32InEveryLayout) {
   const std::vector<double> one_rank = losses({"one_rank"}, "bf16");
   for (const Layout& layout :
-       {Layout{"one_rank"}, Layout{"dp_shard_2", 2}, Layout{"tp_2", 1, 2}, Layout{"pp_2", 1, 1, 2}}) {
+       {Layout{"one_rank"}, Layout{"dp_shard_2", 2}, Layout{"tp_2", 1, 2}, Layout{"pp_2", 1, 1, 2},
+        Layout{"moe_one_rank", 1, 1, 1, 1, true}, Layout{"moe_ep_2", 2, 1, 1, 2, true}}) {
     SCOPED_TRACE(layout.name);
     // Against fp32 in the same layout, so that a layout that ignored the dtype would show.
     const std::vector<double> fp32 = losses(layout, "fp32"), bf16 = losses(layout, "bf16");
@@ -55,10 +65,17 @@ TEST(MixedPrecision, Bf16IsCloseToFp32InEveryLayout) {
     }
     EXPECT_TRUE(differs) << "bf16 gave the fp32 losses: it did not compute in bf16";
     // Run to run, and across the data-parallel degree: the same bits.
-    if (layout.tp == 1 && layout.pp == 1) {
+    if (layout.tp == 1 && layout.pp == 1 && !layout.moe) {
       EXPECT_EQ(bf16, one_rank);
     }
   }
+}
+
+// The key's old name still loads (a run's config.json from before the rename).
+TEST(MixedPrecision, TheOldKeyNameIsReadAsTrainDtype) {
+  const std::string dir = test::scratch_dir("hp_mixed_precision_old_key");
+  std::ofstream(dir + "/old.yaml") << "train:\n  mixed_precision_param: bf16\n";
+  EXPECT_EQ(load_config(dir + "/old.yaml").train.dtype, "bf16");
 }
 
 TEST(MixedPrecision, BadDtypesAreRefused) {

@@ -1,6 +1,6 @@
 // The peak MFU divides by: the best of several trials (a slow trial, as on a busy machine, is not
-// what gets cached), the best layout of ranks x threads, and measured again when the CPU model (or
-// anything else in the cache key) changes.
+// what gets cached), the best layout of ranks x threads within a time budget, measured again when
+// the CPU model (or anything else in the cache key) changes; and the HP_PEAK_FLOPS override.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -58,7 +58,6 @@ PeakFlopsOptions options(const fs::path& dir, FakeMatmul& fake) {
 }
 
 TEST(PeakFlops, ASlowTrialIsNotCachedAsThePeak) {
-  NoPeakOverride no_override;
   const fs::path dir = test::scratch_dir("peak_flops_slow");
   FakeMatmul fake;
   fake.speedup = 3.0;
@@ -80,7 +79,6 @@ TEST(PeakFlops, ASlowTrialIsNotCachedAsThePeak) {
 // fp32 matmul that does not speed up with threads: two one-thread ranks reach twice what one
 // two-thread rank does, and that is the host's peak.
 TEST(PeakFlops, TheBestLayoutOfRanksAndThreadsCounts) {
-  NoPeakOverride no_override;
   FakeMatmul fake;
   fake.speedup = 1.0;
   const PeakFlops p = measure_peak_flops(options(test::scratch_dir("peak_flops_layout"), fake));
@@ -90,7 +88,6 @@ TEST(PeakFlops, TheBestLayoutOfRanksAndThreadsCounts) {
 }
 
 TEST(PeakFlops, AnotherCpuModelIsMeasuredAgain) {
-  NoPeakOverride no_override;
   const fs::path dir = test::scratch_dir("peak_flops_cpu");
   FakeMatmul fast;
   measure_peak_flops(options(dir, fast));
@@ -116,20 +113,44 @@ TEST(PeakFlops, AnotherCpuModelIsMeasuredAgain) {
   EXPECT_EQ(unused.calls, 40);
 }
 
-TEST(PeakFlops, TheOverrideWinsAndBadInputIsRefused) {
+// The real timer (ATen matmuls) on small shapes, into a scratch cache.
+TEST(PeakFlops, MeasuresWithAten) {
+  PeakFlopsOptions o;
+  o.dtype = at::kFloat;
+  o.shapes = {{64, 64, 64}, {32, 64, 128}};
+  o.trials = 2;
+  o.cache = test::scratch_dir("peak_flops_aten") + "/peak.json";
+  const PeakFlops p = measure_peak_flops(o);
+  EXPECT_GT(p.flops, 1e8);  // any CPU of this century
+  EXPECT_LT(p.flops, 1e15);
+  EXPECT_TRUE(fs::exists(o.cache));
+}
+
+// Past the time budget no further layout is measured; what was measured gives the peak.
+TEST(PeakFlops, StopsAtItsTimeBudget) {
   FakeMatmul fake;
-  PeakFlopsOptions o = options(test::scratch_dir("peak_flops_override"), fake);
-  {
-    NoPeakOverride no_override;
-    setenv("HP_PEAK_FLOPS", "1.5e11", 1);
-    const PeakFlops p = measure_peak_flops(o);
-    EXPECT_DOUBLE_EQ(p.flops, 1.5e11);
-    EXPECT_EQ(p.source, "HP_PEAK_FLOPS");
-    EXPECT_EQ(fake.calls, 0);
-    setenv("HP_PEAK_FLOPS", "fast", 1);
-    test::expect_error([&] { measure_peak_flops(o); }, "HP_PEAK_FLOPS must be a positive number of FLOP/s, got 'fast'");
-    unsetenv("HP_PEAK_FLOPS");
+  PeakFlopsOptions o = options(test::scratch_dir("peak_flops_budget"), fake);
+  o.cores = 4;
+  o.budget_seconds = 0.0;
+  const PeakFlops p = measure_peak_flops(o);
+  EXPECT_EQ(fake.calls, 2 * 5);  // one layout (4 ranks x 1 thread), 2 shapes x 5 trials
+  EXPECT_EQ(p.threads, 1);
+  EXPECT_DOUBLE_EQ(p.flops, 4e12);
+}
+
+TEST(PeakFlops, TheOverrideIsAPositiveNumberAndBadInputIsRefused) {
+  NoPeakOverride no_override;
+  EXPECT_FALSE(peak_flops_override().has_value());
+  setenv("HP_PEAK_FLOPS", "1.5e11", 1);
+  EXPECT_EQ(peak_flops_override(), 1.5e11);
+  for (const char* bad : {"fast", "0", "-3", "inf", "1e11x"}) {
+    setenv("HP_PEAK_FLOPS", bad, 1);
+    test::expect_error([] { peak_flops_override(); },
+                       std::string("HP_PEAK_FLOPS must be a positive number of FLOP/s, got '") + bad + "'");
   }
+  unsetenv("HP_PEAK_FLOPS");
+  FakeMatmul fake;
+  PeakFlopsOptions o = options(test::scratch_dir("peak_flops_bad"), fake);
   o.shapes.clear();
   test::expect_error([&] { measure_peak_flops(o); }, "no matmul shapes");
   o.shapes = {{1, 1, 1}};

@@ -161,10 +161,6 @@ pid_t spawn(const Config& c, int local_rank, int global_rank, int port, Rank& ra
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     const std::string per_rank = std::to_string(std::max(1L, cores / c.nproc_per_node));
     for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) setenv(var, per_rank.c_str(), /*overwrite=*/0);
-    // Several threads per rank wait passively: spinning OpenMP workers starve OpenBLAS's own
-    // threads, which ATen's fp32 matmuls use (hp-train on one rank of 2 threads ran 2-3.5x slower
-    // spinning, bench/RESULTS.md).
-    if (cores / c.nproc_per_node > 1) setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
     std::vector<char*> args;
     for (const std::string& a : c.command) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

@@ -9,6 +9,12 @@ namespace hp {
 int cpu_threads();
 void set_cpu_threads(int threads);
 
+// OpenBLAS's pool alone (ATen's fp32 matmuls), where LibTorch's BLAS is OpenBLAS; else a no-op and
+// 0. A run whose fp32 matmuls are few and small is faster with one BLAS thread: its threads and
+// ATen's spinning OpenMP workers fight over the cores (docs/performance.md).
+int blas_threads();
+void set_blas_threads(int threads);
+
 // Sets the thread count for a scope and restores the previous one.
 class CpuThreadsGuard {
  public:
@@ -16,6 +22,20 @@ class CpuThreadsGuard {
   ~CpuThreadsGuard() { set_cpu_threads(previous_); }
   CpuThreadsGuard(const CpuThreadsGuard&) = delete;
   CpuThreadsGuard& operator=(const CpuThreadsGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Sets OpenBLAS's thread count for a scope and restores the previous one.
+class BlasThreadsGuard {
+ public:
+  explicit BlasThreadsGuard(int threads) : previous_(blas_threads()) { set_blas_threads(threads); }
+  ~BlasThreadsGuard() {
+    if (previous_ > 0) set_blas_threads(previous_);
+  }
+  BlasThreadsGuard(const BlasThreadsGuard&) = delete;
+  BlasThreadsGuard& operator=(const BlasThreadsGuard&) = delete;
 
  private:
   int previous_;

@@ -99,6 +99,8 @@ struct TrainConfig {
 
   struct Log {
     int64_t interval = 1;
+    // N > 0: rank 0 times step N's ATen ops by op and class of op and writes run_dir/profile.txt.
+    int64_t profile_step = 0;
   } log;
 
   struct Sample {

@@ -61,7 +61,9 @@ void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& p
 // Applies TP on mesh["tp"] (when tp > 1), options.cp to every layer's core attention on mesh["cp"]
 // (when cp > 1; the inputs are then this rank's cp_shard of each sequence) and FSDP on the
 // data-parallel dims with cp (data_parallel_mesh, when dp x cp > 1; a 2-D (dp_replicate, dp_shard)
-// mesh, or (dp_replicate, dp_shard_cp) with cp, gives HSDP) to the whole model. Call before hp::nn::init_parameters.
+// mesh, or (dp_replicate, dp_shard_cp) with cp, gives HSDP) to the whole model; with dp x cp = 1,
+// FSDP units of one rank when options.fsdp's mixed precision sets a param_dtype (they carry the
+// policy). Call before hp::nn::init_parameters.
 // Collective over the mesh's groups.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims& dims,
                        const RecipeOptions& options = {}, LlamaMlp mlp = LlamaMlp::kDense);
