@@ -21,10 +21,11 @@ at::ScalarType accumulation_type(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// The dtype the matrix products take their factors in: the inputs' when below fp32 (bf16 products
-// run on the CPU's bf16 units and accumulate in fp32 inside), else the accumulation dtype.
+// The dtype the matrix products take their factors in: bf16 for bf16 inputs (the CPU's bf16 units,
+// fp32 accumulation inside, the result rounded to bf16), else the accumulation dtype (LibTorch
+// 1.13 has no CPU fp16 matmul).
 at::ScalarType product_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf ? t.scalar_type() : accumulation_type(t);
+  return t.scalar_type() == at::kBFloat16 ? at::kBFloat16 : accumulation_type(t);
 }
 
 at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char* what) {
@@ -221,6 +222,7 @@ class CpuAttentionKernel final : public AttentionKernel {
     // D_i = sum_j dout_ij out_ij: the softmax backward's row term, from the (global) output.
     const at::Tensor row_term = (dout_g * p.group(out)).sum(-1);
     const at::Tensor dout_factor = p.mm_ == p.acc_ ? dout_g : p.group(dout, p.mm_);  // for the products
+    const at::Tensor v_acc = p.v_.to(p.acc_);                                        // for the probabilities' gradient
     const auto acc = at::TensorOptions().dtype(p.acc_);
     at::Tensor dq = at::zeros(p.q_.sizes(), acc);
     at::Tensor dk = at::zeros(p.k_.sizes(), acc);
@@ -235,7 +237,7 @@ class CpuAttentionKernel final : public AttentionKernel {
       dv.narrow(2, 0, block.keys).add_(p.product((keep.defined() ? probs * keep : probs).transpose(-2, -1), dout_b));
       // In the accumulation dtype: dprobs - row cancels nearly, and row comes from the (global)
       // output, so a rounded dprobs would leave its rounding error in dscores whole.
-      at::Tensor dprobs = at::matmul(p.block_rows(dout_g, block), p.values(block).to(p.acc_).transpose(-2, -1));
+      at::Tensor dprobs = at::matmul(p.block_rows(dout_g, block), v_acc.narrow(2, 0, block.keys).transpose(-2, -1));
       if (keep.defined()) dprobs.mul_(keep);
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
       const at::Tensor dscores = probs.mul(dprobs.sub_(row)).mul_(scale);

@@ -156,11 +156,6 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
            ": create it with hp::train::world_options(config)");
   std::optional<CpuThreadsGuard> threads;
   if (c.train.cpu_threads > 0) threads.emplace(static_cast<int>(c.train.cpu_threads));
-  // In bf16 the fp32 matmuls left (the attention kernel's dP) are small: one BLAS thread, so that
-  // OpenBLAS's threads do not fight ATen's spinning workers (one rank of 2 threads: 8,300 tok/s
-  // instead of 5,900 on the main job's model, docs/performance.md).
-  std::optional<BlasThreadsGuard> one_blas_thread;
-  if (c.train.dtype == "bf16") one_blas_thread.emplace(1);
   log::LogRankGuard log_rank(world.rank());
   const bool lead = world.rank() == 0;
   if (lead && c.train.dtype == "fp32" && cpu_threads() > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr)
@@ -235,6 +230,12 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       double local_loss = 0.0;
       {
         const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
+        // In bf16 the fp32 products left in forward and backward are small (the attention kernel's
+        // probabilities' gradient, a MoE router): one BLAS thread, so that OpenBLAS's threads do not
+        // wait on ATen's spinning workers (docs/performance.md#threads). The optimizer step (Muon's
+        // fp32 products) keeps the usual count.
+        std::optional<BlasThreadsGuard> one_blas_thread;
+        if (c.train.dtype == "bf16") one_blas_thread.emplace(1);
         local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
       }
       StepRecord record;
@@ -272,7 +273,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
       profile.finish(c, step + 1, record.seconds);
-      if (step > result.first_step) timed_seconds += record.seconds, ++timed_steps;
+      // The run's throughput leaves out the first step and the profiled one (timing every op slows it).
+      if (step > result.first_step && step + 1 != c.log.profile_step) timed_seconds += record.seconds, ++timed_steps;
       record.tokens_per_s = tokens_per_step / record.seconds;
       record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;
       record.peak_mem_bytes = static_cast<double>(memory.peak());

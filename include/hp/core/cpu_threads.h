@@ -9,25 +9,33 @@ namespace hp {
 int cpu_threads();
 void set_cpu_threads(int threads);
 
-// OpenBLAS's pool alone (ATen's fp32 matmuls), where LibTorch's BLAS is OpenBLAS; else a no-op and
-// 0. A run whose fp32 matmuls are few and small is faster with one BLAS thread: its threads and
-// ATen's spinning OpenMP workers fight over the cores (docs/performance.md).
+// OpenBLAS's pool alone (ATen's fp32 matmuls), where LibTorch's BLAS is a pthreads OpenBLAS; else
+// a no-op and 0 (an OpenMP OpenBLAS sets OpenMP's count, which is ATen's too). A run whose fp32
+// matmuls are few and small is faster with one BLAS thread: its threads and ATen's spinning OpenMP
+// workers fight over the cores (docs/performance.md).
 int blas_threads();
 void set_blas_threads(int threads);
 
-// Sets the thread count for a scope and restores the previous one.
+// Sets the thread count for a scope and restores the previous ones (ATen's and OpenBLAS's, each
+// as it was).
 class CpuThreadsGuard {
  public:
-  explicit CpuThreadsGuard(int threads) : previous_(cpu_threads()) { set_cpu_threads(threads); }
-  ~CpuThreadsGuard() { set_cpu_threads(previous_); }
+  explicit CpuThreadsGuard(int threads) : previous_(cpu_threads()), previous_blas_(blas_threads()) {
+    set_cpu_threads(threads);
+  }
+  ~CpuThreadsGuard() {
+    set_cpu_threads(previous_);
+    if (previous_blas_ > 0) set_blas_threads(previous_blas_);
+  }
   CpuThreadsGuard(const CpuThreadsGuard&) = delete;
   CpuThreadsGuard& operator=(const CpuThreadsGuard&) = delete;
 
  private:
-  int previous_;
+  int previous_, previous_blas_;
 };
 
-// Sets OpenBLAS's thread count for a scope and restores the previous one.
+// Sets OpenBLAS's thread count for a scope and restores the previous one. Process-wide: thread-ranks
+// of one process share it (a rank ending first restores it for all; speed only, not results).
 class BlasThreadsGuard {
  public:
   explicit BlasThreadsGuard(int threads) : previous_(blas_threads()) { set_blas_threads(threads); }

@@ -5,7 +5,9 @@
 // scores, and backward recomputes the probabilities from that log-sum-exp (FlashAttention's
 // recurrence), so a caller that splits the keys into blocks (ring attention) gets each block's
 // exact share of the gradient by passing the global out and lse. cpu_attention_kernel() works
-// blockwise in fp32 (fp64 for fp64 inputs); a CUDA build can plug in a flash kernel.
+// blockwise in fp32 (fp64 for fp64 inputs); for bf16 inputs its products take bf16 factors and
+// round their results to bf16, but for the probabilities' gradient (fp32). A CUDA build can plug
+// in a flash kernel.
 //
 // Masks are by position: with `causal`, query i sees key j when k_positions[j] <= q_positions[i].
 // A rank holding any subset of a sequence (a context-parallel shard, a ring block from a peer)
