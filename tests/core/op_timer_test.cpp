@@ -31,7 +31,8 @@ TEST(OpTimer, TimesEveryOpOnceByOpAndClass) {
   for (const auto& [name, t] : classes) sum += t.seconds;
   EXPECT_NEAR(sum, timer.total_seconds(), 1e-12);
   EXPECT_LE(timer.total_seconds(), region);  // nothing counted twice
-  EXPECT_GT(classes.at("matmul").seconds, 0.5 * classes.at("elementwise").seconds);
+  EXPECT_EQ(classes.at("matmul").calls, 2);
+  EXPECT_GT(classes.at("elementwise").calls, 0);
 }
 
 TEST(OpTimer, ClassesByBaseName) {
