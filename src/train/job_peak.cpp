@@ -3,8 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
+
+#include "hp/comm/init.h"
 
 namespace hp::train::detail {
 namespace {
@@ -45,8 +46,10 @@ PeakFlops job_peak_flops(const TrainConfig& c, const models::ModelParts& parts, 
   options.shapes = matmul_shapes(c, parts);
   if (options.shapes.empty()) options.shapes.push_back({1024, 1024, 1024});  // a model without matrices
   PeakFlops peak = measure_peak_flops(options);
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const int64_t per_host = local ? std::max<int64_t>(1, std::atoll(local)) : world_size;
+  // Ranks per host as the launcher says (hprun, mpirun, PMI, Slurm); none (ranks as threads of
+  // one process): all on this host.
+  const comm::LaunchEnv launch = comm::read_launch_env();
+  const int64_t per_host = launch.source == "default" ? world_size : launch.local_world_size;
   const int64_t hosts = std::max<int64_t>(1, world_size / per_host);
   if (hosts > 1) {
     peak.flops *= static_cast<double>(hosts);

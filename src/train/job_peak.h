@@ -9,7 +9,7 @@
 namespace hp::train::detail {
 
 // Rank 0 measures (the others should wait, not compute); `world_size` over the ranks per host
-// (LOCAL_WORLD_SIZE, else all on one) counts the hosts.
+// (the launcher's local world size, hp::comm::read_launch_env; else all on one) counts the hosts.
 PeakFlops job_peak_flops(const TrainConfig& c, const models::ModelParts& parts, int64_t world_size);
 
 }  // namespace hp::train::detail
