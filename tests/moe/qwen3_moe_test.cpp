@@ -302,17 +302,23 @@ TEST(Qwen3Moe, HpTrainWithExpertParallelismThroughPipelinesMatches) {
 
 // Tensor parallelism: each tp rank runs the MoE on its sequence shard (as sequence parallelism
 // hands it, or cut from the replicated stream without it), ep borrowed from the tp ranks (ep 2 of
-// dp_shard 2 x tp 2), from tp and dp_shard (ep 4), not at all (ep 1: the experts FSDP-sharded over
-// dp_shard x tp), and through a pipeline (pp 2 x tp 2, ep 2).
+// dp_shard 2 x tp 2), from tp and dp_shard (ep 4), or not at all (ep 1: the experts FSDP-sharded
+// over dp_shard x tp).
 TEST(Qwen3Moe, HpTrainWithTensorParallelismSplitsTheTokens) {
-  Layout tp_ep2{1, 2, 2}, tp_ep4{1, 2, 4}, tp_ep1{1, 2, 1}, tp_pp{1, 1, 2, 2}, no_sp{1, 2, 2};
-  for (Layout* l : {&tp_ep2, &tp_ep4, &tp_ep1, &tp_pp, &no_sp}) l->tp = 2;
-  no_sp.sequence_parallel = false;
+  Layout tp_ep2{1, 2, 2}, tp_ep4{1, 2, 4}, tp_ep1{1, 2, 1};
+  for (Layout* l : {&tp_ep2, &tp_ep4, &tp_ep1}) l->tp = 2;
   expect_balanced_runs_match("tp", {{tp_ep2, "ep 2 of dp_shard 2 x tp 2"},
                                     {tp_ep4, "ep 4 of dp_shard 2 x tp 2"},
-                                    {tp_ep1, "ep 1, dp_shard 2 x tp 2"},
-                                    {tp_pp, "ep 2 of tp 2 x pp 2 (1F1B)"},
-                                    {no_sp, "ep 2 of dp_shard 2 x tp 2 without sequence parallelism"}});
+                                    {tp_ep1, "ep 1, dp_shard 2 x tp 2"}});
+}
+
+// The same through a pipeline (ep 2 of tp 2 x pp 2) and without sequence parallelism.
+TEST(Qwen3Moe, HpTrainWithTensorParallelismThroughAPipelineOrWithoutSequenceParallelism) {
+  Layout tp_pp{1, 1, 2, 2}, no_sp{1, 2, 2};
+  tp_pp.tp = no_sp.tp = 2;
+  no_sp.sequence_parallel = false;
+  expect_balanced_runs_match("tp_pp", {{tp_pp, "ep 2 of tp 2 x pp 2 (1F1B)"},
+                                       {no_sp, "ep 2 of dp_shard 2 x tp 2 without sequence parallelism"}});
 }
 
 // Fewer local experts than expert-data ranks: the experts' FSDP splits dim 1 instead of the experts
@@ -374,25 +380,38 @@ TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderExpertParallelism) {
 // Context parallelism: each cp rank runs the MoE on its head-tail share of every sequence's
 // positions. Against dp_shard 4 with ep 1, with the routers' bias balancing on (per-step losses and
 // gradient norms within 1e-6, and rank 0's loads of every layer equal): cp 2 alone (the experts
-// FSDP-sharded over the cp ranks), ep 2 borrowed from cp 2 x dp_shard 2 (ring and Ulysses), ep 4
-// from cp 4 alone, ep 4 from cp 2 x tp 2, ep 2 of cp 2 x pp 2 (1F1B), and ep 2 of cp 2 under
-// dp_replicate 2 (HSDP). Then the auxiliary losses, whose statistics the cp ranks sum (sequences
-// the cp ranks share count once): cp 2 x dp_shard 2 and cp 2 x tp 2 with ep 2, within 1e-6 of
-// dp_shard 4.
+// FSDP-sharded over the cp ranks) and ep 2 borrowed from cp 2 x dp_shard 2.
 TEST(Qwen3Moe, HpTrainWithContextParallelismMatches) {
-  Layout cp2{1, 1, 1}, cp_dp{1, 2, 2}, ulysses{1, 2, 2}, cp4{1, 1, 4}, cp_tp{1, 1, 4}, cp_pp{1, 1, 2, 2},
-      cp_hsdp{2, 1, 2};
-  for (Layout* l : {&cp2, &cp_dp, &ulysses, &cp_tp, &cp_pp, &cp_hsdp}) l->cp = 2;
-  cp4.cp = 4;
-  cp_tp.tp = 2;
+  Layout cp2{1, 1, 1}, cp_dp{1, 2, 2};
+  cp2.cp = cp_dp.cp = 2;
+  expect_balanced_runs_match("cp", {{cp2, "cp 2, ep 1"}, {cp_dp, "ep 2 of cp 2 (ring) x dp_shard 2"}});
+}
+
+// The same with Ulysses (ep 2 of cp 2 x dp_shard 2) and with ep 4 borrowed from cp 4 alone.
+TEST(Qwen3Moe, HpTrainWithUlyssesOrFourContextRanksMatches) {
+  Layout ulysses{1, 2, 2}, cp4{1, 1, 4};
+  ulysses.cp = 2;
   ulysses.cp_mode = "ulysses";
-  expect_balanced_runs_match("cp", {{cp2, "cp 2, ep 1"},
-                                    {cp_dp, "ep 2 of cp 2 (ring) x dp_shard 2"},
-                                    {ulysses, "ep 2 of cp 2 (ulysses) x dp_shard 2"},
-                                    {cp4, "ep 4 of cp 4 (ring)"},
-                                    {cp_tp, "ep 4 of cp 2 (ring) x tp 2"},
-                                    {cp_pp, "ep 2 of cp 2 (ring) x pp 2 (1F1B)"},
-                                    {cp_hsdp, "ep 2 of cp 2 (ring) under dp_replicate 2"}});
+  cp4.cp = 4;
+  expect_balanced_runs_match("cp_ulysses",
+                             {{ulysses, "ep 2 of cp 2 (ulysses) x dp_shard 2"}, {cp4, "ep 4 of cp 4 (ring)"}});
+}
+
+// The same composed with the other dims: ep 4 from cp 2 x tp 2, ep 2 of cp 2 x pp 2 (1F1B), and
+// ep 2 of cp 2 under dp_replicate 2 (HSDP).
+TEST(Qwen3Moe, HpTrainWithContextParallelismComposedMatches) {
+  Layout cp_tp{1, 1, 4}, cp_pp{1, 1, 2, 2}, cp_hsdp{2, 1, 2};
+  cp_tp.cp = cp_pp.cp = cp_hsdp.cp = 2;
+  cp_tp.tp = 2;
+  expect_balanced_runs_match("cp_dims", {{cp_tp, "ep 4 of cp 2 (ring) x tp 2"},
+                                         {cp_pp, "ep 2 of cp 2 (ring) x pp 2 (1F1B)"},
+                                         {cp_hsdp, "ep 2 of cp 2 (ring) under dp_replicate 2"}});
+}
+
+// The auxiliary losses under context parallelism, whose statistics the cp ranks sum (sequences the
+// cp ranks share count once): cp 2 x dp_shard 2 and cp 2 x tp 2 with ep 2, within 1e-6 of
+// dp_shard 4.
+TEST(Qwen3Moe, AuxiliaryLossesTrainAlikeUnderContextParallelism) {
   const fs::path dir = fs::temp_directory_path() / ("hp_qwen3_moe_cp_aux_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const TrainResult want = rank0_result(with_aux_losses({1, 4, 1}, dir), 4);

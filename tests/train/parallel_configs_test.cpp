@@ -172,43 +172,56 @@ TEST(Trainer, ContextParallelAgreesWithOneRank) {
 // model.residual_dropout and model.attention_dropout 0.1: each rank draws its part of the one-device
 // masks (by global row, head and position), so data, tensor (with SP), context (ring, Ulysses) and
 // pipeline parallelism, gradient accumulation and activation checkpointing (which replays the
-// masks) train one rank's curve within 1e-6 at every one of 20 steps. Dropout does move the curve.
+// masks) train one rank's curve within 1e-6 at every one of 20 steps.
+Parallel with_dropout(Parallel p, const std::string& cp_mode = "ring", int64_t ulysses = 0,
+                      const std::string& checkpoint = "none") {
+  p.dropout = 0.1;
+  p.cp_mode = cp_mode;
+  p.cp_ulysses = ulysses;
+  p.checkpoint = checkpoint;
+  return p;
+}
+
+// Data, tensor and pipeline parallelism; and dropout does move the curve.
 TEST(Trainer, DropoutAgreesWithOneRank) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_dropout_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  const auto dropout = [](Parallel p) {
-    p.dropout = 0.1;
-    return p;
-  };
-  const std::vector<double> one = run_config(dropout({1, {}, false, false, "1 rank"}), dir);
+  const std::vector<double> one = run_config(with_dropout({1, {}, false, false, "1 rank"}), dir);
   const std::vector<double> without = run_config({1, {}, false, false, "1 rank, no dropout"}, dir);
   ASSERT_EQ(one.size(), without.size());
   EXPECT_GT(std::abs(one.back() - without.back()), 1e-3 * std::abs(without.back())) << "dropout changes training";
-  ParallelDims dp2, tp2, dp2tp2, pp2, pp2tp2, cp2, cp2tp2, cp4;
+  ParallelDims dp2, tp2, dp2tp2, pp2, pp2tp2;
   dp2.dp_shard = dp2tp2.dp_shard = 2;
-  tp2.tp = dp2tp2.tp = pp2tp2.tp = cp2tp2.tp = 2;
+  tp2.tp = dp2tp2.tp = pp2tp2.tp = 2;
   pp2.pp = pp2tp2.pp = 2;
-  cp2.cp = cp2tp2.cp = 2;
-  cp4.cp = 4;
-  const auto with = [&](Parallel p, const std::string& cp_mode, int64_t ulysses, const std::string& checkpoint) {
-    p = dropout(p);
-    p.cp_mode = cp_mode;
-    p.cp_ulysses = ulysses;
-    p.checkpoint = checkpoint;
-    return p;
-  };
   expect_agreement(
       one,
-      {dropout({2, dp2, false, false, "dp_shard 2"}), dropout({2, tp2, true, true, "tp 2 (SP, LP)"}),
-       dropout({4, dp2tp2, false, false, "dp_shard 2 x tp 2"}), dropout({2, pp2, false, false, "pp 2 (1F1B)"}),
-       dropout({4, pp2tp2, true, false, "pp 2 (GPipe) x tp 2 (SP)", "gpipe"}),
-       dropout({2, cp2, false, false, "cp 2 (ring)"}),
-       with({2, cp2, false, false, "cp 2 (allgather)"}, "allgather", 0, "none"),
-       with({4, cp2tp2, false, false, "cp 2 (ulysses) x tp 2"}, "ulysses", 0, "none"),
-       with({4, cp4, false, false, "cp 4 (hybrid 2 x 2)"}, "hybrid", 2, "none"),
-       with({2, dp2, false, false, "dp_shard 2, checkpoint full"}, "ring", 0, "full"),
-       with({2, dp2, false, false, "dp_shard 2, checkpoint selective"}, "ring", 0, "selective")},
+      {with_dropout({2, dp2, false, false, "dp_shard 2"}), with_dropout({2, tp2, true, true, "tp 2 (SP, LP)"}),
+       with_dropout({4, dp2tp2, false, false, "dp_shard 2 x tp 2"}),
+       with_dropout({2, pp2, false, false, "pp 2 (1F1B)"}),
+       with_dropout({4, pp2tp2, true, false, "pp 2 (GPipe) x tp 2 (SP)", "gpipe"})},
       dir, 1e-6);
+  fs::remove_all(dir);
+}
+
+// Context parallelism (ring, all-gather, Ulysses with tp, hybrid) and activation checkpointing.
+TEST(Trainer, DropoutAgreesWithOneRankUnderContextParallelismAndCheckpointing) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_dropout_cp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::vector<double> one = run_config(with_dropout({1, {}, false, false, "1 rank"}), dir);
+  ParallelDims dp2, cp2, cp2tp2, cp4;
+  dp2.dp_shard = 2;
+  cp2tp2.tp = 2;
+  cp2.cp = cp2tp2.cp = 2;
+  cp4.cp = 4;
+  expect_agreement(one,
+                   {with_dropout({2, cp2, false, false, "cp 2 (ring)"}),
+                    with_dropout({2, cp2, false, false, "cp 2 (allgather)"}, "allgather"),
+                    with_dropout({4, cp2tp2, false, false, "cp 2 (ulysses) x tp 2"}, "ulysses"),
+                    with_dropout({4, cp4, false, false, "cp 4 (hybrid 2 x 2)"}, "hybrid", 2),
+                    with_dropout({2, dp2, false, false, "dp_shard 2, checkpoint full"}, "ring", 0, "full"),
+                    with_dropout({2, dp2, false, false, "dp_shard 2, checkpoint selective"}, "ring", 0, "selective")},
+                   dir, 1e-6);
   fs::remove_all(dir);
 }
 
