@@ -1,19 +1,28 @@
-// Table-driven property test over every registered sharding rule: for every placement of every
-// input among {S(d) for each dim d, R, P(sum) for real-valued inputs} on a 1-D mesh of 4 and on a
-// (2, 2) mesh, with uneven shapes (7x5), full_tensor(op(dtensors)) equals op(full tensors) and
-// so do the input gradients through backward.
+// Table-driven property test over every registered sharding rule: for every combination of
+// placements of the inputs, each among {S(d) for each dim d, R, P(sum) for real-valued inputs}, on a
+// 1-D mesh of 4 and on a (2, 2) mesh, with uneven shapes (7x5), op(dtensors) holds the pieces of
+// op(full tensors) and so do the input gradients through backward. Each rank compares the piece it
+// holds with the one cut from the single-device result; Partial results are reduced first.
 //
-// Bitwise wherever no reduction is split across ranks, else fp32 rtol 1e-6. "Split" is observed,
-// not declared: a combination that issues no all_reduce or reduce_scatter (CommDebugMode) in the
-// op, its backward and the final full_tensor has every sum computed whole on one rank, and must
-// match bitwise. One exception comes from ATen, not from us: its AVX2/AVX512 kernels compute
-// transcendental functions (exp, tanh, erf, ...) with a SIMD body and a scalar tail that round
-// differently, so the same element gets other bits when a shard boundary moves it from body to
-// tail. Cases using them are marked `simd_math`; they are bitwise when ATen runs its portable
-// kernels (ATEN_CPU_CAPABILITY=default, which ctest runs as the "bitwise:" copy of this table).
+// Inputs are random normal (and uniform for positive ones) fp32 values, not integers, so that a
+// sum taken in another order shows. Bitwise wherever no reduction is split across ranks, else rtol
+// 1e-6 per element with an absolute floor of 1e-6 times the result's largest magnitude. "Split" is
+// observed, not declared: a combination that issues no all_reduce or reduce_scatter
+// (CommDebugMode) in the op, its backward or the reduction of a Partial result has every sum
+// computed whole on one rank, and must match bitwise. Two exceptions come from ATen, not from us:
+// - its AVX2/AVX512 kernels compute transcendental functions (exp, tanh, erf, ...) with a SIMD body
+//   and a scalar tail that round differently, so the same element gets other bits when a shard
+//   boundary moves it from body to tail. Cases using them are marked `simd_math`; they are bitwise
+//   when ATen runs its portable kernels (ATEN_CPU_CAPABILITY=default, which ctest runs as the
+//   "bitwise:" copy of this table, on the covering set below);
+// - its sum over dim 0 orders the additions by the matrix's width (`column_sums_in_backward`).
+// A Partial input's pieces add up to its value only within rounding, so every comparison that
+// involves one is a split reduction, compared within rtol.
 //
-// Values are small integers in fp32 so that Partial inputs (split into pieces that add up to the
-// value) are exact. The test ends by checking that every registered rule was consulted.
+// Every combination on the (2, 2) mesh runs by default (a case with many is split in parts, each
+// a ctest test); HP_RULE_COVERING=1 runs a covering set there instead (every placement of every
+// input, partners rotating), as the one-process run and the "bitwise:" copy do. The test ends by
+// checking that every registered rule was consulted.
 #include <hp/comm/comm_debug_mode.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/dtensor/random.h>
@@ -46,6 +55,10 @@ struct Case {
   // reductions): bitwise only under ATen's portable kernels, see the top of the file.
   bool simd_math = false;
   bool in_place_on_first = false;  // the first input is written in place: it may not be Partial
+  // Its backward sums the columns of a matrix (a broadcast operand's gradient). ATen's dim-0 sum
+  // orders its additions by the matrix's width, under every CPU capability, so a column shard gets
+  // other bits: its gradients are bitwise only for integer-valued inputs.
+  bool column_sums_in_backward = false;
 };
 
 Arg real(std::vector<int64_t> s) { return {std::move(s), Arg::kReal, 0}; }
@@ -140,6 +153,7 @@ std::vector<Case> cases() {
       "mul div", [](auto& a, auto& b) { return a * b / (b * b + 1.0); }, real(M), real(M));
   binary(
       "broadcast row", [](auto& a, auto& b) { return a * b + b; }, real(M), real({5}));
+  c.back().column_sums_in_backward = true;
   binary(
       "broadcast column", [](auto& a, auto& b) { return a - b; }, real(M), real({7, 1}));
   binary(
@@ -311,13 +325,13 @@ std::vector<Case> cases() {
 }
 
 // Every placement of one input on `mesh`: S(d) for each dim, R, and P(sum) for real inputs.
-std::vector<Placements> choices(const Arg& arg, const DeviceMesh& mesh, bool partial_allowed) {
+std::vector<Placements> choices(const Arg& arg, int64_t mesh_ndim, bool partial_allowed) {
   std::vector<Placement> one;
   for (int64_t d = 0; d < static_cast<int64_t>(arg.shape.size()); ++d) one.push_back(Shard(d));
   one.push_back(Replicate());
   if (partial_allowed && (arg.kind == Arg::kReal || arg.kind == Arg::kPositive)) one.push_back(Partial());
   std::vector<Placements> out;
-  if (mesh.ndim() == 1) {
+  if (mesh_ndim == 1) {
     for (const auto& p : one) out.push_back({p});
   } else {
     for (const auto& p : one)
@@ -330,9 +344,9 @@ at::Tensor make_full(const Arg& arg, int seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   switch (arg.kind) {
     case Arg::kReal:
-      return at::randint(-4, 5, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
+      return at::randn(arg.shape, gen, at::TensorOptions().dtype(at::kFloat)) * 2.0;
     case Arg::kPositive:
-      return at::randint(1, 9, arg.shape, gen, at::TensorOptions().dtype(at::kFloat));
+      return at::rand(arg.shape, gen, at::TensorOptions().dtype(at::kFloat)) * 4.0 + 0.5;
     case Arg::kIndex:
       return at::randint(0, arg.index_max, arg.shape, gen, at::TensorOptions().dtype(at::kLong));
     case Arg::kBool:
@@ -352,7 +366,7 @@ at::Tensor place(const at::Tensor& full, const DeviceMesh& mesh, const Placement
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
     if (!placements[i].is_partial()) continue;
     const at::Tensor noise =
-        at::randint(-3, 4, piece.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed + i), piece.options());
+        at::randn(piece.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed + i), piece.options());
     piece = coordinate[i] == 0 ? piece - (mesh.size(i) - 1) * noise : noise;
   }
   return DTensor::from_local(piece, mesh, placements, full.sizes().vec());
@@ -380,7 +394,8 @@ void compare(const at::Tensor& got, const at::Tensor& want, const std::string& w
   ++(bitwise ? tally.bitwise : tally.rtol);
   if (got.sizes() != want.sizes())
     throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
-  // rtol 1e-6 relative to the tensor's scale: sums that cancel leave errors of eps * |terms|.
+  // rtol 1e-6 per element, with an absolute floor of 1e-6 times the tensor's largest magnitude:
+  // sums that cancel leave errors of eps * |terms|.
   const double scale = want.numel() ? want.abs().max().item<double>() : 0.0;
   const bool ok = bitwise ? at::equal(got, want) : at::allclose(got, want, 1e-6, 1e-6 * std::max(scale, 1.0));
   if (!ok) {
@@ -389,6 +404,33 @@ void compare(const at::Tensor& got, const at::Tensor& want, const std::string& w
         << (got - want).abs().max().item<double>();
     throw std::runtime_error(msg.str());
   }
+}
+
+// `got` (a DTensor with no Partial placement) against the whole tensor `want`, piece by piece: each
+// rank compares the piece it holds with the one it must hold, cut from `want`, which costs no
+// collective.
+void compare_pieces(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise,
+                    Tally& tally) {
+  const DTensor d(got);
+  for (const Placement& p : d.placements())
+    if (p.is_partial()) throw std::runtime_error(what + ": compare_pieces needs a reduced DTensor");
+  const auto [shape, offset] = d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate());
+  at::Tensor piece = want;
+  for (size_t k = 0; k < shape.size(); ++k) piece = piece.narrow(static_cast<int64_t>(k), offset[k], shape[k]);
+  compare(d.to_local().detach(), piece, what, bitwise, tally);
+}
+
+// `t` with each Partial placement reduced to Replicate; other placements kept.
+at::Tensor reduced_if_partial(const at::Tensor& t) {
+  DTensor d(t);
+  Placements placements = d.placements();
+  bool partial = false;
+  for (Placement& p : placements)
+    if (p.is_partial()) {
+      p = Replicate();
+      partial = true;
+    }
+  return partial ? d.redistribute(d.device_mesh(), placements) : d;
 }
 
 // Which placement combinations to run: every combination (exhaustive), or a covering set in which
@@ -418,7 +460,20 @@ std::vector<std::vector<size_t>> combinations(const std::vector<std::vector<Plac
   return out;
 }
 
-void check_case(const Case& c, const DeviceMesh& mesh, bool exhaustive, Tally& tally) {
+// A share of a case's combinations: those whose index is `index` modulo `count`.
+struct Part {
+  size_t index = 0, count = 1;
+};
+
+// Each input's placements on a mesh of `mesh_ndim` dims.
+std::vector<std::vector<Placements>> placement_options(const Case& c, int64_t mesh_ndim) {
+  std::vector<std::vector<Placements>> options;
+  for (size_t k = 0; k < c.args.size(); ++k)
+    options.push_back(choices(c.args[k], mesh_ndim, !(k == 0 && c.in_place_on_first)));
+  return options;
+}
+
+void check_case(const Case& c, const DeviceMesh& mesh, bool exhaustive, Part part, Tally& tally) {
   std::vector<at::Tensor> full;
   for (size_t k = 0; k < c.args.size(); ++k) full.push_back(make_full(c.args[k], 100 + static_cast<int>(k)));
   // Single device.
@@ -430,10 +485,10 @@ void check_case(const Case& c, const DeviceMesh& mesh, bool exhaustive, Tally& t
                                    ref_out.options().requires_grad(false));
   if (differentiable) (ref_out * w).sum().backward();
 
-  std::vector<std::vector<Placements>> options;
-  for (size_t k = 0; k < c.args.size(); ++k)
-    options.push_back(choices(c.args[k], mesh, !(k == 0 && c.in_place_on_first)));
-  for (const std::vector<size_t>& pick : combinations(options, exhaustive)) {
+  const std::vector<std::vector<Placements>> options = placement_options(c, mesh.ndim());
+  const std::vector<std::vector<size_t>> picks = combinations(options, exhaustive);
+  for (size_t i = part.index; i < picks.size(); i += part.count) {
+    const std::vector<size_t>& pick = picks[i];
     Args inputs;
     std::string layout;
     for (size_t k = 0; k < c.args.size(); ++k) {
@@ -445,21 +500,22 @@ void check_case(const Case& c, const DeviceMesh& mesh, bool exhaustive, Tally& t
     }
     const std::string what = c.name + " on " + mesh.str() + " with " + layout;
     const bool exact_kernels = !c.simd_math || portable_kernels();
-    // Forward: split iff a reducing collective ran in the op or in full_tensor.
+    // Forward: split iff a reducing collective ran in the op or in reducing a Partial result.
     comm::CommDebugMode comm;
     const at::Tensor out = c.fn(inputs);
-    const at::Tensor got = DTensor(out).full_tensor().detach();
-    compare(got, ref_out.detach(), what, exact_kernels && !splits_a_reduction(comm), tally);
+    const at::Tensor got = reduced_if_partial(out.detach());
+    compare_pieces(got, ref_out.detach(), what, exact_kernels && !splits_a_reduction(comm), tally);
     if (differentiable) {
-      // Gradients also depend on the forward values, so the same counter keeps running.
+      // Gradients also depend on the forward values, so the same counter keeps running. A Partial
+      // gradient is reduced before any is compared, so each comparison sees every reduction.
       (out * distribute_tensor(w, mesh, Placements(mesh.ndim(), Replicate()))).sum().backward();
       std::vector<at::Tensor> grads;
       for (size_t k = 0; k < inputs.size(); ++k)
-        if (full[k].is_floating_point()) grads.push_back(DTensor(inputs[k].grad()).full_tensor());
-      const bool bitwise = exact_kernels && !splits_a_reduction(comm);
+        if (full[k].is_floating_point()) grads.push_back(reduced_if_partial(inputs[k].grad()));
+      const bool bitwise = exact_kernels && !c.column_sums_in_backward && !splits_a_reduction(comm);
       for (size_t k = 0, g = 0; k < inputs.size(); ++k)
         if (full[k].is_floating_point())
-          compare(grads[g++], ref[k].grad(), "grad " + std::to_string(k) + " of " + what, bitwise, tally);
+          compare_pieces(grads[g++], ref[k].grad(), "grad " + std::to_string(k) + " of " + what, bitwise, tally);
     }
   }
 }
@@ -476,19 +532,44 @@ const std::vector<Case>& all_cases() {
   return all;
 }
 
-class RuleCase : public ::testing::TestWithParam<size_t> {};
+// A case, or a part of one: a case with more (2, 2) combinations than kCombinationsPerPart is
+// split in parts (ctest runs each as a test, so none runs for minutes).
+struct CasePart {
+  size_t case_index;
+  Part part;
+};
+constexpr size_t kCombinationsPerPart = 400;
 
-// One case: every placement combination on a 1-D mesh of 4, and on a (2, 2) mesh every placement
-// of every input (partners rotating; HP_EXHAUSTIVE=1 runs every combination there too).
+void PrintTo(const CasePart& p, std::ostream* os) {
+  *os << all_cases()[p.case_index].name << ", part " << p.part.index + 1 << " of " << p.part.count;
+}
+
+std::vector<CasePart> case_parts() {
+  std::vector<CasePart> out;
+  for (size_t i = 0; i < all_cases().size(); ++i) {
+    size_t combinations = 1;
+    for (const auto& options : placement_options(all_cases()[i], 2)) combinations *= options.size();
+    const size_t count = (combinations + kCombinationsPerPart - 1) / kCombinationsPerPart;
+    for (size_t part = 0; part < count; ++part) out.push_back({i, {part, count}});
+  }
+  return out;
+}
+
+class RuleCase : public ::testing::TestWithParam<CasePart> {};
+
+// Every placement combination of a case on a 1-D mesh of 4 (in its part 0) and on a (2, 2) mesh
+// (those of its part). HP_RULE_COVERING=1 runs a covering set on the (2, 2) mesh instead: every
+// placement of every input, its partners rotating through their own choices.
 TEST_P(RuleCase, MatchesSingleDevice) {
-  const Case& c = all_cases().at(GetParam());
-  const bool exhaustive = std::getenv("HP_EXHAUSTIVE") != nullptr;
+  const Case& c = all_cases().at(GetParam().case_index);
+  const Part part = GetParam().part;
+  const bool exhaustive = std::getenv("HP_RULE_COVERING") == nullptr;
   run(
       4,
       [&](const comm::ProcessGroup& g) {
         Tally tally;
-        check_case(c, init_device_mesh(g, "cpu", {4}, {"x"}), /*exhaustive=*/true, tally);
-        check_case(c, init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}), exhaustive, tally);
+        if (part.index == 0) check_case(c, init_device_mesh(g, "cpu", {4}, {"x"}), /*exhaustive=*/true, {}, tally);
+        check_case(c, init_device_mesh(g, "cpu", {2, 2}, {"a", "b"}), exhaustive, part, tally);
         if (g.rank() == 0)
           std::cout << c.name << ": " << tally.bitwise << " comparisons bitwise, " << tally.rtol << " within rtol 1e-6"
                     << (portable_kernels() ? " (portable ATen kernels)" : "") << "\n";
@@ -496,8 +577,10 @@ TEST_P(RuleCase, MatchesSingleDevice) {
       options());
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, RuleCase, ::testing::Range<size_t>(0, all_cases().size()), [](const auto& info) {
-  std::string name = all_cases()[info.param].name;
+INSTANTIATE_TEST_SUITE_P(Table, RuleCase, ::testing::ValuesIn(case_parts()), [](const auto& info) {
+  const Part part = info.param.part;
+  std::string name = all_cases()[info.param.case_index].name;
+  if (part.count > 1) name += " part " + std::to_string(part.index + 1) + " of " + std::to_string(part.count);
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
