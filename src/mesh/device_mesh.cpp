@@ -281,6 +281,17 @@ std::pair<uint64_t, uint64_t> DeviceMesh::claim_random_stream() const {
   });
 }
 
+std::pair<uint64_t, uint64_t> DeviceMesh::random_state() const {
+  std::lock_guard<std::mutex> lock(root_->mu);
+  return {root_->rng_seed, root_->rng_next_stream};
+}
+
+void DeviceMesh::set_random_state(uint64_t seed, uint64_t next_stream) const {
+  std::lock_guard<std::mutex> lock(root_->mu);
+  root_->rng_seed = seed;
+  root_->rng_next_stream = next_stream;
+}
+
 std::string DeviceMesh::str() const {
   std::ostringstream out;
   out << "DeviceMesh(" << root_->device_type << ", (";

@@ -319,14 +319,16 @@ void note_attention_work(int64_t unmasked) {
   for (AttentionWorkCounter* c = current_counter; c != nullptr; c = c->outer_) c->unmasked_ += unmasked;
 }
 
-CoreAttention::CoreAttention(bool causal_, double scale_, double dropout_)
+CoreAttention::CoreAttention(bool causal_, double scale_, double dropout_, int64_t heads)
     : Module("CoreAttention"),
       causal(causal_),
       scale(scale_),
       dropout(dropout_),
       kernel_(cpu_attention_kernel()),
-      compute_(std::make_shared<LocalCompute>()) {
+      compute_(std::make_shared<LocalCompute>()),
+      model_heads_(heads) {
   HP_CHECK(dropout >= 0.0 && dropout < 1.0, "CoreAttention: dropout must be in [0, 1); got ", dropout);
+  HP_CHECK(heads >= 0, "CoreAttention: heads must be >= 0; got ", heads);
 }
 
 void CoreAttention::seed(uint64_t seed) {
@@ -356,6 +358,10 @@ at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
   const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   AttentionDropout drop;
   if (is_training() && dropout > 0.0) {
+    HP_CHECK(heads_ > 0 || model_heads_ == 0 || q.size(1) == model_heads_, "CoreAttention: ", q.size(1),
+             " of the model's ", model_heads_,
+             " query heads reach this rank, but no plan said which (set_heads): attention dropout would draw the "
+             "masks of the model's first heads on every rank");
     const Draw draw = draws_.next();
     drop = {dropout,
             seed_,

@@ -10,6 +10,7 @@
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/dcp/state_dict.h"
+#include "hp/dtensor/random.h"
 
 namespace hp::train::detail {
 namespace {
@@ -36,9 +37,9 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
 
 }  // namespace
 
-Checkpointing::Checkpointing(const TrainConfig& config, const models::ModelParts& parts,
+Checkpointing::Checkpointing(const TrainConfig& config, const DeviceMesh& mesh, const models::ModelParts& parts,
                              torch::optim::Optimizer& optimizer, const comm::ProcessGroup& world)
-    : config_(config), parts_(parts), optimizer_(optimizer), world_(world) {
+    : config_(config), mesh_(mesh), parts_(parts), optimizer_(optimizer), world_(world) {
   for (auto& [fqn, tensor] : parts.named_tensors()) state_.tensors["model." + fqn] = tensor;
   dcp::add_optimizer_state(state_, optimizer_, *parts.model);
 }
@@ -60,6 +61,8 @@ int64_t Checkpointing::resume(LRScheduler& scheduler) {
   dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
   const int64_t step = state_.values.at("step").get<int64_t>();
   scheduler.set_step(step);
+  if (const auto rng = state_.values.find("mesh_rng"); rng != state_.values.end())
+    set_rng_state(mesh_, {rng->at("seed").get<uint64_t>(), rng->at("next_stream").get<uint64_t>()});
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
   return step;
 }
@@ -71,10 +74,12 @@ void Checkpointing::commit_earlier_than(int64_t step) {
 std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
   if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return std::nullopt;
   finish();
+  const MeshRngState rng = get_rng_state(mesh_);
   state_.values = {{"step", step},
                    {"seed", config_.seed},
                    {"data", {{"sampler", "stateless"}, {"step", step}}},
                    {"scheduler_step", scheduler.last_step()},
+                   {"mesh_rng", {{"seed", rng.seed}, {"next_stream", rng.next_stream}}},
                    {"world_size", world_.size()}};
   dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
   dcp::SaveOptions options;

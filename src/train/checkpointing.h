@@ -2,7 +2,8 @@
 // checkpoint of the run, saved every checkpoint.interval steps with staging and writing in the
 // background (each save committed at the next step, or at once when checkpoint.async is off), and
 // pruned to the newest checkpoint.keep. A copy of a tied weight is left out of saves (the rank
-// holding the original saves it) and filled by loads.
+// holding the original saves it) and filled by loads. The mesh's RNG position (DTensor random ops)
+// is saved with each checkpoint and set back on resume.
 //
 // Collective over `world`: every rank calls each method at the same step.
 #pragma once
@@ -13,6 +14,7 @@
 
 #include "hp/comm/process_group.h"
 #include "hp/dcp/checkpoint.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/models/model_parts.h"
 #include "hp/optim/lr_scheduler.h"
 #include "hp/train/config.h"
@@ -21,13 +23,13 @@ namespace hp::train::detail {
 
 class Checkpointing {
  public:
-  Checkpointing(const TrainConfig& config, const models::ModelParts& parts, torch::optim::Optimizer& optimizer,
-                const comm::ProcessGroup& world);
+  Checkpointing(const TrainConfig& config, const DeviceMesh& mesh, const models::ModelParts& parts,
+                torch::optim::Optimizer& optimizer, const comm::ProcessGroup& world);
   Checkpointing(const Checkpointing&) = delete;
   Checkpointing& operator=(const Checkpointing&) = delete;
 
-  // Loads the run's latest checkpoint into the live state and sets the scheduler to its step;
-  // returns that step, or 0 when the run has no checkpoint yet.
+  // Loads the run's latest checkpoint into the live state, sets the scheduler to its step and the
+  // mesh's RNG to its position; returns that step, or 0 when the run has no checkpoint yet.
   int64_t resume(LRScheduler& scheduler);
   // Before the optimizer changes the state: a save still staging in the background reads it.
   void wait_staged() { pending_.wait_staged(); }
@@ -42,6 +44,7 @@ class Checkpointing {
  private:
   dcp::StateDict to_save() const;
   const TrainConfig& config_;
+  const DeviceMesh& mesh_;
   const models::ModelParts& parts_;
   torch::optim::Optimizer& optimizer_;
   const comm::ProcessGroup& world_;

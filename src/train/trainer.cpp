@@ -12,6 +12,7 @@
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
+#include "hp/dtensor/random.h"
 #include "hp/models/model_spec.h"
 #include "hp/nn/token_coordinates.h"
 #include "hp/optim/adamw.h"
@@ -120,6 +121,7 @@ double report_peak(const TrainConfig& c, const models::ModelParts& parts, int64_
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel);
+  manual_seed(mesh, c.seed);  // DTensor random ops in a recipe's model draw under the run's seed
   models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
   const int64_t cp_rank = mesh.get_local_rank("cp");
@@ -177,7 +179,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   world.barrier();  // the others wait while rank 0 measures the peak
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
-  detail::Checkpointing checkpoints(c, s.parts, *optimizer, world);
+  detail::Checkpointing checkpoints(c, s.mesh, s.parts, *optimizer, world);
   TrainStepOptions step_options;
   step_options.micro_batches = c.micro_batches();
   step_options.deterministic = c.train.deterministic;

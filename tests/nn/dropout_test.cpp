@@ -2,6 +2,7 @@
 // keeps or drops by its global index, so a rank's rows, a micro-batch, a context-parallel shard and
 // a DTensor piece each get exactly their part of the one-device mask; recomputation replays it.
 #include <hp/dtensor/dtensor.h>
+#include <hp/nn/attention.h>
 #include <hp/nn/layers.h>
 #include <hp/nn/token_coordinates.h>
 #include <hp/parallel/checkpoint.h>
@@ -135,6 +136,25 @@ TEST(Dropout, RecomputationReplaysTheFirstPassesCoordinates) {
   at::manual_seed(3);
   check_close(gradient(true), plain, "input gradient with a recomputed dropout", true);
   EXPECT_TRUE((plain == 0.0).any().item<bool>()) << "the mask dropped something";
+}
+
+// Attention dropout draws by the heads' place among the model's: given the model's 8 query heads,
+// a dropping forward that receives 4 with no set_heads (a tensor-parallel plan that forgot it) is
+// an error; with set_heads, or with all 8, it draws.
+TEST(Dropout, AttentionHeadsOfATensorParallelRankMustBePlaced) {
+  nn::CoreAttention core(/*causal=*/true, /*scale=*/0.0, /*dropout=*/0.1, /*heads=*/8);
+  core.train();
+  const auto attend = [&](int64_t heads) {
+    const at::Tensor x = at::randn({1, heads, 4, 8});
+    return core.call({x, x, x});
+  };
+  EXPECT_EQ(attend(8).sizes(), (std::vector<int64_t>{1, 8, 4, 8}));
+  expect_error([&] { attend(4); }, "4 of the model's 8 query heads reach this rank, but no plan said which");
+  core.eval();
+  attend(4);  // nothing drawn: nothing to place
+  core.train();
+  core.set_heads(4, 8);
+  EXPECT_EQ(attend(4).sizes(), (std::vector<int64_t>{1, 4, 4, 8}));
 }
 
 }  // namespace

@@ -20,6 +20,16 @@ namespace hp {
 // Seeds the RNG of `mesh` (and of every mesh sliced from the same root) and resets its stream.
 void manual_seed(const DeviceMesh& mesh, uint64_t seed);
 
+// Where the RNG of `mesh` (and its root's other meshes) stands: its seed and the stream the next
+// random op takes. Saved with a checkpoint and set back on resume, it makes the resumed run draw
+// what the uninterrupted run would have (hp-train does this).
+struct MeshRngState {
+  uint64_t seed = 0;
+  uint64_t next_stream = 0;
+};
+MeshRngState get_rng_state(const DeviceMesh& mesh);
+void set_rng_state(const DeviceMesh& mesh, const MeshRngState& state);
+
 // New DTensors of random values (uniform in [0, 1) / standard normal), laid out by `placements`.
 DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);
 DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements);

@@ -80,6 +80,9 @@ class DeviceMesh {
   // same root (see hp/dtensor/random.h). The seed defaults to 0: never an unseeded source.
   void manual_seed(uint64_t seed) const;
   std::pair<uint64_t, uint64_t> claim_random_stream() const;  // (seed, stream); advances the stream
+  // (seed, next stream), to save with a checkpoint; set_random_state puts it back.
+  std::pair<uint64_t, uint64_t> random_state() const;
+  void set_random_state(uint64_t seed, uint64_t next_stream) const;
 
   std::string str() const;  // DeviceMesh(cpu, (dp=2, tp=2), ranks=[0, 1, 2, 3])
   bool operator==(const DeviceMesh& other) const;

@@ -141,11 +141,12 @@ class AttentionCompute {
 // coordinates in effect (hp/nn/token_coordinates.h), this module's seed (init_parameters derives it
 // from the model seed and the FQN; 0 until then) and its heads' place among the model's. A plan
 // that splits the heads over ranks (tensor parallelism) must say which are this rank's with
-// set_heads, or every rank would draw head 0's masks for its own first head.
+// set_heads, or every rank would draw head 0's masks for its own first head; given the model's
+// query head count, a dropping forward that receives fewer heads with no set_heads is an error.
 class CoreAttention : public Module {
  public:
-  // scale 0: 1 / sqrt(qk head dim).
-  explicit CoreAttention(bool causal = true, double scale = 0.0, double dropout = 0.0);
+  // scale 0: 1 / sqrt(qk head dim). heads: the model's query heads (0: not checked).
+  explicit CoreAttention(bool causal = true, double scale = 0.0, double dropout = 0.0, int64_t heads = 0);
   bool causal;
   double scale;
   double dropout;
@@ -167,6 +168,7 @@ class CoreAttention : public Module {
   std::shared_ptr<const AttentionKernel> kernel_;
   std::shared_ptr<const AttentionCompute> compute_;
   uint64_t seed_ = 0;
+  int64_t model_heads_ = 0;             // from the constructor; 0: not checked
   int64_t first_head_ = 0, heads_ = 0;  // heads_ 0: this rank holds them all
   DrawCounter draws_;
 };

@@ -141,6 +141,15 @@ namespace hp {
 
 void manual_seed(const DeviceMesh& mesh, uint64_t seed) { mesh.manual_seed(seed); }
 
+MeshRngState get_rng_state(const DeviceMesh& mesh) {
+  const auto [seed, next_stream] = mesh.random_state();
+  return {seed, next_stream};
+}
+
+void set_rng_state(const DeviceMesh& mesh, const MeshRngState& state) {
+  mesh.set_random_state(state.seed, state.next_stream);
+}
+
 namespace {
 DTensor empty_dtensor(const std::vector<int64_t>& shape, const DeviceMesh& mesh, Placements placements) {
   DTensorSpec spec(mesh, placements, shape);

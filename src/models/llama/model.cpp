@@ -54,8 +54,8 @@ Attention::Attention(const LlamaConfig& c)
       k_proj(add_module("k_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       v_proj(add_module("v_proj", std::make_shared<nn::Linear>(c.dim, c.kv_heads * c.head_size(), false))),
       o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_size(), c.dim, false))),
-      core(
-          add_module("core", std::make_shared<nn::CoreAttention>(/*causal=*/true, /*scale=*/0.0, c.attention_dropout))),
+      core(add_module(
+          "core", std::make_shared<nn::CoreAttention>(/*causal=*/true, /*scale=*/0.0, c.attention_dropout, c.heads))),
       head_dim_(c.head_size()) {
   if (c.qk_norm) {
     q_norm = add_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
