@@ -61,10 +61,30 @@ int64_t Checkpointing::resume(LRScheduler& scheduler) {
   dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
   const int64_t step = state_.values.at("step").get<int64_t>();
   scheduler.set_step(step);
-  if (const auto rng = state_.values.find("mesh_rng"); rng != state_.values.end())
-    set_rng_state(mesh_, {rng->at("seed").get<uint64_t>(), rng->at("next_stream").get<uint64_t>()});
+  restore_mesh_rng();
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
   return step;
+}
+
+// Each process counts the draws of its own pipeline stages: every pipeline rank saves its own
+// position (ranks of one stage draw alike), and the checkpoint's values merge them.
+nlohmann::json Checkpointing::mesh_rng_values() const {
+  const MeshRngState rng = get_rng_state(mesh_);
+  return {{"seed", rng.seed},
+          {"next_stream_by_pp_rank", {{std::to_string(mesh_.get_local_rank("pp")), rng.next_stream}}}};
+}
+
+void Checkpointing::restore_mesh_rng() {
+  const std::string pp_rank = std::to_string(mesh_.get_local_rank("pp"));
+  const auto rng = state_.values.find("mesh_rng");
+  if (rng == state_.values.end() || !rng->at("next_stream_by_pp_rank").contains(pp_rank)) {
+    if (world_.rank() == 0)
+      log::warn("resume: the checkpoint has no mesh RNG position for this pipeline layout (an older checkpoint, or ",
+                "another pp degree); DTensor random ops start from the seed's first stream");
+    return;
+  }
+  set_rng_state(mesh_,
+                {rng->at("seed").get<uint64_t>(), rng->at("next_stream_by_pp_rank").at(pp_rank).get<uint64_t>()});
 }
 
 void Checkpointing::commit_earlier_than(int64_t step) {
@@ -74,12 +94,11 @@ void Checkpointing::commit_earlier_than(int64_t step) {
 std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
   if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return std::nullopt;
   finish();
-  const MeshRngState rng = get_rng_state(mesh_);
   state_.values = {{"step", step},
                    {"seed", config_.seed},
                    {"data", {{"sampler", "stateless"}, {"step", step}}},
                    {"scheduler_step", scheduler.last_step()},
-                   {"mesh_rng", {{"seed", rng.seed}, {"next_stream", rng.next_stream}}},
+                   {"mesh_rng", mesh_rng_values()},
                    {"world_size", world_.size()}};
   dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
   dcp::SaveOptions options;

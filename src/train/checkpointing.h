@@ -2,8 +2,8 @@
 // checkpoint of the run, saved every checkpoint.interval steps with staging and writing in the
 // background (each save committed at the next step, or at once when checkpoint.async is off), and
 // pruned to the newest checkpoint.keep. A copy of a tied weight is left out of saves (the rank
-// holding the original saves it) and filled by loads. The mesh's RNG position (DTensor random ops)
-// is saved with each checkpoint and set back on resume.
+// holding the original saves it) and filled by loads. The mesh's RNG position (DTensor random ops),
+// per pipeline rank, is saved with each checkpoint and set back on resume.
 //
 // Collective over `world`: every rank calls each method at the same step.
 #pragma once
@@ -43,6 +43,8 @@ class Checkpointing {
 
  private:
   dcp::StateDict to_save() const;
+  nlohmann::json mesh_rng_values() const;  // the "mesh_rng" value this rank saves
+  void restore_mesh_rng();                 // from the loaded values, if they have this rank's
   const TrainConfig& config_;
   const DeviceMesh& mesh_;
   const models::ModelParts& parts_;

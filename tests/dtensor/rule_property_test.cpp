@@ -390,13 +390,14 @@ struct Tally {
   int bitwise = 0, rtol = 0;
 };
 
-void compare(const at::Tensor& got, const at::Tensor& want, const std::string& what, bool bitwise, Tally& tally) {
+// `got` against `want`, a piece of the single-device result whose largest magnitude is `scale`.
+void compare(const at::Tensor& got, const at::Tensor& want, double scale, const std::string& what, bool bitwise,
+             Tally& tally) {
   ++(bitwise ? tally.bitwise : tally.rtol);
   if (got.sizes() != want.sizes())
     throw std::runtime_error(what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
-  // rtol 1e-6 per element, with an absolute floor of 1e-6 times the tensor's largest magnitude:
+  // rtol 1e-6 per element, with an absolute floor of 1e-6 times the result's largest magnitude:
   // sums that cancel leave errors of eps * |terms|.
-  const double scale = want.numel() ? want.abs().max().item<double>() : 0.0;
   const bool ok = bitwise ? at::equal(got, want) : at::allclose(got, want, 1e-6, 1e-6 * std::max(scale, 1.0));
   if (!ok) {
     std::ostringstream msg;
@@ -414,10 +415,13 @@ void compare_pieces(const at::Tensor& got, const at::Tensor& want, const std::st
   const DTensor d(got);
   for (const Placement& p : d.placements())
     if (p.is_partial()) throw std::runtime_error(what + ": compare_pieces needs a reduced DTensor");
+  if (d.sizes() != want.sizes())
+    throw std::runtime_error(what + ": global shape " + c10::str(d.sizes()) + " vs " + c10::str(want.sizes()));
   const auto [shape, offset] = d.spec().local_shape_and_offset(*d.device_mesh().get_coordinate());
   at::Tensor piece = want;
   for (size_t k = 0; k < shape.size(); ++k) piece = piece.narrow(static_cast<int64_t>(k), offset[k], shape[k]);
-  compare(d.to_local().detach(), piece, what, bitwise, tally);
+  const double scale = want.numel() ? want.abs().max().item<double>() : 0.0;
+  compare(d.to_local().detach(), piece, scale, what, bitwise, tally);
 }
 
 // `t` with each Partial placement reduced to Replicate; other placements kept.
@@ -563,7 +567,8 @@ class RuleCase : public ::testing::TestWithParam<CasePart> {};
 TEST_P(RuleCase, MatchesSingleDevice) {
   const Case& c = all_cases().at(GetParam().case_index);
   const Part part = GetParam().part;
-  const bool exhaustive = std::getenv("HP_RULE_COVERING") == nullptr;
+  const char* covering = std::getenv("HP_RULE_COVERING");
+  const bool exhaustive = covering == nullptr || std::string(covering) == "0";
   run(
       4,
       [&](const comm::ProcessGroup& g) {

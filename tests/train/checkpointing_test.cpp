@@ -1,5 +1,5 @@
-// hp-train's checkpoints carry the mesh's RNG position: a run resumed from a checkpoint draws from
-// DTensor random ops what the uninterrupted run drew after that save.
+// hp-train's checkpoints carry the mesh's RNG position, per pipeline rank: a run resumed from a
+// checkpoint draws from DTensor random ops what the uninterrupted run drew after that save.
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
@@ -22,9 +22,8 @@ at::Tensor draw(const DeviceMesh& mesh) {
   return DTensor(rand({8}, mesh, Placements(mesh.ndim(), Replicate()))).to_local().clone();
 }
 
-// Builds the run's model on `world` (dp_shard 2), seeds its mesh with the run's seed, draws `draws`
-// times, then either saves a checkpoint of step 1 (save) or resumes from the latest; returns the
-// next draw.
+// Builds the run's model on `world` (pp 2), seeds its mesh with the run's seed, draws `draws` times,
+// then either saves a checkpoint of step 1 (save) or resumes from the latest; returns the next draw.
 at::Tensor draw_after(const TrainConfig& c, const comm::ProcessGroup& world, int draws, bool save) {
   DeviceMesh mesh = build_mesh(world, c.parallel);
   manual_seed(mesh, c.seed);
@@ -49,14 +48,15 @@ TEST(Checkpointing, ResumeSetsTheMeshRngWhereTheSaveLeftIt) {
   const fs::path dir = fs::temp_directory_path() / ("hp_checkpoint_rng_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   TrainConfig c = small_llama_config(dir);
-  c.parallel.dp_shard = 2;
+  c.parallel.pp = 2;
   c.train.global_batch = 2;
   c.train.micro_batch = 1;
   c.checkpoint.interval = 1;
   c.checkpoint.async = false;
   validate(c, 2);
   test::run(2, [&](const comm::ProcessGroup& world) {
-    const at::Tensor after_save = draw_after(c, world, 3, /*save=*/true);
+    // The two pipeline stages draw different numbers of times, as stages with other modules would.
+    const at::Tensor after_save = draw_after(c, world, 3 + 2 * world.rank(), /*save=*/true);
     // A fresh mesh, seeded as hp-train seeds it, drawing nothing before the resume.
     const at::Tensor after_resume = draw_after(c, world, 0, /*save=*/false);
     EXPECT_TRUE(at::equal(after_resume, after_save));
