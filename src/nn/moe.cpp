@@ -14,6 +14,7 @@
 #include "hp/core/lambda_backward.h"
 #include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/kernels/swiglu.h"
 
 namespace hp::nn {
 namespace {
@@ -164,7 +165,7 @@ GroupedExperts::GroupedExperts(int64_t experts_, int64_t dim_, int64_t hidden_)
 
 at::Tensor GroupedExperts::run(const at::Tensor& rows, const std::vector<int64_t>& counts) {
   const at::Tensor w1 = local_weight(param("w1")), w2 = local_weight(param("w2")), w3 = local_weight(param("w3"));
-  const at::Tensor h = at::silu(grouped_mm(rows, w1, counts)) * grouped_mm(rows, w3, counts);
+  const at::Tensor h = kernels::swiglu(grouped_mm(rows, w1, counts), grouped_mm(rows, w3, counts));
   return grouped_mm(h, w2, counts);
 }
 
@@ -184,7 +185,7 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden)
       w2(add_module("w2", std::make_shared<Linear>(hidden, dim, false))),
       w3(add_module("w3", std::make_shared<Linear>(dim, hidden, false))) {}
 
-at::Tensor SwiGLU::forward(const at::Tensor& x) { return (*w2)(at::silu((*w1)(x)) * (*w3)(x)); }
+at::Tensor SwiGLU::forward(const at::Tensor& x) { return (*w2)(kernels::swiglu((*w1)(x), (*w3)(x))); }
 
 MoE::MoE(int64_t dim, MoEOptions options)
     : Module("MoE"),

@@ -7,6 +7,7 @@
 
 #include "hp/core/checked_size.h"
 #include "hp/core/error.h"
+#include "hp/kernels/swiglu.h"
 
 namespace hp::models {
 
@@ -101,7 +102,7 @@ Mlp::Mlp(const LlamaConfig& c)
       up(add_module("up", std::make_shared<nn::Linear>(c.dim, c.ffn_hidden, false))),
       down(add_module("down", std::make_shared<nn::Linear>(c.ffn_hidden, c.dim, false))) {}
 
-at::Tensor Mlp::forward(const at::Tensor& x) { return (*down)(at::silu((*gate)(x)) * (*up)(x)); }
+at::Tensor Mlp::forward(const at::Tensor& x) { return (*down)(kernels::swiglu((*gate)(x), (*up)(x))); }
 
 Block::Block(const LlamaConfig& c, std::shared_ptr<nn::Module> ffn)
     : nn::Module("Block"),

@@ -1,0 +1,18 @@
+// The SwiGLU loops, compiled once per CPU capability (see CMakeLists.txt's hp_per_capability):
+// each copy lives in hp::kernels::<DEFAULT|AVX2|AVX512>, as ATen's kernels do in at::vec.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#define HP_DECLARE_SWIGLU_LOOPS(cap)                                                                                  \
+  namespace hp::kernels::cap {                                                                                        \
+  /* out = silu(gate) * up; contiguous, same shape and dtype (float or bfloat16). */                                  \
+  void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out);                           \
+  /* dgate = grad * up * silu'(gate), dup = grad * silu(gate). */                                                     \
+  void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dgate, \
+                       const at::Tensor& dup);                                                                        \
+  }
+
+HP_DECLARE_SWIGLU_LOOPS(DEFAULT)
+HP_DECLARE_SWIGLU_LOOPS(AVX2)
+HP_DECLARE_SWIGLU_LOOPS(AVX512)

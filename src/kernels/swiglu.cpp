@@ -1,0 +1,117 @@
+#include "hp/kernels/swiglu.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "hp/core/error.h"
+#include "hp/dtensor/dtensor.h"
+#include "kernels/per_capability/swiglu_loops.h"
+
+namespace hp::kernels {
+namespace {
+
+enum class Capability { kDefault, kAvx2, kAvx512 };
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+// LibTorch 1.13's rule (aten/src/ATen/native/DispatchStub.cpp): ATEN_CPU_CAPABILITY if set, else
+// AVX2 where the CPU has it (AVX512 is opt-in there: it can run slower). Unlike ATen, a capability
+// the CPU lacks falls back to the best it has rather than faulting.
+Capability pick_capability() {
+  const char* env = std::getenv("ATEN_CPU_CAPABILITY");
+  const std::string asked = env != nullptr ? env : "";
+  if (asked == "default") return Capability::kDefault;
+  if (asked == "avx512" && cpu_has_avx512()) return Capability::kAvx512;
+  return cpu_has_avx2() ? Capability::kAvx2 : Capability::kDefault;
+}
+
+Capability capability() {
+  static const Capability picked = pick_capability();
+  return picked;
+}
+
+void forward_loop(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out) {
+  switch (capability()) {
+    case Capability::kAvx512:
+      return AVX512::swiglu_forward(gate, up, out);
+    case Capability::kAvx2:
+      return AVX2::swiglu_forward(gate, up, out);
+    case Capability::kDefault:
+      return DEFAULT::swiglu_forward(gate, up, out);
+  }
+}
+
+void backward_loop(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dgate,
+                   const at::Tensor& dup) {
+  switch (capability()) {
+    case Capability::kAvx512:
+      return AVX512::swiglu_backward(grad, gate, up, dgate, dup);
+    case Capability::kAvx2:
+      return AVX2::swiglu_backward(grad, gate, up, dgate, dup);
+    case Capability::kDefault:
+      return DEFAULT::swiglu_backward(grad, gate, up, dgate, dup);
+  }
+}
+
+// Saves gate and up (what silu * up's own backward keeps, less silu's output) and recomputes
+// silu in backward.
+struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
+    forward_loop(g, u, out);
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = saved[0];
+    const at::Tensor& u = saved[1];
+    const at::Tensor dh = grads[0].to(g.scalar_type()).contiguous();
+    at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
+    backward_loop(dh, g, u, dgate, dup);
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up) {
+  const auto dtype = gate.scalar_type();
+  return gate.device().is_cpu() && !is_dtensor(gate) && !is_dtensor(up) && gate.layout() == at::kStrided &&
+         up.layout() == at::kStrided && (dtype == at::kFloat || dtype == at::kBFloat16) && up.scalar_type() == dtype &&
+         gate.sizes() == up.sizes() && up.device().is_cpu();
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  if (!swiglu_is_fused(gate, up)) return at::silu(gate) * up;
+  return FusedSwiGLU::apply(gate, up);
+}
+
+const char* kernel_capability() {
+  switch (capability()) {
+    case Capability::kAvx512:
+      return "avx512";
+    case Capability::kAvx2:
+      return "avx2";
+    case Capability::kDefault:
+      return "default";
+  }
+  return "default";
+}
+
+}  // namespace hp::kernels

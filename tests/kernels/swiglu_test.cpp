@@ -1,0 +1,162 @@
+// hp::kernels::swiglu against ATen's composition at::silu(gate) * up: forward and both gradients
+// within 1e-6 relative to the size of each result's terms (and mostly bitwise, counted), in fp32
+// and bf16 and in every capability this CPU runs; thread counts do not change a bit.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hp/core/cpu_threads.h"
+#include "hp/kernels/swiglu.h"
+#include "kernels/per_capability/swiglu_loops.h"
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+// 3 x 12347 elements: several tasks of the parallel loop and a partial last vector.
+at::Tensor sample(int seed, at::ScalarType dtype = at::kFloat) {
+  return (at::randn({3, 12347}, at::make_generator<at::CPUGeneratorImpl>(seed)) * 3.0).to(dtype);
+}
+
+struct Result {
+  at::Tensor out, dgate, dup;
+};
+
+// out and the gradients of sum(out * w) through `f`.
+template <typename F>
+Result run(const F& f, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& w) {
+  const at::Tensor g = gate.detach().clone().requires_grad_(true), u = up.detach().clone().requires_grad_(true);
+  const at::Tensor out = f(g, u);
+  (out * w).sum().backward();
+  return {out.detach(), g.grad(), u.grad()};
+}
+
+at::Tensor composed(const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }
+
+// Fused and composed, forward and both gradients, bitwise.
+void expect_bitwise(const Result& fused, const Result& want, const std::string& what) {
+  EXPECT_TRUE(at::equal(fused.out, want.out)) << what << " out";
+  EXPECT_TRUE(at::equal(fused.dgate, want.dgate)) << what << " dgate";
+  EXPECT_TRUE(at::equal(fused.dup, want.dup)) << what << " dup";
+}
+
+// |got - want| <= 1e-6 * terms, element by element: terms bounds the magnitude of what the result
+// sums and multiplies, so a result that nearly cancels (dgate where 1 + g (1 - sigmoid) is near 0)
+// is held to the rounding of its terms, not of itself.
+void expect_within_terms(const at::Tensor& got, const at::Tensor& want, const at::Tensor& terms,
+                         const std::string& what) {
+  const at::Tensor excess = (got.to(at::kDouble) - want.to(at::kDouble)).abs() - 1e-6 * terms.to(at::kDouble);
+  EXPECT_LE(excess.max().item<double>(), 0.0) << what;
+}
+
+// Each result within 1e-6 of its terms (fp32; bf16: within the bf16 rounding of its terms).
+void expect_close(const Result& got, const Result& want, const at::Tensor& gate, const at::Tensor& up,
+                  const at::Tensor& dh, double tolerance, const std::string& what) {
+  const auto terms = [&](const at::Tensor& t) { return t.to(at::kDouble).abs() * (tolerance / 1e-6); };
+  expect_within_terms(got.out, want.out, terms(gate.to(at::kDouble) * up.to(at::kDouble)), what + " out");
+  expect_within_terms(got.dgate, want.dgate,
+                      terms(dh.to(at::kDouble) * up.to(at::kDouble) * (1.0 + gate.to(at::kDouble).abs())),
+                      what + " dgate");
+  expect_within_terms(got.dup, want.dup, terms(dh.to(at::kDouble) * gate.to(at::kDouble)), what + " dup");
+}
+
+// The kernel computes ATen's formulas at the capability ATen picked. fp32: within 1e-6 of the
+// terms, and bitwise wherever ATen's vector loop computed (counted; ATen's scalar tail rounds exp
+// its own way). bf16: rounded once from fp32, so within half a bf16 unit (2^-9, and 2^-8 of the
+// terms for the fp32 composition's own rounding) of the fp32 composition on the same values, and
+// closer to it than the bf16 composition (which rounds after every op).
+TEST(SwiGLU, MatchesSiluTimesUp) {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor gate = sample(1, dtype), up = sample(2, dtype), w = sample(3, dtype);
+    ASSERT_TRUE(kernels::swiglu_is_fused(gate, up));
+    const Result fused = run(kernels::swiglu, gate, up, w), want = run(composed, gate, up, w);
+    const std::string what = std::string(c10::toString(dtype)) + " at capability " + kernels::kernel_capability();
+    const int64_t n = gate.numel();
+    if (dtype == at::kFloat) {
+      expect_close(fused, want, gate, up, w, 1e-6, what);
+    } else {
+      const at::Tensor g = gate.to(at::kFloat), u = up.to(at::kFloat), dh = w.to(at::kFloat);
+      const Result fp32 = run(composed, g, u, dh);
+      expect_close(fused, fp32, g, u, dh, std::ldexp(1.0, -8), what + " against fp32");
+      // Closer to fp32 than the bf16 composition is, in each result's largest error.
+      const auto largest = [&](const at::Tensor& got, const at::Tensor& truth) {
+        return (got.to(at::kDouble) - truth.to(at::kDouble)).abs().max().item<double>();
+      };
+      for (const auto& [name, ours, aten, truth] :
+           {std::tuple{"out", fused.out, want.out, fp32.out}, std::tuple{"dgate", fused.dgate, want.dgate, fp32.dgate},
+            std::tuple{"dup", fused.dup, want.dup, fp32.dup}}) {
+        EXPECT_LE(largest(ours, truth), largest(aten, truth)) << name;
+        std::cout << "bf16 " << name << ": largest difference to fp32 " << largest(ours, truth) << " fused, "
+                  << largest(aten, truth) << " composed\n";
+      }
+    }
+    std::cout << what << ", bitwise equal to ATen's composition: out " << (fused.out == want.out).sum().item<int64_t>()
+              << "/" << n << ", dgate " << (fused.dgate == want.dgate).sum().item<int64_t>() << "/" << n << ", dup "
+              << (fused.dup == want.dup).sum().item<int64_t>() << "/" << n << "\n";
+  }
+}
+
+// Each capability's loops this CPU can run, called directly, against the composition at ATen's
+// capability: within 1e-6 of the terms (their exp rounds its own way: std::exp per lane by
+// default, SLEEF's vectors for AVX2 and AVX512).
+TEST(SwiGLU, EveryCapabilityThisCpuRunsAgrees) {
+  const at::Tensor gate = sample(4), up = sample(5), dh = sample(6);
+  const Result want = run(composed, gate, up, dh);
+  using Forward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+  using Backward =
+      void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&);
+  struct Loops {
+    std::string name;
+    bool runs;
+    Forward forward;
+    Backward backward;
+  };
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  for (const Loops& loops :
+       {Loops{"default", true, kernels::DEFAULT::swiglu_forward, kernels::DEFAULT::swiglu_backward},
+        Loops{"avx2", avx2, kernels::AVX2::swiglu_forward, kernels::AVX2::swiglu_backward},
+        Loops{"avx512", avx512, kernels::AVX512::swiglu_forward, kernels::AVX512::swiglu_backward}}) {
+    if (!loops.runs) {
+      std::cout << loops.name << ": this CPU lacks it\n";
+      continue;
+    }
+    Result got{at::empty_like(gate), at::empty_like(gate), at::empty_like(gate)};
+    loops.forward(gate, up, got.out);
+    loops.backward(dh, gate, up, got.dgate, got.dup);
+    expect_close(got, want, gate, up, dh, 1e-6, loops.name);
+  }
+}
+
+TEST(SwiGLU, ThreadCountsDoNotChangeABit) {
+  const at::Tensor gate = sample(10), up = sample(11), w = sample(12);
+  const Result one = [&] {
+    CpuThreadsGuard guard(1);
+    return run(kernels::swiglu, gate, up, w);
+  }();
+  for (int threads : {2, 3}) {
+    CpuThreadsGuard guard(threads);
+    expect_bitwise(run(kernels::swiglu, gate, up, w), one, std::to_string(threads) + " threads");
+  }
+}
+
+// Strided inputs are made contiguous; other dtypes and broadcasting take the composition itself.
+TEST(SwiGLU, OtherInputsTakeTheComposition) {
+  const at::Tensor gate = sample(13), up = sample(14), w = sample(15);
+  expect_close(run(kernels::swiglu, gate.t(), up.t(), w.t()), run(composed, gate.t(), up.t(), w.t()), gate.t(), up.t(),
+               w.t(), 1e-6, "transposed");
+  for (const auto& [g, u] :
+       {std::pair{gate.to(at::kDouble), up.to(at::kDouble)}, std::pair{gate, up.narrow(0, 0, 1)}}) {
+    EXPECT_FALSE(kernels::swiglu_is_fused(g, u));
+    EXPECT_TRUE(at::equal(kernels::swiglu(g, u), composed(g, u)));
+  }
+}
+
+}  // namespace
+}  // namespace hp::test
