@@ -10,8 +10,9 @@
 # Sources under src/<layer>/per_capability/ are compiled once per CPU capability, as ATen compiles
 # its kernels: CPU_CAPABILITY (DEFAULT, AVX2, AVX512) names the namespace they define (and
 # at::vec's), and the -m flags let at::vec use that capability's vectors; the layer picks one at
-# run time. They skip the PCH (other flags) and come after the layers in the link, so an inline
-# function they share with the rest (a c10 helper) keeps the portable copy.
+# run time. They skip the PCH (other flags), hide every symbol but their entry points, and come
+# after the layers in the link, so an inline function they share with the rest (a c10 helper) keeps
+# the portable copy.
 set(HP_CAPABILITIES DEFAULT AVX2 AVX512)
 set(HP_CAPABILITY_FLAGS_DEFAULT "")
 set(HP_CAPABILITY_FLAGS_AVX2 -mavx2 -mfma -mf16c)
@@ -40,7 +41,10 @@ function(hp_layer layer)
       target_compile_definitions(${target} PRIVATE CPU_CAPABILITY=${capability} CPU_CAPABILITY_${capability})
       # -Wno-(maybe-)uninitialized: GCC 12 flags its own AVX512 intrinsics (_mm512_undefined_epi32) as
       # at::vec's bf16 conversions use them.
+      # -fopenmp: at::parallel_for runs in parallel only where _OPENMP is defined (LibTorch's
+      # OpenMP runtime is loaded already). Hidden visibility: only the entry points are exported.
       target_compile_options(${target} PRIVATE ${HP_WARNINGS} -Wno-maybe-uninitialized -Wno-uninitialized -fPIC
+                                               -fopenmp -fvisibility=hidden -fvisibility-inlines-hidden
                                                ${HP_CAPABILITY_FLAGS_${capability}})
       set_property(GLOBAL APPEND PROPERTY HP_PER_CAPABILITY_OBJECTS $<TARGET_OBJECTS:${target}>)
     endif()

@@ -78,6 +78,10 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    // The backward is not itself differentiable: a second derivative would silently lose
+    // SwiGLU's terms, so asking for one (create_graph) is an error.
+    HP_CHECK(!at::GradMode::is_enabled(),
+             "hp::kernels::swiglu: no double backward (create_graph); use at::silu(gate) * up");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = saved[0];
     const at::Tensor& u = saved[1];

@@ -71,16 +71,23 @@ int64_t Checkpointing::resume(LRScheduler& scheduler) {
 nlohmann::json Checkpointing::mesh_rng_values() const {
   const MeshRngState rng = get_rng_state(mesh_);
   return {{"seed", rng.seed},
+          {"pp", config_.parallel.pp},
           {"next_stream_by_pp_rank", {{std::to_string(mesh_.get_local_rank("pp")), rng.next_stream}}}};
 }
 
+// Every rank decides alike from the same values: the position is restored when the checkpoint has
+// one for this pipeline layout, else the mesh starts again from the seed's first stream.
 void Checkpointing::restore_mesh_rng() {
   const std::string pp_rank = std::to_string(mesh_.get_local_rank("pp"));
   const auto rng = state_.values.find("mesh_rng");
-  if (rng == state_.values.end() || !rng->at("next_stream_by_pp_rank").contains(pp_rank)) {
+  const bool same_layout = rng != state_.values.end() && rng->value("pp", int64_t{0}) == config_.parallel.pp &&
+                           rng->contains("next_stream_by_pp_rank") &&
+                           rng->at("next_stream_by_pp_rank").contains(pp_rank);
+  if (!same_layout) {
+    set_rng_state(mesh_, {config_.seed, 0});
     if (world_.rank() == 0)
       log::warn("resume: the checkpoint has no mesh RNG position for this pipeline layout (an older checkpoint, or ",
-                "another pp degree); DTensor random ops start from the seed's first stream");
+                "another pp degree); DTensor random ops start again from the seed's first stream");
     return;
   }
   set_rng_state(mesh_,

@@ -3,6 +3,7 @@
 // and bf16 and in every capability this CPU runs; thread counts do not change a bit.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <string>
@@ -144,6 +145,15 @@ TEST(SwiGLU, ThreadCountsDoNotChangeABit) {
     CpuThreadsGuard guard(threads);
     expect_bitwise(run(kernels::swiglu, gate, up, w), one, std::to_string(threads) + " threads");
   }
+}
+
+// The backward is not differentiable: asking for a second derivative is an error, not a silently
+// lost term.
+TEST(SwiGLU, DoubleBackwardIsRefused) {
+  const at::Tensor gate = sample(16).requires_grad_(true), up = sample(17).requires_grad_(true);
+  const at::Tensor out = kernels::swiglu(gate, up).sum();
+  expect_error([&] { torch::autograd::grad({out}, {gate}, {}, /*retain_graph=*/true, /*create_graph=*/true); },
+               "no double backward");
 }
 
 // Strided inputs are made contiguous; other dtypes and broadcasting take the composition itself.

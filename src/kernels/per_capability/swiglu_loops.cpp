@@ -23,6 +23,11 @@ namespace hp::kernels {
 inline namespace CPU_CAPABILITY {
 namespace {
 
+// The entry points stay visible; everything else this copy compiles (inline functions of the
+// ATen and c10 headers, built here with this capability's -m flags) is hidden, so no other object or
+// library can bind to a copy that uses instructions the CPU may lack.
+#define HP_KERNEL_ENTRY __attribute__((visibility("default")))
+
 using Vec = at::vec::Vectorized<float>;
 using BVec = at::vec::Vectorized<c10::BFloat16>;
 constexpr int64_t kGrain = 16384;  // elements per task: small enough to split a layer's activations
@@ -46,6 +51,16 @@ struct Backward {
   }
 };
 
+// The first `count` values at `data` in a vector, the rest zero (a partial load leaves them
+// undefined; their results are never stored, but nothing should compute on undefined values).
+template <typename V, typename T>
+V load(const T* data, int count) {
+  if (count == V::size()) return V::loadu(data);
+  __at_align__ T buffer[V::size()] = {};
+  std::copy(data, data + count, buffer);
+  return V::loadu(buffer);
+}
+
 // n elements of fp32 arrays: out[i] = f(in[0][i], in[1][i], ...), vector by vector.
 template <int kIn, int kOut, typename F>
 void float_loop(int64_t n, const float* const (&in)[kIn], float* const (&out)[kOut], const F& f) {
@@ -53,7 +68,7 @@ void float_loop(int64_t n, const float* const (&in)[kIn], float* const (&out)[kO
     for (int64_t i = begin; i < end; i += Vec::size()) {
       const int count = static_cast<int>(std::min<int64_t>(Vec::size(), end - i));
       Vec x[kIn];
-      for (int k = 0; k < kIn; ++k) x[k] = Vec::loadu(in[k] + i, count);
+      for (int k = 0; k < kIn; ++k) x[k] = load<Vec>(in[k] + i, count);
       Vec y[kOut];
       if constexpr (kOut == 1) {
         y[0] = f(x[0], x[1]);
@@ -73,7 +88,7 @@ void bfloat16_loop(int64_t n, const c10::BFloat16* const (&in)[kIn], c10::BFloat
       const int count = static_cast<int>(std::min<int64_t>(BVec::size(), end - i));
       Vec lo[kIn], hi[kIn];
       for (int k = 0; k < kIn; ++k)
-        std::tie(lo[k], hi[k]) = at::vec::convert_bfloat16_float(BVec::loadu(in[k] + i, count));
+        std::tie(lo[k], hi[k]) = at::vec::convert_bfloat16_float(load<BVec>(in[k] + i, count));
       Vec y_lo[kOut], y_hi[kOut];
       if constexpr (kOut == 1) {
         y_lo[0] = f(lo[0], lo[1]);
@@ -94,7 +109,7 @@ const T* in_ptr(const at::Tensor& t) {
 
 }  // namespace
 
-void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out) {
+HP_KERNEL_ENTRY void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out) {
   const int64_t n = gate.numel();
   if (gate.scalar_type() == at::kFloat) {
     float_loop<2, 1>(n, {in_ptr<float>(gate), in_ptr<float>(up)}, {out.data_ptr<float>()}, Forward{});
@@ -104,8 +119,8 @@ void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tens
   }
 }
 
-void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dgate,
-                     const at::Tensor& dup) {
+HP_KERNEL_ENTRY void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                                     const at::Tensor& dgate, const at::Tensor& dup) {
   const int64_t n = gate.numel();
   if (gate.scalar_type() == at::kFloat) {
     float_loop<3, 2>(n, {in_ptr<float>(grad), in_ptr<float>(gate), in_ptr<float>(up)},

@@ -1,4 +1,4 @@
-// The SwiGLU loops, compiled once per CPU capability (see CMakeLists.txt's hp_per_capability):
+// The SwiGLU loops, compiled once per CPU capability (see cmake/HpLayers.cmake's hp_layer):
 // each copy lives in hp::kernels::<DEFAULT|AVX2|AVX512>, as ATen's kernels do in at::vec.
 #pragma once
 
