@@ -13,8 +13,6 @@
 namespace hp::kernels {
 namespace {
 
-enum class Capability { kDefault, kAvx2, kAvx512 };
-
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -29,40 +27,23 @@ bool cpu_has_avx512() {
 // LibTorch 1.13's rule (aten/src/ATen/native/DispatchStub.cpp): ATEN_CPU_CAPABILITY if set, else
 // AVX2 where the CPU has it (AVX512 is opt-in there: it can run slower). Unlike ATen, a capability
 // the CPU lacks falls back to the best it has rather than faulting.
-Capability pick_capability() {
+SwigluLoops pick_loops() {
+  const std::vector<SwigluLoops> runnable = runnable_swiglu_loops();
+  const auto runnable_at = [&](const std::string& capability) {
+    for (const SwigluLoops& loops : runnable)
+      if (loops.capability == capability) return &loops;
+    return static_cast<const SwigluLoops*>(nullptr);
+  };
   const char* env = std::getenv("ATEN_CPU_CAPABILITY");
   const std::string asked = env != nullptr ? env : "";
-  if (asked == "default") return Capability::kDefault;
-  if (asked == "avx512" && cpu_has_avx512()) return Capability::kAvx512;
-  return cpu_has_avx2() ? Capability::kAvx2 : Capability::kDefault;
+  if (asked == "default") return runnable.front();
+  if (asked == "avx512" && runnable_at("avx512")) return *runnable_at("avx512");
+  return runnable_at("avx2") ? *runnable_at("avx2") : runnable.front();
 }
 
-Capability capability() {
-  static const Capability picked = pick_capability();
+const SwigluLoops& loops() {
+  static const SwigluLoops picked = pick_loops();
   return picked;
-}
-
-void forward_loop(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out) {
-  switch (capability()) {
-    case Capability::kAvx512:
-      return AVX512::swiglu_forward(gate, up, out);
-    case Capability::kAvx2:
-      return AVX2::swiglu_forward(gate, up, out);
-    case Capability::kDefault:
-      return DEFAULT::swiglu_forward(gate, up, out);
-  }
-}
-
-void backward_loop(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dgate,
-                   const at::Tensor& dup) {
-  switch (capability()) {
-    case Capability::kAvx512:
-      return AVX512::swiglu_backward(grad, gate, up, dgate, dup);
-    case Capability::kAvx2:
-      return AVX2::swiglu_backward(grad, gate, up, dgate, dup);
-    case Capability::kDefault:
-      return DEFAULT::swiglu_backward(grad, gate, up, dgate, dup);
-  }
 }
 
 // Saves gate and up (what silu * up's own backward keeps, less silu's output) and recomputes
@@ -71,7 +52,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-    forward_loop(g, u, out);
+    loops().forward(g, u, out);
     ctx->save_for_backward({g, u});
     return out;
   }
@@ -87,7 +68,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
     const at::Tensor& u = saved[1];
     const at::Tensor dh = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
-    backward_loop(dh, g, u, dgate, dup);
+    loops().backward(dh, g, u, dgate, dup);
     return {dgate, dup};
   }
 };
@@ -106,16 +87,13 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return FusedSwiGLU::apply(gate, up);
 }
 
-const char* kernel_capability() {
-  switch (capability()) {
-    case Capability::kAvx512:
-      return "avx512";
-    case Capability::kAvx2:
-      return "avx2";
-    case Capability::kDefault:
-      return "default";
-  }
-  return "default";
+std::vector<SwigluLoops> runnable_swiglu_loops() {
+  std::vector<SwigluLoops> out = {{"default", DEFAULT::swiglu_forward, DEFAULT::swiglu_backward}};
+  if (cpu_has_avx2()) out.push_back({"avx2", AVX2::swiglu_forward, AVX2::swiglu_backward});
+  if (cpu_has_avx512()) out.push_back({"avx512", AVX512::swiglu_forward, AVX512::swiglu_backward});
+  return out;
 }
+
+const char* kernel_capability() { return loops().capability; }
 
 }  // namespace hp::kernels

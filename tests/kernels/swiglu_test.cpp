@@ -107,31 +107,12 @@ TEST(SwiGLU, MatchesSiluTimesUp) {
 TEST(SwiGLU, EveryCapabilityThisCpuRunsAgrees) {
   const at::Tensor gate = sample(4), up = sample(5), dh = sample(6);
   const Result want = run(composed, gate, up, dh);
-  using Forward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
-  using Backward =
-      void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&);
-  struct Loops {
-    std::string name;
-    bool runs;
-    Forward forward;
-    Backward backward;
-  };
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  for (const Loops& loops :
-       {Loops{"default", true, kernels::DEFAULT::swiglu_forward, kernels::DEFAULT::swiglu_backward},
-        Loops{"avx2", avx2, kernels::AVX2::swiglu_forward, kernels::AVX2::swiglu_backward},
-        Loops{"avx512", avx512, kernels::AVX512::swiglu_forward, kernels::AVX512::swiglu_backward}}) {
-    if (!loops.runs) {
-      std::cout << loops.name << ": this CPU lacks it\n";
-      continue;
-    }
+  for (const kernels::SwigluLoops& loops : kernels::runnable_swiglu_loops()) {
+    std::cout << "capability " << loops.capability << "\n";
     Result got{at::empty_like(gate), at::empty_like(gate), at::empty_like(gate)};
     loops.forward(gate, up, got.out);
     loops.backward(dh, gate, up, got.dgate, got.dup);
-    expect_close(got, want, gate, up, dh, 1e-6, loops.name);
+    expect_close(got, want, gate, up, dh, 1e-6, loops.capability);
   }
 }
 
