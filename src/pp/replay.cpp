@@ -1,6 +1,7 @@
 // Replaying a schedule: the one engine behind validate() (zero costs: does it finish?) and
 // simulate() (given costs: when does each action run?).
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -162,6 +163,18 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
 
 void validate(const Schedule& s) { replay(s, ActionCosts{}); }
 
+std::vector<int> peak_in_flight(const Schedule& s) {
+  std::vector<int> peak(s.ranks, 0);
+  for (int r = 0; r < s.ranks; ++r) {
+    int live = 0;
+    for (const Action& a : s.programs[r]) {
+      if (a.kind == ActionKind::kForward) peak[r] = std::max(peak[r], ++live);
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --live;
+    }
+  }
+  return peak;
+}
+
 Simulation simulate(const Schedule& s, const ActionCosts& costs) { return measured(replay(s, costs), s.ranks); }
 
 Simulation measured(std::vector<TimedAction> timeline, int ranks) {
@@ -175,6 +188,18 @@ Simulation measured(std::vector<TimedAction> timeline, int ranks) {
   }
   sim.makespan = end - start;
   sim.bubble = sim.makespan > 0 ? 1.0 - busy / (ranks * sim.makespan) : 0.0;
+  struct Span {
+    double first = std::numeric_limits<double>::infinity(), last = 0.0, busy = 0.0;
+  };
+  std::vector<Span> spans(ranks);
+  for (const TimedAction& t : timeline) {
+    if (!t.action.is_compute() || t.rank < 0 || t.rank >= ranks) continue;
+    Span& span = spans[t.rank];
+    span.first = std::min(span.first, t.start), span.last = std::max(span.last, t.end), span.busy += t.end - t.start;
+  }
+  for (const Span& span : spans)
+    if (span.last > span.first)
+      sim.per_stage_bubble = std::max(sim.per_stage_bubble, 1.0 - span.busy / (span.last - span.first));
   sim.timeline = std::move(timeline);
   return sim;
 }

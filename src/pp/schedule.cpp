@@ -118,76 +118,6 @@ Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches) {
   return s;
 }
 
-Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
-
-Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
-  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
-           "pp: ZBV needs positive action costs, got F ", costs.forward, ", I ", costs.backward_input, ", W ",
-           costs.backward_weight);
-  const int p = ranks, stages = 2 * ranks;
-  Schedule s = skeleton("ZBV", ranks, stages, micro_batches);
-  for (int stage = 0; stage < stages; ++stage) s.stage_rank.push_back(stage < p ? stage : stages - 1 - stage);
-  // Greedy list schedule in time: a free rank starts its most urgent ready action; an action is
-  // ready once the actions it needs have completed (by the given costs).
-  const double never = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
-                                                                                              w_done = f_done;
-  std::vector<int> in_flight(ranks, 0), remaining(ranks, 3 * 2 * micro_batches);
-  std::vector<double> free_at(ranks, 0.0);
-  // Decisions happen at events (time 0 and every completion), every free rank in rank order, so a
-  // rank that waits re-checks as soon as anything completes. With unit costs this is the lockstep
-  // schedule of integer time steps.
-  std::set<double> events = {0.0};
-  int total = ranks * 3 * 2 * micro_batches;
-  while (total > 0) {
-    HP_CHECK(!events.empty(), "pp: ZBV schedule generation stalled");
-    const double t = *events.begin();
-    events.erase(events.begin());
-    for (int r = 0; r < ranks; ++r) {
-      if (remaining[r] == 0 || free_at[r] > t) continue;
-      const int mine[2] = {r, stages - 1 - r};
-      std::optional<Action> pick;
-      // I: the deepest stage first (it unblocks the rest of the backward), oldest micro-batch first.
-      for (int k = 1; k >= 0 && !pick; --k)
-        for (int m = 0; m < micro_batches && !pick; ++m) {
-          const int st = mine[k];
-          if (i_done[st][m] != never || f_done[st][m] > t) continue;
-          if (st + 1 < stages && i_done[st + 1][m] > t) continue;
-          pick = act(ActionKind::kBackwardInput, st, m);
-        }
-      // F: while few enough micro-batches are in flight; the later stage first.
-      for (int k = 1; k >= 0 && !pick && in_flight[r] < 2 * p; --k)
-        for (int m = 0; m < micro_batches && !pick; ++m) {
-          const int st = mine[k];
-          if (f_done[st][m] != never) continue;
-          if (st > 0 && f_done[st - 1][m] > t) break;  // micro-batches reach a stage in order
-          pick = act(ActionKind::kForward, st, m);
-        }
-      // W: fills what is left, oldest first.
-      for (int m = 0; m < micro_batches && !pick; ++m)
-        for (int k = 1; k >= 0 && !pick; --k) {
-          const int st = mine[k];
-          if (w_done[st][m] == never && i_done[st][m] <= t) pick = act(ActionKind::kBackwardWeight, st, m);
-        }
-      if (!pick) continue;  // waits for the next completion
-      const Action a = *pick;
-      const double end = t + (a.kind == ActionKind::kForward         ? costs.forward
-                              : a.kind == ActionKind::kBackwardInput ? costs.backward_input
-                                                                     : costs.backward_weight);
-      if (a.kind == ActionKind::kForward) f_done[a.stage][a.micro_batch] = end, ++in_flight[r];
-      if (a.kind == ActionKind::kBackwardInput) i_done[a.stage][a.micro_batch] = end;
-      if (a.kind == ActionKind::kBackwardWeight) w_done[a.stage][a.micro_batch] = end, --in_flight[r];
-      s.programs[r].push_back(a);
-      free_at[r] = end;
-      events.insert(end);
-      --remaining[r];
-      --total;
-    }
-  }
-  add_communication(s);
-  return s;
-}
-
 void add_communication(Schedule& s) {
   HP_CHECK(static_cast<int>(s.stage_rank.size()) == s.stages, "pp: schedule '", s.name, "' places ",
            s.stage_rank.size(), " stages but has ", s.stages);
@@ -258,11 +188,18 @@ Schedule from_csv(const std::string& csv, const std::string& name) {
 }
 
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank) {
+  return schedule_by_name(name, ranks, micro_batches, stages_per_rank, ActionCosts{});
+}
+
+Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank,
+                          const ActionCosts& costs) {
   if (name == "gpipe") return gpipe(ranks, micro_batches);
   if (name == "1f1b") return one_f_one_b(ranks, micro_batches);
   if (name == "interleaved") return interleaved_1f1b(ranks, stages_per_rank, micro_batches);
-  if (name == "zbv") return zero_bubble_v(ranks, micro_batches);
-  HP_FAIL("pipeline schedule '", name, "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
+  if (name == "zbv") return zero_bubble_v(ranks, micro_batches, costs);
+  if (name == "zbh1") return zero_bubble_h1(ranks, micro_batches, costs);
+  if (name == "zbh2") return zero_bubble_h2(ranks, micro_batches, costs);
+  HP_FAIL("pipeline schedule '", name, "' is unknown (available: gpipe, 1f1b, interleaved, zbv, zbh1, zbh2)");
 }
 
 }  // namespace hp::pp

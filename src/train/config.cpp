@@ -335,9 +335,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");
   const std::string recomputes =
       c.memory.swap == "none" ? "memory.checkpoint " + c.memory.checkpoint : "memory.swap " + c.memory.swap;
-  HP_CHECK((c.memory.checkpoint == "none" && c.memory.swap == "none") || c.parallel.pp == 1 || c.pp_schedule != "zbv",
-           recomputes,
-           " does not work with parallel.pp_schedule zbv yet (it splits the backward into input and weight passes); "
+  const bool splits_backward = c.pp_schedule == "zbv" || c.pp_schedule == "zbh1" || c.pp_schedule == "zbh2";
+  HP_CHECK((c.memory.checkpoint == "none" && c.memory.swap == "none") || c.parallel.pp == 1 || !splits_backward,
+           recomputes, " does not work with parallel.pp_schedule ", c.pp_schedule,
+           " yet (it splits the backward into input and weight passes); "
            "use another schedule, or neither memory.checkpoint nor memory.swap");
   HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
            "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
@@ -385,7 +386,7 @@ void validate(const TrainConfig& c, int64_t world_size) {
   if (c.parallel.pp > 1) {
     const int64_t stages = c.pipeline_stages();
     HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule,
-             "' is unknown (available: gpipe, 1f1b, interleaved, zbv)");
+             "' is unknown (available: gpipe, 1f1b, interleaved, zbv, zbh1, zbh2)");
     if (c.pp_layers_per_stage.empty()) {
       HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ",
                stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp,

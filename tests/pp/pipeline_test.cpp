@@ -129,6 +129,14 @@ void check_schedule(const Make& make, int p, int m, const std::string& what, Pip
         if (pipe.peak_live_micro_batches(st.index) > p)
           throw std::runtime_error(what + ": 1F1B held " + std::to_string(pipe.peak_live_micro_batches(st.index)) +
                                    " micro-batches on stage " + std::to_string(st.index));
+    // One stage per rank: the executor holds exactly what the schedule's programs say.
+    if (schedule.stages == schedule.ranks) {
+      const int held = pipe.peak_live_micro_batches(mine.front().index);
+      const int planned = peak_in_flight(schedule)[world.rank()];
+      if (held != planned)
+        throw std::runtime_error(what + ": held " + std::to_string(held) + " micro-batches, the schedule " +
+                                 std::to_string(planned));
+    }
   });
 }
 
@@ -146,6 +154,18 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
   unbatched.batch_p2p = false;
   check_schedule(one_f_one_b, 4, 5, "1F1B unbatched", unbatched);
   check_schedule([](int r, int mb) { return zero_bubble_v(r, mb); }, 2, 5, "ZBV unbatched", unbatched);
+}
+
+// The zero-bubble family built for unequal costs (dear I, cheap W) runs as it was built.
+TEST(Pipeline, ZeroBubbleSchedulesMatchOneDevice) {
+  const ActionCosts costs{1.0, 2.0, 0.5};
+  for (int p : {2, 4})
+    for (int m : {p, 2 * p, 5}) {
+      const std::string shape = " p=" + std::to_string(p) + " m=" + std::to_string(m);
+      check_schedule([&](int r, int mb) { return zero_bubble_h1(r, mb, costs); }, p, m, "ZB-H1" + shape);
+      check_schedule([&](int r, int mb) { return zero_bubble_h2(r, mb, costs); }, p, m, "ZB-H2" + shape);
+      check_schedule([&](int r, int mb) { return zero_bubble_v(r, mb, costs); }, p, m, "ZBV (costs 1, 2, 0.5)" + shape);
+    }
 }
 
 // Steps hold nothing over: after W the stage's graph, with its saved activations, is gone (a
@@ -541,7 +561,7 @@ TEST(Pipeline, TiedEmbeddingsAcrossStagesMatchOneDevice) {
 // Under ZBV the W actions split off the units' gathers too (their backward reduce-scatters once).
 TEST(Pipeline, TimesFsdpMatchesOneDevice) {
   reference();
-  for (const Schedule& schedule : {one_f_one_b(2, 4), zero_bubble_v(2, 4)})
+  for (const Schedule& schedule : {one_f_one_b(2, 4), zero_bubble_v(2, 4), zero_bubble_h1(2, 4), zero_bubble_h2(2, 4)})
     test::run(4, [&](const comm::ProcessGroup& world) {
       const std::string what = "PP (" + schedule.name + ") x FSDP";
       const DeviceMesh mesh = init_device_mesh(world, "cpu", {2, 2}, {"pp", "dp"});

@@ -137,6 +137,21 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
+// ZB-H1 and ZB-H2 (one stage per rank, the backward split into I and W): pp 2, pp 2 x dp_shard 2
+// with tied embeddings (the first and the last stage on different ranks, unlike ZBV).
+TEST(Trainer, ZeroBubbleSchedulesAgreeWithOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_zb_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ParallelDims pp2, pp2dp2;
+  pp2.pp = pp2dp2.pp = 2;
+  pp2dp2.dp_shard = 2;
+  expect_agreement(run_config({1, {}, false, false, "1 rank"}, dir),
+                   {Parallel{2, pp2, false, false, "pp 2 (ZB-H1)", "zbh1"}}, dir);
+  expect_agreement(run_config({1, {}, false, false, "1 rank, tied", "1f1b", true}, dir),
+                   {Parallel{4, pp2dp2, false, false, "pp 2 (ZB-H2) x dp_shard 2, tied", "zbh2", true}}, dir);
+  fs::remove_all(dir);
+}
+
 // Context parallelism (parallel.cp): each mode, and cp composed with FSDP, HSDP, TP (with SP) and a
 // 1F1B pipeline, within 1e-6 of one rank at every one of 20 steps.
 TEST(Trainer, ContextParallelAgreesWithOneRank) {

@@ -5,6 +5,7 @@
 #include <hp/core/error.h>
 #include <hp/pp/schedule.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -25,7 +26,10 @@ struct Args {
 const std::vector<hp::tools::Flag<Args>>& flags() {
   using hp::tools::parse_int;
   static const std::vector<hp::tools::Flag<Args>> table = {
-      {{"--schedule"}, "NAME", "gpipe, 1f1b, interleaved or zbv", [](Args& a, const std::string& v) { a.kind = v; }},
+      {{"--schedule"},
+       "NAME",
+       "gpipe, 1f1b, interleaved, zbv, zbh1 or zbh2",
+       [](Args& a, const std::string& v) { a.kind = v; }},
       {{"--ranks"},
        "P",
        "pipeline ranks",
@@ -73,7 +77,7 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 }
 
 int usage(std::ostream& out, int code) {
-  out << "usage: hp-pp-viz (--schedule gpipe|1f1b|interleaved|zbv --ranks P --micro-batches M | --csv FILE)\n"
+  out << "usage: hp-pp-viz (--schedule gpipe|1f1b|interleaved|zbv|zbh1|zbh2 --ranks P --micro-batches M | --csv FILE)\n"
          "                 [--stages-per-rank V] [--costs F,I,W] [--send-cost S] [-o OUT.svg] [--print-csv]\n\n"
       << hp::tools::flag_help(flags());
   return code;
@@ -105,12 +109,14 @@ int main(int argc, char** argv) {
       schedule = hp::pp::from_csv(text.str(), csv);
     } else {
       HP_CHECK(ranks >= 1 && micro_batches >= 1, "--ranks and --micro-batches are required (or --csv)");
-      schedule = hp::pp::schedule_by_name(kind, ranks, micro_batches, per_rank);
+      schedule = hp::pp::schedule_by_name(kind, ranks, micro_batches, per_rank, costs);
     }
     const hp::pp::Simulation sim = hp::pp::simulate(schedule, costs);
+    const std::vector<int> peak = hp::pp::peak_in_flight(schedule);
     std::cout << schedule.name << ": " << schedule.ranks << " ranks, " << schedule.stages << " stages, "
               << schedule.micro_batches << " micro-batches; makespan " << sim.makespan << ", bubble "
-              << 100.0 * sim.bubble << "%\n";
+              << 100.0 * sim.bubble << "% (per stage " << 100.0 * sim.per_stage_bubble << "%), peak in flight "
+              << *std::max_element(peak.begin(), peak.end()) << "\n";
     if (print_csv) std::cout << hp::pp::to_csv(schedule);
     if (!output.empty()) {
       std::ofstream(output) << hp::pp::to_svg(schedule, sim);

@@ -48,14 +48,15 @@ Schedule gpipe(int ranks, int micro_batches);
 Schedule one_f_one_b(int ranks, int micro_batches);
 // `stages_per_rank` stages per rank, stage s on rank s % ranks (Megatron's interleaved 1F1B).
 Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches);
-// Zero-bubble V: two stages per rank in a V (rank r holds stages r and 2 * ranks - 1 - r, so the
-// first and the last stage share rank 0), backward split into I (dx) and W (dw); W fills the
-// bubbles. The order comes from a greedy list schedule with unit costs: I first, then F while at
-// most 2 * ranks micro-batches are in flight on the rank, then W.
+// Zero-bubble V with unit costs (see zero_bubble_v with costs, below).
 Schedule zero_bubble_v(int ranks, int micro_batches);
-// The builder named `name` (gpipe | 1f1b | interleaved | zbv); `stages_per_rank` is interleaved's.
-// An unknown name is an error listing the known ones.
+struct ActionCosts;
+// The builder named `name` (gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2); `stages_per_rank` is
+// interleaved's; the zero-bubble builders order for `costs` (unit costs when not given). An
+// unknown name is an error listing the known ones.
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank = 2);
+Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank,
+                          const ActionCosts& costs);
 
 // Adds the sends and receives that the compute actions need across ranks (a schedule written with
 // compute actions only, as in CSV files, can be completed with it). Replaces existing ones.
@@ -78,10 +79,30 @@ struct ActionCosts {
   double send = 0.0;                                                  // latency of a send/receive pair
 };
 
-// ZBV built by the same greedy list schedule with these action costs (e.g. measured ones, as the
-// zero-bubble paper profiles before scheduling): with real F / I / W costs the greedy order leaves
-// less idle time than the unit-cost one.
+// The zero-bubble family (Qi et al., "Zero Bubble Pipeline Parallelism", 2023). The backward is
+// split into I (dx) and W (dw); each builder places actions for the given costs (profile first, as
+// the paper does; unit costs by default): W passes go where they end before the rank's next input
+// arrives, or where the rank's activation cap forces them. Activation memory is counted in
+// micro-batches of one stage, from its F to its W.
+//
+// ZB-H1: one stage per rank, 1F1B's memory (at most `ranks` micro-batches on every rank); at equal
+// costs about a third of 1F1B's bubble.
+Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs = {});
+// ZB-H2: one stage per rank, a longer warm-up (2 (ranks - r) - 1 forwards on rank r) and at most
+// 2 ranks - 1 micro-batches per rank; at equal costs no rank idles between its first and last
+// action (per_stage_bubble 0).
+Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs = {});
+// ZB-V: two stages per rank in a V (rank r holds stages r and 2 ranks - 1 - r, so the first and the
+// last stage share rank 0), at most 2 ranks stage micro-batches (each half a 1F1B stage: 1F1B's
+// peak) per rank. The order is the paper's: a warm-up of forwards sized to the cap, then rounds in
+// which each rank runs one I and one F, W passes filling the waits. Several variants of the fill
+// (and the first, greedy order) are built, and the one whose simulated bubble under `costs` is
+// lowest is returned.
 Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs);
+
+// The most stage micro-batches whose activations each rank holds at once (from an F to the B or
+// W of the same stage and micro-batch), from the programs.
+std::vector<int> peak_in_flight(const Schedule& schedule);
 
 struct TimedAction {
   Action action;
@@ -91,7 +112,10 @@ struct TimedAction {
 
 struct Simulation {
   double makespan = 0.0;
-  double bubble = 0.0;  // 1 - busy compute time / (ranks x makespan)
+  double bubble = 0.0;  // whole step: 1 - busy compute time / (ranks x makespan)
+  // The papers' metric: the worst rank's 1 - busy / (its last end - its first start), so a rank's
+  // late start and early finish are not counted (the next step's work could go there).
+  double per_stage_bubble = 0.0;
   std::vector<TimedAction> timeline;
 };
 

@@ -113,7 +113,8 @@ struct TrainConfig {
   int64_t micro_batches() const { return per_rank_batch() / train.micro_batch; }
   // Pipeline stages over all pp ranks for pp_schedule (0 for an unknown schedule name).
   int64_t pipeline_stages() const {
-    if (pp_schedule == "gpipe" || pp_schedule == "1f1b") return parallel.pp;
+    if (pp_schedule == "gpipe" || pp_schedule == "1f1b" || pp_schedule == "zbh1" || pp_schedule == "zbh2")
+      return parallel.pp;
     if (pp_schedule == "interleaved") return parallel.pp * pp_stages_per_rank;
     if (pp_schedule == "zbv") return 2 * parallel.pp;
     return 0;

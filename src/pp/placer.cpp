@@ -1,0 +1,121 @@
+#include "pp/placer.h"
+
+#include <algorithm>
+
+#include "hp/core/error.h"
+
+namespace hp::pp {
+namespace {
+
+int slot(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return 0;
+    case ActionKind::kBackwardInput:
+      return 1;
+    case ActionKind::kBackwardWeight:
+      return 2;
+    default:
+      HP_FAIL("pp: the placer places F, I and W only, not ", Action{kind, 0, 0}.str());
+  }
+}
+
+}  // namespace
+
+Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap)
+    : schedule_(std::move(skeleton)), costs_(costs), cap_(std::move(cap)) {
+  const int ranks = schedule_.ranks;
+  HP_CHECK(static_cast<int>(cap_.size()) == ranks, "pp: the placer needs a cap per rank");
+  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0 && costs.send >= 0,
+           "pp: zero-bubble schedules need positive F, I and W costs and a send cost >= 0, got F ", costs.forward,
+           ", I ", costs.backward_input, ", W ", costs.backward_weight, ", send ", costs.send);
+  for (int c : cap_) HP_CHECK(c >= 1, "pp: a rank's activation cap must be at least one micro-batch, got ", c);
+  in_flight_.assign(ranks, 0);
+  clock_.assign(ranks, 0.0);
+  idle_.assign(ranks, 0.0);
+  started_.assign(ranks, false);
+  pending_w_.resize(ranks);
+  schedule_.programs.assign(ranks, {});
+  ends_.assign(3, std::vector<std::vector<double>>(schedule_.stages, std::vector<double>(schedule_.micro_batches, -1)));
+}
+
+double Placer::cost(ActionKind kind) const {
+  return kind == ActionKind::kForward         ? costs_.forward
+         : kind == ActionKind::kBackwardInput ? costs_.backward_input
+                                              : costs_.backward_weight;
+}
+
+double Placer::end(ActionKind kind, int stage, int micro_batch) const { return ends_[slot(kind)][stage][micro_batch]; }
+
+bool Placer::placeable(ActionKind kind, int stage, int micro_batch) const {
+  if (placed(kind, stage, micro_batch)) return false;
+  if (kind == ActionKind::kForward) return stage == 0 || placed(kind, stage - 1, micro_batch);
+  return placed(ActionKind::kForward, stage, micro_batch) &&
+         (stage + 1 == schedule_.stages || placed(kind, stage + 1, micro_batch));
+}
+
+double Placer::input_ready(ActionKind kind, int stage, int micro_batch) const {
+  const int from = kind == ActionKind::kForward ? stage - 1 : stage + 1;
+  double ready = kind == ActionKind::kForward ? 0.0 : end(ActionKind::kForward, stage, micro_batch);
+  if (from >= 0 && from < schedule_.stages) {
+    const double sent = end(kind, from, micro_batch);
+    ready = std::max(ready, sent + (rank_of(from) == rank_of(stage) ? 0.0 : costs_.send));
+  }
+  return ready;
+}
+
+void Placer::put(ActionKind kind, int stage, int micro_batch, double ready) {
+  const int r = rank_of(stage);
+  const double start = std::max(clock_[r], ready);
+  if (started_[r]) idle_[r] += start - clock_[r];
+  started_[r] = true;
+  clock_[r] = start + cost(kind);
+  ends_[slot(kind)][stage][micro_batch] = clock_[r];
+  schedule_.programs[r].push_back(Action{kind, stage, micro_batch});
+}
+
+double Placer::place(ActionKind kind, int stage, int micro_batch) {
+  HP_CHECK(kind == ActionKind::kForward || kind == ActionKind::kBackwardInput, "pp: place() takes F or I");
+  HP_CHECK(placeable(kind, stage, micro_batch), "pp: ", Action{kind, stage, micro_batch}.str(),
+           " placed before its inputs (a schedule builder's bug)");
+  const int r = rank_of(stage);
+  if (kind == ActionKind::kForward) {
+    make_room(r);
+    ++in_flight_[r];
+  } else {
+    pending_w_[r].push_back(Action{ActionKind::kBackwardWeight, stage, micro_batch});
+  }
+  put(kind, stage, micro_batch, input_ready(kind, stage, micro_batch));
+  return clock_[r];
+}
+
+void Placer::place_weight(int rank) {
+  HP_CHECK(!pending_w_[rank].empty(), "pp: rank ", rank, " has no pending W");
+  const Action w = pending_w_[rank].front();
+  pending_w_[rank].pop_front();
+  --in_flight_[rank];
+  put(ActionKind::kBackwardWeight, w.stage, w.micro_batch, end(ActionKind::kBackwardInput, w.stage, w.micro_batch));
+}
+
+void Placer::make_room(int rank) {
+  while (in_flight_[rank] >= cap_[rank]) {
+    HP_CHECK(!pending_w_[rank].empty(), "pp: rank ", rank, " holds ", in_flight_[rank],
+             " micro-batches, its cap, with no W to free one (a schedule builder's bug)");
+    place_weight(rank);
+  }
+}
+
+void Placer::fill_weights(int rank, double until) {
+  while (!pending_w_[rank].empty() && clock_[rank] + costs_.backward_weight <= until) place_weight(rank);
+}
+
+Schedule Placer::finish() {
+  for (int r = 0; r < schedule_.ranks; ++r)
+    while (!pending_w_[r].empty()) place_weight(r);
+  Schedule s = schedule_;
+  add_communication(s);
+  validate(s);
+  return s;
+}
+
+}  // namespace hp::pp
