@@ -185,6 +185,19 @@ Simulation PipelineExecutor::measured_step() const {
   return measured(std::move(timeline), schedule_.ranks);
 }
 
+void PipelineExecutor::reschedule(Schedule schedule) {
+  HP_CHECK(!broken_, "PipelineExecutor::reschedule after a failed step: ", broken_reason_);
+  HP_CHECK(schedule.ranks == schedule_.ranks && schedule.stages == schedule_.stages &&
+               schedule.micro_batches == schedule_.micro_batches && schedule.stage_rank == schedule_.stage_rank,
+           "PipelineExecutor::reschedule: schedule '", schedule.name, "' (", schedule.ranks, " ranks, ",
+           schedule.stages, " stages, ", schedule.micro_batches, " micro-batches) does not place the stages of '",
+           schedule_.name, "' (", schedule_.ranks, ", ", schedule_.stages, ", ", schedule_.micro_batches,
+           ") on the same ranks");
+  validate(schedule);
+  schedule_ = std::move(schedule);
+  pass_programs_.clear();
+}
+
 int PipelineExecutor::batched_receives() const { return messages_->batched_receives(); }
 
 const PipelineExecutor::PassPrograms& PipelineExecutor::pass_programs(bool backward) {

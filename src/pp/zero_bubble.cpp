@@ -72,10 +72,10 @@ struct VRound {
 
 class VBuilder {
  public:
-  VBuilder(int ranks, int micro_batches, const ActionCosts& costs)
+  VBuilder(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap)
       : p_(ranks),
         m_(micro_batches),
-        placer_(skeleton("ZBV", ranks, micro_batches, true), costs, std::vector<int>(ranks, 2 * ranks)) {}
+        placer_(skeleton(name, ranks, micro_batches, true), costs, std::vector<int>(ranks, cap)) {}
 
   Schedule build(const VRound& options) {
     options_ = options;
@@ -95,6 +95,8 @@ class VBuilder {
   int up(int r) const { return 2 * p_ - 1 - r; }  // the stage coming back up
   bool try_place(ActionKind kind, int stage, std::vector<int>& count, int r, bool fill, bool spend_slack) {
     if (count[r] >= m_ || !placer_.placeable(kind, stage, count[r])) return false;
+    // At the cap with nothing to free (in the warm-up, or a cap below the V's depth): not yet.
+    if (kind == kF && placer_.in_flight(r) >= placer_.cap(r) && !placer_.pending_weights(r)) return false;
     if (kind == kF) placer_.make_room(r);
     if (fill) {
       const double arrives = placer_.input_ready(kind, stage, count[r]);
@@ -196,9 +198,9 @@ class VBuilder {
 // The first ZBV order: a greedy list schedule in time (at time 0 and every completion, each free
 // rank starts a ready I, deepest stage first; else a forward while under the cap; else a W).
 // Kept as a candidate: for a few shapes it is the better one.
-Schedule greedy_v(int ranks, int micro_batches, const ActionCosts& costs) {
-  const int p = ranks, stages = 2 * ranks;
-  Schedule s = skeleton("ZBV", ranks, micro_batches, true);
+Schedule greedy_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap) {
+  const int stages = 2 * ranks;
+  Schedule s = skeleton(name, ranks, micro_batches, true);
   s.programs.resize(ranks);
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
@@ -222,7 +224,7 @@ Schedule greedy_v(int ranks, int micro_batches, const ActionCosts& costs) {
           if (st + 1 < stages && i_done[st + 1][m] > t) continue;
           pick = Action{kI, st, m};
         }
-      for (int k = 1; k >= 0 && !pick && in_flight[r] < 2 * p; --k)
+      for (int k = 1; k >= 0 && !pick && in_flight[r] < cap; --k)
         for (int m = 0; m < micro_batches && !pick; ++m) {
           const int st = mine[k];
           if (f_done[st][m] != never) continue;
@@ -253,24 +255,16 @@ Schedule greedy_v(int ranks, int micro_batches, const ActionCosts& costs) {
   return s;
 }
 
-}  // namespace
-
-Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) {
-  return zero_bubble_h("ZB-H1", ranks, micro_batches, costs, ranks, [ranks](int r) { return ranks - r; });
-}
-
-Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs) {
-  return zero_bubble_h("ZB-H2", ranks, micro_batches, costs, 2 * ranks - 1,
-                       [ranks](int r) { return 2 * (ranks - r) - 1; });
-}
-
-Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
-
-Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
-  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
-           "pp: ZBV needs positive action costs, got F ", costs.forward, ", I ", costs.backward_input, ", W ",
+// The V order with the lowest simulated bubble under `costs` among the builder's variants, each
+// rank holding at most `cap` stage micro-batches.
+Schedule best_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap) {
+  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0, "pp: ", name,
+           " needs positive action costs, got F ", costs.forward, ", I ", costs.backward_input, ", W ",
            costs.backward_weight);
-  std::vector<Schedule> candidates = {greedy_v(ranks, micro_batches, costs)};
+  std::vector<Schedule> candidates;
+  // The greedy order fills the cap with forwards of either stage, which can deadlock below
+  // 2 x ranks (every slot taken by forwards whose backward needs one more).
+  if (cap >= 2 * ranks) candidates.push_back(greedy_v(name, ranks, micro_batches, costs, cap));
   for (const bool before_input : {true, false})
     for (const bool before_forward : {true, false}) {
       // Each try that lowers the worst rank's idle time is tried again with the ranks' idle times
@@ -278,7 +272,7 @@ Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
       VRound round{before_forward, before_input, {}};
       double worst = std::numeric_limits<double>::infinity();
       for (int attempt = 0; attempt < 16; ++attempt) {
-        VBuilder builder(ranks, micro_batches, costs);
+        VBuilder builder(name, ranks, micro_batches, costs, cap);
         candidates.push_back(builder.build(round));
         const double now = *std::max_element(builder.idle().begin(), builder.idle().end());
         if (now >= worst) break;
@@ -293,6 +287,23 @@ Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
     if (bubble < lowest - 1e-12) lowest = bubble, best = i;
   }
   return candidates[best];
+}
+
+}  // namespace
+
+Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) {
+  return zero_bubble_h("ZB-H1", ranks, micro_batches, costs, ranks, [ranks](int r) { return ranks - r; });
+}
+
+Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs) {
+  return zero_bubble_h("ZB-H2", ranks, micro_batches, costs, 2 * ranks - 1,
+                       [ranks](int r) { return 2 * (ranks - r) - 1; });
+}
+
+Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
+
+Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
+  return best_v("ZBV", ranks, micro_batches, costs, 2 * ranks);
 }
 
 }  // namespace hp::pp

@@ -94,6 +94,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
       HP_CONFIG_FIELD("parallel.pp_stages_per_rank", pp_stages_per_rank),
       HP_CONFIG_FIELD("parallel.pp_layers_per_stage", pp_layers_per_stage),
+      HP_CONFIG_FIELD("parallel.pp_costs", pp_costs),
       HP_CONFIG_FIELD("parallel.pp_timeline_step", pp_timeline_step),
       HP_CONFIG_FIELD("data.sources", data.sources),
       HP_CONFIG_FIELD("data.cache_dir", data.cache_dir),
@@ -335,7 +336,11 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");
   const std::string recomputes =
       c.memory.swap == "none" ? "memory.checkpoint " + c.memory.checkpoint : "memory.swap " + c.memory.swap;
-  const bool splits_backward = c.pp_schedule == "zbv" || c.pp_schedule == "zbh1" || c.pp_schedule == "zbh2";
+  const bool splits_backward = detail::zero_bubble(c.pp_schedule);
+  detail::pipeline_costs(c);  // names what is wrong with parallel.pp_costs
+  HP_CHECK(c.pp_costs == "measured" || (c.parallel.pp > 1 && splits_backward), "parallel.pp_costs (", c.pp_costs,
+           ") orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has parallel.pp ",
+           c.parallel.pp, " and parallel.pp_schedule ", c.pp_schedule);
   HP_CHECK((c.memory.checkpoint == "none" && c.memory.swap == "none") || c.parallel.pp == 1 || !splits_backward,
            recomputes, " does not work with parallel.pp_schedule ", c.pp_schedule,
            " yet (it splits the backward into input and weight passes); "

@@ -1,10 +1,34 @@
 // How the training config asks a model family's recipe to apply the parallel dims.
 #pragma once
 
+#include <sstream>
+
+#include "hp/core/error.h"
 #include "hp/models/model_spec.h"
 #include "hp/train/config.h"
 
 namespace hp::train::detail {
+
+// Whether the schedule splits the backward into I and W and orders its actions for costs.
+inline bool zero_bubble(const std::string& schedule) {
+  return schedule == "zbv" || schedule == "zbh1" || schedule == "zbh2";
+}
+
+// The costs parallel.pp_costs gives the first schedule: unit for "measured" and "unit".
+inline pp::ActionCosts pipeline_costs(const TrainConfig& c) {
+  if (c.pp_costs == "measured" || c.pp_costs == "unit") return {};
+  std::istringstream in(c.pp_costs);
+  pp::ActionCosts costs;
+  char comma[3] = {0, 0, ','};
+  const bool read =
+      static_cast<bool>(in >> costs.forward >> comma[0] >> costs.backward_input >> comma[1] >> costs.backward_weight);
+  if (read && !in.eof()) in >> comma[2] >> costs.send;
+  const bool numbers = read && !in.fail() && in.eof() && comma[0] == ',' && comma[1] == ',' && comma[2] == ',';
+  HP_CHECK(numbers && costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0 && costs.send >= 0,
+           "parallel.pp_costs '", c.pp_costs,
+           "' is not measured, unit, or positive relative costs F,I,W or F,I,W,send (e.g. 1,1.2,0.7)");
+  return costs;
+}
 
 inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   models::RecipeOptions options;
@@ -12,7 +36,7 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   options.fsdp.reshard_after_forward = c.reshard_after_forward;
   options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches()),
-                      c.pp_layers_per_stage};
+                      c.pp_layers_per_stage, pipeline_costs(c)};
   if (c.parallel.cp > 1) options.cp.set_mode(cp_mode_named(c.cp_mode)).set_ulysses_degree(c.cp_ulysses);
   options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
   if (c.memory.swap == "host") {

@@ -52,12 +52,19 @@ TrainStep::TrainStep(models::ModelParts& parts, TrainStepOptions options)
 
 double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const at::Tensor& targets) {
   if (parts_.pipeline) {
+    pp::PipelineExecutor& pipe = *parts_.pipeline;
     const bool draw = step + 1 == options_.timeline_step;
-    parts_.pipeline->record_timeline(draw);
+    const bool profile = options_.schedule_for_measured_costs && steps_run_ < 2;  // measure, then check
+    ++steps_run_;
+    pipe.record_timeline(draw || profile);
     // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
-    const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(parts_.pipeline->schedule().micro_batches));
-    const double loss = parts_.pipeline->step(inputs, targets);
-    if (draw) draw_timeline(step + 1);
+    const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(pipe.schedule().micro_batches));
+    const double loss = pipe.step(inputs, targets);
+    if (draw || profile) {
+      const pp::Simulation measured = pipe.measured_step();  // collective over the pipeline
+      if (profile) schedule_for(measured, step + 1);
+      if (draw) draw_timeline(step + 1, measured);
+    }
     return loss;
   }
   const int64_t micro = options_.micro_batches;
@@ -99,11 +106,43 @@ at::Tensor TrainStep::logits(const at::Tensor& inputs) {
   return whole(parts_.pipeline ? parts_.pipeline->forward(inputs) : (*parts_.model)(inputs));
 }
 
-// The measured timeline of that step, drawn as hp-pp-viz draws schedules. Collective over the
-// pipeline's ranks; the lead writes its pipeline's.
-void TrainStep::draw_timeline(int64_t step) const {
+// The first step: order the schedule for the costs it measured (rank 0's, on every rank). The
+// second: record the bubble the new order gives.
+void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
+  pp::PipelineExecutor& pipe = *parts_.pipeline;
+  if (profile_) {
+    profile_->measured_bubble = measured.bubble;
+    if (options_.lead)
+      log::info("pipeline bubble of step ", step, " under the order for measured costs: ", 100.0 * measured.bubble,
+                "% measured, ", 100.0 * profile_->predicted_bubble, "% predicted");
+    return;
+  }
+  const pp::ActionCosts mine = pp::measured_costs(measured);
+  const at::Tensor agreed = options_.world.broadcast(
+      at::tensor({mine.forward, mine.backward_input, mine.backward_weight, mine.send}, at::kDouble), 0);
+  const double* c = agreed.data_ptr<double>();
+  PipelineProfile profile;
+  profile.costs = {c[0], c[1], c[2], c[3]};
+  profile.first_step_bubble = measured.bubble;
+  profile.unit_order_bubble = pp::simulate(pipe.schedule(), profile.costs).bubble;
+  const pp::Schedule& before = pipe.schedule();
+  pp::Schedule ordered = pp::schedule_by_name(options_.schedule_name, before.ranks, before.micro_batches,
+                                              options_.stages_per_rank, profile.costs);
+  profile.predicted_bubble = pp::simulate(ordered, profile.costs).bubble;
+  pipe.reschedule(std::move(ordered));
+  if (options_.lead)
+    log::info("pipeline schedule ", options_.schedule_name, " ordered for the costs step ", step, " measured (F ",
+              1e3 * profile.costs.forward, " ms, I ", 1e3 * profile.costs.backward_input, " ms, W ",
+              1e3 * profile.costs.backward_weight, " ms, send ", 1e3 * profile.costs.send, " ms): predicted bubble ",
+              100.0 * profile.predicted_bubble, "% (the unit-cost order: ", 100.0 * profile.unit_order_bubble,
+              "% predicted, ", 100.0 * profile.first_step_bubble, "% measured)");
+  profile_ = profile;
+}
+
+// The measured timeline of that step, drawn as hp-pp-viz draws schedules. The lead writes its
+// pipeline's.
+void TrainStep::draw_timeline(int64_t step, const pp::Simulation& measured) const {
   const pp::PipelineExecutor& pipe = *parts_.pipeline;
-  const pp::Simulation measured = pipe.measured_step();
   if (!options_.lead) return;
   const std::filesystem::path path(options_.timeline_path);
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());

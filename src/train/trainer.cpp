@@ -186,6 +186,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   step_options.timeline_step = c.pp_timeline_step;
   step_options.timeline_path = c.run_dir + "/pp_timeline.svg";
   step_options.lead = lead;
+  step_options.schedule_for_measured_costs =
+      c.parallel.pp > 1 && detail::zero_bubble(c.pp_schedule) && c.pp_costs == "measured";
+  step_options.schedule_name = c.pp_schedule;
+  step_options.stages_per_rank = static_cast<int>(c.pp_stages_per_rank);
+  step_options.world = world;
   TrainStep train_step(s.parts, step_options);
   const std::vector<at::Tensor> counted = s.parts.counted_parameters(), copies = s.parts.copied_parameters();
   const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
@@ -292,6 +297,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     checkpoints.finish();
 
     result.eval_loss = evaluate();
+    result.pipeline_profile = train_step.pipeline_profile();
     result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
     result.mfu = peak > 0 ? flops_per_token * result.tokens_per_s / peak : 0.0;
     if (c.sample.tokens > 0) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
+#include <utility>
 
 #include "hp/pp/schedule.h"
 
@@ -101,6 +103,19 @@ TEST(ZeroBubble, H2HasNoBubbleWithinAStageAtTwice1F1BsMemory) {
   });
 }
 
+// Each stage runs its F, I and W passes in micro-batch order, whatever the costs: so orders built
+// for different costs accumulate every gradient in the same order (bitwise-equal training).
+void expect_micro_batches_in_order(const Schedule& s, const std::string& what) {
+  std::map<std::pair<int, ActionKind>, int> next;
+  for (const std::vector<Action>& program : s.programs)
+    for (const Action& a : program) {
+      if (!a.is_compute()) continue;
+      int& expected = next[{a.stage, a.kind}];
+      EXPECT_EQ(a.micro_batch, expected) << what << ": " << a.str() << " out of micro-batch order";
+      expected = a.micro_batch + 1;
+    }
+}
+
 TEST(ZeroBubble, BuildersAreValidForEveryShape) {
   for (int p : {1, 2, 3, 4, 5})
     for (int m : {1, 2, 3, 5, 8, 13})
@@ -108,6 +123,7 @@ TEST(ZeroBubble, BuildersAreValidForEveryShape) {
         for (const Schedule& s :
              {zero_bubble_v(p, m, costs), zero_bubble_h1(p, m, costs), zero_bubble_h2(p, m, costs)}) {
           validate(s);
+          expect_micro_batches_in_order(s, s.name + " p " + std::to_string(p) + " m " + std::to_string(m));
           const std::vector<int> peaks = peak_in_flight(s);
           const int cap = s.name == "ZBV" ? 2 * p : s.name == "ZB-H1" ? p : 2 * p - 1;
           for (int r = 0; r < p; ++r) EXPECT_LE(peaks[r], cap) << s.name << " p " << p << " m " << m;

@@ -111,6 +111,18 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.reshard_after_forward_to=3"}, 4,
           "parallel.reshard_after_forward_to (3) must divide parallel.dp_shard (2)");
   invalid({"parallel.pp_timeline_step=2"}, 4, "parallel.pp_timeline_step needs parallel.pp > 1");
+  for (const char* costs : {"1,2", "1,2,0", "1,2,0.5,-1", "fast", "1;2;3", "1,2,3,4,5"})
+    invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbh1", std::string("parallel.pp_costs=") + costs},
+            4,
+            std::string("parallel.pp_costs '") + costs +
+                "' is not measured, unit, or positive relative costs F,I,W or F,I,W,send (e.g. 1,1.2,0.7)");
+  invalid(
+      {"parallel.pp=2", "parallel.tp=1", "parallel.pp_costs=unit"}, 4,
+      "parallel.pp_costs (unit) orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has "
+      "parallel.pp 2 and parallel.pp_schedule 1f1b");
+  validate(parse_config(kConfig, {"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbh2",
+                                  "parallel.pp_costs=1,1.2,0.7,0.1"}),
+           4);
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_timeline_step=21"}, 4,
           "parallel.pp_timeline_step (21) must be a step of the run, 1 to train.steps (20), or 0 for none");
   invalid({"optimizer.name=sgd"}, 4, "optimizer.name 'sgd' is unknown (available: adamw, muon)");

@@ -152,6 +152,42 @@ TEST(Trainer, ZeroBubbleSchedulesAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
+// parallel.pp_costs measured: the first step measures F, I, W and send, and the later steps run the
+// order built for them. Every order keeps each stage's micro-batches in order (its W passes too),
+// so the losses are bitwise those of the unit-cost order and of explicit costs; only the
+// interleaving of stages on a rank changes.
+TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_zb_costs_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const char* schedule : {"zbv", "zbh1"}) {
+    TrainConfig c = tiny_config(dir);
+    c.train.steps = 6;
+    c.parallel.pp = 2;
+    c.pp_schedule = schedule;
+    c.model.as<models::LlamaConfig>().layers = 4;
+    c.pp_costs = "unit";
+    const std::vector<double> unit = rank0_losses(c, 2);
+    c.pp_costs = "1,2,0.5";
+    EXPECT_EQ(rank0_losses(c, 2), unit) << schedule << " ordered for F:I:W 1:2:0.5";
+    c.pp_costs = "measured";
+    const TrainResult measured = rank0_result(c, 2);
+    EXPECT_EQ(measured.losses, unit) << schedule << " ordered for measured costs";
+    ASSERT_TRUE(measured.pipeline_profile.has_value()) << schedule;
+    const PipelineProfile& profile = *measured.pipeline_profile;
+    EXPECT_GT(profile.costs.forward, 0.0);
+    EXPECT_GT(profile.costs.backward_input, 0.0);
+    EXPECT_GT(profile.costs.backward_weight, 0.0);
+    EXPECT_GE(profile.costs.send, 0.0);
+    EXPECT_LE(profile.predicted_bubble, profile.unit_order_bubble + 1e-12) << schedule;
+    EXPECT_GE(profile.measured_bubble, 0.0) << schedule;
+    std::cout << schedule << ": measured F " << profile.costs.forward * 1e3 << " ms, I "
+              << profile.costs.backward_input * 1e3 << " ms, W " << profile.costs.backward_weight * 1e3 << " ms, send "
+              << profile.costs.send * 1e3 << " ms; bubble predicted " << profile.predicted_bubble << " (unit order "
+              << profile.unit_order_bubble << "), measured " << profile.measured_bubble << "\n";
+  }
+  fs::remove_all(dir);
+}
+
 // Context parallelism (parallel.cp): each mode, and cp composed with FSDP, HSDP, TP (with SP) and a
 // 1F1B pipeline, within 1e-6 of one rank at every one of 20 steps.
 TEST(Trainer, ContextParallelAgreesWithOneRank) {

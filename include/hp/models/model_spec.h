@@ -19,6 +19,7 @@
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/parallel_dims.h"
+#include "hp/pp/schedule.h"
 
 namespace hp::models {
 
@@ -34,6 +35,7 @@ struct PipelineOptions {
   int stages_per_rank = 2;  // interleaved only
   int micro_batches = 1;
   std::vector<int64_t> layers_per_stage;  // each stage's layers, in stage order; empty: equal ranges
+  pp::ActionCosts costs;                  // what the zero-bubble schedules order for
 };
 
 // How a recipe applies the parallel dims (TP details, FSDP's options, the pipeline's schedule) and

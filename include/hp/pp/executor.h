@@ -102,6 +102,10 @@ class PipelineExecutor {
   // processes on one machine agree; across machines each rank's times are its own clock's.
   Simulation measured_step() const;
   const Schedule& schedule() const { return schedule_; }
+  // Runs `schedule` from the next step on: another order of the same stages on the same ranks
+  // (same stage placement and micro-batches, checked), e.g. one built for measured costs. Every
+  // rank of the pipeline must switch before the same step. Validates.
+  void reschedule(Schedule schedule);
 
   // The most micro-batches whose activations a stage held at once during the last step.
   int peak_live_micro_batches(int stage) const;

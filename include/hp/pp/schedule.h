@@ -127,6 +127,12 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 // from its first action, the makespan, and the bubble over its compute actions.
 Simulation measured(std::vector<TimedAction> timeline, int ranks);
 
+// The costs a measured step shows: the mean time of its F, I and W actions (of its full B actions,
+// half each, when it has no I and W), and the send
+// latency: the median time from a send's start to the end of its receive, over receives that were
+// waiting before the send started (0 without any). Times of processes on one machine.
+ActionCosts measured_costs(const Simulation& measured);
+
 // A timeline picture: one row per rank, one box per compute action (colour by kind, labelled with
 // the micro-batch, and the stage when a rank has several).
 std::string to_svg(const Schedule& schedule, const Simulation& simulation, const std::string& title = "");

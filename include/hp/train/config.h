@@ -28,11 +28,15 @@ struct TrainConfig {
   bool loss_parallel = false;
   bool reshard_after_forward = true;
   int64_t reshard_after_forward_to = 0;      // FSDP2's integer form: keep 1/k after forward (0: all ranks)
-  std::string pp_schedule = "1f1b";          // gpipe | 1f1b | interleaved | zbv (pp > 1)
+  std::string pp_schedule = "1f1b";          // gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2 (pp > 1)
   int64_t pp_stages_per_rank = 2;            // interleaved only
   std::vector<int64_t> pp_layers_per_stage;  // layers of each pipeline stage, in stage order; empty: equal
   std::string cp_mode = "ring";              // ring | allgather | ulysses | hybrid (cp > 1)
   int64_t cp_ulysses = 0;                    // hybrid: the ranks of each Ulysses group
+  // What the zero-bubble schedules (zbv, zbh1, zbh2) are ordered for: "measured" (the first step
+  // runs the unit-cost order and measures F, I, W and send; later steps run the order built for
+  // them), "unit", or "F,I,W" / "F,I,W,send" (relative costs).
+  std::string pp_costs = "measured";
   int64_t pp_timeline_step = 0;  // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
 
   struct Data {

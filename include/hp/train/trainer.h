@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "hp/core/error.h"
 #include "hp/train/callbacks.h"
 #include "hp/train/config.h"
+#include "hp/train/train_step.h"
 
 namespace hp::train {
 
@@ -42,6 +44,8 @@ struct TrainResult {
   double tokens_per_s = 0.0;     // mean over the steps after the first
   double mfu = 0.0;
   std::string sample;  // greedy continuation of config.sample.prompt
+  // parallel.pp_costs measured: the costs and bubbles of the pipeline's first two steps.
+  std::optional<PipelineProfile> pipeline_profile;
 };
 
 // `world` must have been created with world_options(config): train.deterministic decides how its

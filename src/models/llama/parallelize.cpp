@@ -141,8 +141,9 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
                          const RecipeOptions& options) {
   const LlamaConfig& config = model.config();
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
-  const pp::Schedule schedule = pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp),
-                                                     options.pipeline.micro_batches, options.pipeline.stages_per_rank);
+  const pp::Schedule schedule =
+      pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp), options.pipeline.micro_batches,
+                           options.pipeline.stages_per_rank, options.pipeline.costs);
   const std::vector<int64_t>& chosen = options.pipeline.layers_per_stage;
   HP_CHECK(chosen.empty() || static_cast<int>(chosen.size()) == schedule.stages, "parallelize_llama: ", chosen.size(),
            " layer counts for the ", schedule.stages, " stages of ", schedule.name);
