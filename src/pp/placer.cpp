@@ -26,9 +26,7 @@ Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap
     : schedule_(std::move(skeleton)), costs_(costs), cap_(std::move(cap)) {
   const int ranks = schedule_.ranks;
   HP_CHECK(static_cast<int>(cap_.size()) == ranks, "pp: the placer needs a cap per rank");
-  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0 && costs.send >= 0,
-           "pp: zero-bubble schedules need positive F, I and W costs and a send cost >= 0, got F ", costs.forward,
-           ", I ", costs.backward_input, ", W ", costs.backward_weight, ", send ", costs.send);
+  costs.check(schedule_.stages, "pp: schedule " + schedule_.name);
   for (int c : cap_) HP_CHECK(c >= 1, "pp: a rank's activation cap must be at least one micro-batch, got ", c);
   in_flight_.assign(ranks, 0);
   clock_.assign(ranks, 0.0);
@@ -39,11 +37,7 @@ Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap
   ends_.assign(3, std::vector<std::vector<double>>(schedule_.stages, std::vector<double>(schedule_.micro_batches, -1)));
 }
 
-double Placer::cost(ActionKind kind) const {
-  return kind == ActionKind::kForward         ? costs_.forward
-         : kind == ActionKind::kBackwardInput ? costs_.backward_input
-                                              : costs_.backward_weight;
-}
+double Placer::cost(ActionKind kind, int stage) const { return costs_.of(kind, stage); }
 
 double Placer::end(ActionKind kind, int stage, int micro_batch) const { return ends_[slot(kind)][stage][micro_batch]; }
 
@@ -69,8 +63,8 @@ void Placer::put(ActionKind kind, int stage, int micro_batch, double ready) {
   const double start = std::max(clock_[r], ready);
   if (started_[r]) idle_[r] += start - clock_[r];
   started_[r] = true;
-  clock_[r] = start + cost(kind);
-  ends_[slot(kind)][stage][micro_batch] = clock_[r];
+  ends_[slot(kind)][stage][micro_batch] = start + cost(kind, stage);
+  clock_[r] = start + cost(kind, stage) + costs_.overhead;
   schedule_.programs[r].push_back(Action{kind, stage, micro_batch});
 }
 
@@ -86,7 +80,7 @@ double Placer::place(ActionKind kind, int stage, int micro_batch) {
     pending_w_[r].push_back(Action{ActionKind::kBackwardWeight, stage, micro_batch});
   }
   put(kind, stage, micro_batch, input_ready(kind, stage, micro_batch));
-  return clock_[r];
+  return end(kind, stage, micro_batch);
 }
 
 void Placer::place_weight(int rank) {
@@ -106,7 +100,9 @@ void Placer::make_room(int rank) {
 }
 
 void Placer::fill_weights(int rank, double until) {
-  while (!pending_w_[rank].empty() && clock_[rank] + costs_.backward_weight <= until) place_weight(rank);
+  while (!pending_w_[rank].empty() &&
+         clock_[rank] + cost(ActionKind::kBackwardWeight, pending_w_[rank].front().stage) <= until)
+    place_weight(rank);
 }
 
 Schedule Placer::finish() {

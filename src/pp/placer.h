@@ -36,6 +36,7 @@ class Placer {
   void fill_weights(int rank, double until);
 
   int rank_of(int stage) const { return schedule_.stage_rank[stage]; }
+  // When the rank can start its next action (after the last one's overhead).
   double clock(int rank) const { return clock_[rank]; }
   bool pending_weights(int rank) const { return !pending_w_[rank].empty(); }
   int in_flight(int rank) const { return in_flight_[rank]; }
@@ -43,7 +44,7 @@ class Placer {
   bool placed(ActionKind kind, int stage, int micro_batch) const { return end(kind, stage, micro_batch) >= 0; }
   // Time rank `rank` has idled since its first action.
   double idle(int rank) const { return idle_[rank]; }
-  double cost(ActionKind kind) const;
+  double cost(ActionKind kind, int stage) const;
 
   // The programs so far, every pending W placed at the end, with communication added. Validated.
   Schedule finish();

@@ -64,6 +64,7 @@ void check_complete(const Schedule& s) {
 // Replays with `costs`; throws naming each rank's blocked action when no rank can go on.
 std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
   check_complete(s);
+  costs.check(s.stages, "pp: simulating schedule '" + s.name + "'");
   std::map<Key, double> done;
   const auto when = [&](Event e, int stage, int mb) {
     const auto it = done.find({e, stage, mb});
@@ -81,12 +82,11 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
         const int st = a.stage, mb = a.micro_batch;
         const bool prev_here = st > 0 && s.stage_rank[st - 1] == r,
                    next_here = st + 1 < s.stages && s.stage_rank[st + 1] == r;
-        double ready = 0.0, cost = 0.0;
+        double ready = 0.0;
         switch (a.kind) {
           case ActionKind::kForward:
             ready =
                 st == 0 ? 0.0 : when(prev_here ? Event::kForward : Event::kRecvForward, st - (prev_here ? 1 : 0), mb);
-            cost = costs.forward;
             break;
           case ActionKind::kBackward:
           case ActionKind::kBackwardInput: {
@@ -95,13 +95,10 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
                                                    : when(next_here ? Event::kGradInput : Event::kRecvBackward,
                                                           st + (next_here ? 1 : 0), mb);
             ready = fwd == kNotYet || grad == kNotYet ? kNotYet : std::max(fwd, grad);
-            cost =
-                a.kind == ActionKind::kBackward ? costs.backward_input + costs.backward_weight : costs.backward_input;
             break;
           }
           case ActionKind::kBackwardWeight:
             ready = when(Event::kGradInput, st, mb);
-            cost = costs.backward_weight;
             break;
           case ActionKind::kSendForward:
             ready = when(Event::kForward, st, mb);
@@ -121,8 +118,8 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
           }
         }
         if (ready == kNotYet) break;
-        const double start = std::max(clock[r], ready), end = start + cost;
-        clock[r] = a.is_compute() ? end : clock[r];
+        const double start = std::max(clock[r], ready), end = start + costs.of(a.kind, st);
+        clock[r] = a.is_compute() ? end + costs.overhead : clock[r];
         switch (a.kind) {
           case ActionKind::kForward:
             done[{Event::kForward, st, mb}] = end;

@@ -129,8 +129,8 @@ class VBuilder {
     for (int r = p_ - 1; r >= 0; --r) {
       if (r < p_ - 1) {
         const double arrives = placer_.input_ready(kF, up(r), f_up_[r]);
-        while (placer_.in_flight(r) + 2 + 2 * r <= placer_.cap(r) && placer_.clock(r) + placer_.cost(kF) <= arrives &&
-               f_down_[r] < m_ - r)
+        while (placer_.in_flight(r) + 2 + 2 * r <= placer_.cap(r) &&
+               placer_.clock(r) + placer_.cost(kF, down(r)) <= arrives && f_down_[r] < m_ - r)
           for (int j = 0; j <= r; ++j) forward(j, true);
       }
       forward(r, false);
@@ -197,8 +197,10 @@ class VBuilder {
 
 // The first ZBV order: a greedy list schedule in time (at time 0 and every completion, each free
 // rank starts a ready I, deepest stage first; else a forward while under the cap; else a W).
-// Kept as a candidate: for a few shapes it is the better one.
-Schedule greedy_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap) {
+// Kept as a candidate: for a few shapes it is the better one. It can fill a rank's cap with
+// forwards that wait on a backward the cap holds back; then it has no order (nullopt).
+std::optional<Schedule> greedy_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs,
+                                 int cap) {
   const int stages = 2 * ranks;
   Schedule s = skeleton(name, ranks, micro_batches, true);
   s.programs.resize(ranks);
@@ -210,7 +212,7 @@ Schedule greedy_v(const std::string& name, int ranks, int micro_batches, const A
   std::set<double> events = {0.0};
   int total = ranks * 3 * 2 * micro_batches;
   while (total > 0) {
-    HP_CHECK(!events.empty(), "pp: ZBV schedule generation stalled");
+    if (events.empty()) return std::nullopt;
     const double t = *events.begin();
     events.erase(events.begin());
     for (int r = 0; r < ranks; ++r) {
@@ -238,15 +240,14 @@ Schedule greedy_v(const std::string& name, int ranks, int micro_batches, const A
         }
       if (!pick) continue;
       const Action a = *pick;
-      const double end = t + (a.kind == kF   ? costs.forward
-                              : a.kind == kI ? costs.backward_input
-                                             : costs.backward_weight);
+      const double end = t + costs.of(a.kind, a.stage);
       if (a.kind == kF) f_done[a.stage][a.micro_batch] = end, ++in_flight[r];
       if (a.kind == kI) i_done[a.stage][a.micro_batch] = end;
       if (a.kind == ActionKind::kBackwardWeight) w_done[a.stage][a.micro_batch] = end, --in_flight[r];
       s.programs[r].push_back(a);
-      free_at[r] = end;
+      free_at[r] = end + costs.overhead;
       events.insert(end);
+      events.insert(free_at[r]);
       --remaining[r];
       --total;
     }
@@ -255,16 +256,22 @@ Schedule greedy_v(const std::string& name, int ranks, int micro_batches, const A
   return s;
 }
 
-// The V order with the lowest simulated bubble under `costs` among the builder's variants, each
-// rank holding at most `cap` stage micro-batches.
-Schedule best_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap) {
-  HP_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0, "pp: ", name,
-           " needs positive action costs, got F ", costs.forward, ", I ", costs.backward_input, ", W ",
-           costs.backward_weight);
-  std::vector<Schedule> candidates;
-  // The greedy order fills the cap with forwards of either stage, which can deadlock below
-  // 2 x ranks (every slot taken by forwards whose backward needs one more).
-  if (cap >= 2 * ranks) candidates.push_back(greedy_v(name, ranks, micro_batches, costs, cap));
+// The candidate with the lowest simulated bubble under `costs` (the first of equals).
+Schedule lowest_bubble(std::vector<Schedule> candidates, const ActionCosts& costs) {
+  size_t best = 0;
+  double lowest = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const double bubble = simulate(candidates[i], costs).bubble;
+    if (bubble < lowest - 1e-12) lowest = bubble, best = i;
+  }
+  return std::move(candidates[best]);
+}
+
+// The V orders the builder's variants give when built for `costs`, each rank holding at most
+// `cap` stage micro-batches.
+void v_candidates(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
+                  std::vector<Schedule>& out) {
+  if (std::optional<Schedule> greedy = greedy_v(name, ranks, micro_batches, costs, cap)) out.push_back(*greedy);
   for (const bool before_input : {true, false})
     for (const bool before_forward : {true, false}) {
       // Each try that lowers the worst rank's idle time is tried again with the ranks' idle times
@@ -273,37 +280,53 @@ Schedule best_v(const std::string& name, int ranks, int micro_batches, const Act
       double worst = std::numeric_limits<double>::infinity();
       for (int attempt = 0; attempt < 16; ++attempt) {
         VBuilder builder(name, ranks, micro_batches, costs, cap);
-        candidates.push_back(builder.build(round));
+        out.push_back(builder.build(round));
         const double now = *std::max_element(builder.idle().begin(), builder.idle().end());
         if (now >= worst) break;
         worst = now;
         round.approved = builder.idle();
       }
     }
-  size_t best = 0;
-  double lowest = std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const double bubble = simulate(candidates[i], costs).bubble;
-    if (bubble < lowest - 1e-12) lowest = bubble, best = i;
-  }
-  return candidates[best];
+}
+
+// A builder's order for `costs`, or its order for unit costs when that idles less under `costs`
+// (a W that would overrun its gap by a little stays out of it, which can cost more than it saves).
+template <typename Build>
+Schedule for_costs(const Build& build, const ActionCosts& costs) {
+  std::vector<Schedule> candidates;
+  build(costs, candidates);
+  build(ActionCosts{}, candidates);
+  return lowest_bubble(std::move(candidates), costs);
 }
 
 }  // namespace
 
 Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) {
-  return zero_bubble_h("ZB-H1", ranks, micro_batches, costs, ranks, [ranks](int r) { return ranks - r; });
+  costs.check(ranks, "pp: ZB-H1");
+  return for_costs(
+      [&](const ActionCosts& c, std::vector<Schedule>& out) {
+        out.push_back(zero_bubble_h("ZB-H1", ranks, micro_batches, c, ranks, [ranks](int r) { return ranks - r; }));
+      },
+      costs);
 }
 
 Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs) {
-  return zero_bubble_h("ZB-H2", ranks, micro_batches, costs, 2 * ranks - 1,
-                       [ranks](int r) { return 2 * (ranks - r) - 1; });
+  costs.check(ranks, "pp: ZB-H2");
+  return for_costs(
+      [&](const ActionCosts& c, std::vector<Schedule>& out) {
+        out.push_back(zero_bubble_h("ZB-H2", ranks, micro_batches, c, 2 * ranks - 1,
+                                    [ranks](int r) { return 2 * (ranks - r) - 1; }));
+      },
+      costs);
 }
 
 Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
 
 Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
-  return best_v("ZBV", ranks, micro_batches, costs, 2 * ranks);
+  costs.check(2 * ranks, "pp: ZBV");
+  return for_costs([&](const ActionCosts& c,
+                       std::vector<Schedule>& out) { v_candidates("ZBV", ranks, micro_batches, c, 2 * ranks, out); },
+                   costs);
 }
 
 }  // namespace hp::pp

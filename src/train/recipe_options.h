@@ -1,7 +1,7 @@
 // How the training config asks a model family's recipe to apply the parallel dims.
 #pragma once
 
-#include <sstream>
+#include <optional>
 
 #include "hp/core/error.h"
 #include "hp/models/model_spec.h"
@@ -17,17 +17,10 @@ inline bool zero_bubble(const std::string& schedule) {
 // The costs parallel.pp_costs gives the first schedule: unit for "measured" and "unit".
 inline pp::ActionCosts pipeline_costs(const TrainConfig& c) {
   if (c.pp_costs == "measured" || c.pp_costs == "unit") return {};
-  std::istringstream in(c.pp_costs);
-  pp::ActionCosts costs;
-  char comma[3] = {0, 0, ','};
-  const bool read =
-      static_cast<bool>(in >> costs.forward >> comma[0] >> costs.backward_input >> comma[1] >> costs.backward_weight);
-  if (read && !in.eof()) in >> comma[2] >> costs.send;
-  const bool numbers = read && !in.fail() && in.eof() && comma[0] == ',' && comma[1] == ',' && comma[2] == ',';
-  HP_CHECK(numbers && costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0 && costs.send >= 0,
-           "parallel.pp_costs '", c.pp_costs,
+  const std::optional<pp::ActionCosts> costs = pp::parse_costs(c.pp_costs);
+  HP_CHECK(costs, "parallel.pp_costs '", c.pp_costs,
            "' is not measured, unit, or positive relative costs F,I,W or F,I,W,send (e.g. 1,1.2,0.7)");
-  return costs;
+  return *costs;
 }
 
 inline models::RecipeOptions recipe_options(const TrainConfig& c) {

@@ -54,8 +54,9 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   if (parts_.pipeline) {
     pp::PipelineExecutor& pipe = *parts_.pipeline;
     const bool draw = step + 1 == options_.timeline_step;
-    const bool profile = options_.schedule_for_measured_costs && steps_run_ < 2;  // measure, then check
     ++steps_run_;
+    // The second step measures the costs, the third the bubble of the order built for them.
+    const bool profile = options_.schedule_for_measured_costs && (steps_run_ == 2 || steps_run_ == 3);
     pipe.record_timeline(draw || profile);
     // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
     const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(pipe.schedule().micro_batches));
@@ -106,36 +107,48 @@ at::Tensor TrainStep::logits(const at::Tensor& inputs) {
   return whole(parts_.pipeline ? parts_.pipeline->forward(inputs) : (*parts_.model)(inputs));
 }
 
-// The first step: order the schedule for the costs it measured (rank 0's, on every rank). The
-// second: record the bubble the new order gives.
+// The profiled step: order the schedule for the costs it measured (rank 0's, on every rank). The
+// next: record the bubble the order it runs gives.
 void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
   pp::PipelineExecutor& pipe = *parts_.pipeline;
   if (profile_) {
     profile_->measured_bubble = measured.bubble;
     if (options_.lead)
-      log::info("pipeline bubble of step ", step, " under the order for measured costs: ", 100.0 * measured.bubble,
-                "% measured, ", 100.0 * profile_->predicted_bubble, "% predicted");
+      log::info("pipeline bubble of step ", step, ": ", 100.0 * measured.bubble, "% measured, ",
+                100.0 * (profile_->rescheduled ? profile_->predicted_bubble : profile_->unit_order_bubble),
+                "% predicted from the costs of step ", profile_->step);
     return;
   }
   const pp::ActionCosts mine = pp::measured_costs(measured);
-  const at::Tensor agreed = options_.world.broadcast(
-      at::tensor({mine.forward, mine.backward_input, mine.backward_weight, mine.send}, at::kDouble), 0);
+  const int stages = pipe.schedule().stages;
+  HP_CHECK(static_cast<int>(mine.by_stage.size()) == stages, "pipeline: step ", step, " measured ",
+           mine.by_stage.size(), " of its ", stages, " stages");
+  std::vector<double> values = {mine.forward, mine.backward_input, mine.backward_weight, mine.send, mine.overhead};
+  for (const pp::StageCosts& s : mine.by_stage)
+    values.insert(values.end(), {s.forward, s.backward_input, s.backward_weight});
+  const at::Tensor agreed = options_.world.broadcast(at::tensor(values, at::kDouble), 0);
   const double* c = agreed.data_ptr<double>();
   PipelineProfile profile;
-  profile.costs = {c[0], c[1], c[2], c[3]};
-  profile.first_step_bubble = measured.bubble;
+  profile.step = step;
+  profile.costs = {c[0], c[1], c[2], c[3], c[4], {}};
+  for (int s = 0; s < stages; ++s) profile.costs.by_stage.push_back({c[5 + 3 * s], c[6 + 3 * s], c[7 + 3 * s]});
+  profile.profiled_bubble = measured.bubble;
   profile.unit_order_bubble = pp::simulate(pipe.schedule(), profile.costs).bubble;
   const pp::Schedule& before = pipe.schedule();
   pp::Schedule ordered = pp::schedule_by_name(options_.schedule_name, before.ranks, before.micro_batches,
                                               options_.stages_per_rank, profile.costs);
   profile.predicted_bubble = pp::simulate(ordered, profile.costs).bubble;
-  pipe.reschedule(std::move(ordered));
+  // Equal or more: the unit order stays (the builder keeps it when nothing built for the costs beats it).
+  profile.rescheduled = profile.predicted_bubble < profile.unit_order_bubble - 1e-12;
+  if (profile.rescheduled) pipe.reschedule(std::move(ordered));
   if (options_.lead)
-    log::info("pipeline schedule ", options_.schedule_name, " ordered for the costs step ", step, " measured (F ",
-              1e3 * profile.costs.forward, " ms, I ", 1e3 * profile.costs.backward_input, " ms, W ",
-              1e3 * profile.costs.backward_weight, " ms, send ", 1e3 * profile.costs.send, " ms): predicted bubble ",
+    log::info("pipeline schedule ", options_.schedule_name,
+              profile.rescheduled ? " ordered for the costs step " : " kept: its unit-cost order suits the costs step ",
+              step, " measured (F ", 1e3 * profile.costs.forward, " ms, I ", 1e3 * profile.costs.backward_input,
+              " ms, W ", 1e3 * profile.costs.backward_weight, " ms on average, send ", 1e3 * profile.costs.send,
+              " ms, overhead ", 1e3 * profile.costs.overhead, " ms per action): predicted bubble ",
               100.0 * profile.predicted_bubble, "% (the unit-cost order: ", 100.0 * profile.unit_order_bubble,
-              "% predicted, ", 100.0 * profile.first_step_bubble, "% measured)");
+              "% predicted, ", 100.0 * profile.profiled_bubble, "% measured)");
   profile_ = profile;
 }
 

@@ -81,7 +81,7 @@ TEST(PipelineSchedule, OneFOneBHoldsAtMostRanksMicroBatches) {
 // ZBV scheduled with the real F / I / W costs (I dearer than W, as measured on these stages) is
 // valid and idles less under those costs than the unit-cost order does.
 TEST(PipelineSchedule, ZbvScheduledWithCostsIdlesLessUnderThem) {
-  for (const ActionCosts costs : {ActionCosts{1.0, 2.0, 0.5}, ActionCosts{1.0, 1.5, 0.3}})
+  for (const ActionCosts& costs : {ActionCosts{1.0, 2.0, 0.5}, ActionCosts{1.0, 1.5, 0.3}})
     for (int p : {2, 4})
       for (int m : {4, 8, 16}) {
         const Schedule tuned = zero_bubble_v(p, m, costs);

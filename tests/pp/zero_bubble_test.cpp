@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "hp/pp/schedule.h"
@@ -119,7 +121,7 @@ void expect_micro_batches_in_order(const Schedule& s, const std::string& what) {
 TEST(ZeroBubble, BuildersAreValidForEveryShape) {
   for (int p : {1, 2, 3, 4, 5})
     for (int m : {1, 2, 3, 5, 8, 13})
-      for (const ActionCosts costs : {ActionCosts{}, ActionCosts{1, 2, 0.5, 0.1}, ActionCosts{1, 0.3, 0.3}}) {
+      for (const ActionCosts& costs : {ActionCosts{}, ActionCosts{1, 2, 0.5, 0.1}, ActionCosts{1, 0.3, 0.3}}) {
         for (const Schedule& s :
              {zero_bubble_v(p, m, costs), zero_bubble_h1(p, m, costs), zero_bubble_h2(p, m, costs)}) {
           validate(s);
@@ -129,6 +131,46 @@ TEST(ZeroBubble, BuildersAreValidForEveryShape) {
           for (int r = 0; r < p; ++r) EXPECT_LE(peaks[r], cap) << s.name << " p " << p << " m " << m;
         }
       }
+}
+
+// Random cost ratios (seeded) on the shapes where the first greedy ZBV order can fill a rank with
+// forwards that wait on a held-back backward (p 2, m >= 6): every builder still gives a valid
+// order, and none idles more under the costs than its own unit-cost order.
+TEST(ZeroBubble, RandomCostsGiveValidOrdersNoWorseThanUnitOnes) {
+  uint64_t state = 12345;
+  const auto uniform = [&state](double lo, double hi) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * static_cast<double>(state >> 11) / static_cast<double>(1ULL << 53);
+  };
+  validate(zero_bubble_v(2, 8, {1, 2, 0.3}));  // stalled the greedy order
+  for (int draw = 0; draw < 60; ++draw) {
+    const int p = draw % 3 == 2 ? 3 : 2, m = 6 + draw % 11;
+    const ActionCosts costs{uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.0, 0.2)};
+    const std::string what = "p " + std::to_string(p) + " m " + std::to_string(m) + " F:I:W:send " +
+                             std::to_string(costs.forward) + ":" + std::to_string(costs.backward_input) + ":" +
+                             std::to_string(costs.backward_weight) + ":" + std::to_string(costs.send);
+    const std::pair<Schedule, Schedule> built[] = {{zero_bubble_v(p, m, costs), zero_bubble_v(p, m)},
+                                                   {zero_bubble_h1(p, m, costs), zero_bubble_h1(p, m)},
+                                                   {zero_bubble_h2(p, m, costs), zero_bubble_h2(p, m)}};
+    for (const auto& [for_costs, unit] : built) {
+      validate(for_costs);
+      expect_micro_batches_in_order(for_costs, for_costs.name + " " + what);
+      EXPECT_LE(simulate(for_costs, costs).bubble, simulate(unit, costs).bubble + 1e-12)
+          << for_costs.name << " " << what;
+    }
+  }
+}
+
+TEST(ZeroBubble, CostsParseStrictly) {
+  const std::optional<ActionCosts> three = parse_costs("1,1.2,0.7"), four = parse_costs("2,4e-1,1,0.05");
+  ASSERT_TRUE(three && four);
+  EXPECT_EQ(three->backward_input, 1.2);
+  EXPECT_EQ(three->send, 0.0);
+  EXPECT_EQ(four->backward_input, 0.4);
+  EXPECT_EQ(four->send, 0.05);
+  for (const char* bad : {"", "1,2", "1,2,0", "1,2,3,4,5", "1,2,0.5,", " 1,2,3", "1,2,3 ", "1;2;3", "nan,1,1",
+                          "inf,1,1", "1e308,1,1", "-1,1,1", "1,1,1,-0.1", "0x1p3,1,1", "1,,1"})
+    EXPECT_FALSE(parse_costs(bad).has_value()) << "'" << bad << "'";
 }
 
 }  // namespace

@@ -159,16 +159,20 @@ TEST(Trainer, ZeroBubbleSchedulesAgreeWithOneRank) {
 TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_zb_costs_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  for (const char* schedule : {"zbv", "zbh1"}) {
+  for (const char* schedule : {"zbv", "zbh1", "zbh2"}) {
     TrainConfig c = tiny_config(dir);
-    c.train.steps = 6;
+    c.train.steps = 6;  // step 2 measures, step 3 checks
     c.parallel.pp = 2;
     c.pp_schedule = schedule;
     c.model.as<models::LlamaConfig>().layers = 4;
     c.pp_costs = "unit";
     const std::vector<double> unit = rank0_losses(c, 2);
-    c.pp_costs = "1,2,0.5";
-    EXPECT_EQ(rank0_losses(c, 2), unit) << schedule << " ordered for F:I:W 1:2:0.5";
+    // Costs for which each order differs from the unit one (a slow send).
+    c.pp_costs = "1,0.5,0.5,0.5";
+    ASSERT_FALSE(pp::schedule_by_name(schedule, 2, 4, 2, *pp::parse_costs(c.pp_costs)).programs ==
+                 pp::schedule_by_name(schedule, 2, 4).programs)
+        << schedule << ": the same order for 1:1:1.5 as for unit costs; the comparison below would check nothing";
+    EXPECT_EQ(rank0_losses(c, 2), unit) << schedule << " ordered for F:I:W:send 1:0.5:0.5:0.5";
     c.pp_costs = "measured";
     const TrainResult measured = rank0_result(c, 2);
     EXPECT_EQ(measured.losses, unit) << schedule << " ordered for measured costs";
@@ -178,6 +182,7 @@ TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
     EXPECT_GT(profile.costs.backward_input, 0.0);
     EXPECT_GT(profile.costs.backward_weight, 0.0);
     EXPECT_GE(profile.costs.send, 0.0);
+    EXPECT_EQ(profile.step, 2);
     EXPECT_LE(profile.predicted_bubble, profile.unit_order_bubble + 1e-12) << schedule;
     EXPECT_GE(profile.measured_bubble, 0.0) << schedule;
     std::cout << schedule << ": measured F " << profile.costs.forward * 1e3 << " ms, I "

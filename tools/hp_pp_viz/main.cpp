@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@ struct Args {
   int ranks = 0, micro_batches = 0, per_rank = 2;
   bool print_csv = false;
   hp::pp::ActionCosts costs;
+  std::optional<double> send;  // --send-cost, over --costs' S
 };
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
@@ -51,19 +53,18 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "read the schedule from a CSV file (the format --print-csv writes)",
        [](Args& a, const std::string& v) { a.csv = v; }},
       {{"--costs"},
-       "F,I,W",
-       "forward, backward-input and backward-weight costs (default 1,1,1; B = I + W)",
+       "F,I,W[,S]",
+       "forward, backward-input and backward-weight costs, and a send latency (default 1,1,1,0; B = I + W); "
+       "zbv, zbh1 and zbh2 are ordered for them",
        [](Args& a, const std::string& v) {
-         std::istringstream in(v);
-         char comma1 = 0, comma2 = 0;
-         if (!(in >> a.costs.forward >> comma1 >> a.costs.backward_input >> comma2 >> a.costs.backward_weight) ||
-             comma1 != ',' || comma2 != ',')
-           throw hp::tools::UsageError("--costs takes F,I,W (three numbers), got '" + v + "'");
+         const std::optional<hp::pp::ActionCosts> costs = hp::pp::parse_costs(v);
+         if (!costs) throw hp::tools::UsageError("--costs takes F,I,W or F,I,W,S (positive numbers), got '" + v + "'");
+         a.costs = *costs;
        }},
       {{"--send-cost"},
        "S",
        "latency of a send/receive pair (default 0)",
-       [](Args& a, const std::string& v) { a.costs.send = hp::tools::parse_double("--send-cost", v); }},
+       [](Args& a, const std::string& v) { a.send = hp::tools::parse_double("--send-cost", v); }},
       {{"-o", "--output"},
        "OUT.svg",
        "draw the schedule and its simulation",
@@ -98,7 +99,8 @@ int main(int argc, char** argv) {
   const std::string &kind = args.kind, &csv = args.csv, &output = args.output;
   const int ranks = args.ranks, micro_batches = args.micro_batches, per_rank = args.per_rank;
   const bool print_csv = args.print_csv;
-  const hp::pp::ActionCosts& costs = args.costs;
+  hp::pp::ActionCosts costs = args.costs;
+  if (args.send) costs.send = *args.send;
   try {
     hp::pp::Schedule schedule;
     if (!csv.empty()) {

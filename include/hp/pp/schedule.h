@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,9 +75,25 @@ void validate(const Schedule& schedule);
 std::string to_csv(const Schedule& schedule);
 Schedule from_csv(const std::string& csv, const std::string& name = "csv");
 
+struct StageCosts {
+  double forward = 1.0, backward_input = 1.0, backward_weight = 1.0;
+};
+
 struct ActionCosts {
   double forward = 1.0, backward_input = 1.0, backward_weight = 1.0;  // full backward = I + W
   double send = 0.0;                                                  // latency of a send/receive pair
+  // Time a rank spends after each compute action (bookkeeping, posting messages) before it can
+  // start the next one; idle, not busy.
+  double overhead = 0.0;
+  // Stage s's own F, I and W at index s, where stages differ (the first holds the embedding, the
+  // last the head and the loss); empty: the three values above for every stage.
+  std::vector<StageCosts> by_stage;
+
+  // The cost of a compute action of `kind` on `stage` (B: I + W).
+  double of(ActionKind kind, int stage) const;
+  // Throws hp::Error naming what is wrong unless every cost is positive (send and overhead >= 0)
+  // and by_stage is empty or has one entry per stage.
+  void check(int stages, const std::string& who) const;
 };
 
 // The zero-bubble family (Qi et al., "Zero Bubble Pipeline Parallelism", 2023). The backward is
@@ -89,15 +106,16 @@ struct ActionCosts {
 // costs about a third of 1F1B's bubble.
 Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs = {});
 // ZB-H2: one stage per rank, a longer warm-up (2 (ranks - r) - 1 forwards on rank r) and at most
-// 2 ranks - 1 micro-batches per rank; at equal costs no rank idles between its first and last
-// action (per_stage_bubble 0).
+// 2 ranks - 1 micro-batches per rank; at equal costs and micro_batches >= 2 ranks no rank idles
+// between its first and last action (per_stage_bubble 0).
 Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs = {});
 // ZB-V: two stages per rank in a V (rank r holds stages r and 2 ranks - 1 - r, so the first and the
 // last stage share rank 0), at most 2 ranks stage micro-batches (each half a 1F1B stage: 1F1B's
 // peak) per rank. The order is the paper's: a warm-up of forwards sized to the cap, then rounds in
 // which each rank runs one I and one F, W passes filling the waits. Several variants of the fill
-// (and the first, greedy order) are built, and the one whose simulated bubble under `costs` is
-// lowest is returned.
+// (and the first, greedy order) are built, for `costs` and for unit costs, and the one whose
+// simulated bubble under `costs` is lowest is returned. (Every zero-bubble builder returns its
+// unit-cost order when nothing built for `costs` idles less under them.)
 Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs);
 
 // The most stage micro-batches whose activations each rank holds at once (from an F to the B or
@@ -132,6 +150,10 @@ Simulation measured(std::vector<TimedAction> timeline, int ranks);
 // latency: the median time from a send's start to the end of its receive, over receives that were
 // waiting before the send started (0 without any). Times of processes on one machine.
 ActionCosts measured_costs(const Simulation& measured);
+
+// "F,I,W" or "F,I,W,send": numbers (F, I, W above 0, send 0 or more, all at most 1e9), nothing
+// else, not even spaces; nullopt otherwise.
+std::optional<ActionCosts> parse_costs(const std::string& text);
 
 // A timeline picture: one row per rank, one box per compute action (colour by kind, labelled with
 // the micro-batch, and the stage when a rank has several).

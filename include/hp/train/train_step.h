@@ -14,7 +14,7 @@
 
 #include "hp/comm/process_group.h"
 #include "hp/models/model_parts.h"
-#include "hp/pp/schedule.h"
+#include "hp/train/pipeline_profile.h"
 
 namespace hp::train {
 
@@ -31,22 +31,14 @@ struct TrainStepOptions {
   std::string timeline_path;
   bool lead = false;
   // With a pipeline: build schedule `schedule_name` (schedule_by_name, with `stages_per_rank`) for
-  // the costs the first step measures and run it from the second step on. The costs of the first
-  // rank of `world` (one broadcast) order every pipeline of the job alike, so the data-parallel
-  // ranks of a stage issue their collectives in the same order.
+  // the costs the second step of this process measures (the first also exchanges shapes), and run
+  // it from the third on when it predicts less bubble. The costs of the first rank of `world` (one
+  // broadcast) order every pipeline of the job alike, so the data-parallel ranks of a stage issue
+  // their collectives in the same order.
   bool schedule_for_measured_costs = false;
   std::string schedule_name;
   int stages_per_rank = 2;
   comm::ProcessGroup world;
-};
-
-// What the first step measured and what the schedule built for it predicts and gives.
-struct PipelineProfile {
-  pp::ActionCosts costs;           // seconds
-  double predicted_bubble = 0.0;   // of the schedule built for `costs`, simulated under them
-  double unit_order_bubble = 0.0;  // of the first step's order (unit costs), simulated under them
-  double first_step_bubble = 0.0;  // measured in the first step
-  double measured_bubble = -1.0;   // measured in the second step, the first under the new order (-1: not yet)
 };
 
 class TrainStep {
@@ -63,7 +55,7 @@ class TrainStep {
   // The model's output for `inputs` as one micro-batch, as a plain tensor on every rank (for
   // generation).
   at::Tensor logits(const at::Tensor& inputs);
-  // After the second step, with TrainStepOptions::schedule_for_measured_costs.
+  // After the profiled step, with TrainStepOptions::schedule_for_measured_costs.
   const std::optional<PipelineProfile>& pipeline_profile() const { return profile_; }
 
  private:

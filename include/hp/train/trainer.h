@@ -15,7 +15,7 @@
 #include "hp/core/error.h"
 #include "hp/train/callbacks.h"
 #include "hp/train/config.h"
-#include "hp/train/train_step.h"
+#include "hp/train/pipeline_profile.h"
 
 namespace hp::train {
 
