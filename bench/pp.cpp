@@ -165,7 +165,7 @@ void run_setup(const Setup& setup, bool docs) {
             << std::setprecision(1);
   const hp::pp::Schedule tuned = hp::pp::zero_bubble_v(p, m, costs);
   const double predicted = hp::pp::simulate(tuned, costs).bubble;
-  const hp::pp::Simulation tuned_run = report(tuned, "ZBV (order from costs)", predicted, true);
+  const hp::pp::Simulation tuned_run = report(tuned, "ZBV (order from costs)", hp::pp::simulate(tuned).bubble, true);
   const double replay = hp::pp::simulate(tuned, hp::pp::measured_costs(tuned_run)).bubble;
   const auto gap = [&](double prediction) { return 100 * std::abs(tuned_run.bubble - prediction) / prediction; };
   std::cout << "  ZBV ordered for the measured costs: measured " << 100 * tuned_run.bubble

@@ -39,6 +39,8 @@ Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap
 
 double Placer::cost(ActionKind kind, int stage) const { return costs_.of(kind, stage); }
 
+double Placer::ends_at(ActionKind kind, int stage, int micro_batch) const { return end(kind, stage, micro_batch); }
+
 double Placer::end(ActionKind kind, int stage, int micro_batch) const { return ends_[slot(kind)][stage][micro_batch]; }
 
 bool Placer::placeable(ActionKind kind, int stage, int micro_batch) const {
@@ -53,7 +55,8 @@ double Placer::input_ready(ActionKind kind, int stage, int micro_batch) const {
   double ready = kind == ActionKind::kForward ? 0.0 : end(ActionKind::kForward, stage, micro_batch);
   if (from >= 0 && from < schedule_.stages) {
     const double sent = end(kind, from, micro_batch);
-    ready = std::max(ready, sent + (rank_of(from) == rank_of(stage) ? 0.0 : costs_.send));
+    // From another rank: the send goes after the producing action's overhead, as simulate() has it.
+    ready = std::max(ready, sent + (rank_of(from) == rank_of(stage) ? 0.0 : costs_.overhead + costs_.send));
   }
   return ready;
 }
@@ -101,7 +104,7 @@ void Placer::make_room(int rank) {
 
 void Placer::fill_weights(int rank, double until) {
   while (!pending_w_[rank].empty() &&
-         clock_[rank] + cost(ActionKind::kBackwardWeight, pending_w_[rank].front().stage) <= until)
+         clock_[rank] + cost(ActionKind::kBackwardWeight, pending_w_[rank].front().stage) + costs_.overhead <= until)
     place_weight(rank);
 }
 

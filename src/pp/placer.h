@@ -32,7 +32,8 @@ class Placer {
   void place_weight(int rank);
   // Places the rank's oldest W passes while it is at its cap.
   void make_room(int rank);
-  // Places the rank's pending W passes, oldest first, while the next one ends by `until`.
+  // Places the rank's pending W passes, oldest first, while the next one and its overhead end by
+  // `until`.
   void fill_weights(int rank, double until);
 
   int rank_of(int stage) const { return schedule_.stage_rank[stage]; }
@@ -45,6 +46,9 @@ class Placer {
   // Time rank `rank` has idled since its first action.
   double idle(int rank) const { return idle_[rank]; }
   double cost(ActionKind kind, int stage) const;
+  double overhead() const { return costs_.overhead; }
+  // When a placed F, I or W ends (-1: not placed): simulate() of finish()'s schedule agrees.
+  double ends_at(ActionKind kind, int stage, int micro_batch) const;
 
   // The programs so far, every pending W placed at the end, with communication added. Validated.
   Schedule finish();

@@ -118,6 +118,7 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
           }
         }
         if (ready == kNotYet) break;
+        const double reached = clock[r];  // a receive waits from here, as the executor records it
         const double start = std::max(clock[r], ready), end = start + costs.of(a.kind, st);
         clock[r] = a.is_compute() ? end + costs.overhead : clock[r];
         switch (a.kind) {
@@ -143,9 +144,9 @@ std::vector<TimedAction> replay(const Schedule& s, const ActionCosts& costs) {
             done[{Event::kRecvBackward, st, mb}] = start;
             break;
         }
-        if (a.kind == ActionKind::kRecvForward || a.kind == ActionKind::kRecvBackward)
-          clock[r] = std::max(clock[r], start);
-        timeline.push_back({a, r, start, a.is_compute() ? end : start});
+        const bool receive = a.kind == ActionKind::kRecvForward || a.kind == ActionKind::kRecvBackward;
+        if (receive) clock[r] = std::max(clock[r], start);
+        timeline.push_back({a, r, receive ? reached : start, a.is_compute() ? end : start});
         progress = true;
       }
     }

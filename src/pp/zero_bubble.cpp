@@ -130,7 +130,7 @@ class VBuilder {
       if (r < p_ - 1) {
         const double arrives = placer_.input_ready(kF, up(r), f_up_[r]);
         while (placer_.in_flight(r) + 2 + 2 * r <= placer_.cap(r) &&
-               placer_.clock(r) + placer_.cost(kF, down(r)) <= arrives && f_down_[r] < m_ - r)
+               placer_.clock(r) + placer_.cost(kF, down(r)) + placer_.overhead() <= arrives && f_down_[r] < m_ - r)
           for (int j = 0; j <= r; ++j) forward(j, true);
       }
       forward(r, false);
@@ -197,7 +197,8 @@ class VBuilder {
 
 // The first ZBV order: a greedy list schedule in time (at time 0 and every completion, each free
 // rank starts a ready I, deepest stage first; else a forward while under the cap; else a W).
-// Kept as a candidate: for a few shapes it is the better one. It can fill a rank's cap with
+// Kept as a candidate: for a few shapes it is the better one. Its own clock leaves out send and
+// overhead (the candidates are compared by simulate(), which has them). It can fill a rank's cap with
 // forwards that wait on a backward the cap holds back; then it has no order (nullopt).
 std::optional<Schedule> greedy_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs,
                                  int cap) {
@@ -289,13 +290,18 @@ void v_candidates(const std::string& name, int ranks, int micro_batches, const A
     }
 }
 
-// A builder's order for `costs`, or its order for unit costs when that idles less under `costs`
-// (a W that would overrun its gap by a little stays out of it, which can cost more than it saves).
+bool unit(const ActionCosts& c) {
+  return c.forward == 1 && c.backward_input == 1 && c.backward_weight == 1 && c.send == 0 && c.overhead == 0 &&
+         c.by_stage.empty();
+}
+
+// A builder's order for `costs`, unless its order for unit costs idles no more under `costs` (a W
+// that would overrun its gap by a little stays out of it, which can cost more than it saves).
 template <typename Build>
 Schedule for_costs(const Build& build, const ActionCosts& costs) {
   std::vector<Schedule> candidates;
-  build(costs, candidates);
-  build(ActionCosts{}, candidates);
+  build(ActionCosts{}, candidates);  // first: the unit order wins ties
+  if (!unit(costs)) build(costs, candidates);
   return lowest_bubble(std::move(candidates), costs);
 }
 

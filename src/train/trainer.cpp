@@ -281,7 +281,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       record.seconds = seconds_since(t0);
       profile.finish(c, step + 1, record.seconds);
       // The run's throughput leaves out the first step and the profiled one (timing every op slows it).
-      if (step > result.first_step && step + 1 != c.log.profile_step) timed_seconds += record.seconds, ++timed_steps;
+      if (step > result.first_step && step + 1 != c.log.profile_step && !train_step.profiles(step, result.first_step))
+        timed_seconds += record.seconds, ++timed_steps;
       record.tokens_per_s = tokens_per_step / record.seconds;
       record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;
       record.peak_mem_bytes = static_cast<double>(memory.peak());

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "hp/pp/schedule.h"
+#include "pp/placer.h"
 
 namespace hp::pp {
 namespace {
@@ -133,10 +134,10 @@ TEST(ZeroBubble, BuildersAreValidForEveryShape) {
       }
 }
 
-// Random cost ratios (seeded) on the shapes where the first greedy ZBV order can fill a rank with
-// forwards that wait on a held-back backward (p 2, m >= 6): every builder still gives a valid
-// order, and none idles more under the costs than its own unit-cost order.
-TEST(ZeroBubble, RandomCostsGiveValidOrdersNoWorseThanUnitOnes) {
+// Random costs (seeded), per stage, with send latency and per-action overhead, on the shapes where
+// the first greedy ZBV order can fill a rank with forwards that wait on a held-back backward (p 2,
+// m >= 6): every builder gives a valid order, each stage's micro-batches in order.
+TEST(ZeroBubble, RandomCostsGiveValidOrders) {
   uint64_t state = 12345;
   const auto uniform = [&state](double lo, double hi) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -145,20 +146,79 @@ TEST(ZeroBubble, RandomCostsGiveValidOrdersNoWorseThanUnitOnes) {
   validate(zero_bubble_v(2, 8, {1, 2, 0.3}));  // stalled the greedy order
   for (int draw = 0; draw < 60; ++draw) {
     const int p = draw % 3 == 2 ? 3 : 2, m = 6 + draw % 11;
-    const ActionCosts costs{uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.0, 0.2)};
+    ActionCosts costs{uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.0, 0.2), uniform(0.0, 0.1)};
+    const auto per_stage = [&](int stages) {
+      ActionCosts c = costs;
+      for (int s = 0; s < stages; ++s) c.by_stage.push_back({uniform(0.2, 2.0), uniform(0.2, 2.0), uniform(0.2, 2.0)});
+      return c;
+    };
     const std::string what = "p " + std::to_string(p) + " m " + std::to_string(m) + " F:I:W:send " +
                              std::to_string(costs.forward) + ":" + std::to_string(costs.backward_input) + ":" +
                              std::to_string(costs.backward_weight) + ":" + std::to_string(costs.send);
-    const std::pair<Schedule, Schedule> built[] = {{zero_bubble_v(p, m, costs), zero_bubble_v(p, m)},
-                                                   {zero_bubble_h1(p, m, costs), zero_bubble_h1(p, m)},
-                                                   {zero_bubble_h2(p, m, costs), zero_bubble_h2(p, m)}};
-    for (const auto& [for_costs, unit] : built) {
-      validate(for_costs);
-      expect_micro_batches_in_order(for_costs, for_costs.name + " " + what);
-      EXPECT_LE(simulate(for_costs, costs).bubble, simulate(unit, costs).bubble + 1e-12)
-          << for_costs.name << " " << what;
+    const ActionCosts v_costs = draw % 2 ? per_stage(2 * p) : costs, h_costs = draw % 2 ? per_stage(p) : costs;
+    for (const Schedule& s :
+         {zero_bubble_v(p, m, v_costs), zero_bubble_h1(p, m, h_costs), zero_bubble_h2(p, m, h_costs)}) {
+      validate(s);
+      expect_micro_batches_in_order(s, s.name + " " + what);
     }
   }
+}
+
+// The placer's times are the simulator's: with per-stage costs, a send latency and an overhead,
+// every action ends where simulate() puts it (the builders' gap rules rely on it).
+TEST(ZeroBubble, PlacerTimesAreTheSimulators) {
+  ActionCosts costs{1.0, 1.5, 0.7, 0.05, 0.1};
+  for (int s = 0; s < 4; ++s) costs.by_stage.push_back({1.0 + 0.1 * s, 1.5 - 0.2 * s, 0.7 + 0.05 * s});
+  Schedule skeleton;
+  skeleton.name = "placed";
+  skeleton.ranks = skeleton.stages = 4;
+  skeleton.micro_batches = 8;
+  skeleton.stage_rank = {0, 1, 2, 3};
+  Placer placer(skeleton, costs, std::vector<int>(4, 4));
+  // 1F1B's order with I and W split, W passes where they fit or where the cap forces them.
+  std::vector<int> forwards(4, 0), inputs(4, 0);
+  for (int r = 0; r < 4; ++r)
+    while (forwards[r] < 4 - r) placer.place(ActionKind::kForward, r, forwards[r]++);
+  for (int left = 32; left > 0;) {
+    int placed = 0;
+    for (int r = 3; r >= 0; --r)
+      if (inputs[r] < forwards[r] && placer.placeable(ActionKind::kBackwardInput, r, inputs[r])) {
+        placer.fill_weights(r, placer.input_ready(ActionKind::kBackwardInput, r, inputs[r]));
+        placer.place(ActionKind::kBackwardInput, r, inputs[r]++), --left, ++placed;
+      }
+    for (int r = 0; r < 4; ++r)
+      if (forwards[r] < 8 && placer.placeable(ActionKind::kForward, r, forwards[r]))
+        placer.place(ActionKind::kForward, r, forwards[r]++), ++placed;
+    ASSERT_GT(placed, 0) << "the test's order stalled";
+  }
+  const Schedule placed = placer.finish();
+  const Simulation sim = simulate(placed, costs);
+  int compared = 0;
+  for (const TimedAction& t : sim.timeline) {
+    if (!t.action.is_compute()) continue;
+    EXPECT_NEAR(placer.ends_at(t.action.kind, t.action.stage, t.action.micro_batch), t.end, 1e-9) << t.action.str();
+    ++compared;
+  }
+  EXPECT_EQ(compared, 3 * 4 * 8);
+}
+
+// measured_costs reads back what the simulator charged: each stage's F / I / W exactly, the send
+// latency (receives that waited) exactly, and the overhead within one action's share (the last
+// action of a rank leaves its overhead outside the step).
+TEST(ZeroBubble, MeasuredCostsReadBackTheSimulatedOnes) {
+  ActionCosts costs{1.0, 1.0, 1.0, 0.05, 0.02};
+  for (int s = 0; s < 8; ++s) costs.by_stage.push_back({1.0 + 0.1 * s, 1.2 + 0.05 * s, 0.6 + 0.02 * s});
+  const ActionCosts read = measured_costs(simulate(zero_bubble_v(4, 16, costs), costs));
+  ASSERT_EQ(read.by_stage.size(), 8u);
+  for (int s = 0; s < 8; ++s) {
+    EXPECT_NEAR(read.by_stage[s].forward, costs.by_stage[s].forward, 1e-9) << "stage " << s;
+    EXPECT_NEAR(read.by_stage[s].backward_input, costs.by_stage[s].backward_input, 1e-9) << "stage " << s;
+    EXPECT_NEAR(read.by_stage[s].backward_weight, costs.by_stage[s].backward_weight, 1e-9) << "stage " << s;
+  }
+  EXPECT_NEAR(read.send, costs.send, 1e-9);
+  const int per_rank = 3 * 2 * 16;
+  EXPECT_NEAR(read.overhead, costs.overhead * (per_rank - 1) / per_rank, 1e-9);
+  EXPECT_NEAR(read.forward, 1.35, 1e-9);  // the mean of the stages'
 }
 
 TEST(ZeroBubble, CostsParseStrictly) {

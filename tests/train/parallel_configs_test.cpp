@@ -159,7 +159,9 @@ TEST(Trainer, ZeroBubbleSchedulesAgreeWithOneRank) {
 TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_zb_costs_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  for (const char* schedule : {"zbv", "zbh1", "zbh2"}) {
+  // ZBV: under ZB-H1 and ZB-H2 at this shape (p 2, m 4) every cost ratio tried keeps the unit
+  // order, so their comparison would check nothing (their measured path runs in the test above).
+  for (const char* schedule : {"zbv"}) {
     TrainConfig c = tiny_config(dir);
     c.train.steps = 6;  // step 2 measures, step 3 checks
     c.parallel.pp = 2;
@@ -167,12 +169,12 @@ TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
     c.model.as<models::LlamaConfig>().layers = 4;
     c.pp_costs = "unit";
     const std::vector<double> unit = rank0_losses(c, 2);
-    // Costs for which each order differs from the unit one (a slow send).
-    c.pp_costs = "1,0.5,0.5,0.5";
+    // Costs for which the order differs from the unit one (a dear I, as on CPU).
+    c.pp_costs = "1,2,0.5";
     ASSERT_FALSE(pp::schedule_by_name(schedule, 2, 4, 2, *pp::parse_costs(c.pp_costs)).programs ==
                  pp::schedule_by_name(schedule, 2, 4).programs)
         << schedule << ": the same order for 1:1:1.5 as for unit costs; the comparison below would check nothing";
-    EXPECT_EQ(rank0_losses(c, 2), unit) << schedule << " ordered for F:I:W:send 1:0.5:0.5:0.5";
+    EXPECT_EQ(rank0_losses(c, 2), unit) << schedule << " ordered for F:I:W 1:2:0.5";
     c.pp_costs = "measured";
     const TrainResult measured = rank0_result(c, 2);
     EXPECT_EQ(measured.losses, unit) << schedule << " ordered for measured costs";

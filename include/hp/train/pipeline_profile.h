@@ -15,6 +15,7 @@ struct PipelineProfile {
   double unit_order_bubble = 0.0;  // of the unit-cost order the profiled step ran, simulated under them
   double profiled_bubble = 0.0;    // measured in the profiled step
   bool rescheduled = false;        // whether the order built for `costs` replaced the unit-cost one
+                                   // (it must predict at least 5% less bubble)
   double measured_bubble = -1.0;   // measured in the step after (-1: the run ended first)
 };
 
