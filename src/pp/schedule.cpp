@@ -187,6 +187,43 @@ Schedule from_csv(const std::string& csv, const std::string& name) {
   return s;
 }
 
+namespace {
+
+struct Named {
+  const char* name;
+  int stages_per_rank;  // 0: the interleaved schedule's argument
+  bool zero_bubble;
+};
+constexpr Named kNamed[] = {{"gpipe", 1, false}, {"1f1b", 1, false}, {"interleaved", 0, false},
+                            {"zbv", 2, true},    {"zbh1", 1, true},  {"zbh2", 1, true}};
+
+const Named* named(const std::string& name) {
+  for (const Named& n : kNamed)
+    if (name == n.name) return &n;
+  return nullptr;
+}
+
+}  // namespace
+
+const std::string& schedule_names() {
+  static const std::string names = [] {
+    std::string all;
+    for (const Named& n : kNamed) all += (all.empty() ? "" : ", ") + std::string(n.name);
+    return all;
+  }();
+  return names;
+}
+
+int64_t schedule_stages(const std::string& name, int64_t ranks, int64_t stages_per_rank) {
+  const Named* n = named(name);
+  return n ? ranks * (n->stages_per_rank ? n->stages_per_rank : stages_per_rank) : 0;
+}
+
+bool orders_for_costs(const std::string& name) {
+  const Named* n = named(name);
+  return n && n->zero_bubble;
+}
+
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank) {
   return schedule_by_name(name, ranks, micro_batches, stages_per_rank, ActionCosts{});
 }
@@ -199,7 +236,7 @@ Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches,
   if (name == "zbv") return zero_bubble_v(ranks, micro_batches, costs);
   if (name == "zbh1") return zero_bubble_h1(ranks, micro_batches, costs);
   if (name == "zbh2") return zero_bubble_h2(ranks, micro_batches, costs);
-  HP_FAIL("pipeline schedule '", name, "' is unknown (available: gpipe, 1f1b, interleaved, zbv, zbh1, zbh2)");
+  HP_FAIL("pipeline schedule '", name, "' is unknown (available: ", schedule_names(), ")");
 }
 
 }  // namespace hp::pp

@@ -336,7 +336,7 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");
   const std::string recomputes =
       c.memory.swap == "none" ? "memory.checkpoint " + c.memory.checkpoint : "memory.swap " + c.memory.swap;
-  const bool splits_backward = detail::zero_bubble(c.pp_schedule);
+  const bool splits_backward = pp::orders_for_costs(c.pp_schedule);
   detail::pipeline_costs(c);  // names what is wrong with parallel.pp_costs
   HP_CHECK(c.pp_costs == "measured" || (c.parallel.pp > 1 && splits_backward), "parallel.pp_costs (", c.pp_costs,
            ") orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has parallel.pp ",
@@ -390,8 +390,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.pp_timeline_step == 0 || c.parallel.pp > 1, "parallel.pp_timeline_step needs parallel.pp > 1");
   if (c.parallel.pp > 1) {
     const int64_t stages = c.pipeline_stages();
-    HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule,
-             "' is unknown (available: gpipe, 1f1b, interleaved, zbv, zbh1, zbh2)");
+    HP_CHECK(stages > 0, "parallel.pp_schedule '", c.pp_schedule, "' is unknown (available: ", pp::schedule_names(),
+             ")");
     if (c.pp_layers_per_stage.empty()) {
       HP_CHECK(c.model->layers() % stages == 0, "model.layers (", c.model->layers(), ") must be divisible by the ",
                stages, " pipeline stages of parallel.pp_schedule ", c.pp_schedule, " on ", c.parallel.pp,

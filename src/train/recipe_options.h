@@ -9,11 +9,6 @@
 
 namespace hp::train::detail {
 
-// Whether the schedule splits the backward into I and W and orders its actions for costs.
-inline bool zero_bubble(const std::string& schedule) {
-  return schedule == "zbv" || schedule == "zbh1" || schedule == "zbh2";
-}
-
 // The costs parallel.pp_costs gives the first schedule: unit for "measured" and "unit".
 inline pp::ActionCosts pipeline_costs(const TrainConfig& c) {
   if (c.pp_costs == "measured" || c.pp_costs == "unit") return {};

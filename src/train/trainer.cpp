@@ -187,7 +187,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   step_options.timeline_path = c.run_dir + "/pp_timeline.svg";
   step_options.lead = lead;
   step_options.schedule_for_measured_costs =
-      c.parallel.pp > 1 && detail::zero_bubble(c.pp_schedule) && c.pp_costs == "measured";
+      c.parallel.pp > 1 && pp::orders_for_costs(c.pp_schedule) && c.pp_costs == "measured";
   step_options.schedule_name = c.pp_schedule;
   step_options.stages_per_rank = static_cast<int>(c.pp_stages_per_rank);
   step_options.world = world;

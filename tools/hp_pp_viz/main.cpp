@@ -28,10 +28,7 @@ struct Args {
 const std::vector<hp::tools::Flag<Args>>& flags() {
   using hp::tools::parse_int;
   static const std::vector<hp::tools::Flag<Args>> table = {
-      {{"--schedule"},
-       "NAME",
-       "gpipe, 1f1b, interleaved, zbv, zbh1 or zbh2",
-       [](Args& a, const std::string& v) { a.kind = v; }},
+      {{"--schedule"}, "NAME", hp::pp::schedule_names(), [](Args& a, const std::string& v) { a.kind = v; }},
       {{"--ranks"},
        "P",
        "pipeline ranks",
@@ -78,8 +75,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 }
 
 int usage(std::ostream& out, int code) {
-  out << "usage: hp-pp-viz (--schedule gpipe|1f1b|interleaved|zbv|zbh1|zbh2 --ranks P --micro-batches M | --csv FILE)\n"
-         "                 [--stages-per-rank V] [--costs F,I,W] [--send-cost S] [-o OUT.svg] [--print-csv]\n\n"
+  out << "usage: hp-pp-viz (--schedule NAME --ranks P --micro-batches M | --csv FILE)\n"
+         "                 [--stages-per-rank V] [--costs F,I,W[,S]] [--send-cost S] [-o OUT.svg] [--print-csv]\n\n"
       << hp::tools::flag_help(flags());
   return code;
 }

@@ -52,6 +52,14 @@ Schedule interleaved_1f1b(int ranks, int stages_per_rank, int micro_batches);
 // Zero-bubble V with unit costs (see zero_bubble_v with costs, below).
 Schedule zero_bubble_v(int ranks, int micro_batches);
 struct ActionCosts;
+// The names schedule_by_name knows, "gpipe, 1f1b, ...", for messages.
+const std::string& schedule_names();
+// The stages of schedule `name` on `ranks` ranks (`stages_per_rank` is interleaved's); 0 for a
+// name schedule_by_name does not know.
+int64_t schedule_stages(const std::string& name, int64_t ranks, int64_t stages_per_rank = 2);
+// Whether schedule `name` is of the zero-bubble family: it splits the backward into I and W, and
+// orders its actions for costs.
+bool orders_for_costs(const std::string& name);
 // The builder named `name` (gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2); `stages_per_rank` is
 // interleaved's; the zero-bubble builders order for `costs` (unit costs when not given). An
 // unknown name is an error listing the known ones.

@@ -9,6 +9,7 @@
 
 #include "hp/models/registry.h"
 #include "hp/parallel/parallel_dims.h"
+#include "hp/pp/schedule.h"
 
 namespace hp::train {
 
@@ -116,13 +117,7 @@ struct TrainConfig {
   int64_t per_rank_batch() const { return train.global_batch / parallel.dp(); }
   int64_t micro_batches() const { return per_rank_batch() / train.micro_batch; }
   // Pipeline stages over all pp ranks for pp_schedule (0 for an unknown schedule name).
-  int64_t pipeline_stages() const {
-    if (pp_schedule == "gpipe" || pp_schedule == "1f1b" || pp_schedule == "zbh1" || pp_schedule == "zbh2")
-      return parallel.pp;
-    if (pp_schedule == "interleaved") return parallel.pp * pp_stages_per_rank;
-    if (pp_schedule == "zbv") return 2 * parallel.pp;
-    return 0;
-  }
+  int64_t pipeline_stages() const { return pp::schedule_stages(pp_schedule, parallel.pp, pp_stages_per_rank); }
 };
 
 // Parses `yaml` (`source` names it in errors), then applies each "dotted.key=value" override.
