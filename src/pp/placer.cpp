@@ -22,12 +22,11 @@ int slot(ActionKind kind) {
 
 }  // namespace
 
-Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap)
-    : schedule_(std::move(skeleton)), costs_(costs), cap_(std::move(cap)) {
+Placer::Placer(Schedule skeleton, const ActionCosts& costs, int cap)
+    : schedule_(std::move(skeleton)), costs_(costs), cap_(cap) {
   const int ranks = schedule_.ranks;
-  HP_CHECK(static_cast<int>(cap_.size()) == ranks, "pp: the placer needs a cap per rank");
   costs.check(schedule_.stages, "pp: schedule " + schedule_.name);
-  for (int c : cap_) HP_CHECK(c >= 1, "pp: a rank's activation cap must be at least one micro-batch, got ", c);
+  HP_CHECK(cap_ >= 1, "pp: a rank's activation cap must be at least one micro-batch, got ", cap_);
   in_flight_.assign(ranks, 0);
   clock_.assign(ranks, 0.0);
   idle_.assign(ranks, 0.0);
@@ -39,9 +38,9 @@ Placer::Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap
 
 double Placer::cost(ActionKind kind, int stage) const { return costs_.of(kind, stage); }
 
-double Placer::ends_at(ActionKind kind, int stage, int micro_batch) const { return end(kind, stage, micro_batch); }
-
-double Placer::end(ActionKind kind, int stage, int micro_batch) const { return ends_[slot(kind)][stage][micro_batch]; }
+double Placer::ends_at(ActionKind kind, int stage, int micro_batch) const {
+  return ends_[slot(kind)][stage][micro_batch];
+}
 
 bool Placer::placeable(ActionKind kind, int stage, int micro_batch) const {
   if (placed(kind, stage, micro_batch)) return false;
@@ -52,9 +51,9 @@ bool Placer::placeable(ActionKind kind, int stage, int micro_batch) const {
 
 double Placer::input_ready(ActionKind kind, int stage, int micro_batch) const {
   const int from = kind == ActionKind::kForward ? stage - 1 : stage + 1;
-  double ready = kind == ActionKind::kForward ? 0.0 : end(ActionKind::kForward, stage, micro_batch);
+  double ready = kind == ActionKind::kForward ? 0.0 : ends_at(ActionKind::kForward, stage, micro_batch);
   if (from >= 0 && from < schedule_.stages) {
-    const double sent = end(kind, from, micro_batch);
+    const double sent = ends_at(kind, from, micro_batch);
     // From another rank: the send goes after the producing action's overhead, as simulate() has it.
     ready = std::max(ready, sent + (rank_of(from) == rank_of(stage) ? 0.0 : costs_.overhead + costs_.send));
   }
@@ -71,7 +70,7 @@ void Placer::put(ActionKind kind, int stage, int micro_batch, double ready) {
   schedule_.programs[r].push_back(Action{kind, stage, micro_batch});
 }
 
-double Placer::place(ActionKind kind, int stage, int micro_batch) {
+void Placer::place(ActionKind kind, int stage, int micro_batch) {
   HP_CHECK(kind == ActionKind::kForward || kind == ActionKind::kBackwardInput, "pp: place() takes F or I");
   HP_CHECK(placeable(kind, stage, micro_batch), "pp: ", Action{kind, stage, micro_batch}.str(),
            " placed before its inputs (a schedule builder's bug)");
@@ -83,7 +82,6 @@ double Placer::place(ActionKind kind, int stage, int micro_batch) {
     pending_w_[r].push_back(Action{ActionKind::kBackwardWeight, stage, micro_batch});
   }
   put(kind, stage, micro_batch, input_ready(kind, stage, micro_batch));
-  return end(kind, stage, micro_batch);
 }
 
 void Placer::place_weight(int rank) {
@@ -91,11 +89,11 @@ void Placer::place_weight(int rank) {
   const Action w = pending_w_[rank].front();
   pending_w_[rank].pop_front();
   --in_flight_[rank];
-  put(ActionKind::kBackwardWeight, w.stage, w.micro_batch, end(ActionKind::kBackwardInput, w.stage, w.micro_batch));
+  put(ActionKind::kBackwardWeight, w.stage, w.micro_batch, ends_at(ActionKind::kBackwardInput, w.stage, w.micro_batch));
 }
 
 void Placer::make_room(int rank) {
-  while (in_flight_[rank] >= cap_[rank]) {
+  while (in_flight_[rank] >= cap_) {
     HP_CHECK(!pending_w_[rank].empty(), "pp: rank ", rank, " holds ", in_flight_[rank],
              " micro-batches, its cap, with no W to free one (a schedule builder's bug)");
     place_weight(rank);

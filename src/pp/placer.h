@@ -17,8 +17,8 @@ namespace hp::pp {
 
 class Placer {
  public:
-  // `cap[r]`: the most chunks rank r may hold.
-  Placer(Schedule skeleton, const ActionCosts& costs, std::vector<int> cap);
+  // `cap`: the most chunks a rank may hold.
+  Placer(Schedule skeleton, const ActionCosts& costs, int cap);
 
   // Whether the actions that F / I of (stage, micro-batch) needs are placed, and when its input is
   // there (its own rank's earlier actions aside). Not for W, which needs its own I only.
@@ -26,8 +26,7 @@ class Placer {
   double input_ready(ActionKind kind, int stage, int micro_batch) const;
 
   // Places F or I of (stage, micro-batch); an F at the cap places the rank's oldest W first.
-  // Returns when it ends.
-  double place(ActionKind kind, int stage, int micro_batch);
+  void place(ActionKind kind, int stage, int micro_batch);
   // Places the rank's oldest pending W.
   void place_weight(int rank);
   // Places the rank's oldest W passes while it is at its cap.
@@ -41,8 +40,8 @@ class Placer {
   double clock(int rank) const { return clock_[rank]; }
   bool pending_weights(int rank) const { return !pending_w_[rank].empty(); }
   int in_flight(int rank) const { return in_flight_[rank]; }
-  int cap(int rank) const { return cap_[rank]; }
-  bool placed(ActionKind kind, int stage, int micro_batch) const { return end(kind, stage, micro_batch) >= 0; }
+  int cap() const { return cap_; }
+  bool placed(ActionKind kind, int stage, int micro_batch) const { return ends_at(kind, stage, micro_batch) >= 0; }
   // Time rank `rank` has idled since its first action.
   double idle(int rank) const { return idle_[rank]; }
   double cost(ActionKind kind, int stage) const;
@@ -54,11 +53,11 @@ class Placer {
   Schedule finish();
 
  private:
-  double end(ActionKind kind, int stage, int micro_batch) const;
   void put(ActionKind kind, int stage, int micro_batch, double ready);
   Schedule schedule_;
   ActionCosts costs_;
-  std::vector<int> cap_, in_flight_;
+  int cap_;
+  std::vector<int> in_flight_;
   std::vector<double> clock_, idle_;
   std::vector<bool> started_;
   std::vector<std::deque<Action>> pending_w_;

@@ -2,10 +2,7 @@
 #include "hp/pp/schedule.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
-#include <optional>
-#include <set>
 #include <sstream>
 
 #include "hp/core/error.h"
@@ -192,10 +189,17 @@ namespace {
 struct Named {
   const char* name;
   int stages_per_rank;  // 0: the interleaved schedule's argument
-  bool zero_bubble;
+  bool zero_bubble;     // orders for costs
+  Schedule (*build)(int ranks, int micro_batches, int stages_per_rank, const ActionCosts& costs);
 };
-constexpr Named kNamed[] = {{"gpipe", 1, false}, {"1f1b", 1, false}, {"interleaved", 0, false},
-                            {"zbv", 2, true},    {"zbh1", 1, true},  {"zbh2", 1, true}};
+constexpr Named kNamed[] = {
+    {"gpipe", 1, false, [](int p, int m, int, const ActionCosts&) { return gpipe(p, m); }},
+    {"1f1b", 1, false, [](int p, int m, int, const ActionCosts&) { return one_f_one_b(p, m); }},
+    {"interleaved", 0, false, [](int p, int m, int v, const ActionCosts&) { return interleaved_1f1b(p, v, m); }},
+    {"zbv", 2, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_v(p, m, c); }},
+    {"zbh1", 1, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h1(p, m, c); }},
+    {"zbh2", 1, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h2(p, m, c); }},
+};
 
 const Named* named(const std::string& name) {
   for (const Named& n : kNamed)
@@ -230,13 +234,9 @@ Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches,
 
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank,
                           const ActionCosts& costs) {
-  if (name == "gpipe") return gpipe(ranks, micro_batches);
-  if (name == "1f1b") return one_f_one_b(ranks, micro_batches);
-  if (name == "interleaved") return interleaved_1f1b(ranks, stages_per_rank, micro_batches);
-  if (name == "zbv") return zero_bubble_v(ranks, micro_batches, costs);
-  if (name == "zbh1") return zero_bubble_h1(ranks, micro_batches, costs);
-  if (name == "zbh2") return zero_bubble_h2(ranks, micro_batches, costs);
-  HP_FAIL("pipeline schedule '", name, "' is unknown (available: ", schedule_names(), ")");
+  const Named* n = named(name);
+  HP_CHECK(n, "pipeline schedule '", name, "' is unknown (available: ", schedule_names(), ")");
+  return n->build(ranks, micro_batches, stages_per_rank, costs);
 }
 
 }  // namespace hp::pp

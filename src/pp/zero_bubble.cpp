@@ -31,10 +31,10 @@ Schedule skeleton(const std::string& name, int ranks, int micro_batches, bool v_
 
 // ZB-H1 / ZB-H2: 1F1B's order with the backward split, a longer warm-up for H2, and each rank's W
 // passes placed where they end before the next input arrives, or where the cap forces them.
-Schedule zero_bubble_h(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
-                       const std::function<int(int)>& warmup) {
+Schedule place_h(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
+                 const std::function<int(int)>& warmup) {
   const int p = ranks, m = micro_batches;
-  Placer placer(skeleton(name, p, m, false), costs, std::vector<int>(p, cap));
+  Placer placer(skeleton(name, p, m, false), costs, cap);
   std::vector<int> forwards(p, 0), inputs(p, 0);
   const auto forward = [&](int r) {
     placer.make_room(r);
@@ -72,10 +72,8 @@ struct VRound {
 
 class VBuilder {
  public:
-  VBuilder(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap)
-      : p_(ranks),
-        m_(micro_batches),
-        placer_(skeleton(name, ranks, micro_batches, true), costs, std::vector<int>(ranks, cap)) {}
+  VBuilder(int ranks, int micro_batches, const ActionCosts& costs)
+      : p_(ranks), m_(micro_batches), placer_(skeleton("ZBV", ranks, micro_batches, true), costs, 2 * ranks) {}
 
   Schedule build(const VRound& options) {
     options_ = options;
@@ -95,8 +93,8 @@ class VBuilder {
   int up(int r) const { return 2 * p_ - 1 - r; }  // the stage coming back up
   bool try_place(ActionKind kind, int stage, std::vector<int>& count, int r, bool fill, bool spend_slack) {
     if (count[r] >= m_ || !placer_.placeable(kind, stage, count[r])) return false;
-    // At the cap with nothing to free (in the warm-up, or a cap below the V's depth): not yet.
-    if (kind == kF && placer_.in_flight(r) >= placer_.cap(r) && !placer_.pending_weights(r)) return false;
+    // At the cap with nothing to free yet (the warm-up's forwards only): not now.
+    if (kind == kF && placer_.in_flight(r) >= placer_.cap() && !placer_.pending_weights(r)) return false;
     if (kind == kF) placer_.make_room(r);
     if (fill) {
       const double arrives = placer_.input_ready(kind, stage, count[r]);
@@ -129,7 +127,7 @@ class VBuilder {
     for (int r = p_ - 1; r >= 0; --r) {
       if (r < p_ - 1) {
         const double arrives = placer_.input_ready(kF, up(r), f_up_[r]);
-        while (placer_.in_flight(r) + 2 + 2 * r <= placer_.cap(r) &&
+        while (placer_.in_flight(r) + 2 + 2 * r <= placer_.cap() &&
                placer_.clock(r) + placer_.cost(kF, down(r)) + placer_.overhead() <= arrives && f_down_[r] < m_ - r)
           for (int j = 0; j <= r; ++j) forward(j, true);
       }
@@ -198,12 +196,12 @@ class VBuilder {
 // The first ZBV order: a greedy list schedule in time (at time 0 and every completion, each free
 // rank starts a ready I, deepest stage first; else a forward while under the cap; else a W).
 // Kept as a candidate: for a few shapes it is the better one. Its own clock leaves out send and
-// overhead (the candidates are compared by simulate(), which has them). It can fill a rank's cap with
-// forwards that wait on a backward the cap holds back; then it has no order (nullopt).
-std::optional<Schedule> greedy_v(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs,
-                                 int cap) {
-  const int stages = 2 * ranks;
-  Schedule s = skeleton(name, ranks, micro_batches, true);
+// overhead (the candidates are compared by simulate(), which has them). It can fill a rank's cap of
+// 2 x ranks with forwards that wait on a backward the cap holds back; then it has no order
+// (nullopt).
+std::optional<Schedule> greedy_v(int ranks, int micro_batches, const ActionCosts& costs) {
+  const int stages = 2 * ranks, cap = 2 * ranks;
+  Schedule s = skeleton("ZBV", ranks, micro_batches, true);
   s.programs.resize(ranks);
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
@@ -268,11 +266,9 @@ Schedule lowest_bubble(std::vector<Schedule> candidates, const ActionCosts& cost
   return std::move(candidates[best]);
 }
 
-// The V orders the builder's variants give when built for `costs`, each rank holding at most
-// `cap` stage micro-batches.
-void v_candidates(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
-                  std::vector<Schedule>& out) {
-  if (std::optional<Schedule> greedy = greedy_v(name, ranks, micro_batches, costs, cap)) out.push_back(*greedy);
+// The V orders the builder's variants give when built for `costs`.
+void v_candidates(int ranks, int micro_batches, const ActionCosts& costs, std::vector<Schedule>& out) {
+  if (std::optional<Schedule> greedy = greedy_v(ranks, micro_batches, costs)) out.push_back(*greedy);
   for (const bool before_input : {true, false})
     for (const bool before_forward : {true, false}) {
       // Each try that lowers the worst rank's idle time is tried again with the ranks' idle times
@@ -280,7 +276,7 @@ void v_candidates(const std::string& name, int ranks, int micro_batches, const A
       VRound round{before_forward, before_input, {}};
       double worst = std::numeric_limits<double>::infinity();
       for (int attempt = 0; attempt < 16; ++attempt) {
-        VBuilder builder(name, ranks, micro_batches, costs, cap);
+        VBuilder builder(ranks, micro_batches, costs);
         out.push_back(builder.build(round));
         const double now = *std::max_element(builder.idle().begin(), builder.idle().end());
         if (now >= worst) break;
@@ -305,34 +301,33 @@ Schedule for_costs(const Build& build, const ActionCosts& costs) {
   return lowest_bubble(std::move(candidates), costs);
 }
 
-}  // namespace
-
-Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) {
-  costs.check(ranks, "pp: ZB-H1");
+Schedule zero_bubble_h(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
+                       const std::function<int(int)>& warmup) {
+  costs.check(ranks, "pp: " + name);
   return for_costs(
       [&](const ActionCosts& c, std::vector<Schedule>& out) {
-        out.push_back(zero_bubble_h("ZB-H1", ranks, micro_batches, c, ranks, [ranks](int r) { return ranks - r; }));
+        out.push_back(place_h(name, ranks, micro_batches, c, cap, warmup));
       },
       costs);
 }
 
+}  // namespace
+
+Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) {
+  return zero_bubble_h("ZB-H1", ranks, micro_batches, costs, ranks, [ranks](int r) { return ranks - r; });
+}
+
 Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs) {
-  costs.check(ranks, "pp: ZB-H2");
-  return for_costs(
-      [&](const ActionCosts& c, std::vector<Schedule>& out) {
-        out.push_back(zero_bubble_h("ZB-H2", ranks, micro_batches, c, 2 * ranks - 1,
-                                    [ranks](int r) { return 2 * (ranks - r) - 1; }));
-      },
-      costs);
+  return zero_bubble_h("ZB-H2", ranks, micro_batches, costs, 2 * ranks - 1,
+                       [ranks](int r) { return 2 * (ranks - r) - 1; });
 }
 
 Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }
 
 Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs) {
   costs.check(2 * ranks, "pp: ZBV");
-  return for_costs([&](const ActionCosts& c,
-                       std::vector<Schedule>& out) { v_candidates("ZBV", ranks, micro_batches, c, 2 * ranks, out); },
-                   costs);
+  return for_costs(
+      [&](const ActionCosts& c, std::vector<Schedule>& out) { v_candidates(ranks, micro_batches, c, out); }, costs);
 }
 
 }  // namespace hp::pp

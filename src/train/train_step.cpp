@@ -59,16 +59,17 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   if (parts_.pipeline) {
     pp::PipelineExecutor& pipe = *parts_.pipeline;
     const bool draw = step + 1 == options_.timeline_step;
-    ++steps_run_;
-    // The second step measures the costs, the third the bubble of the order built for them.
-    const bool profile = options_.schedule_for_measured_costs && (steps_run_ == 2 || steps_run_ == 3);
+    const bool profile = profiles_nth(++steps_run_);
     pipe.record_timeline(draw || profile);
     // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
     const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(pipe.schedule().micro_batches));
     const double loss = pipe.step(inputs, targets);
     if (draw || profile) {
       const pp::Simulation measured = pipe.measured_step();  // collective over the pipeline
-      if (profile) schedule_for(measured, step + 1);
+      if (profile && !profile_)
+        schedule_for(measured, step + 1);
+      else if (profile)
+        record_bubble(measured, step + 1);
       if (draw) draw_timeline(step + 1, measured);
     }
     return loss;
@@ -112,18 +113,18 @@ at::Tensor TrainStep::logits(const at::Tensor& inputs) {
   return whole(parts_.pipeline ? parts_.pipeline->forward(inputs) : (*parts_.model)(inputs));
 }
 
-// The profiled step: order the schedule for the costs it measured (rank 0's, on every rank). The
-// next: record the bubble the order it runs gives.
+// The step after the profiled one: the bubble the order it runs gives.
+void TrainStep::record_bubble(const pp::Simulation& measured, int64_t step) {
+  profile_->measured_bubble = measured.bubble;
+  if (options_.lead)
+    log::info("pipeline bubble of step ", step, ": ", 100.0 * measured.bubble, "% measured, ",
+              100.0 * (profile_->rescheduled ? profile_->predicted_bubble : profile_->unit_order_bubble),
+              "% predicted from the costs of step ", profile_->step);
+}
+
+// The profiled step: order the schedule for the costs it measured (rank 0's, on every rank).
 void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
   pp::PipelineExecutor& pipe = *parts_.pipeline;
-  if (profile_) {
-    profile_->measured_bubble = measured.bubble;
-    if (options_.lead)
-      log::info("pipeline bubble of step ", step, ": ", 100.0 * measured.bubble, "% measured, ",
-                100.0 * (profile_->rescheduled ? profile_->predicted_bubble : profile_->unit_order_bubble),
-                "% predicted from the costs of step ", profile_->step);
-    return;
-  }
   pp::ActionCosts mine = pp::measured_costs(measured);
   // Every rank sends a buffer of the same size into the broadcast (a stage the step did not show
   // takes the means), whatever it measured; rank 0's values are everyone's.
@@ -147,7 +148,7 @@ void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
   // The prediction errs by about a tenth (bench_pp), so a smaller gain is no gain: the unit order stays.
   profile.rescheduled = profile.predicted_bubble < (1.0 - kClearGain) * profile.unit_order_bubble;
   if (profile.rescheduled) pipe.reschedule(std::move(ordered));
-  if (options_.lead)
+  if (options_.lead) {
     log::info("pipeline schedule ", options_.schedule_name,
               profile.rescheduled ? " ordered for the costs step " : " kept: its unit-cost order suits the costs step ",
               step, " measured (F ", 1e3 * profile.costs.forward, " ms, I ", 1e3 * profile.costs.backward_input,
@@ -155,7 +156,6 @@ void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
               " ms, overhead ", 1e3 * profile.costs.overhead, " ms per action): predicted bubble ",
               100.0 * profile.predicted_bubble, "% (the unit-cost order: ", 100.0 * profile.unit_order_bubble,
               "% predicted, ", 100.0 * profile.profiled_bubble, "% measured)");
-  if (options_.lead) {
     std::ostringstream stages_line;
     for (int s = 0; s < stages; ++s)
       stages_line << (s ? "; " : "") << s << ": " << 1e3 * profile.costs.by_stage[s].forward << " / "

@@ -174,7 +174,7 @@ TEST(ZeroBubble, PlacerTimesAreTheSimulators) {
   skeleton.ranks = skeleton.stages = 4;
   skeleton.micro_batches = 8;
   skeleton.stage_rank = {0, 1, 2, 3};
-  Placer placer(skeleton, costs, std::vector<int>(4, 4));
+  Placer placer(skeleton, costs, /*cap=*/4);
   // 1F1B's order with I and W split, W passes where they fit or where the cap forces them.
   std::vector<int> forwards(4, 0), inputs(4, 0);
   for (int r = 0; r < 4; ++r)

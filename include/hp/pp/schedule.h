@@ -153,10 +153,11 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 // from its first action, the makespan, and the bubble over its compute actions.
 Simulation measured(std::vector<TimedAction> timeline, int ranks);
 
-// The costs a measured step shows: the mean time of its F, I and W actions (of its full B actions,
-// half each, when it has no I and W), and the send
-// latency: the median time from a send's start to the end of its receive, over receives that were
-// waiting before the send started (0 without any). Times of processes on one machine.
+// The costs a measured step shows: the mean time of its F, I and W actions, overall and per stage
+// (of its full B actions, half each, when it has no I and W); the send latency: the median time
+// from a send's start to the end of its receive, over receives that were waiting before the send
+// started (0 without any); and the overhead: each rank's time outside compute actions and
+// receives, per compute action. Times of processes on one machine.
 ActionCosts measured_costs(const Simulation& measured);
 
 // "F,I,W" or "F,I,W,send": numbers (F, I, W above 0, send 0 or more, all at most 1e9), nothing

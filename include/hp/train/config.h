@@ -36,7 +36,8 @@ struct TrainConfig {
   int64_t cp_ulysses = 0;                    // hybrid: the ranks of each Ulysses group
   // What the zero-bubble schedules (zbv, zbh1, zbh2) are ordered for: "measured" (step 2 runs the
   // unit-cost order and measures F, I, W, send and overhead; from step 3 the order built for them
-  // runs when it predicts less bubble), "unit", or "F,I,W" / "F,I,W,send" (relative costs).
+  // runs when it predicts at least 5% less bubble), "unit", or "F,I,W" / "F,I,W,send" (relative
+  // costs).
   std::string pp_costs = "measured";
   int64_t pp_timeline_step = 0;  // > 0: draw that step's measured pipeline timeline (run_dir/pp_timeline.svg)
 

@@ -33,9 +33,9 @@ struct TrainStepOptions {
   // With a pipeline: build schedule `schedule_name` (schedule_by_name, with `stages_per_rank`) for
   // the costs the second step of this process measures (the first also exchanges shapes), and run
   // it from the third on when it predicts at least 5% (relative) less bubble. Those two steps
-  // gather their timelines; the trainer leaves them out of its throughput. The costs of the first rank of `world` (one
-  // broadcast) order every pipeline of the job alike, so the data-parallel ranks of a stage issue
-  // their collectives in the same order.
+  // gather their timelines; the trainer leaves them out of its throughput. The costs of the first
+  // rank of `world` (one broadcast) order every pipeline of the job alike, so the data-parallel
+  // ranks of a stage issue their collectives in the same order.
   bool schedule_for_measured_costs = false;
   std::string schedule_name;
   int stages_per_rank = 2;
@@ -58,14 +58,16 @@ class TrainStep {
   at::Tensor logits(const at::Tensor& inputs);
   // After the profiled step, with TrainStepOptions::schedule_for_measured_costs.
   const std::optional<PipelineProfile>& pipeline_profile() const { return profile_; }
-  // Whether step `step` (0-based) of this process's run is one of the profiling steps above.
-  bool profiles(int64_t step, int64_t first_step) const {
-    return options_.schedule_for_measured_costs && (step == first_step + 1 || step == first_step + 2);
-  }
+  // Whether step `step` (0-based) of a run that started at `first_step` is one of the profiling
+  // steps above.
+  bool profiles(int64_t step, int64_t first_step) const { return profiles_nth(step - first_step + 1); }
 
  private:
+  // Whether this process's `nth` step (1-based) profiles: the second measures, the third checks.
+  bool profiles_nth(int64_t nth) const { return options_.schedule_for_measured_costs && (nth == 2 || nth == 3); }
   void draw_timeline(int64_t step, const pp::Simulation& measured) const;
   void schedule_for(const pp::Simulation& measured, int64_t step);
+  void record_bubble(const pp::Simulation& measured, int64_t step);
   models::ModelParts& parts_;
   TrainStepOptions options_;
   int64_t steps_run_ = 0;  // by this process (a resumed run profiles its own second step)

@@ -44,7 +44,7 @@ struct TrainResult {
   double tokens_per_s = 0.0;     // mean over the steps after the first
   double mfu = 0.0;
   std::string sample;  // greedy continuation of config.sample.prompt
-  // parallel.pp_costs measured: the costs and bubbles of the pipeline's first two steps.
+  // parallel.pp_costs measured: the costs and bubbles of the pipeline's profiled steps (2 and 3).
   std::optional<PipelineProfile> pipeline_profile;
 };
 
