@@ -168,6 +168,34 @@ TEST(Pipeline, ZeroBubbleSchedulesMatchOneDevice) {
     }
 }
 
+// reschedule takes another order of the same stages on the same ranks (which then matches one
+// device), and refuses a schedule that places the stages elsewhere, naming both.
+TEST(Pipeline, RescheduleTakesOnlyAnotherOrderOfTheSameStages) {
+  reference();
+  test::run(2, [&](const comm::ProcessGroup& world) {
+    const Schedule first = zero_bubble_v(2, 4);
+    models::Llama model(config());
+    nn::init_parameters(model, kSeed);
+    const std::vector<PipelineStage> mine = stages_of(model, first, world.rank());
+    PipelineExecutor pipe(first, mine, world, loss_fn);
+    test::expect_error([&] { pipe.reschedule(one_f_one_b(2, 4)); },
+                       "schedule '1F1B' (2 ranks, 2 stages, 4 micro-batches) does not place the stages of 'ZBV'");
+    test::expect_error([&] { pipe.reschedule(zero_bubble_v(2, 8)); }, "does not place the stages of 'ZBV'");
+    // The same counts, the stages on other ranks (s % 2, not the V).
+    test::expect_error([&] { pipe.reschedule(interleaved_1f1b(2, 2, 4)); },
+                       "schedule 'Interleaved1F1B' (2 ranks, 4 stages, 4 micro-batches) does not place the stages");
+    const Schedule ordered = zero_bubble_v(2, 4, {1.0, 2.0, 0.5});
+    if (ordered.programs == first.programs) throw std::runtime_error("the reordered ZBV is the unit order");
+    pipe.reschedule(ordered);
+    auto [x, y] = batch();
+    pipe.step(x, y);  // the shapes cross
+    for (const at::Tensor& param : model.parameters()) param.mutable_grad() = at::Tensor();
+    const double loss = pipe.step(x, y);
+    if (check_against(reference(), loss, model, mine, "rescheduled ZBV") == 0)
+      throw std::runtime_error("rank " + std::to_string(world.rank()) + " checked nothing");
+  });
+}
+
 // Steps hold nothing over: after W the stage's graph, with its saved activations, is gone (a
 // reference cycle through W's recording hooks once kept every graph alive).
 TEST(Pipeline, StepsDoNotAccumulateMemory) {
