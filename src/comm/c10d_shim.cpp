@@ -1,6 +1,7 @@
 // c10d calls for LibTorch 1.13 and 2.x (see c10d_shim.h).
 #include "comm/c10d_shim.h"
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -36,6 +37,10 @@ StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int w
   opts.waitWorkers = true;
   opts.timeout = timeout;
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+StorePtr make_file_store(const std::string& path, int world_size) {
+  return c10::make_intrusive<c10d::FileStore>(path, world_size);
 }
 
 StorePtr make_hash_store() { return c10::make_intrusive<c10d::HashStore>(); }

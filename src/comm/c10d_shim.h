@@ -39,6 +39,8 @@ using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
 
 StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int world_size,
                         std::chrono::milliseconds timeout);
+// A store in a file that every rank of one host opens (c10d's FileStore).
+StorePtr make_file_store(const std::string& path, int world_size);
 StorePtr make_hash_store();
 StorePtr make_prefix_store(const std::string& prefix, StorePtr store);
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "comm/group_impl.h"
+#include "hp/comm/failure_report.h"
 #include "hp/comm/store.h"
 #include "hp/core/error.h"
 
@@ -49,7 +50,7 @@ std::string format_ranks(const std::vector<int>& ranks) {
 std::string describe_missing_ranks(const CollectiveSite& site) {
   GroupImpl& group = *site.group;
   const std::string prefix = "hp_reached/" + std::to_string(site.seq) + "/";
-  const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(2), group.options.timeout);
+  const auto window = std::min<std::chrono::milliseconds>(kFailureReportWindow, group.options.timeout);
   std::vector<int> missing;
   std::ostringstream other_ops;
   try {

@@ -5,12 +5,15 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "comm/c10d_shim.h"
 #include "comm/world.h"
 #include "hp/core/error.h"
+#include "hp/core/job.h"
 
 namespace hp::comm {
 namespace {
@@ -43,6 +46,37 @@ constexpr Scheme kSchemes[] = {
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 };
 
+// A c10d error's message without its backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+// Opens the job's store file and waits until every rank has opened it: a rank that never comes is
+// reported here, by count, rather than later as a peer missing from the first collective.
+shim::StorePtr join_file_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  shim::StorePtr store;
+  int64_t joined = 0;
+  const std::string key = "hp/rendezvous/joined";
+  try {
+    store = shim::make_file_store(env.rendezvous_file, env.world_size);
+    joined = store->add(key, 1);
+  } catch (const std::exception& e) {
+    HP_FAIL("init_process_group: rank ", env.rank, " could not use the rendezvous file ", env.rendezvous_file, " (",
+            first_line(e), ")");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (joined < env.world_size && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    joined = store->add(key, 0);
+  }
+  HP_CHECK(joined >= env.world_size, "init_process_group: rank ", env.rank, ": only ", joined, " of ", env.world_size,
+           " ranks reached the rendezvous file ", env.rendezvous_file, " within ", timeout.count(),
+           " ms. Did every rank start, and do they share HP_RENDEZVOUS_FILE?");
+  return store;
+}
+
 }  // namespace
 
 LaunchEnv read_launch_env(const GetEnv& getenv_override) {
@@ -70,6 +104,7 @@ LaunchEnv read_launch_env(const GetEnv& getenv_override) {
   }
   if (const char* addr = getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
   env.master_port = read_int(getenv, "MASTER_PORT").value_or(29500);
+  if (const char* file = getenv(job::kRendezvousFileEnv); file && *file) env.rendezvous_file = file;
   HP_CHECK(env.master_port > 0 && env.master_port < 65536, "launch environment: MASTER_PORT=", env.master_port,
            " is not a TCP port");
   HP_CHECK(env.world_size == env.local_world_size || getenv("MASTER_ADDR"),
@@ -89,16 +124,16 @@ ProcessGroup init_process_group(InitOptions options) {
   // A process started without a launcher is a world of one: it needs no rendezvous, and must not
   // claim the default port (two such processes would collide there).
   if (env.world_size == 1 && env.source == "default") return create_world_group(shim::make_hash_store(), 0, 1, group);
+  if (!env.rendezvous_file.empty())
+    return create_world_group(join_file_store(env, options.rendezvous_timeout), env.rank, env.world_size, group);
   shim::StorePtr store;
   try {
     store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
                                  options.rendezvous_timeout);
   } catch (const std::exception& e) {
-    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-    std::string what = c10 ? c10->what_without_backtrace() : e.what();
     throw hp::Error("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +
                     env.master_addr + ":" + std::to_string(env.master_port) + " within " +
-                    std::to_string(options.rendezvous_timeout.count()) + " ms (" + what.substr(0, what.find('\n')) +
+                    std::to_string(options.rendezvous_timeout.count()) + " ms (" + first_line(e) +
                     "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
                     "the same on every rank?");
   }

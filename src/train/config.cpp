@@ -11,6 +11,7 @@
 #include <utility>
 #include <variant>
 
+#include "hp/comm/failure_report.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/data/text_data.h"
@@ -132,6 +133,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("eval.batches", eval.batches),
       HP_CONFIG_FIELD("log.interval", log.interval),
       HP_CONFIG_FIELD("log.profile_step", log.profile_step),
+      HP_CONFIG_FIELD("resilience.collective_timeout_s", resilience.collective_timeout_s),
+      HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -419,6 +422,16 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "checkpoint.interval and eval.interval must be >= 0, log.interval and checkpoint.keep > 0");
   HP_CHECK(c.data.eval_fraction > 0 && c.data.eval_fraction < 0.5, "data.eval_fraction must be in (0, 0.5), got ",
            c.data.eval_fraction);
+  const TrainConfig::Resilience& r = c.resilience;
+  const int64_t report_s = comm::kFailureReportWindow.count();
+  HP_CHECK(r.collective_timeout_s > 0 && r.watchdog_s >= 0,
+           "resilience.collective_timeout_s must be > 0 and resilience.watchdog_s >= 0 (0: derived)");
+  HP_CHECK(r.watchdog_s == 0 || r.watchdog_s > r.collective_timeout_s + report_s, "resilience.watchdog_s ",
+           r.watchdog_s, " is too short for resilience.collective_timeout_s ", r.collective_timeout_s,
+           ": the timeouts must nest, collective_timeout_s + ", report_s,
+           " s (naming the missing ranks) < watchdog_s, so that a stuck collective is reported before the "
+           "watchdog ends the process. Raise watchdog_s above ",
+           r.collective_timeout_s + report_s, " or set it to 0 (derived)");
 }
 
 std::string to_json(const TrainConfig& config) {

@@ -24,14 +24,17 @@
 #include "hp/parallel/parallel_dims.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
+#include "train/fault_injector.h"
 #include "train/generation.h"
 #include "train/hf_weights.h"
 #include "train/job_peak.h"
+#include "train/job_progress.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
 #include "train/step_health.h"
 #include "train/step_profile.h"
+#include "train/watchdog.h"
 
 namespace hp::train {
 namespace {
@@ -147,7 +150,8 @@ Data load_data(const TrainConfig& c, const comm::ProcessGroup& world) {
 }  // namespace
 
 comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base) {
-  return base.set_deterministic(config.train.deterministic);
+  return base.set_deterministic(config.train.deterministic)
+      .set_timeout(std::chrono::seconds(config.resilience.collective_timeout_s));
 }
 
 TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const TrainOptions& options) {
@@ -202,11 +206,19 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     detail::load_hf_weights(s.parts, c.model_from_hf);
     if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
   }
-  std::vector<std::shared_ptr<Callback>> callbacks;
+  // First, so that a callback stuck in an event is caught too.
+  const auto watchdog = std::make_shared<detail::Watchdog>(world.rank(), std::chrono::seconds(c.resilience.watchdog_s),
+                                                           world.options().timeout);
+  if (lead) log::info("timeouts: ", watchdog->describe());
+  std::vector<std::shared_ptr<Callback>> callbacks{watchdog};
   if (lead)
     callbacks.push_back(std::make_shared<detail::MetricsCallback>(
         c, detail::RunFacts{world.size(), data.corpus.unigram_entropy_nats, options.resume, options.progress}));
+  if (lead)
+    if (auto progress = detail::job_progress()) callbacks.push_back(progress);
   callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
+  // Last, so that every other callback has seen the step a fault ends.
+  for (auto& fault : detail::injected_faults(world.rank())) callbacks.push_back(fault);
   const auto notify = [&](const auto& call) {
     for (const auto& callback : callbacks) call(*callback);
   };

@@ -1,5 +1,6 @@
-// Real multi-process jobs through hprun: rendezvous over a real TCPStore, fail-fast on a dead
-// rank, and errors (not hangs) for collectives whose peer died or never came.
+// Real multi-process jobs through hprun: rendezvous in a private store file (one node) or over a
+// real TCPStore (two nodes), fail-fast on a dead rank, restarts, and errors (not hangs) for
+// collectives whose peer died or never came.
 #include <gtest/gtest.h>
 #include <limits.h>
 #include <sys/wait.h>
@@ -27,8 +28,7 @@ using hp::e2e::run_job;
 
 std::string program(const std::string& scenario) { return bin_dir() + "/e2e_rank_program " + scenario; }
 
-// 4 processes rendezvous through TCPStore on a free port and all_reduce correctly; every output
-// line carries its rank.
+// 4 processes rendezvous and all_reduce correctly; every output line carries its rank.
 TEST(Hprun, FourRanksAllReduce) {
   Result r = run_job("--nproc-per-node 4 " + program("allreduce"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -125,15 +125,61 @@ TEST(Hprun, UserRuleFilesFromTheEnvironment) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// On one node the ranks meet in a store file in hprun's private job directory: nothing of the job
+// listens outside loopback (read from the socket table), and the directory is gone afterwards. The
+// same ranks rendezvousing over TCPStore (as without hprun's file) do listen on every interface:
+// the check can see what it guards against.
+TEST(Hprun, OneNodeJobListensOnLoopbackOnly) {
+  const std::string tmp = "/tmp/hp_e2e_job_dirs_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + tmp).c_str()), 0);
+  const Result r = run_command("TMPDIR=" + tmp + " " + bin_dir() + "/hprun --nproc-per-node 4 " + program("listeners"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] listens on loopback only"), std::string::npos)
+        << r.output;
+  EXPECT_EQ(run_command("ls -A " + tmp).output, "") << "hprun leaves its job directory behind";
+  std::system(("rm -rf " + tmp).c_str());
+
+  const Result tcp = run_job("--nproc-per-node 2 env -u HP_RENDEZVOUS_FILE " + program("listeners"));
+  EXPECT_NE(tcp.exit_code, 0) << tcp.output;
+  EXPECT_NE(tcp.output.find("[rank 0] listening outside loopback: "), std::string::npos) << tcp.output;
+}
+
+// --max-restarts: a failed job starts again in a fresh rendezvous (the first attempt's store keys
+// are gone) and finishes; without restarts left the failure stands, named.
+TEST(Hprun, RestartsAFailedJobInAFreshRendezvous) {
+  const Result r = run_job("--nproc-per-node 3 --max-restarts 2 " + program("restart"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hprun: rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting every rank in 1 s (restart 1 of at most 2)"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] restart 1 fresh rendezvous sum 12"), std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("hprun: restart summary (2 attempts)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hprun:   attempt 2: finished"), std::string::npos) << r.output;
+
+  const Result out_of_restarts = run_job("--nproc-per-node 2 --max-restarts 1 " + program("exit3"));
+  EXPECT_EQ(out_of_restarts.exit_code, 3) << out_of_restarts.output;
+  EXPECT_NE(out_of_restarts.output.find("no restarts left (--max-restarts 1)"), std::string::npos)
+      << out_of_restarts.output;
+  EXPECT_NE(out_of_restarts.output.find("hprun:   attempt 2: rank 1 (pid"), std::string::npos)
+      << out_of_restarts.output;
+}
+
 // Usage errors and --help.
 TEST(Hprun, HelpAndUsageErrors) {
   Result help = run_job("--help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port"})
+  for (const char* flag :
+       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
   Result bad = run_job("--nproc-per-node zero true");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("--nproc-per-node expects an integer"), std::string::npos) << bad.output;
+  Result restarts_across_nodes = run_job("--nnodes 2 --max-restarts 1 true");
+  EXPECT_EQ(restarts_across_nodes.exit_code, 2);
+  EXPECT_NE(restarts_across_nodes.output.find("--max-restarts works on one node only"), std::string::npos)
+      << restarts_across_nodes.output;
   Result missing = run_job("--nproc-per-node 2 /nonexistent/program");
   EXPECT_EQ(missing.exit_code, 127) << missing.output;
   EXPECT_NE(missing.output.find("could not start '/nonexistent/program'"), std::string::npos) << missing.output;

@@ -4,15 +4,70 @@
 //   peer_dies   rank 1 exits (code 0) after rendezvous; rank 0 then all_reduces with it
 //   peer_hangs  rank 1 sleeps; rank 0 all_reduces with a 3 s timeout
 //   user_yaml   runs at::frac on a DTensor, which only a rule file in $HP_OPS_YAML_DIR declares
+//   listeners   every rank lists the TCP sockets it listens on; any outside loopback fails it
+//   restart     the first attempt (HP_RESTART_COUNT 0) leaves a key in the store and rank 1 exits
+//               with code 3; a later attempt checks the key is gone (a fresh rendezvous), all_reduces
+#include <dirent.h>
 #include <hp/hp.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
+
+namespace {
+
+// The inodes of this process's sockets.
+std::set<std::string> own_socket_inodes() {
+  std::set<std::string> inodes;
+  DIR* fds = opendir("/proc/self/fd");
+  for (dirent* e; fds != nullptr && (e = readdir(fds)) != nullptr;) {
+    char target[256] = {0};
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+    const std::string t(target, n > 0 ? n : 0);
+    if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+  }
+  if (fds != nullptr) closedir(fds);
+  return inodes;
+}
+
+// An address of /proc/net/tcp{,6} (hex, as the kernel stores it) is loopback: 127.0.0.0/8, ::1 or
+// ::ffff:127.x.
+bool is_loopback(const std::string& hex_address) {
+  if (hex_address.size() == 8) return hex_address.substr(6, 2) == "7F";
+  return hex_address == "00000000000000000000000001000000" ||
+         (hex_address.substr(0, 24) == "0000000000000000FFFF0000" && hex_address.substr(30, 2) == "7F");
+}
+
+// "tcp 00000000:9C41" for each socket of this process in LISTEN state on a non-loopback address.
+std::vector<std::string> outside_listeners() {
+  const std::set<std::string> mine = own_socket_inodes();
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state != "0A" || !mine.count(inode)) continue;
+      if (!is_loopback(local.substr(0, local.find(':')))) found.push_back(std::string(table) + " " + local);
+    }
+  }
+  return found;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) try {
   const std::string scenario = argc > 1 ? argv[1] : "";
@@ -51,6 +106,30 @@ int main(int argc, char** argv) try {
     const bool ok = at::equal(got, at::frac(full));
     std::cout << "frac through a user rule " << (ok ? "ok" : "WRONG") << std::endl;
     return ok ? 0 : 1;
+  }
+  if (scenario == "listeners") {
+    world.barrier();  // every rank's store connection and Gloo pairs are up
+    const std::vector<std::string> outside = outside_listeners();
+    for (const std::string& l : outside) std::cout << "listening outside loopback: " << l << std::endl;
+    world.barrier();  // rank 0's listeners stay up until every rank has looked
+    if (outside.empty()) std::cout << "listens on loopback only" << std::endl;
+    return outside.empty() ? 0 : 1;
+  }
+  if (scenario == "restart") {
+    const char* restarts = std::getenv("HP_RESTART_COUNT");
+    const hp::comm::GroupStore store = world.store();
+    if (restarts == nullptr || std::string(restarts) == "0") {
+      store.set("left_by_the_first_attempt", "");
+      world.barrier();
+      if (rank == 1) std::_Exit(3);
+      world.barrier();  // never completes
+      return 0;
+    }
+    const bool fresh = !store.check("left_by_the_first_attempt");
+    const auto sum = world.all_reduce(at::full({4}, 1.0)).sum().item<double>();
+    std::cout << "restart " << restarts << (fresh ? " fresh rendezvous" : " STALE rendezvous") << " sum " << sum
+              << std::endl;
+    return fresh && sum == 4.0 * n ? 0 : 1;
   }
   std::cerr << "unknown scenario '" << scenario << "'" << std::endl;
   return 2;

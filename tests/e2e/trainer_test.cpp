@@ -131,7 +131,7 @@ void kill_and_resume(const std::string& name, const std::string& parallel,
   ASSERT_EQ(run_job(train_command(straight, parallel, example)).exit_code, 0);
 
   const Result crash =
-      hp::e2e::run_command("HP_TRAIN_FAULT=1:7 " + bin_dir() + "/hprun " + train_command(killed, parallel, example));
+      hp::e2e::run_command("HP_FAULT=kill:1:7 " + bin_dir() + "/hprun " + train_command(killed, parallel, example));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_NE(crash.output.find("rank 1"), std::string::npos) << crash.output;
   ASSERT_TRUE(fs::exists(killed + "/checkpoints/step-000005/metadata.json")) << crash.output;
@@ -208,12 +208,54 @@ TEST(HpTrain, KillAndResumeWithContextParallelismUnderHsdpIsBitwiseIdentical) {
                   "long_context_llama.yaml");
 }
 
+// hprun --max-restarts 1, rank 2 SIGKILLed after step 7 by the fault injector: hprun starts every
+// rank again, hp-train resumes from the step-5 checkpoint, the fault does not fire a second time,
+// and the losses and the final checkpoint are bitwise those of an uninterrupted run. hprun's summary
+// names the rank and the two steps (6 and 7) the failure cost.
+TEST(HpTrain, RestartAfterAKilledRankIsBitwiseIdentical) {
+  const std::string straight = scratch("restart_straight"), restarted = scratch("restart_killed");
+  ASSERT_EQ(run_job(train_command(straight)).exit_code, 0);
+  const Result r =
+      hp::e2e::run_command("HP_FAULT=kill:2:7 " + bin_dir() + "/hprun --max-restarts 1 " + train_command(restarted));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hprun: rank 2 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of this job: resuming from the latest checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal 9 (Killed)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("after step 7; attempt 2 resumed from step 5: 2 steps lost"), std::string::npos) << r.output;
+  const auto want = train_losses(straight), got = train_losses(restarted);
+  ASSERT_EQ(got.size(), 10u);
+  for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  EXPECT_EQ(checkpoint_contents(restarted + "/checkpoints/step-000010"),
+            checkpoint_contents(straight + "/checkpoints/step-000010"));
+}
+
+// The timeouts nest: a rank that hangs (HP_FAULT) is reported by its peer's collective timeout,
+// naming it; when every rank hangs no collective fails, and the watchdog ends them (exit code 3).
+TEST(HpTrain, AHangIsEndedByATimeout) {
+  const std::string two_ranks =
+      "--nproc-per-node 2 " + bin_dir() + "/hp-train --config " + HP_SOURCE_DIR +
+      "/examples/tiny_llama.yaml --set parallel.tp=1 --set train.steps=6 --set schedule.warmup_steps=2 --no-progress" +
+      " --set resilience.collective_timeout_s=2 --set resilience.watchdog_s=8";
+  const std::string dir = scratch("hang");
+  const std::string where = " --set run_dir=" + dir + " --set data.cache_dir=" + dir + "/data";
+  const Result one = hp::e2e::run_command("HP_FAULT=hang:1:3 " + bin_dir() + "/hprun " + two_ranks + where);
+  EXPECT_EQ(one.exit_code, 1) << one.output;  // a failed run, not a config error
+  EXPECT_NE(one.output.find("timeouts: collective 2 s (+2 s to name missing ranks) < watchdog 8 s"), std::string::npos)
+      << one.output;
+  EXPECT_NE(one.output.find("never reached it (dead, or stuck elsewhere): [1]"), std::string::npos) << one.output;
+  const Result all = hp::e2e::run_command("HP_FAULT=hang:0:3,hang:1:3 " + bin_dir() + "/hprun " + two_ranks + where);
+  EXPECT_EQ(all.exit_code, 3) << all.output;
+  EXPECT_NE(all.output.find("made no progress for 8 s (in step 3); ending the process with exit code 3"),
+            std::string::npos)
+      << all.output;
+}
+
 // SIGKILL a rank while the step-10 checkpoint is being written (right after save_async returned):
 // nothing of it is committed, and the step-5 checkpoint stays the latest and verifies.
 TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
   const std::string dir = scratch("killsave");
   const Result crash =
-      hp::e2e::run_command("HP_TRAIN_FAULT=1:10 " + bin_dir() + "/hprun " + train_command(dir, "--set train.steps=12"));
+      hp::e2e::run_command("HP_FAULT=kill:1:10 " + bin_dir() + "/hprun " + train_command(dir, "--set train.steps=12"));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000010"));
   std::ifstream latest(dir + "/checkpoints/latest");

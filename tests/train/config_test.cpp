@@ -125,6 +125,11 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
            4);
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_timeline_step=21"}, 4,
           "parallel.pp_timeline_step (21) must be a step of the run, 1 to train.steps (20), or 0 for none");
+  invalid({"resilience.collective_timeout_s=60", "resilience.watchdog_s=62"}, 4,
+          "resilience.watchdog_s 62 is too short for resilience.collective_timeout_s 60: the timeouts must nest, "
+          "collective_timeout_s + 2 s (naming the missing ranks) < watchdog_s");
+  validate(parse_config(kConfig, {"resilience.collective_timeout_s=60", "resilience.watchdog_s=63"}), 4);
+  invalid({"resilience.collective_timeout_s=0"}, 4, "resilience.collective_timeout_s must be > 0");
   invalid({"optimizer.name=sgd"}, 4, "optimizer.name 'sgd' is unknown (available: adamw, muon)");
   invalid({"schedule.decay=step"}, 4, "step");
   invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");

@@ -48,7 +48,8 @@ inline TrainConfig small_llama_config(const std::filesystem::path& dir) {
 // Ranks as threads whose world group is what train() needs for `config`.
 inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
   testing::RunRanksOptions options;
-  options.group = world_options(config, options.group);
+  const auto short_timeout = options.group.timeout;  // the harness's: a missing peer fails a test quickly
+  options.group = world_options(config, options.group).set_timeout(short_timeout);
   return options;
 }
 

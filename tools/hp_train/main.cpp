@@ -3,10 +3,8 @@
 //   hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml [--set train.steps=50] [--resume auto]
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
+#include <hp/core/job.h>
 #include <hp/train/trainer.h>
-
-#include <signal.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -40,7 +38,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        [](Args& a, const std::string& v) { a.overrides.push_back(v); }},
       {{"--resume"},
        "auto|never",
-       "auto: continue from the run's latest checkpoint if there is one (default: never)",
+       "auto: continue from the run's latest checkpoint if there is one (default: never; auto when hprun "
+       "restarts the job)",
        [](Args& a, const std::string& v) {
          if (v != "auto" && v != "never") throw hp::tools::UsageError("--resume takes auto or never, got '" + v + "'");
          a.options.resume = v == "auto";
@@ -61,30 +60,6 @@ void usage(std::ostream& out) {
   out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run] [--no-progress]\n\n"
       << hp::tools::flag_help(flags())
       << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
-}
-
-// Test hook: HP_TRAIN_FAULT="RANK:STEP" makes that rank SIGKILL itself after that step, like a crashed node.
-class KillAfterStep : public hp::train::Callback {
- public:
-  explicit KillAfterStep(int64_t step) : step_(step) {}
-  void on_step_end(const hp::train::StepRecord& record) override {
-    if (record.step == step_) ::kill(::getpid(), SIGKILL);
-  }
-
- private:
-  int64_t step_;
-};
-
-std::shared_ptr<hp::train::Callback> fault_hook(int rank) {
-  const char* spec = std::getenv("HP_TRAIN_FAULT");
-  if (!spec) return nullptr;
-  const std::string s(spec);
-  const auto colon = s.find(':');
-  HP_CHECK(colon != std::string::npos, "HP_TRAIN_FAULT must be RANK:STEP, got '", s, "'");
-  const int fault_rank = std::stoi(s.substr(0, colon));
-  const int64_t fault_step = std::stoll(s.substr(colon + 1));
-  if (fault_rank != rank) return nullptr;
-  return std::make_shared<KillAfterStep>(fault_step);
 }
 
 // Draws the loss curve with hp-plot, which is installed next to this program.
@@ -122,7 +97,12 @@ int main(int argc, char** argv) {
     hp::comm::InitOptions init;
     init.group = hp::train::world_options(config);
     hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
-    if (auto hook = fault_hook(world.rank())) options.callbacks.push_back(hook);
+    if (const int restarts = hp::job::restart_count(); restarts > 0 && !options.resume) {
+      // hprun restarted the job after a failure: carry on from the newest committed checkpoint.
+      options.resume = true;
+      if (world.rank() == 0)
+        std::cout << "hp-train: restart " << restarts << " of this job: resuming from the latest checkpoint\n";
+    }
     const hp::train::TrainResult result = hp::train::train(config, world, options);
     if (world.rank() == 0 && !options.dry_run) {
       plot(config.run_dir);
@@ -137,12 +117,12 @@ int main(int argc, char** argv) {
       if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
     }
     return 0;
-  } catch (const hp::train::NonFiniteError& e) {  // the run failed, the config was fine
-    std::cerr << "hp-train: failed: " << e.what() << "\n";
-    return 1;
   } catch (const hp::Error& e) {
-    std::cerr << "hp-train: error: " << e.what() << "\n";
-    return 2;
+    // A run that failed (a step not finite, a peer that hung) exits 1; a mistake in the config 2.
+    const bool failed = dynamic_cast<const hp::train::NonFiniteError*>(&e) != nullptr ||
+                        dynamic_cast<const hp::TimeoutError*>(&e) != nullptr;
+    std::cerr << "hp-train: " << (failed ? "failed: " : "error: ") << e.what() << "\n";
+    return failed ? 1 : 2;
   } catch (const std::exception& e) {
     std::cerr << "hp-train: failed: " << e.what() << "\n";
     return 1;

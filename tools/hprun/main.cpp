@@ -2,22 +2,24 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes every line
 // they print with their rank, and fails fast: when one rank exits non-zero or by a signal, the
 // others are stopped (SIGTERM, then SIGKILL after a grace period) and hprun exits non-zero naming
-// that rank. Plain POSIX C++; it does not link LibTorch.
+// that rank. With --max-restarts it starts the job again after a failure, in a fresh rendezvous, and
+// sums up what each failure cost. Plain POSIX C++; it does not link LibTorch.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -26,10 +28,16 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "hp/core/job.h"
 
 namespace {
 
 constexpr auto kGracePeriod = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
+// Wait before restart K (1-based): 1 s, doubling, at most 30 s; a failure that repeats at once
+// (a bad node, a full disk) does not spin.
+std::chrono::seconds restart_backoff(int restart) {
+  return std::chrono::seconds(std::min(30, 1 << std::min(restart - 1, 5)));
+}
 
 struct Config {
   int nproc_per_node = 1;
@@ -37,6 +45,7 @@ struct Config {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port (single node) or 29500 (several nodes)
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -63,6 +72,10 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        "P",
        "rendezvous port (default: a free port on one node, 29500 on several)",
        [](Config& c, const std::string& v) { c.master_port = parse_int("--master-port", v, 1, 65535); }},
+      {{"--max-restarts"},
+       "N",
+       "after a failure, start every rank again up to N times (default 0; one node only)",
+       [](Config& c, const std::string& v) { c.max_restarts = parse_int("--max-restarts", v, 0, 1000); }},
   };
   return table;
 }
@@ -74,7 +87,10 @@ void print_help() {
                "hp::comm::init_process_group() reads them. Every output line is prefixed with \"[rank R] \".\n"
                "If a rank exits non-zero or is killed by a signal, the other ranks are stopped (SIGTERM,\n"
                "then SIGKILL after 3 s) and hprun exits non-zero naming that rank. SIGINT/SIGTERM sent\n"
-               "to hprun are forwarded to every rank.\n\noptions:\n"
+               "to hprun are forwarded to every rank. With --max-restarts N, a failed job is started again\n"
+               "(after 1, 2, 4, ... s) in a fresh rendezvous with HP_RESTART_COUNT set; hp-train then resumes\n"
+               "from its latest checkpoint. The ranks share a private directory, HP_JOB_DIR, removed at the end.\n"
+               "\noptions:\n"
             << hp::tools::flag_help(flags()) << "\nexample: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
 }
 
@@ -89,6 +105,11 @@ std::optional<Config> parse(int argc, char** argv) {
   if (config.node_rank >= config.nnodes)
     throw hp::tools::UsageError("--node-rank " + std::to_string(config.node_rank) + " must be below --nnodes " +
                                 std::to_string(config.nnodes));
+  // Every node would have to restart together, into a new rendezvous they agree on: that needs an
+  // agent spanning the nodes, which hprun is not yet.
+  if (config.max_restarts > 0 && config.nnodes > 1)
+    throw hp::tools::UsageError("--max-restarts works on one node only (--nnodes " + std::to_string(config.nnodes) +
+                                ")");
   return config;
 }
 
@@ -138,7 +159,14 @@ void drain(const Rank& rank, Stream& s) {  // at EOF: print an unterminated last
   s.fd = -1;
 }
 
-pid_t spawn(const Config& c, int local_rank, int global_rank, int port, Rank& rank) {
+// What differs between two attempts of one job.
+struct Attempt {
+  int index = 0;  // restarts before this one
+  int port = 0;
+  std::string job_dir;
+};
+
+pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_rank, Rank& rank) {
   int out[2], err[2];
   if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   const pid_t pid = fork();
@@ -155,7 +183,15 @@ pid_t spawn(const Config& c, int local_rank, int global_rank, int port, Rank& ra
     setenv("LOCAL_WORLD_SIZE", std::to_string(c.nproc_per_node).c_str(), 1);
     setenv("GROUP_RANK", std::to_string(c.node_rank).c_str(), 1);
     setenv("MASTER_ADDR", c.master_addr.c_str(), 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(attempt.port).c_str(), 1);
+    setenv(hp::job::kDirEnv, attempt.job_dir.c_str(), 1);
+    setenv(hp::job::kRestartEnv, std::to_string(attempt.index).c_str(), 1);
+    // One node: the ranks meet in a store file that only the job's user can reach, instead of a
+    // TCP port that anyone reaching the host could write to.
+    if (c.nnodes == 1)
+      setenv(hp::job::kRendezvousFileEnv, (attempt.job_dir + "/" + hp::job::rendezvous_file(attempt.index)).c_str(), 1);
+    else
+      unsetenv(hp::job::kRendezvousFileEnv);
     // Ranks on one node share its cores: without a limit every rank's BLAS and OpenMP pools would
     // start one thread per core and fight over them. The user's own settings win.
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
@@ -190,17 +226,29 @@ std::string describe_status(int status) {
   return "stopped with status " + std::to_string(status);
 }
 
+// How one attempt ended.
+struct Outcome {
+  int exit_code = 0;
+  bool interrupted = false;  // by a signal to hprun: no restart
+  int failed_rank = -1;
+  pid_t failed_pid = -1;
+  std::string failure;                              // "was killed by signal 9 (Killed)"
+  double failed_after = 0;                          // seconds into the attempt
+  std::chrono::system_clock::time_point failed_at;  // comparable with file times
+};
+
 class Job {
  public:
-  Job(const Config& config, int port) {
+  Job(const Config& config, const Attempt& attempt) {
     for (int local = 0; local < config.nproc_per_node; ++local) {
       ranks_.emplace_back();
-      spawn(config, local, config.node_rank * config.nproc_per_node + local, port, ranks_.back());
+      spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, ranks_.back());
     }
   }
 
-  // Returns hprun's exit code.
-  int run() {
+  Outcome run() {
+    const auto started = std::chrono::steady_clock::now();
+    Outcome outcome;
     bool stopping = false;  // SIGTERM sent; SIGKILL follows at kill_at
     std::chrono::steady_clock::time_point kill_at, failed_at;
     int failed_rank = -1;
@@ -213,6 +261,7 @@ class Job {
         g_forward_signal = 0;
         if (!stopping) kill_at = std::chrono::steady_clock::now() + kGracePeriod;
         stopping = true;
+        outcome.interrupted = true;
         if (exit_code == 0) exit_code = 130;
       }
       reap([&](Rank& r, int status) {
@@ -223,6 +272,11 @@ class Job {
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         failed_rank = r.global;
         failed_at = std::chrono::steady_clock::now();
+        outcome.failed_rank = r.global;
+        outcome.failed_pid = r.pid;
+        outcome.failure = describe_status(status);
+        outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
+        outcome.failed_at = std::chrono::system_clock::now();
         signal_all(SIGTERM);
         stopping = true;
         kill_at = std::chrono::steady_clock::now() + kGracePeriod;
@@ -244,7 +298,8 @@ class Job {
       if (r.out.fd >= 0) drain(r, r.out);
       if (r.err.fd >= 0) drain(r, r.err);
     }
-    return exit_code;
+    outcome.exit_code = exit_code;
+    return outcome;
   }
 
  private:
@@ -304,6 +359,108 @@ class Job {
   std::vector<Rank> ranks_;
 };
 
+// The job's private directory (hp/core/job.h): mode 0700, removed with everything in it when hprun ends.
+class JobDir {
+ public:
+  JobDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/hprun-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr)
+      throw std::runtime_error("could not create the job directory " + pattern + ": " + std::strerror(errno));
+    path_ = pattern;
+  }
+  ~JobDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  JobDir(const JobDir&) = delete;
+  JobDir& operator=(const JobDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::optional<int64_t> step(const std::string& file) const { return hp::job::read_number(path_ + "/" + file); }
+  // When `file` was last written.
+  std::optional<std::chrono::system_clock::time_point> written(const std::string& file) const {
+    struct stat info {};
+    if (stat((path_ + "/" + file).c_str(), &info) != 0) return std::nullopt;
+    return std::chrono::system_clock::time_point(std::chrono::seconds(info.st_mtim.tv_sec) +
+                                                 std::chrono::nanoseconds(info.st_mtim.tv_nsec));
+  }
+
+ private:
+  std::string path_;
+};
+
+// What each failure cost: the steps that attempt had finished beyond the one the next attempt
+// started from. Steps are known when the program reports them (hp-train does).
+void print_restart_summary(const std::vector<Outcome>& attempts, const JobDir& dir) {
+  std::fprintf(stderr, "hprun: restart summary (%zu attempts):\n", attempts.size());
+  for (size_t k = 0; k < attempts.size(); ++k) {
+    const Outcome& o = attempts[k];
+    const int index = static_cast<int>(k);
+    if (o.failed_rank < 0) {
+      std::fprintf(stderr, "hprun:   attempt %zu: %s\n", k + 1, o.exit_code == 0 ? "finished" : "interrupted");
+      continue;
+    }
+    char when[32];
+    std::snprintf(when, sizeof(when), " %.1f s in", o.failed_after);
+    std::string line =
+        "rank " + std::to_string(o.failed_rank) + " (pid " + std::to_string(o.failed_pid) + ") " + o.failure + when;
+    std::optional<int64_t> reached = dir.step(hp::job::last_step_file(index));
+    if (!reached) reached = dir.step(hp::job::first_step_file(index));  // failed within its first step
+    if (reached) line += ", after step " + std::to_string(*reached);
+    const std::optional<int64_t> next = dir.step(hp::job::first_step_file(index + 1));
+    if (reached && next) {
+      const int64_t lost = std::max<int64_t>(0, *reached - *next);
+      line += "; attempt " + std::to_string(k + 2) + " resumed from step " + std::to_string(*next) + ": " +
+              std::to_string(lost) + (lost == 1 ? " step lost" : " steps lost");
+    }
+    // The next attempt wrote its first step when it was about to train.
+    if (const auto training = dir.written(hp::job::first_step_file(index + 1))) {
+      char again[64];
+      std::snprintf(again, sizeof(again), ", training again %.1f s after the failure",
+                    std::chrono::duration<double>(*training - o.failed_at).count());
+      line += again;
+    }
+    std::fprintf(stderr, "hprun:   attempt %zu: %s\n", k + 1, line.c_str());
+  }
+}
+
+// Waits `delay`, or returns false at once when hprun gets a signal.
+bool wait_unless_signalled(std::chrono::seconds delay) {
+  const auto until = std::chrono::steady_clock::now() + delay;
+  while (std::chrono::steady_clock::now() < until) {
+    if (g_forward_signal != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return g_forward_signal == 0;
+}
+
+int run_attempts(const Config& config) {
+  const JobDir dir;
+  std::vector<Outcome> attempts;
+  for (int index = 0;; ++index) {
+    Attempt attempt{index, config.master_port, dir.path()};
+    if (attempt.port == 0) attempt.port = config.nnodes == 1 ? pick_free_port() : 29500;
+    attempts.push_back(Job(config, attempt).run());
+    const Outcome& outcome = attempts.back();
+    const bool restart = outcome.exit_code != 0 && !outcome.interrupted && index < config.max_restarts;
+    if (restart) {
+      const std::chrono::seconds delay = restart_backoff(index + 1);
+      std::fprintf(stderr, "hprun: restarting every rank in %lld s (restart %d of at most %d)\n",
+                   static_cast<long long>(delay.count()), index + 1, config.max_restarts);
+      if (wait_unless_signalled(delay)) continue;
+      attempts.back().interrupted = true;
+    }
+    if (attempts.size() > 1) print_restart_summary(attempts, dir);
+    if (outcome.exit_code != 0) {
+      if (config.max_restarts > 0 && !outcome.interrupted)
+        std::fprintf(stderr, "hprun: no restarts left (--max-restarts %d)\n", config.max_restarts);
+      std::fprintf(stderr, "hprun: job failed (exit code %d)\n", outcome.exit_code);
+    }
+    return outcome.exit_code;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,17 +476,12 @@ int main(int argc, char** argv) {
   }
   if (!config) return 0;
   try {
-    int port = config->master_port;
-    if (port == 0) port = config->nnodes == 1 ? pick_free_port() : 29500;
     struct sigaction action {};
     action.sa_handler = on_signal;
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
     signal(SIGPIPE, SIG_IGN);
-    Job job(*config, port);
-    const int code = job.run();
-    if (code != 0) std::fprintf(stderr, "hprun: job failed (exit code %d)\n", code);
-    return code;
+    return run_attempts(*config);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hprun: %s\n", e.what());
     return 1;

@@ -19,6 +19,9 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // HP_RENDEZVOUS_FILE (set by hprun on one node): the ranks meet in this store file instead of a
+  // TCPStore at MASTER_ADDR:MASTER_PORT.
+  std::string rendezvous_file;
   std::string source;  // which launcher's variables were read: "hprun", "mpirun", "pmi", "slurm", "default"
 };
 
@@ -29,8 +32,8 @@ using GetEnv = std::function<const char*(const char*)>;
 //   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}    (Open MPI's mpirun)
 //   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID / PMI_LOCAL_RANK  (MPICH / Intel MPI)
 //   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID            (srun)
-// plus MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default 29500). With none of them set the
-// process is a world of one. Malformed or inconsistent values throw hp::Error naming the variable.
+// plus MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500) and HP_RENDEZVOUS_FILE. With
+// none of them set the process is a world of one. Malformed or inconsistent values throw hp::Error naming the variable.
 LaunchEnv read_launch_env(const GetEnv& getenv = {});
 
 struct InitOptions {
@@ -40,8 +43,9 @@ struct InitOptions {
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
 };
 
-// Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT and create the world
-// group (Gloo). Every rank must call it once. Nothing is stored globally: keep the returned group.
+// Rendezvous through the store file of env.rendezvous_file, or else a TCPStore hosted by rank 0 at
+// MASTER_ADDR:MASTER_PORT, and create the world group (Gloo). Every rank must call it once. Nothing is stored globally:
+// keep the returned group.
 ProcessGroup init_process_group(InitOptions options = {});
 
 // A rendezvous for ranks that are threads of this one process (the in-process test harness,

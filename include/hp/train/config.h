@@ -109,6 +109,16 @@ struct TrainConfig {
     int64_t profile_step = 0;
   } log;
 
+  // How long a failure may take to be noticed (docs/resilience.md#timeouts). A collective waits
+  // collective_timeout_s for its peers, then fails naming the missing ranks (2 s more); a rank that
+  // makes no progress (no step, evaluation or save begins or ends) for watchdog_s exits with code 3,
+  // which hprun --max-restarts restarts. watchdog_s 0: derived, the larger of collective_timeout_s +
+  // 60 and 10x the slowest step so far.
+  struct Resilience {
+    int64_t collective_timeout_s = 300;
+    int64_t watchdog_s = 0;
+  } resilience;
+
   struct Sample {
     std::string prompt = "The ";
     int64_t tokens = 0;  // greedy-generated at the end; 0 = none

@@ -1,0 +1,74 @@
+// What hprun tells the programs it starts besides the rendezvous variables, and what they tell it
+// back. hprun makes a job directory private to the user (mode 0700) that lives as long as hprun,
+// across restarts; in it:
+//
+//   rendezvous-K          the store of attempt K (single-node jobs): only the job's user can reach it
+//   attempt-K.first-step  the step attempt K started from (0, or the checkpoint it resumed)
+//   attempt-K.last-step   the last step attempt K finished
+//   fault-I.fired         fault I of HP_FAULT has fired (faults are one-shot per job)
+//
+// hprun reads the step files for its restart summary (how many steps a failure cost). Header-only
+// and plain POSIX C++: hprun, which does not link LibTorch, and the library share it.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace hp::job {
+
+inline constexpr char kDirEnv[] = "HP_JOB_DIR";                     // the job directory
+inline constexpr char kRestartEnv[] = "HP_RESTART_COUNT";           // 0 for the first attempt
+inline constexpr char kRendezvousFileEnv[] = "HP_RENDEZVOUS_FILE";  // the attempt's store file
+
+// The job directory, when the process runs under hprun.
+inline std::optional<std::string> dir() {
+  const char* d = std::getenv(kDirEnv);
+  if (d == nullptr || *d == '\0') return std::nullopt;
+  return std::string(d);
+}
+
+// How many times hprun restarted the job before this attempt (0 without hprun).
+inline int restart_count() {
+  const char* n = std::getenv(kRestartEnv);
+  return n == nullptr ? 0 : std::atoi(n);
+}
+
+inline std::string rendezvous_file(int attempt) { return "rendezvous-" + std::to_string(attempt); }
+inline std::string first_step_file(int attempt) { return "attempt-" + std::to_string(attempt) + ".first-step"; }
+inline std::string last_step_file(int attempt) { return "attempt-" + std::to_string(attempt) + ".last-step"; }
+inline std::string fault_fired_file(int index) { return "fault-" + std::to_string(index) + ".fired"; }
+
+// Replaces `path` with `text` so that a reader sees the old or the new content, never a part.
+inline bool write_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!(out << text)) return false;
+  }
+  return std::rename(temporary.c_str(), path.c_str()) == 0;
+}
+
+inline std::optional<int64_t> read_number(const std::string& path) {
+  std::ifstream in(path);
+  int64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// Creates `path` unless it exists; true for the one caller that created it (an atomic claim
+// shared by every process of the job).
+inline bool claim(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+}  // namespace hp::job

@@ -1,0 +1,127 @@
+#include "train/fault_injector.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include "hp/core/error.h"
+#include "hp/core/job.h"
+#include "hp/core/log.h"
+
+namespace hp::train::detail {
+namespace {
+
+constexpr char kSpecEnv[] = "HP_FAULT";
+
+std::vector<std::string> split(const std::string& s, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, separator);) parts.push_back(part);
+  return parts;
+}
+
+template <typename T>
+T parse_number(const std::string& text, const std::string& fault, const char* what) {
+  std::istringstream in(text);
+  T value{};
+  in >> value;
+  HP_CHECK(!text.empty() && in && in.peek() == EOF, kSpecEnv, ": '", fault, "': ", what, " '", text,
+           "' is not a number");
+  return value;
+}
+
+Fault parse_fault(const std::string& text, int index) {
+  const std::vector<std::string> parts = split(text, ':');
+  static const char* kForm = " (KIND:RANK:STEP[:SECONDS], KIND one of kill, throw, hang, delay)";
+  HP_CHECK(parts.size() == 3 || parts.size() == 4, kSpecEnv, ": '", text, "' is not a fault", kForm);
+  Fault fault;
+  fault.index = index;
+  const std::string& kind = parts[0];
+  if (kind == "kill") {
+    fault.kind = FaultKind::kKill;
+  } else if (kind == "throw") {
+    fault.kind = FaultKind::kThrow;
+  } else if (kind == "hang") {
+    fault.kind = FaultKind::kHang;
+  } else if (kind == "delay") {
+    fault.kind = FaultKind::kDelay;
+  } else {
+    HP_FAIL(kSpecEnv, ": '", text, "': unknown kind '", kind, "'", kForm);
+  }
+  fault.rank = parse_number<int>(parts[1], text, "rank");
+  fault.step = parse_number<int64_t>(parts[2], text, "step");
+  HP_CHECK(fault.rank >= 0 && fault.step >= 1, kSpecEnv, ": '", text, "': the rank must be >= 0 and the step >= 1");
+  HP_CHECK((parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '", text,
+           "': a delay takes SECONDS, the other kinds take nothing after the step");
+  if (fault.kind == FaultKind::kDelay) {
+    fault.seconds = parse_number<double>(parts[3], text, "seconds");
+    HP_CHECK(fault.seconds >= 0, kSpecEnv, ": '", text, "': the delay must not be negative");
+  }
+  return fault;
+}
+
+// Fires one fault at its step, once per job.
+class FaultCallback : public Callback {
+ public:
+  explicit FaultCallback(Fault fault) : fault_(fault) {}
+
+  void on_step_begin(int64_t step) override {
+    if (!fires_at_begin() || step != fault_.step || !claim()) return;
+    if (fault_.kind == FaultKind::kDelay) {
+      log::warn("injected fault: sleeping ", fault_.seconds, " s at the start of step ", step);
+      std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
+    } else if (fault_.kind == FaultKind::kHang) {
+      log::warn("injected fault: hanging at the start of step ", step);
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+  }
+
+  void on_step_end(const StepRecord& record) override {
+    if (fires_at_begin() || record.step != fault_.step || !claim()) return;
+    if (fault_.kind == FaultKind::kKill) {
+      log::warn("injected fault: SIGKILL after step ", record.step);
+      ::kill(::getpid(), SIGKILL);
+    } else if (fault_.kind == FaultKind::kThrow) {
+      HP_FAIL("injected fault: rank ", fault_.rank, " failed after step ", record.step);
+    }
+  }
+
+ private:
+  // A stuck or slow rank is so from the start of its step; a dead or failing one after it.
+  bool fires_at_begin() const { return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang; }
+
+  // True the first time in this job that the fault reaches its step.
+  bool claim() {
+    if (fired_) return false;
+    fired_ = true;
+    const std::optional<std::string> dir = job::dir();
+    return !dir || job::claim(*dir + "/" + job::fault_fired_file(fault_.index));
+  }
+
+  Fault fault_;
+  bool fired_ = false;
+};
+
+}  // namespace
+
+std::vector<Fault> parse_faults(const std::string& spec) {
+  std::vector<Fault> faults;
+  for (const std::string& text : split(spec, ','))
+    if (!text.empty()) faults.push_back(parse_fault(text, static_cast<int>(faults.size())));
+  return faults;
+}
+
+std::vector<std::shared_ptr<Callback>> injected_faults(int rank) {
+  const char* spec = std::getenv(kSpecEnv);
+  if (spec == nullptr) return {};
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  for (const Fault& fault : parse_faults(spec))
+    if (fault.rank == rank) callbacks.push_back(std::make_shared<FaultCallback>(fault));
+  return callbacks;
+}
+
+}  // namespace hp::train::detail

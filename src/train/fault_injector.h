@@ -1,0 +1,37 @@
+// Faults injected on purpose, for tests and drills of the recovery paths: HP_FAULT lists them as
+// KIND:RANK:STEP[:ARG], separated by commas (docs/resilience.md):
+//
+//   kill:2:7       rank 2 SIGKILLs itself after step 7 (a crashed node)
+//   throw:1:4      rank 1 throws hp::Error after step 4 (a failing rank)
+//   hang:0:3       rank 0 stops at the start of step 3 and never returns (a stuck rank)
+//   delay:1:5:2.5  rank 1 sleeps 2.5 s at the start of step 5 (a straggler)
+//
+// Each fault fires once per job: under hprun a claim file in the job directory (hp/core/job.h)
+// keeps a restarted attempt from firing it again.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/train/callbacks.h"
+
+namespace hp::train::detail {
+
+enum class FaultKind { kKill, kThrow, kHang, kDelay };
+
+struct Fault {
+  FaultKind kind = FaultKind::kKill;
+  int rank = 0;
+  int64_t step = 1;
+  double seconds = 0.0;  // delay
+  int index = 0;         // position in the list: names the claim file
+};
+
+// Parses a list; a malformed one throws hp::Error quoting it.
+std::vector<Fault> parse_faults(const std::string& spec);
+
+// Callbacks that fire the faults of HP_FAULT meant for `rank` (none when it is unset).
+std::vector<std::shared_ptr<Callback>> injected_faults(int rank);
+
+}  // namespace hp::train::detail
