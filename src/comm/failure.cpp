@@ -2,16 +2,17 @@
 //
 // A bare transport error ("Timed out waiting 3000ms for recv") does not say who is missing. When a
 // collective fails, each failing member records "I reached collective #seq" in the group's store and
-// then looks, for a short window, for the same record from the other members. Members that never
-// record it either died or are stuck elsewhere: those are the ranks the error names.
+// then looks, for a short window, for the same record from the other members (reach_report.h).
+// Members that never record it either died or are stuck elsewhere: those are the ranks the error
+// names.
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <sstream>
 
 #include "comm/group_impl.h"
+#include "comm/reach_report.h"
 #include "hp/comm/failure_report.h"
-#include "hp/comm/store.h"
 #include "hp/core/error.h"
 
 namespace hp::comm::detail {
@@ -54,25 +55,13 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
   std::vector<int> missing;
   std::ostringstream other_ops;
   try {
-    const std::string op(site.op);
-    // The group is alive (one of its collectives is failing): a handle that does not own it.
-    const GroupStore store(std::shared_ptr<GroupImpl>(std::shared_ptr<GroupImpl>(), site.group));
-    store.set(prefix + std::to_string(group.rank), op);
-    std::vector<std::string> keys;
-    for (int r = 0; r < group.size(); ++r) keys.push_back(prefix + std::to_string(r));
-    StorePollOptions poll;
-    poll.deadline = std::chrono::steady_clock::now() + window;
-    const std::vector<std::string> absent = store.wait_for(keys, poll);
-    for (int r = 0; r < group.size(); ++r) {
-      if (std::count(absent.begin(), absent.end(), keys[r])) {
-        missing.push_back(group.ranks[r]);
-        continue;
-      }
-      const std::string theirs = store.get(keys[r]);
-      if (theirs != op)
-        other_ops << " World rank " << group.ranks[r] << " issued " << theirs
-                  << " as this collective instead: every member must issue collectives in the same order.";
-    }
+    ReachOptions options;
+    options.window = window;
+    const ReachReport report = exchange_reach(*group.store, prefix, group.rank, group.size(), site.op, options);
+    for (const int r : report.missing) missing.push_back(group.ranks[r]);
+    for (const auto& [r, theirs] : report.other_ops)
+      other_ops << " World rank " << group.ranks[r] << " issued " << theirs
+                << " as this collective instead: every member must issue collectives in the same order.";
   } catch (const std::exception& e) {
     return "Could not ask the rendezvous store which ranks arrived (" + first_line(e.what()) +
            "); the store is hosted by world rank 0, which may be the one that died.";
