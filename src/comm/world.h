@@ -1,5 +1,5 @@
 // Creating the world group from a store the caller already has (init_process_group uses a
-// TCPStore; the in-process test harness a shared in-memory HashStore).
+// store file or a TCPStore; the in-process test harness a shared in-memory HashStore).
 #pragma once
 
 #include "comm/c10d_shim.h"

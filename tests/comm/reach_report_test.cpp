@@ -75,7 +75,7 @@ TEST(ReachReport, NamesTheMissingAndTheOutOfOrderMembers) {
   EXPECT_TRUE(complete[0].other_ops.empty());
 }
 
-TEST(ReachReport, EachMembersStoreRequestsStayFlatAsTheGroupGrows) {
+TEST(ReachReport, EachMembersStoreRequestsGrowWithTheLogOfTheGroupSize) {
   const auto window = std::chrono::milliseconds(200);
   std::vector<double> per_member;
   for (const int size : {8, 64, 256}) {

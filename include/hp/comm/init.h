@@ -39,7 +39,7 @@ LaunchEnv read_launch_env(const GetEnv& getenv = {});
 struct InitOptions {
   ProcessGroupOptions group;
   std::optional<LaunchEnv> env;  // default: read_launch_env()
-  // How long rank 0 waits for every rank to reach the TCPStore (and the others for rank 0).
+  // How long the ranks wait for each other at the store (the store file, or rank 0's TCPStore).
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
 };
 
