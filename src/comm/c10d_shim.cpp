@@ -43,6 +43,18 @@ StorePtr make_file_store(const std::string& path, int world_size) {
   return c10::make_intrusive<c10d::FileStore>(path, world_size);
 }
 
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+bool says_timed_out(const std::string& message) {
+  for (const char* needle : {"Timed out", "timed out", "Timeout", "timeout"})
+    if (message.find(needle) != std::string::npos) return true;
+  return false;
+}
+
 StorePtr make_hash_store() { return c10::make_intrusive<c10d::HashStore>(); }
 
 StorePtr make_prefix_store(const std::string& prefix, StorePtr store) {

@@ -15,6 +15,7 @@
 #endif
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int w
 // A store in a file that every rank of one host opens (c10d's FileStore).
 StorePtr make_file_store(const std::string& path, int world_size);
 StorePtr make_hash_store();
+// The first line of an error's message, without the backtrace a c10::Error carries.
+std::string first_line(const std::exception& e);
+// Whether a c10d or Gloo error message says that an operation ran out of time.
+bool says_timed_out(const std::string& message);
 StorePtr make_prefix_store(const std::string& prefix, StorePtr store);
 
 DevicePtr make_gloo_device(const std::string& hostname);

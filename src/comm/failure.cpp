@@ -5,8 +5,6 @@
 // then looks, for a short window, for the same record from the other members (reach_report.h).
 // Members that never record it either died or are stuck elsewhere: those are the ranks the error
 // names.
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <sstream>
 
@@ -18,24 +16,14 @@
 namespace hp::comm::detail {
 namespace {
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 std::string message_of(const std::exception_ptr& failure) {
   try {
     std::rethrow_exception(failure);
-  } catch (const c10::Error& e) {
-    return first_line(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return first_line(e.what());
+    return shim::first_line(e);
   } catch (...) {
     return "unknown exception";
   }
-}
-
-bool looks_like_timeout(const std::string& message) {
-  for (const char* needle : {"Timed out", "timed out", "Timeout", "timeout"})
-    if (message.find(needle) != std::string::npos) return true;
-  return false;
 }
 
 std::string format_ranks(const std::vector<int>& ranks) {
@@ -63,8 +51,8 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
       other_ops << " World rank " << group.ranks[r] << " issued " << theirs
                 << " as this collective instead: every member must issue collectives in the same order.";
   } catch (const std::exception& e) {
-    return "Could not ask the rendezvous store which ranks arrived (" + first_line(e.what()) +
-           "); the store is hosted by world rank 0, which may be the one that died.";
+    return "Could not ask the rendezvous store which ranks arrived (" + shim::first_line(e) +
+           "); if it is hosted by world rank 0 (a TCPStore), that rank may be the one that died.";
   }
   if (!missing.empty())
     return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + "." +
@@ -85,7 +73,7 @@ void raise_collective_failure(const CollectiveSite& site, std::exception_ptr fai
   } catch (...) {
   }
   const std::string cause = message_of(failure);
-  const bool timed_out = looks_like_timeout(cause);
+  const bool timed_out = shim::says_timed_out(cause);
   const GroupImpl& group = *site.group;
   std::ostringstream msg;
   msg << site.op << " on " << group.describe() << ", rank " << group.ranks[group.rank];

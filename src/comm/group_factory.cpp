@@ -1,6 +1,4 @@
 // Creating groups: the world group from a store, and cached sub-groups per rank set.
-#include <c10/util/Exception.h>
-
 #include <set>
 #include <sstream>
 
@@ -34,14 +32,11 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
     group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank, group->size(),
                                           registry->options.timeout, registry->device);
   } catch (const std::exception& e) {
-    const std::string what =
-        dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace() : e.what();
+    const std::string what = shim::first_line(e);
     const std::string msg = "creating " + group->describe() + " on world rank " + std::to_string(registry->world_rank) +
                             " failed (members must all create it, " + "within the timeout of " +
-                            std::to_string(registry->options.timeout.count()) +
-                            " ms): " + what.substr(0, what.find('\n'));
-    if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos)
-      throw hp::TimeoutError(msg);
+                            std::to_string(registry->options.timeout.count()) + " ms): " + what;
+    if (shim::says_timed_out(what)) throw hp::TimeoutError(msg);
     throw hp::Error(msg);
   }
   return group;

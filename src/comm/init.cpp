@@ -3,8 +3,6 @@
 
 #include <unistd.h>
 
-#include <c10/util/Exception.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -46,13 +44,6 @@ constexpr Scheme kSchemes[] = {
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 };
 
-// A c10d error's message without its backtrace.
-std::string first_line(const std::exception& e) {
-  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-  const std::string what = c10 ? c10->what_without_backtrace() : e.what();
-  return what.substr(0, what.find('\n'));
-}
-
 // Opens the job's store file and waits until every rank has opened it: a rank that never comes is
 // reported here, by count, rather than later as a peer missing from the first collective.
 shim::StorePtr join_file_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
@@ -61,19 +52,22 @@ shim::StorePtr join_file_store(const LaunchEnv& env, std::chrono::milliseconds t
   const std::string key = "hp/rendezvous/joined";
   try {
     store = shim::make_file_store(env.rendezvous_file, env.world_size);
+    store->setTimeout(timeout);  // c10d's default (5 min) would also bound retries on a missing directory
     joined = store->add(key, 1);
   } catch (const std::exception& e) {
     HP_FAIL("init_process_group: rank ", env.rank, " could not use the rendezvous file ", env.rendezvous_file, " (",
-            first_line(e), ")");
+            shim::first_line(e), ")");
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (joined < env.world_size && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     joined = store->add(key, 0);
   }
-  HP_CHECK(joined >= env.world_size, "init_process_group: rank ", env.rank, ": only ", joined, " of ", env.world_size,
-           " ranks reached the rendezvous file ", env.rendezvous_file, " within ", timeout.count(),
-           " ms. Did every rank start, and do they share HP_RENDEZVOUS_FILE?");
+  if (joined < env.world_size)
+    throw TimeoutError(hp::detail::str_cat("init_process_group: rank ", env.rank, ": only ", joined, " of ",
+                                           env.world_size, " ranks reached the rendezvous file ", env.rendezvous_file,
+                                           " within ", timeout.count(),
+                                           " ms. Did every rank start, and do they share HP_RENDEZVOUS_FILE?"));
   return store;
 }
 
@@ -131,11 +125,11 @@ ProcessGroup init_process_group(InitOptions options) {
     store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
                                  options.rendezvous_timeout);
   } catch (const std::exception& e) {
-    throw hp::Error("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +
-                    env.master_addr + ":" + std::to_string(env.master_port) + " within " +
-                    std::to_string(options.rendezvous_timeout.count()) + " ms (" + first_line(e) +
-                    "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
-                    "the same on every rank?");
+    // Every way of not meeting rank 0 in time (refused, unreachable, slow) is a timeout to hp-train.
+    throw TimeoutError("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +
+                       env.master_addr + ":" + std::to_string(env.master_port) + " within " +
+                       std::to_string(options.rendezvous_timeout.count()) + " ms (" + shim::first_line(e) +
+                       "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every rank?");
   }
   return create_world_group(std::move(store), env.rank, env.world_size, group);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/core/job.h"
 #include "hp/core/log.h"
 #include "hp/dcp/state_dict.h"
 #include "hp/dtensor/random.h"
@@ -44,13 +45,22 @@ Checkpointing::Checkpointing(const TrainConfig& config, const DeviceMesh& mesh, 
   dcp::add_optimizer_state(state_, optimizer_, *parts.model);
 }
 
-int64_t Checkpointing::resume(LRScheduler& scheduler) {
+int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
   const auto latest = dcp::latest_checkpoint(config_.checkpoint_dir());
   if (!latest) return 0;
-  // The run's random draws (the data order, dropout masks) are functions of (seed, step): the
-  // checkpoint's step continues its run only under its seed. Checked before anything is loaded.
   dcp::StateDict values_only;
   dcp::load(values_only, *latest);
+  if (only_this_job) {
+    const auto saved = values_only.values.find("job");
+    const std::string job = saved == values_only.values.end() ? "" : saved->get<std::string>();
+    if (job.empty() || job != job::dir().value_or("")) {
+      if (world_.rank() == 0)
+        log::info("not resuming from ", *latest, ": an earlier run saved it, not this job; starting from step 0");
+      return 0;
+    }
+  }
+  // The run's random draws (the data order, dropout masks) are functions of (seed, step): the
+  // checkpoint's step continues its run only under its seed. Checked before anything is loaded.
   if (const auto saved = values_only.values.find("seed"); saved != values_only.values.end())
     HP_CHECK(saved->get<uint64_t>() == config_.seed, "resume: ", *latest, " was trained with seed ",
              saved->get<uint64_t>(), " but the config says seed ", config_.seed,
@@ -100,21 +110,40 @@ void Checkpointing::commit_earlier_than(int64_t step) {
 
 std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRScheduler& scheduler) {
   if (config_.checkpoint.interval <= 0 || step % config_.checkpoint.interval != 0) return std::nullopt;
+  const std::string dir = start_save(step, scheduler, nlohmann::json::object());
+  if (!config_.checkpoint.async) finish();
+  return dir;
+}
+
+std::optional<std::string> Checkpointing::save_last_words(int64_t step, const LRScheduler& scheduler,
+                                                          const std::string& why) {
+  if (config_.checkpoint.interval <= 0) return std::nullopt;
+  if (saved_step_ == step) {  // the interval's save of this very step
+    finish();
+    return std::nullopt;
+  }
+  const std::string dir = start_save(step, scheduler, nlohmann::json{{"last_words", why}});
+  finish();
+  return dir;
+}
+
+std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks) {
   finish();
   state_.values = {{"step", step},
                    {"seed", config_.seed},
                    {"data", {{"sampler", "stateless"}, {"step", step}}},
                    {"scheduler_step", scheduler.last_step()},
                    {"mesh_rng", mesh_rng_values()},
-                   {"world_size", world_.size()}};
+                   {"world_size", world_.size()},
+                   {"job", job::dir().value_or("")}};  // a restart of this job resumes only its own saves
+  state_.values.update(marks);
   dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
   dcp::SaveOptions options;
   options.update_latest = true;
   options.stage_in_background = true;  // the copies overlap the next step's forward and backward
   const std::string dir = config_.checkpoint_dir() + "/" + step_dir_name(step);
   pending_ = dcp::save_async(to_save(), dir, world_, options);
-  pending_step_ = step;
-  if (!config_.checkpoint.async) finish();
+  pending_step_ = saved_step_ = step;
   return dir;
 }
 

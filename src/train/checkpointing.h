@@ -29,8 +29,9 @@ class Checkpointing {
   Checkpointing& operator=(const Checkpointing&) = delete;
 
   // Loads the run's latest checkpoint into the live state, sets the scheduler to its step and the
-  // mesh's RNG to its position; returns that step, or 0 when the run has no checkpoint yet.
-  int64_t resume(LRScheduler& scheduler);
+  // mesh's RNG to its position; returns that step, or 0 when the run has no checkpoint yet (or,
+  // with only_this_job, none saved under this process's hprun job).
+  int64_t resume(LRScheduler& scheduler, bool only_this_job);
   // Before the optimizer changes the state: a save still staging in the background reads it.
   void wait_staged() { pending_.wait_staged(); }
   // After optimizer step `step` (1-based): commits a save started at an earlier step.
@@ -38,10 +39,16 @@ class Checkpointing {
   // After optimizer step `step`: at the interval, starts saving the state of that step and returns
   // the checkpoint's directory; otherwise nullopt.
   std::optional<std::string> save_if_due(int64_t step, const LRScheduler& scheduler);
+  // After optimizer step `step`, when the run stops early (`why`: "SIGTERM"): saves the state of
+  // that step and commits it before returning, marked as last words; returns its directory, or
+  // nullopt when the interval's save of that step already holds it or the run saves no checkpoints.
+  std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why);
   // Commits the save in flight, if any.
   void finish();
 
  private:
+  // Starts saving the state of `step` with `marks` added to its values; returns its directory.
+  std::string start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks);
   dcp::StateDict to_save() const;
   nlohmann::json mesh_rng_values() const;  // the "mesh_rng" value this rank saves
   void restore_mesh_rng();                 // from the loaded values, if they have this rank's
@@ -53,6 +60,7 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
+  int64_t saved_step_ = -1;  // of the latest save started
 };
 
 }  // namespace hp::train::detail

@@ -11,6 +11,7 @@
 #include "hp/core/error.h"
 #include "hp/core/job.h"
 #include "hp/core/log.h"
+#include "hp/train/stop.h"
 
 namespace hp::train::detail {
 namespace {
@@ -36,7 +37,7 @@ T parse_number(const std::string& text, const std::string& fault, const char* wh
 
 Fault parse_fault(const std::string& text, int index) {
   const std::vector<std::string> parts = split(text, ':');
-  static const char* kForm = " (KIND:RANK:STEP[:SECONDS], KIND one of kill, throw, hang, delay)";
+  static const char* kForm = " (KIND:RANK:STEP[:SECONDS], KIND one of kill, throw, hang, delay, preempt)";
   HP_CHECK(parts.size() == 3 || parts.size() == 4, kSpecEnv, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
@@ -49,6 +50,8 @@ Fault parse_fault(const std::string& text, int index) {
     fault.kind = FaultKind::kHang;
   } else if (kind == "delay") {
     fault.kind = FaultKind::kDelay;
+  } else if (kind == "preempt") {
+    fault.kind = FaultKind::kPreempt;
   } else {
     HP_FAIL(kSpecEnv, ": '", text, "': unknown kind '", kind, "'", kForm);
   }
@@ -77,6 +80,8 @@ class FaultCallback : public Callback {
     } else if (fault_.kind == FaultKind::kHang) {
       log::warn("injected fault: hanging at the start of step ", step);
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    } else if (fault_.kind == FaultKind::kPreempt) {
+      preempt(step);
     }
   }
 
@@ -91,8 +96,29 @@ class FaultCallback : public Callback {
   }
 
  private:
-  // A stuck or slow rank is so from the start of its step; a dead or failing one after it.
-  bool fires_at_begin() const { return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang; }
+  // A stuck or slow rank is so from the start of its step; a dead or failing one after it. A
+  // preemption notice comes at the start, so that the step it is in is the one saved.
+  bool fires_at_begin() const {
+    return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang || fault_.kind == FaultKind::kPreempt;
+  }
+
+  // Under hprun the notice goes to hprun, which forwards it to every rank as a cluster's would;
+  // waiting for it here makes sure the step in progress carries the request. Without hprun the
+  // request is made directly.
+  void preempt(int64_t step) {
+    log::warn("injected fault: preemption notice at the start of step ", step);
+    if (!job::dir()) {
+      request_stop(SIGTERM);
+      return;
+    }
+    ::kill(::getppid(), SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (stop_requested() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    HP_CHECK(
+        stop_requested() != 0, "injected fault: preempt: hprun (pid ", ::getppid(),
+        ") did not forward SIGTERM within 10 s; is the program's stop handler installed (hp::train::stop_on_signals)?");
+  }
 
   // True the first time in this job that the fault reaches its step.
   bool claim() {
@@ -115,12 +141,16 @@ std::vector<Fault> parse_faults(const std::string& spec) {
   return faults;
 }
 
-std::vector<std::shared_ptr<Callback>> injected_faults(int rank) {
+std::vector<std::shared_ptr<Callback>> injected_faults(int rank, int world_size, int64_t steps) {
   const char* spec = std::getenv(kSpecEnv);
   if (spec == nullptr) return {};
   std::vector<std::shared_ptr<Callback>> callbacks;
-  for (const Fault& fault : parse_faults(spec))
+  for (const Fault& fault : parse_faults(spec)) {
+    HP_CHECK(fault.rank < world_size && fault.step <= steps, kSpecEnv, ": fault ", fault.index + 1, " is for rank ",
+             fault.rank, " at step ", fault.step, ", but the run has ", world_size, " ranks and ", steps,
+             " steps: it would never fire");
     if (fault.rank == rank) callbacks.push_back(std::make_shared<FaultCallback>(fault));
+  }
   return callbacks;
 }
 

@@ -5,6 +5,8 @@
 //   throw:1:4      rank 1 throws hp::Error after step 4 (a failing rank)
 //   hang:0:3       rank 0 stops at the start of step 3 and never returns (a stuck rank)
 //   delay:1:5:2.5  rank 1 sleeps 2.5 s at the start of step 5 (a straggler)
+//   preempt:0:7    rank 0 has hprun stop the job (SIGTERM to it, which hprun forwards to every rank)
+//                  at the start of step 7, and waits for its own SIGTERM: a preemption notice
 //
 // Each fault fires once per job: under hprun a claim file in the job directory (hp/core/job.h)
 // keeps a restarted attempt from firing it again.
@@ -18,7 +20,7 @@
 
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay };
+enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt };
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
@@ -31,7 +33,8 @@ struct Fault {
 // Parses a list; a malformed one throws hp::Error quoting it.
 std::vector<Fault> parse_faults(const std::string& spec);
 
-// Callbacks that fire the faults of HP_FAULT meant for `rank` (none when it is unset).
-std::vector<std::shared_ptr<Callback>> injected_faults(int rank);
+// Callbacks that fire the faults of HP_FAULT meant for `rank` (none when it is unset). A fault for a
+// rank the world does not have, or a step the run never reaches, is an error: it would never fire.
+std::vector<std::shared_ptr<Callback>> injected_faults(int rank, int world_size, int64_t steps);
 
 }  // namespace hp::train::detail

@@ -32,7 +32,9 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resume_step, bool pro
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  out_ << record.dump() << "\n";
+  // A sample from a barely trained model is arbitrary bytes, not always UTF-8, which JSON requires:
+  // such bytes are written as U+FFFD rather than failing the run at its end.
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   out_.flush();
 }
 

@@ -24,17 +24,21 @@ std::string first_nonfinite_gradient(const models::ModelParts& parts) {
 
 }  // namespace
 
-void gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world,
-                         StepRecord& record) {
-  const at::Tensor all = world.all_gather(at::tensor({local_loss, local_grad_norm}, at::kDouble).view({1, 2}));
+int gather_rank_numbers(double local_loss, double local_grad_norm, int stop_signal, const comm::ProcessGroup& world,
+                        StepRecord& record) {
+  const at::Tensor mine = at::tensor({local_loss, local_grad_norm, static_cast<double>(stop_signal)}, at::kDouble);
+  const at::Tensor all = world.all_gather(mine.view({1, 3}));
   record.local_losses.clear(), record.local_grad_norms.clear();
   record.largest_local_grad_norm_rank = 0;
+  int agreed_stop = 0;
   for (int64_t r = 0; r < all.size(0); ++r) {
+    if (agreed_stop == 0) agreed_stop = static_cast<int>(all[r][2].item<double>());
     record.local_losses.push_back(all[r][0].item<double>());
     record.local_grad_norms.push_back(all[r][1].item<double>());
     if (record.local_grad_norms.back() > record.local_grad_norms[record.largest_local_grad_norm_rank])
       record.largest_local_grad_norm_rank = r;
   }
+  return agreed_stop;
 }
 
 std::string describe_nonfinite(const models::ModelParts& parts, double local_loss, const comm::ProcessGroup& world) {

@@ -14,9 +14,10 @@
 namespace hp::train::detail {
 
 // Collective over `world`: every rank's local loss and gradient norm into `record`, and the rank
-// with the largest norm (the lowest one on a tie).
-void gather_rank_numbers(double local_loss, double local_grad_norm, const comm::ProcessGroup& world,
-                         StepRecord& record);
+// with the largest norm (the lowest one on a tie). Returns the stop request (hp/train/stop.h) the
+// ranks agree on: that of the lowest rank with one (`stop_signal`), 0 when none has.
+int gather_rank_numbers(double local_loss, double local_grad_norm, int stop_signal, const comm::ProcessGroup& world,
+                        StepRecord& record);
 
 // Collective over `world`; call it when the global loss or gradient norm is not finite. The same
 // sentence on every rank: the ranks whose loss is not finite and, for each rank that has one, the

@@ -22,6 +22,7 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
+#include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
 #include "train/fault_injector.h"
@@ -29,11 +30,13 @@
 #include "train/hf_weights.h"
 #include "train/job_peak.h"
 #include "train/job_progress.h"
+#include "train/lead_first.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
 #include "train/step_health.h"
 #include "train/step_profile.h"
+#include "train/stop_internal.h"
 #include "train/watchdog.h"
 
 namespace hp::train {
@@ -139,8 +142,8 @@ struct Data {
 };
 
 Data load_data(const TrainConfig& c, const comm::ProcessGroup& world) {
-  if (world.rank() == 0) data::prepare_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
-  world.barrier();
+  detail::lead_first(world, "preparing the data",
+                     [&] { data::prepare_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction); });
   data::CorpusInfo corpus = data::prepare_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
   data::TokenSampler train(data::load_tokens(corpus.train_path), c.data.seq_len, c.seed);
   data::TokenSampler eval(data::load_tokens(corpus.eval_path), c.data.seq_len, c.seed);
@@ -160,6 +163,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
            c.train.deterministic ? "true" : "false", " but the world group was created ",
            world.options().deterministic ? "deterministic" : "not deterministic",
            ": create it with hp::train::world_options(config)");
+  HP_CHECK(world.options().timeout == std::chrono::seconds(c.resilience.collective_timeout_s),
+           "resilience.collective_timeout_s is ", c.resilience.collective_timeout_s,
+           " s but the world group's timeout is ", world.options().timeout.count(),
+           " ms: create it with hp::train::world_options(config)");
   std::optional<CpuThreadsGuard> threads;
   if (c.train.cpu_threads > 0) threads.emplace(static_cast<int>(c.train.cpu_threads));
   log::LogRankGuard log_rank(world.rank());
@@ -175,12 +182,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   }
 
   peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
+  const auto faults = detail::injected_faults(world.rank(), world.size(), c.train.steps);  // a bad HP_FAULT too
   const Data data = load_data(c, world);
   MemoryTracker memory;
   Setup s = build(c, world);
   s.parts.init_parameters(c.seed);  // a pipeline rank: only its stages
-  const double peak = lead ? report_peak(c, s.parts, world.size()) : 0.0;
-  world.barrier();  // the others wait while rank 0 measures the peak
+  double peak = 0.0;
+  detail::lead_first(world, "measuring the peak FLOP/s", [&] { peak = report_peak(c, s.parts, world.size()); });
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.mesh, s.parts, *optimizer, world);
@@ -201,14 +209,14 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
 
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
-  int64_t step = result.first_step = options.resume ? checkpoints.resume(scheduler) : 0;
+  int64_t step = result.first_step = options.resume ? checkpoints.resume(scheduler, options.resume_only_this_job) : 0;
   if (step == 0 && !c.model_from_hf.empty()) {
     detail::load_hf_weights(s.parts, c.model_from_hf);
     if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
   }
   // First, so that a callback stuck in an event is caught too.
   const auto watchdog = std::make_shared<detail::Watchdog>(world.rank(), std::chrono::seconds(c.resilience.watchdog_s),
-                                                           world.options().timeout);
+                                                           world.options().timeout, options.on_hang);
   if (lead) log::info("timeouts: ", watchdog->describe());
   std::vector<std::shared_ptr<Callback>> callbacks{watchdog};
   if (lead)
@@ -218,13 +226,14 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     if (auto progress = detail::job_progress()) callbacks.push_back(progress);
   callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
   // Last, so that every other callback has seen the step a fault ends.
-  for (auto& fault : detail::injected_faults(world.rank())) callbacks.push_back(fault);
+  callbacks.insert(callbacks.end(), faults.begin(), faults.end());
   const auto notify = [&](const auto& call) {
     for (const auto& callback : callbacks) call(*callback);
   };
   const auto evaluate = [&]() {
     double sum = 0.0;
     for (int64_t b = 0; b < c.eval.batches; ++b) {
+      watchdog->progress("evaluating batch " + std::to_string(b + 1) + " of " + std::to_string(c.eval.batches));
       auto [x, y] = data.eval.eval_batch(b, c.train.global_batch, first_row, rows);
       sum += train_step.evaluate(s.shard_sequence(x), s.shard_sequence(y));
     }
@@ -263,7 +272,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       record.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
                                          copies, &local_grad_norm);
       record.loss = world_mean(local_loss, world);
-      detail::gather_rank_numbers(local_loss, local_grad_norm, world, record);
+      const int stop_signal = detail::gather_rank_numbers(
+          local_loss, local_grad_norm, options.stop_request ? options.stop_request() : stop_requested(), world, record);
       record.lr = scheduler.lr();
       if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
         const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
@@ -302,20 +312,36 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       result.grad_norms.push_back(record.grad_norm);
       if (c.eval.interval > 0 && (step + 1) % c.eval.interval == 0 && step + 1 < c.train.steps)
         record.eval_loss = evaluate();
-      if (const std::optional<std::string> dir = checkpoints.save_if_due(step + 1, scheduler))
-        notify([&](Callback& cb) { cb.on_save(step + 1, *dir); });
+      // Every rank agreed on the stop in the exchange above: last words, this step's state.
+      const std::optional<std::string> dir =
+          stop_signal != 0 ? checkpoints.save_last_words(step + 1, scheduler, detail::signal_name(stop_signal))
+                           : checkpoints.save_if_due(step + 1, scheduler);
+      if (dir) notify([&](Callback& cb) { cb.on_save(step + 1, *dir); });
       notify([&](Callback& cb) { cb.on_step_end(record); });
       if (record.eval_loss) notify([&](Callback& cb) { cb.on_eval(step + 1, *record.eval_loss); });
+      if (stop_signal != 0) {
+        result.stop_signal = stop_signal;
+        detail::clear_stop_request();
+        if (lead)
+          log::warn("stopped after step ", step + 1, " of ", c.train.steps, " on ", detail::signal_name(stop_signal),
+                    dir ? ": last words in " + *dir : std::string(" (no checkpoints: checkpoint.interval is 0)"));
+        break;
+      }
     }
+    watchdog->progress("committing the last checkpoint");
     checkpoints.finish();
 
-    result.eval_loss = evaluate();
+    const bool stopped = result.stop_signal != 0;  // no final evaluation or sample: the job is ending
+    if (!stopped) result.eval_loss = evaluate();
     result.pipeline_profile = train_step.pipeline_profile();
     result.tokens_per_s = timed_steps ? tokens_per_step * static_cast<double>(timed_steps) / timed_seconds : 0.0;
     result.mfu = peak > 0 ? flops_per_token * result.tokens_per_s / peak : 0.0;
-    if (c.sample.tokens > 0) {
+    if (c.sample.tokens > 0 && !stopped) {
       const data::ByteTokenizer tokenizer;
-      const auto logits = [&](const at::Tensor& tokens) { return s.sequence_logits(train_step, tokens); };
+      const auto logits = [&](const at::Tensor& tokens) {
+        watchdog->progress("sampling token " + std::to_string(tokens.numel() + 1));
+        return s.sequence_logits(train_step, tokens);
+      };
       result.sample = tokenizer.decode(
           detail::generate_greedy(logits, tokenizer.encode(c.sample.prompt), c.sample.tokens, c.model->max_seq()));
     }
@@ -323,7 +349,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     notify([&](Callback& cb) { cb.on_exception(step + 1, error); });
     throw;
   }
-  notify([&](Callback& cb) { cb.on_eval(c.train.steps, result.eval_loss); });
+  if (result.stop_signal == 0) notify([&](Callback& cb) { cb.on_eval(c.train.steps, result.eval_loss); });
   notify([&](Callback& cb) { cb.on_train_end(result); });
   return result;
 }

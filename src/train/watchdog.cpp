@@ -1,5 +1,7 @@
 #include "train/watchdog.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>
@@ -13,18 +15,19 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr seconds kMarginOverCollectives{60};
 constexpr int kSlowestStepFactor = 10;
 
 long long whole_seconds(milliseconds d) { return std::chrono::duration_cast<seconds>(d).count(); }
 
 }  // namespace
 
-Watchdog::Watchdog(int rank, seconds fixed, milliseconds collective_timeout, Expiry expiry)
-    : rank_(rank), fixed_(fixed), collective_timeout_(collective_timeout), expiry_(std::move(expiry)) {
+Watchdog::Watchdog(int rank, seconds fixed, milliseconds collective_timeout, Expiry expiry, milliseconds margin)
+    : rank_(rank), fixed_(fixed), collective_timeout_(collective_timeout), margin_(margin), expiry_(std::move(expiry)) {
   if (!expiry_)
     expiry_ = [](const std::string& message) {
-      log::error(message);
+      // Straight to the file descriptor: the hung thread may hold the log's lock or stdio's.
+      const std::string line = message + "\n";
+      [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
       std::_Exit(kExitCode);
     };
   thread_ = std::thread([this] { watch(); });
@@ -34,7 +37,7 @@ Watchdog::~Watchdog() { stop(); }
 
 milliseconds Watchdog::bound_locked() const {
   if (fixed_.count() > 0) return fixed_;
-  return std::max<milliseconds>(collective_timeout_ + kMarginOverCollectives, kSlowestStepFactor * slowest_step_);
+  return std::max<milliseconds>(collective_timeout_ + margin_, kSlowestStepFactor * slowest_step_);
 }
 
 milliseconds Watchdog::bound() const {
@@ -49,7 +52,7 @@ std::string Watchdog::describe() const {
   if (fixed_.count() > 0)
     out << " s (resilience.watchdog_s)";
   else
-    out << " s for now (derived: the larger of the collective timeout + " << kMarginOverCollectives.count() << " s and "
+    out << " s for now (derived: the larger of the collective timeout + " << whole_seconds(margin_) << " s and "
         << kSlowestStepFactor << "x the slowest step)";
   return out.str();
 }
@@ -71,10 +74,22 @@ void Watchdog::on_step_begin(int64_t step) {
 }
 
 void Watchdog::on_step_end(const StepRecord& record) {
+  bool warn = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     slowest_step_ = std::max(slowest_step_, std::chrono::duration_cast<milliseconds>(Clock::now() - step_start_));
+    // A collective that starts late in a step times out up to a step later than one at its start:
+    // a fixed bound shorter than that may end the rank before the timeout names who is missing.
+    warn = fixed_.count() > 0 && !warned_fixed_too_short_ &&
+           slowest_step_ + collective_timeout_ + comm::kFailureReportWindow >= fixed_;
+    warned_fixed_too_short_ |= warn;
   }
+  if (warn && rank_ == 0)
+    log::warn("resilience.watchdog_s ", fixed_.count(), " s is not longer than the slowest step so far (",
+              whole_seconds(slowest_step_), " s) + the collective timeout (", whole_seconds(collective_timeout_),
+              " s) + ", comm::kFailureReportWindow.count(),
+              " s: a collective stuck late in a step may end in the watchdog (exit 3) before its timeout names the "
+              "missing ranks");
   progress("after step " + std::to_string(record.step));
 }
 

@@ -3,9 +3,11 @@
 // outside any collective) would otherwise hold the job, and its machines, forever; ended, it is
 // a failure hprun reports and --max-restarts restarts.
 //
-// Progress is any callback event: a step, an evaluation or a save beginning or ending. The bound
-// is fixed, or derived: the larger of the collective timeout + 60 s and 10x the slowest step so
-// far, so that a collective that is stuck is reported (naming its missing ranks) first.
+// Progress is any callback event (a step beginning or ending, an evaluation, a save beginning) and
+// what the trainer reports between them with progress() (each batch of the final evaluation, each
+// sampled token, the last checkpoint's commit). The bound is fixed, or derived: the larger of the
+// collective timeout + 60 s and 10x the slowest step so far, so that a collective that is stuck is
+// reported (naming its missing ranks) first.
 #pragma once
 
 #include <chrono>
@@ -24,9 +26,11 @@ class Watchdog : public Callback {
   using Expiry = std::function<void(const std::string& message)>;
   static constexpr int kExitCode = 3;
 
-  // fixed 0: derived from collective_timeout and the steps' times. Default expiry: log the message
-  // and _Exit(kExitCode).
-  Watchdog(int rank, std::chrono::seconds fixed, std::chrono::milliseconds collective_timeout, Expiry expiry = {});
+  // fixed 0: derived from collective_timeout and the steps' times. Default expiry: write the
+  // message to stderr and _Exit(kExitCode).
+  // margin: how much longer than the collective timeout a derived bound is at least.
+  Watchdog(int rank, std::chrono::seconds fixed, std::chrono::milliseconds collective_timeout, Expiry expiry = {},
+           std::chrono::milliseconds margin = std::chrono::seconds(60));
   ~Watchdog() override;
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -35,6 +39,8 @@ class Watchdog : public Callback {
   std::chrono::milliseconds bound() const;
   // "collective 300 s (+2 s to name missing ranks) < watchdog 360 s (derived: ...)".
   std::string describe() const;
+  // The rank is alive and doing `doing` ("evaluating batch 3 of 8"): the clock starts again.
+  void progress(std::string doing);
 
   void on_train_begin(int64_t first_step) override;
   void on_step_begin(int64_t step) override;
@@ -46,7 +52,6 @@ class Watchdog : public Callback {
 
  private:
   using Clock = std::chrono::steady_clock;
-  void progress(std::string doing);  // resets the clock
   void stop();
   void watch();
   std::chrono::milliseconds bound_locked() const;
@@ -54,12 +59,14 @@ class Watchdog : public Callback {
   const int rank_;
   const std::chrono::seconds fixed_;
   const std::chrono::milliseconds collective_timeout_;
+  const std::chrono::milliseconds margin_;
   Expiry expiry_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool started_ = false, stopping_ = false;
   Clock::time_point last_progress_, step_start_;
   std::chrono::milliseconds slowest_step_{0};
+  bool warned_fixed_too_short_ = false;
   std::string doing_;  // what the rank was doing since its last progress
   std::thread thread_;
 };

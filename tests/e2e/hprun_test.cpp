@@ -164,6 +164,20 @@ TEST(Hprun, RestartsAFailedJobInAFreshRendezvous) {
       << out_of_restarts.output;
   EXPECT_NE(out_of_restarts.output.find("hprun:   attempt 2: rank 1 (pid"), std::string::npos)
       << out_of_restarts.output;
+
+  // Exit code 2 is a usage or config error: a restart would repeat it.
+  const Result config_error = run_job("--nproc-per-node 2 --max-restarts 2 sh -c 'exit 2'");
+  EXPECT_EQ(config_error.exit_code, 2) << config_error.output;
+  EXPECT_EQ(config_error.output.find("restarting every rank"), std::string::npos) << config_error.output;
+  EXPECT_NE(config_error.output.find("not restarting: exit code 2 is a usage or config error"), std::string::npos)
+      << config_error.output;
+
+  // A signal during the wait before a restart (1 s, then 2 s: the signal at 2 s falls in the
+  // second) ends the job as an interrupted one.
+  const Result interrupted = run_command("sh -c '" + bin_dir() +
+                                         "/hprun --max-restarts 3 sh -c \"exit 3\" & sleep 2; kill -TERM $!; wait $!'");
+  EXPECT_EQ(interrupted.exit_code, 130) << interrupted.output;
+  EXPECT_EQ(interrupted.output.find("restart 3 of at most 3"), std::string::npos) << interrupted.output;
 }
 
 // Usage errors and --help.

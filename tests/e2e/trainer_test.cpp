@@ -219,13 +219,46 @@ TEST(HpTrain, RestartAfterAKilledRankIsBitwiseIdentical) {
       hp::e2e::run_command("HP_FAULT=kill:2:7 " + bin_dir() + "/hprun --max-restarts 1 " + train_command(restarted));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("hprun: rank 2 (pid"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("restart 1 of this job: resuming from the latest checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of this job: resuming from its latest checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("was killed by signal 9 (Killed)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("after step 7; attempt 2 resumed from step 5: 2 steps lost"), std::string::npos) << r.output;
   const auto want = train_losses(straight), got = train_losses(restarted);
   ASSERT_EQ(got.size(), 10u);
   for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
   EXPECT_EQ(checkpoint_contents(restarted + "/checkpoints/step-000010"),
+            checkpoint_contents(straight + "/checkpoints/step-000010"));
+}
+
+// A preemption notice at step 7 (HP_FAULT has rank 0 send SIGTERM to hprun, which forwards it to
+// every rank): the ranks agree to stop after step 7, save it as last words and exit; the checkpoint
+// verifies and is marked, and --resume auto continues from it bitwise (losses and the final
+// checkpoint equal an uninterrupted run's). Guards that the stop is agreed at the step the notice
+// came in (with no last words, step 5 would be resumed) and that the save is complete.
+TEST(HpTrain, APreemptionNoticeSavesLastWordsAndTheResumeIsBitwise) {
+  const std::string straight = scratch("preempt_straight"), preempted = scratch("preempted");
+  ASSERT_EQ(run_job(train_command(straight)).exit_code, 0);
+  const Result r = hp::e2e::run_command("HP_FAULT=preempt:0:7 " + bin_dir() + "/hprun " + train_command(preempted));
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_NE(r.output.find("stopped after step 7 of 10 on SIGTERM (a preemption notice): last words in"),
+            std::string::npos)
+      << r.output;
+  std::ifstream latest(preempted + "/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-000007");
+  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + preempted + "/checkpoints");
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  std::ifstream metadata(preempted + "/checkpoints/step-000007/metadata.json");
+  const nlohmann::json values = nlohmann::json::parse(metadata).at("values");
+  EXPECT_EQ(values.value("last_words", ""), "SIGTERM (a preemption notice)") << values.dump();
+  const Result resumed = run_job(train_command(preempted, "--resume auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + preempted + "/checkpoints/step-000007 at step 7"), std::string::npos)
+      << resumed.output;
+  const auto want = train_losses(straight), got = train_losses(preempted);
+  ASSERT_EQ(got.size(), 10u);
+  for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  EXPECT_EQ(checkpoint_contents(preempted + "/checkpoints/step-000010"),
             checkpoint_contents(straight + "/checkpoints/step-000010"));
 }
 

@@ -64,6 +64,7 @@ TrainResult train_with(const TrainConfig& c, const std::vector<std::shared_ptr<C
         TrainOptions options;
         options.progress = false;
         options.callbacks = callbacks;
+        fail_test_on_hang(options);
         result = train(c, world, options);
       },
       ranks_for(c));

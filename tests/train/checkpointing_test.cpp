@@ -39,7 +39,7 @@ at::Tensor draw_after(const TrainConfig& c, const comm::ProcessGroup& world, int
     EXPECT_TRUE(checkpoints.save_if_due(1, scheduler).has_value());
     checkpoints.finish();
   } else {
-    EXPECT_EQ(checkpoints.resume(scheduler), 1);
+    EXPECT_EQ(checkpoints.resume(scheduler, /*only_this_job=*/false), 1);
   }
   return draw(mesh);
 }

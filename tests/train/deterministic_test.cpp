@@ -146,6 +146,7 @@ TEST(DeterministicTraining, ResumingUnderAnotherSeedIsAnError) {
         TrainOptions options;
         options.progress = false;
         options.resume = true;
+        fail_test_on_hang(options);
         test::expect_error([&] { train(c, world, options); }, "was trained with seed 5 but the config says seed 6");
       },
       ranks_for(c));
@@ -157,6 +158,12 @@ TEST(DeterministicTraining, TheWorldGroupMustMatchTheConfig) {
   c.train.deterministic = true;
   test::run(1, [&](const comm::ProcessGroup& world) {  // created without determinism
     test::expect_error([&] { train(c, world); }, "train.deterministic is true but the world group was created not");
+  });
+  // resilience.collective_timeout_s is the world's timeout, or the key would promise nothing.
+  c.train.deterministic = false;
+  test::run(1, [&](const comm::ProcessGroup& world) {  // the harness's 20 s
+    test::expect_error([&] { train(c, world); },
+                       "resilience.collective_timeout_s is 300 s but the world group's timeout is 20000 ms");
   });
 }
 

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hp/core/job.h"
 #include "hp/train/trainer.h"
@@ -32,6 +34,7 @@ class ScopedEnv {
   const char* name_;
 };
 
+// Guards the documented syntax: every kind, its rank, step and delay, and each fault's index.
 TEST(FaultInjector, ParsesAList) {
   const auto faults = parse_faults("kill:2:7,delay:1:5:2.5,hang:0:3,throw:1:4");
   ASSERT_EQ(faults.size(), 4u);
@@ -46,12 +49,14 @@ TEST(FaultInjector, ParsesAList) {
   EXPECT_TRUE(parse_faults("").empty());
 }
 
+// Guards against a drill that silently injects nothing: each malformed entry is an error quoting it.
 TEST(FaultInjector, RejectsMalformedFaultsNamingThem) {
   for (const char* bad : {"kill:2", "boom:1:2", "kill:x:7", "kill:1:0", "kill:-1:3", "delay:1:2", "kill:1:2:3",
                           "delay:1:2:-1", "delay:1:2:soon", "kill:1:7x"})
     test::expect_error([&] { parse_faults(std::string("throw:0:1,") + bad); }, {"HP_FAULT", std::string("'") + bad});
 }
 
+// Guards one-shot faults: a restarted attempt passing the same step does not fire the fault again.
 TEST(FaultInjector, AThrowFiresAfterItsStepOncePerJob) {
   const std::string dir = test::scratch_dir("hp_fault_injector");
   const std::string job_dir = dir + "/job";
@@ -68,6 +73,84 @@ TEST(FaultInjector, AThrowFiresAfterItsStepOncePerJob) {
   // The same job again (a restart): the fault has fired, the run finishes.
   EXPECT_EQ(rank0_result(c, 1).losses.size(), 3u);
   EXPECT_EQ(job::read_number(job_dir + "/" + job::last_step_file(0)), 3);
+}
+
+// Guards the delay kind: the straggler's step takes at least its delay, and only the first time.
+TEST(FaultInjector, ADelaySlowsItsStepOncePerJob) {
+  const std::string dir = test::scratch_dir("hp_fault_delay");
+  const std::string job_dir = dir + "/job";
+  fs::create_directories(job_dir);
+  TrainConfig c = small_llama_config(dir + "/run");
+  c.train.steps = 3;
+  c.train.global_batch = 2;
+  c.train.micro_batch = 2;
+  const ScopedEnv fault("HP_FAULT", "delay:0:2:1.5"), job("HP_JOB_DIR", job_dir);
+  // The delay comes before the step's own timer starts: time from one step's end to the next.
+  struct StepGaps : Callback {
+    std::vector<double> seconds;
+    std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+    void on_step_end(const StepRecord&) override {
+      const auto now = std::chrono::steady_clock::now();
+      seconds.push_back(std::chrono::duration<double>(now - last).count());
+      last = now;
+    }
+  };
+  auto first = std::make_shared<StepGaps>(), again = std::make_shared<StepGaps>();
+  train_on_ranks(c, 1, {first});
+  ASSERT_EQ(first->seconds.size(), 3u);
+  EXPECT_GE(first->seconds[1], 1.5);
+  EXPECT_LT(first->seconds[2], 1.5);
+  train_on_ranks(c, 1, {again});  // the same job again: the delay has fired
+  ASSERT_EQ(again->seconds.size(), 3u);
+  EXPECT_LT(again->seconds[1], 1.5);
+}
+
+// A fault that could never fire is refused before any work, naming the world and the run's length.
+TEST(FaultInjector, RefusesAFaultOutsideTheRun) {
+  const std::string dir = test::scratch_dir("hp_fault_outside");
+  TrainConfig c = small_llama_config(dir + "/run");
+  c.train.steps = 3;
+  c.train.global_batch = 2;
+  c.train.micro_batch = 2;
+  for (const char* outside : {"kill:1:2", "throw:0:4"}) {
+    const ScopedEnv fault("HP_FAULT", outside);
+    test::expect_error([&] { train_on_ranks(c, 1); }, "but the run has 1 ranks and 3 steps: it would never fire");
+  }
+}
+
+// Guards what a restart resumes: hprun restarts hp-train with resume_only_this_job, and the run
+// directory may still hold an earlier run's checkpoint, which is not this job's to continue.
+TEST(JobRestart, ResumesOnlyFromACheckpointOfItsOwnJob) {
+  const std::string dir = test::scratch_dir("hp_job_restart");
+  TrainConfig c = small_llama_config(dir + "/run");
+  c.train.global_batch = 2;
+  c.train.micro_batch = 2;
+  c.checkpoint.interval = 2;
+  c.checkpoint.async = false;
+  const auto first_step = [&](int64_t steps) {
+    c.train.steps = steps;
+    int64_t first = -1;
+    test::run(
+        1,
+        [&](const comm::ProcessGroup& world) {
+          TrainOptions options;
+          options.progress = false;
+          options.resume = options.resume_only_this_job = true;
+          fail_test_on_hang(options);
+          first = train(c, world, options).first_step;
+        },
+        ranks_for(c));
+    return first;
+  };
+  c.train.steps = 2;
+  train_on_ranks(c, 1);  // an earlier run, without hprun, leaves step 2's checkpoint
+  fs::create_directories(dir + "/job");
+  const ScopedEnv job("HP_JOB_DIR", dir + "/job");
+  EXPECT_EQ(first_step(3), 0);  // not this job's: from the start (and it saves step 2 again)
+  EXPECT_EQ(first_step(4), 2);  // this job's own save
+  fs::create_directories(dir + "/another-job");
+  const ScopedEnv other_job("HP_JOB_DIR", dir + "/another-job");
+  EXPECT_EQ(first_step(4), 0);
 }
 
 }  // namespace

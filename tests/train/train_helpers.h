@@ -42,14 +42,20 @@ inline TrainConfig small_llama_config(const std::filesystem::path& dir) {
   c.data.cache_dir = (dir / "cache").string();
   c.data.seq_len = 32;
   c.eval.batches = 1;
+  c.resilience.collective_timeout_s = 20;  // a missing peer fails a test quickly (run_ranks's default)
   return c;
 }
 
 // Ranks as threads whose world group is what train() needs for `config`.
+// The watchdog of a rank that hangs fails the test instead of ending the test process, whose
+// other tests would go with it; run_ranks then names the rank still running.
+inline void fail_test_on_hang(TrainOptions& options) {
+  options.on_hang = [](const std::string& message) { ADD_FAILURE() << message; };
+}
+
 inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
   testing::RunRanksOptions options;
-  const auto short_timeout = options.group.timeout;  // the harness's: a missing peer fails a test quickly
-  options.group = world_options(config, options.group).set_timeout(short_timeout);
+  options.group = world_options(config, options.group);
   return options;
 }
 
@@ -62,6 +68,7 @@ inline void train_on_ranks(const TrainConfig& config, int world,
       [&](const comm::ProcessGroup& group) {
         TrainOptions options;
         options.progress = false;
+        fail_test_on_hang(options);
         options.callbacks = callbacks;
         train(config, group, options);
       },
@@ -77,6 +84,7 @@ inline TrainResult rank0_result(const TrainConfig& config, int world, const test
       [&](const comm::ProcessGroup& group) {
         TrainOptions options;
         options.progress = false;
+        fail_test_on_hang(options);
         TrainResult r = train(config, group, options);
         std::lock_guard<std::mutex> lock(mu);
         if (group.rank() == 0) result = std::move(r);

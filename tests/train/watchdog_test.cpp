@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "hp/train/trainer.h"
+#include "scratch_dir.h"
+#include "train/train_helpers.h"
 #include "train/watchdog.h"
 
 namespace hp::train::detail {
@@ -17,6 +19,11 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// Each of the two final phases takes more than the test's 4 s watchdog bound for the small Llama
+// (about 5 and 8 s here; with either progress report removed, the test fails).
+constexpr int64_t kFinalEvalBatches = 3000;
+constexpr int64_t kSampledTokens = 3000;
+
 struct Expiries {
   std::promise<std::string> message;
   Watchdog::Expiry expiry() {
@@ -24,6 +31,7 @@ struct Expiries {
   }
 };
 
+// Guards the expiry: no progress for the bound ends the rank, not earlier, naming where it was.
 TEST(Watchdog, EndsARankThatMakesNoProgress) {
   Expiries seen;
   Watchdog watchdog(3, seconds(1), milliseconds(100), seen.expiry());
@@ -36,6 +44,7 @@ TEST(Watchdog, EndsARankThatMakesNoProgress) {
   EXPECT_EQ(message.get().rfind("watchdog: rank 3 made no progress for 1 s (in step 5); ending the process", 0), 0u);
 }
 
+// Guards against false alarms: steps shorter than the bound, and a stopped watchdog, say nothing.
 TEST(Watchdog, ProgressKeepsItQuiet) {
   Expiries seen;
   auto message = seen.message.get_future();
@@ -56,6 +65,7 @@ TEST(Watchdog, ProgressKeepsItQuiet) {
   EXPECT_EQ(message.wait_for(milliseconds(0)), std::future_status::timeout);
 }
 
+// Guards the order of the timeouts: a derived bound starts 60 s above the collective timeout.
 TEST(Watchdog, TheDerivedBoundNestsAboveTheCollectiveTimeout) {
   Watchdog derived(0, seconds(0), seconds(300));
   EXPECT_EQ(derived.bound(), seconds(360));
@@ -64,6 +74,45 @@ TEST(Watchdog, TheDerivedBoundNestsAboveTheCollectiveTimeout) {
             "collective timeout + 60 s and 10x the slowest step)");
   Watchdog fixed(0, seconds(400), seconds(300));
   EXPECT_EQ(fixed.bound(), seconds(400));
+}
+
+// Guards the derived bound's second term: it follows the slowest step (10x) once that exceeds the
+// collective timeout's margin.
+TEST(Watchdog, TheDerivedBoundGrowsWithTheSlowestStep) {
+  Watchdog watchdog(0, seconds(0), milliseconds(100), {}, /*margin=*/seconds(1));
+  EXPECT_EQ(watchdog.bound(), milliseconds(1100));
+  watchdog.on_train_begin(0);
+  watchdog.on_step_begin(1);
+  std::this_thread::sleep_for(milliseconds(300));
+  StepRecord record;
+  record.step = 1;
+  watchdog.on_step_end(record);
+  EXPECT_GE(watchdog.bound(), milliseconds(3000));
+  EXPECT_LT(watchdog.bound(), milliseconds(5000));
+  watchdog.on_step_begin(2);  // a faster step leaves it where it is
+  std::this_thread::sleep_for(milliseconds(10));
+  record.step = 2;
+  const milliseconds before = watchdog.bound();
+  watchdog.on_step_end(record);
+  EXPECT_EQ(watchdog.bound(), before);
+  watchdog.on_train_end(TrainResult{});
+}
+
+// Guards the trainer's progress reports after the last step: the final evaluation and sampling
+// may take longer than a short watchdog bound, and each batch and token is progress.
+TEST(Watchdog, TheFinalEvaluationAndSamplingAreProgress) {
+  const std::string dir = test::scratch_dir("hp_watchdog_final");
+  TrainConfig c = small_llama_config(dir);
+  c.train.steps = 1;
+  c.train.global_batch = 2;
+  c.train.micro_batch = 2;
+  c.resilience.collective_timeout_s = 1;
+  c.resilience.watchdog_s = 4;
+  c.eval.batches = kFinalEvalBatches;
+  c.sample.tokens = kSampledTokens;
+  const auto start = std::chrono::steady_clock::now();
+  train_on_ranks(c, 1);  // a hang fails the test (fail_test_on_hang)
+  EXPECT_GT(std::chrono::steady_clock::now() - start, seconds(9)) << "each final phase must outlast the bound";
 }
 
 }  // namespace

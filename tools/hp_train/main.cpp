@@ -4,6 +4,7 @@
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/core/job.h>
+#include <hp/train/stop.h>
 #include <hp/train/trainer.h>
 
 #include <cstdlib>
@@ -18,6 +19,9 @@
 #include "common/flags.h"
 
 namespace {
+
+// docs/training.md#exit-codes
+constexpr int kFailed = 1, kConfigError = 2;
 
 // What the command line says.
 struct Args {
@@ -71,6 +75,20 @@ void plot(const std::string& run_dir) {
   if (std::system(command.c_str()) != 0) std::cerr << "hp-train: warning: hp-plot failed for " << run_dir << "\n";
 }
 
+// Rank 0's last words to the user: the result and where the run's files are.
+void print_summary(const hp::train::TrainConfig& config, const hp::train::TrainResult& result) {
+  plot(config.run_dir);
+  std::cout << std::fixed << std::setprecision(3) << "\nfinal eval loss " << result.eval_loss
+            << " nats/byte (unigram entropy of the corpus " << result.unigram_entropy << ")\n"
+            << std::setprecision(0) << "throughput " << result.tokens_per_s << " tokens/s, MFU " << std::setprecision(1)
+            << 100.0 * result.mfu << "%\n"
+            << "run directory " << config.run_dir << ": metrics.jsonl, loss.svg"
+            << (config.checkpoint.interval > 0 && config.checkpoint.dir.empty() ? ", checkpoints/" : "") << "\n";
+  if (config.checkpoint.interval > 0 && !config.checkpoint.dir.empty())
+    std::cout << "checkpoints in " << config.checkpoint.dir << "\n";
+  if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,45 +104,49 @@ int main(int argc, char** argv) {
   } catch (const hp::tools::UsageError& e) {
     std::cerr << "hp-train: " << e.what() << "\n\n";
     usage(std::cerr);
-    return 2;
+    return kConfigError;
   }
-  const std::string& config_path = args.config_path;
-  const std::vector<std::string>& overrides = args.overrides;
   hp::train::TrainOptions& options = args.options;
+  // A mistake a restart would repeat (the config, its fit to the world) exits 2; a failure 1.
+  hp::train::TrainConfig config;
   try {
     // The config is read and checked before the rendezvous, so a mistake costs no waiting.
-    const hp::train::TrainConfig config = hp::train::load_config(config_path, overrides);
+    config = hp::train::load_config(args.config_path, args.overrides);
+  } catch (const std::exception& e) {
+    std::cerr << "hp-train: error: " << e.what() << "\n";
+    return kConfigError;
+  }
+  try {
     hp::comm::InitOptions init;
     init.group = hp::train::world_options(config);
     hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
+    try {
+      hp::train::validate(config, world.size());
+    } catch (const hp::Error& e) {
+      std::cerr << "hp-train: error: " << e.what() << "\n";
+      return kConfigError;
+    }
     if (const int restarts = hp::job::restart_count(); restarts > 0 && !options.resume) {
-      // hprun restarted the job after a failure: carry on from the newest committed checkpoint.
-      options.resume = true;
+      // hprun restarted the job after a failure: carry on from the newest checkpoint this job
+      // committed (one an earlier run left in the run directory is not this job's to continue).
+      options.resume = options.resume_only_this_job = true;
       if (world.rank() == 0)
-        std::cout << "hp-train: restart " << restarts << " of this job: resuming from the latest checkpoint\n";
+        std::cout << "hp-train: restart " << restarts << " of this job: resuming from its latest checkpoint\n";
     }
+    // A preemption notice or Ctrl-C: every rank saves the step it is in, then exits 128 + signal.
+    hp::train::stop_on_signals();
     const hp::train::TrainResult result = hp::train::train(config, world, options);
-    if (world.rank() == 0 && !options.dry_run) {
-      plot(config.run_dir);
-      std::cout << std::fixed << std::setprecision(3) << "\nfinal eval loss " << result.eval_loss
-                << " nats/byte (unigram entropy of the corpus " << result.unigram_entropy << ")\n"
-                << std::setprecision(0) << "throughput " << result.tokens_per_s << " tokens/s, MFU "
-                << std::setprecision(1) << 100.0 * result.mfu << "%\n"
-                << "run directory " << config.run_dir << ": metrics.jsonl, loss.svg"
-                << (config.checkpoint.interval > 0 && config.checkpoint.dir.empty() ? ", checkpoints/" : "") << "\n";
-      if (config.checkpoint.interval > 0 && !config.checkpoint.dir.empty())
-        std::cout << "checkpoints in " << config.checkpoint.dir << "\n";
-      if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
+    if (result.stop_signal != 0) {
+      if (world.rank() == 0)
+        std::cout << "hp-train: stopped early after step " << result.first_step + result.losses.size()
+                  << "; --resume auto continues from its last words\n";
+      return 128 + result.stop_signal;
     }
+    if (world.rank() == 0 && !options.dry_run) print_summary(config, result);
     return 0;
-  } catch (const hp::Error& e) {
-    // A run that failed (a step not finite, a peer that hung) exits 1; a mistake in the config 2.
-    const bool failed = dynamic_cast<const hp::train::NonFiniteError*>(&e) != nullptr ||
-                        dynamic_cast<const hp::TimeoutError*>(&e) != nullptr;
-    std::cerr << "hp-train: " << (failed ? "failed: " : "error: ") << e.what() << "\n";
-    return failed ? 1 : 2;
   } catch (const std::exception& e) {
+    // A step not finite, a peer that died or hung, a fault: a restart may get past it.
     std::cerr << "hp-train: failed: " << e.what() << "\n";
-    return 1;
+    return kFailed;
   }
 }

@@ -32,7 +32,9 @@
 
 namespace {
 
-constexpr auto kGracePeriod = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
+constexpr auto kGracePeriod = std::chrono::seconds(3);  // after a rank failed: SIGTERM to the others -> SIGKILL
+constexpr int kUsageError = 2;                          // hprun's own, and a rank's that no restart can fix
+constexpr int kInterrupted = 130;                       // hprun got a signal
 // Wait before restart K (1-based): 1 s, doubling, at most 30 s; a failure that repeats at once
 // (a bad node, a full disk) does not spin.
 std::chrono::seconds restart_backoff(int restart) {
@@ -46,6 +48,7 @@ struct Config {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port (single node) or 29500 (several nodes)
   int max_restarts = 0;
+  std::chrono::seconds stop_timeout{30};  // after forwarding a signal, until SIGKILL
   std::vector<std::string> command;
 };
 
@@ -76,6 +79,13 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        "N",
        "after a failure, start every rank again up to N times (default 0; one node only)",
        [](Config& c, const std::string& v) { c.max_restarts = parse_int("--max-restarts", v, 0, 1000); }},
+      {{"--stop-timeout"},
+       "S",
+       "after forwarding a signal, the seconds ranks have to save their last words and exit before SIGKILL "
+       "(default 30)",
+       [](Config& c, const std::string& v) {
+         c.stop_timeout = std::chrono::seconds(parse_int("--stop-timeout", v, 0, 86400));
+       }},
   };
   return table;
 }
@@ -86,10 +96,11 @@ void print_help() {
                "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT in its environment;\n"
                "hp::comm::init_process_group() reads them. Every output line is prefixed with \"[rank R] \".\n"
                "If a rank exits non-zero or is killed by a signal, the other ranks are stopped (SIGTERM,\n"
-               "then SIGKILL after 3 s) and hprun exits non-zero naming that rank. SIGINT/SIGTERM sent\n"
-               "to hprun are forwarded to every rank. With --max-restarts N, a failed job is started again\n"
-               "(after 1, 2, 4, ... s) in a fresh rendezvous with HP_RESTART_COUNT set; hp-train then resumes\n"
-               "from its latest checkpoint. The ranks share a private directory, HP_JOB_DIR, removed at the end.\n"
+               "then SIGKILL after 3 s) and hprun exits non-zero naming that rank. SIGINT/SIGTERM/SIGHUP sent\n"
+               "to hprun are forwarded to every rank (exit code 130). With --max-restarts N, a failed job is\n"
+               "started again (after 1, 2, 4, ... s) in a fresh rendezvous with HP_RESTART_COUNT set, unless a\n"
+               "rank exited with code 2 (a usage or config error); hp-train then resumes from the job's latest\n"
+               "checkpoint. The ranks share a private directory, HP_JOB_DIR, removed at the end.\n"
                "\noptions:\n"
             << hp::tools::flag_help(flags()) << "\nexample: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
 }
@@ -239,10 +250,18 @@ struct Outcome {
 
 class Job {
  public:
-  Job(const Config& config, const Attempt& attempt) {
-    for (int local = 0; local < config.nproc_per_node; ++local) {
-      ranks_.emplace_back();
-      spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, ranks_.back());
+  Job(const Config& config, const Attempt& attempt) : stop_timeout_(config.stop_timeout) {
+    try {
+      for (int local = 0; local < config.nproc_per_node; ++local) {
+        ranks_.emplace_back();
+        spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, ranks_.back());
+      }
+    } catch (...) {
+      // Ranks already started would wait for the missing ones until their rendezvous timeout.
+      signal_all(SIGKILL);
+      for (const Rank& r : ranks_)
+        if (r.running) waitpid(r.pid, nullptr, 0);
+      throw;
     }
   }
 
@@ -251,7 +270,7 @@ class Job {
     Outcome outcome;
     bool stopping = false;  // SIGTERM sent; SIGKILL follows at kill_at
     std::chrono::steady_clock::time_point kill_at, failed_at;
-    int failed_rank = -1;
+    std::chrono::seconds grace{0};  // until kill_at
     int exit_code = 0;
     while (any_running()) {
       pump_output(100);
@@ -259,10 +278,11 @@ class Job {
         std::fprintf(stderr, "hprun: got signal %d, forwarding it to every rank\n", static_cast<int>(g_forward_signal));
         signal_all(g_forward_signal);
         g_forward_signal = 0;
-        if (!stopping) kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+        // The ranks may save their last words (hp/train/stop.h) first.
+        if (!stopping) grace = stop_timeout_, kill_at = std::chrono::steady_clock::now() + grace;
         stopping = true;
         outcome.interrupted = true;
-        if (exit_code == 0) exit_code = 130;
+        if (exit_code == 0) exit_code = kInterrupted;
       }
       reap([&](Rank& r, int status) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -270,7 +290,6 @@ class Job {
         std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
                      describe_status(status).c_str());
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        failed_rank = r.global;
         failed_at = std::chrono::steady_clock::now();
         outcome.failed_rank = r.global;
         outcome.failed_pid = r.pid;
@@ -279,18 +298,20 @@ class Job {
         outcome.failed_at = std::chrono::system_clock::now();
         signal_all(SIGTERM);
         stopping = true;
-        kill_at = std::chrono::steady_clock::now() + kGracePeriod;
+        grace = kGracePeriod;
+        kill_at = std::chrono::steady_clock::now() + grace;
       });
       if (stopping && std::chrono::steady_clock::now() >= kill_at && any_running()) {
         std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
-                     static_cast<long long>(kGracePeriod.count()));
+                     static_cast<long long>(grace.count()));
         signal_all(SIGKILL);
         stopping = false;
       }
     }
-    if (failed_rank >= 0)
+    if (outcome.failed_rank >= 0)
       std::fprintf(stderr, "hprun: every rank stopped %.2f s after rank %d failed\n",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), failed_rank);
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(),
+                   outcome.failed_rank);
     // Collect what the ranks printed last; a grandchild holding a pipe open must not keep us here.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (any_open() && std::chrono::steady_clock::now() < deadline) pump_output(50);
@@ -356,6 +377,7 @@ class Job {
     }
   }
 
+  std::chrono::seconds stop_timeout_;
   std::vector<Rank> ranks_;
 };
 
@@ -442,18 +464,26 @@ int run_attempts(const Config& config) {
     Attempt attempt{index, config.master_port, dir.path()};
     if (attempt.port == 0) attempt.port = config.nnodes == 1 ? pick_free_port() : 29500;
     attempts.push_back(Job(config, attempt).run());
-    const Outcome& outcome = attempts.back();
-    const bool restart = outcome.exit_code != 0 && !outcome.interrupted && index < config.max_restarts;
+    Outcome& outcome = attempts.back();
+    // A usage or config error (exit code 2) would only be repeated.
+    const bool restartable = outcome.exit_code != 0 && outcome.exit_code != kUsageError && !outcome.interrupted;
+    const bool restart = restartable && index < config.max_restarts;
     if (restart) {
       const std::chrono::seconds delay = restart_backoff(index + 1);
       std::fprintf(stderr, "hprun: restarting every rank in %lld s (restart %d of at most %d)\n",
                    static_cast<long long>(delay.count()), index + 1, config.max_restarts);
       if (wait_unless_signalled(delay)) continue;
-      attempts.back().interrupted = true;
+      outcome.interrupted = true;
+      outcome.exit_code = kInterrupted;
     }
     if (attempts.size() > 1) print_restart_summary(attempts, dir);
     if (outcome.exit_code != 0) {
-      if (config.max_restarts > 0 && !outcome.interrupted)
+      if (config.max_restarts > 0 && outcome.exit_code == kUsageError)
+        std::fprintf(stderr,
+                     "hprun: not restarting: exit code %d is a usage or config error, which a restart would "
+                     "repeat\n",
+                     kUsageError);
+      else if (config.max_restarts > 0 && restartable)
         std::fprintf(stderr, "hprun: no restarts left (--max-restarts %d)\n", config.max_restarts);
       std::fprintf(stderr, "hprun: job failed (exit code %d)\n", outcome.exit_code);
     }
@@ -469,10 +499,10 @@ int main(int argc, char** argv) {
     config = parse(argc, argv);
   } catch (const hp::tools::UsageError& e) {
     std::fprintf(stderr, "hprun: %s (see hprun --help)\n", e.what());
-    return 2;
+    return kUsageError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hprun: %s\n", e.what());
-    return 2;
+    return kUsageError;
   }
   if (!config) return 0;
   try {
@@ -480,6 +510,7 @@ int main(int argc, char** argv) {
     action.sa_handler = on_signal;
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGHUP, &action, nullptr);  // the terminal went away: stop the ranks rather than orphan them
     signal(SIGPIPE, SIG_IGN);
     return run_attempts(*config);
   } catch (const std::exception& e) {

@@ -14,12 +14,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <system_error>
 
 namespace hp::job {
 
@@ -62,13 +64,17 @@ inline std::optional<int64_t> read_number(const std::string& path) {
   return value;
 }
 
-// Creates `path` unless it exists; true for the one caller that created it (an atomic claim
-// shared by every process of the job).
+// Creates `path` unless it exists: true for the one caller that created it, false when it
+// existed (an atomic claim shared by every process of the job). Any other failure throws: a claim
+// that cannot be recorded must not pass for one made earlier.
 inline bool claim(const std::string& path) {
   const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
-  if (fd < 0) return false;
-  ::close(fd);
-  return true;
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  if (errno == EEXIST) return false;
+  throw std::system_error(errno, std::generic_category(), "cannot create " + path);
 }
 
 }  // namespace hp::job

@@ -111,9 +111,9 @@ struct TrainConfig {
 
   // How long a failure may take to be noticed (docs/resilience.md#timeouts). A collective waits
   // collective_timeout_s for its peers, then fails naming the missing ranks (2 s more); a rank that
-  // makes no progress (no step, evaluation or save begins or ends) for watchdog_s exits with code 3,
-  // which hprun --max-restarts restarts. watchdog_s 0: derived, the larger of collective_timeout_s +
-  // 60 and 10x the slowest step so far.
+  // makes no progress (no step begins or ends, no evaluation batch, save or sampled token) for
+  // watchdog_s exits with code 3, which hprun --max-restarts restarts. watchdog_s 0: derived, the larger of
+  // collective_timeout_s + 60 and 10x the slowest step so far.
   struct Resilience {
     int64_t collective_timeout_s = 300;
     int64_t watchdog_s = 0;

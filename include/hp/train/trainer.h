@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,11 +28,24 @@ class NonFiniteError : public Error {
 };
 
 struct TrainOptions {
-  bool resume = false;   // continue from the latest checkpoint of the run, when there is one
+  bool resume = false;  // continue from the latest checkpoint of the run, when there is one
+  // With resume: only from a checkpoint saved under this process's hprun job (HP_JOB_DIR); from
+  // step 0 when the latest is another run's. hp-train sets it when hprun restarts a job that was not
+  // told to resume, whose run directory may still hold an earlier run's checkpoints.
+  bool resume_only_this_job = false;
   bool dry_run = false;  // print the plan (mesh, each rank's parameters, estimated memory) and stop
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
   // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
   std::vector<std::shared_ptr<Callback>> callbacks;
+  // Called, from the watchdog's thread, with its message when this rank made no progress for
+  // resilience.watchdog_s (docs/resilience.md#timeouts). Empty: the message goes to stderr and the
+  // process ends with exit code 3, since a hung thread cannot be unwound. Ranks that are threads of
+  // one process (tests) set something that fails the test instead.
+  std::function<void(const std::string& message)> on_hang;
+  // Where this rank looks for a stop request after each step's backward: a signal number, 0 for
+  // none. Empty: the process's (hp/train/stop.h). Ranks that are threads of one process (tests)
+  // can each have their own, as processes do.
+  std::function<int()> stop_request;
 };
 
 struct TrainResult {
@@ -44,6 +58,9 @@ struct TrainResult {
   double tokens_per_s = 0.0;     // mean over the steps after the first
   double mfu = 0.0;
   std::string sample;  // greedy continuation of config.sample.prompt
+  // The stop request (hp/train/stop.h) the run stopped on, after step first_step + losses.size(),
+  // with last words and without the final evaluation and sample; 0 when it ran all its steps.
+  int stop_signal = 0;
   // parallel.pp_costs measured: the costs and bubbles of the pipeline's profiled steps (2 and 3).
   std::optional<PipelineProfile> pipeline_profile;
 };
@@ -52,7 +69,8 @@ struct TrainResult {
 // reductions associate, which a group fixes when it is created.
 TrainResult train(const TrainConfig& config, const comm::ProcessGroup& world, const TrainOptions& options = {});
 
-// `base` with what train() needs of its world group (deterministic = train.deterministic).
+// `base` with what train() needs of its world group: deterministic = train.deterministic, timeout =
+// resilience.collective_timeout_s.
 comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base = {});
 
 }  // namespace hp::train
