@@ -23,13 +23,15 @@ std::string step_dir_name(int64_t step) {
   return out.str();
 }
 
-// Keeps the `keep` newest step-* checkpoints (rank 0, after a commit).
-void prune_checkpoints(const std::string& root, int64_t keep) {
+// Keeps the `keep` newest step-* checkpoints up to `committed` (rank 0, after committing it). Those
+// of later steps are an earlier run's: they are left alone, since counting them would delete the
+// one just committed, which `latest` names.
+void prune_checkpoints(const std::string& root, int64_t keep, int64_t committed) {
   std::vector<std::pair<int64_t, fs::path>> dirs;  // by step number: names outgrow their zero padding
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
     if (e.is_directory() && name.rfind("step-", 0) == 0 && name.size() > 5 &&
-        name.find_first_not_of("0123456789", 5) == std::string::npos)
+        name.find_first_not_of("0123456789", 5) == std::string::npos && std::stoll(name.substr(5)) <= committed)
       dirs.emplace_back(std::stoll(name.substr(5)), e.path());
   }
   std::sort(dirs.begin(), dirs.end());
@@ -118,10 +120,6 @@ std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRSche
 std::optional<std::string> Checkpointing::save_last_words(int64_t step, const LRScheduler& scheduler,
                                                           const std::string& why) {
   if (config_.checkpoint.interval <= 0) return std::nullopt;
-  if (saved_step_ == step) {  // the interval's save of this very step
-    finish();
-    return std::nullopt;
-  }
   const std::string dir = start_save(step, scheduler, nlohmann::json{{"last_words", why}});
   finish();
   return dir;
@@ -143,14 +141,14 @@ std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler
   options.stage_in_background = true;  // the copies overlap the next step's forward and backward
   const std::string dir = config_.checkpoint_dir() + "/" + step_dir_name(step);
   pending_ = dcp::save_async(to_save(), dir, world_, options);
-  pending_step_ = saved_step_ = step;
+  pending_step_ = step;
   return dir;
 }
 
 void Checkpointing::finish() {
   if (!pending_.pending()) return;
   pending_.wait();
-  if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep);
+  if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep, pending_step_);
   pending_step_ = -1;
 }
 

@@ -39,9 +39,9 @@ class Checkpointing {
   // After optimizer step `step`: at the interval, starts saving the state of that step and returns
   // the checkpoint's directory; otherwise nullopt.
   std::optional<std::string> save_if_due(int64_t step, const LRScheduler& scheduler);
-  // After optimizer step `step`, when the run stops early (`why`: "SIGTERM"): saves the state of
-  // that step and commits it before returning, marked as last words; returns its directory, or
-  // nullopt when the interval's save of that step already holds it or the run saves no checkpoints.
+  // After optimizer step `step`, when the run stops early (`why`: "SIGTERM"), instead of
+  // save_if_due: saves the state of that step and commits it before returning, marked as last
+  // words; returns its directory, or nullopt when the run saves no checkpoints.
   std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why);
   // Commits the save in flight, if any.
   void finish();
@@ -60,7 +60,6 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
-  int64_t saved_step_ = -1;  // of the latest save started
 };
 
 }  // namespace hp::train::detail

@@ -135,6 +135,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("log.profile_step", log.profile_step),
       HP_CONFIG_FIELD("resilience.collective_timeout_s", resilience.collective_timeout_s),
       HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
+      HP_CONFIG_FIELD("resilience.replica_check_interval", resilience.replica_check_interval),
+      HP_CONFIG_FIELD("resilience.on_replica_mismatch", resilience.on_replica_mismatch),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -432,6 +434,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
            " s (naming the missing ranks) < watchdog_s, so that a stuck collective is reported before the "
            "watchdog ends the process. Raise watchdog_s above ",
            r.collective_timeout_s + report_s, " or set it to 0 (derived)");
+  HP_CHECK(r.replica_check_interval >= 0, "resilience.replica_check_interval must be >= 0 (0: off), got ",
+           r.replica_check_interval);
+  HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
+           r.on_replica_mismatch, "' is unknown (available: stop, warn)");
 }
 
 std::string to_json(const TrainConfig& config) {

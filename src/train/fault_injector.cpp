@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "hp/core/error.h"
 #include "hp/core/job.h"
 #include "hp/core/log.h"
+#include "hp/dtensor/dtensor.h"
 #include "hp/train/stop.h"
 
 namespace hp::train::detail {
@@ -37,7 +39,7 @@ T parse_number(const std::string& text, const std::string& fault, const char* wh
 
 Fault parse_fault(const std::string& text, int index) {
   const std::vector<std::string> parts = split(text, ':');
-  static const char* kForm = " (KIND:RANK:STEP[:SECONDS], KIND one of kill, throw, hang, delay, preempt)";
+  static const char* kForm = " (KIND:RANK:STEP[:SECONDS|:FQN], KIND one of kill, throw, hang, delay, preempt, flip)";
   HP_CHECK(parts.size() == 3 || parts.size() == 4, kSpecEnv, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
@@ -52,14 +54,18 @@ Fault parse_fault(const std::string& text, int index) {
     fault.kind = FaultKind::kDelay;
   } else if (kind == "preempt") {
     fault.kind = FaultKind::kPreempt;
+  } else if (kind == "flip") {
+    fault.kind = FaultKind::kFlip;
   } else {
     HP_FAIL(kSpecEnv, ": '", text, "': unknown kind '", kind, "'", kForm);
   }
   fault.rank = parse_number<int>(parts[1], text, "rank");
   fault.step = parse_number<int64_t>(parts[2], text, "step");
   HP_CHECK(fault.rank >= 0 && fault.step >= 1, kSpecEnv, ": '", text, "': the rank must be >= 0 and the step >= 1");
-  HP_CHECK((parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '", text,
-           "': a delay takes SECONDS, the other kinds take nothing after the step");
+  HP_CHECK(fault.kind == FaultKind::kFlip || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '",
+           text,
+           "': a delay takes SECONDS, a flip may take a parameter's FQN, the other kinds take nothing after the step");
+  if (fault.kind == FaultKind::kFlip && parts.size() == 4) fault.parameter = parts[3];
   if (fault.kind == FaultKind::kDelay) {
     fault.seconds = parse_number<double>(parts[3], text, "seconds");
     HP_CHECK(fault.seconds >= 0, kSpecEnv, ": '", text, "': the delay must not be negative");
@@ -70,7 +76,8 @@ Fault parse_fault(const std::string& text, int index) {
 // Fires one fault at its step, once per job.
 class FaultCallback : public Callback {
  public:
-  explicit FaultCallback(Fault fault) : fault_(fault) {}
+  // flipped: the tensor a flip changes (undefined for the other kinds).
+  FaultCallback(Fault fault, at::Tensor flipped) : fault_(std::move(fault)), flipped_(std::move(flipped)) {}
 
   void on_step_begin(int64_t step) override {
     if (!fires_at_begin() || step != fault_.step || !claim()) return;
@@ -92,6 +99,10 @@ class FaultCallback : public Callback {
       ::kill(::getpid(), SIGKILL);
     } else if (fault_.kind == FaultKind::kThrow) {
       HP_FAIL("injected fault: rank ", fault_.rank, " failed after step ", record.step);
+    } else if (fault_.kind == FaultKind::kFlip) {
+      log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
+      HP_CHECK(flipped_.nbytes() >= 4, "injected fault: ", fault_.parameter, " has no element on rank ", fault_.rank);
+      static_cast<uint8_t*>(flipped_.data_ptr())[2] ^= 1u << 6;  // bit 22 of the first 4 bytes
     }
   }
 
@@ -129,6 +140,7 @@ class FaultCallback : public Callback {
   }
 
   Fault fault_;
+  at::Tensor flipped_;
   bool fired_ = false;
 };
 
@@ -141,15 +153,38 @@ std::vector<Fault> parse_faults(const std::string& spec) {
   return faults;
 }
 
-std::vector<std::shared_ptr<Callback>> injected_faults(int rank, int world_size, int64_t steps) {
+std::vector<Fault> injected_faults(int world_size, int64_t steps) {
   const char* spec = std::getenv(kSpecEnv);
   if (spec == nullptr) return {};
-  std::vector<std::shared_ptr<Callback>> callbacks;
-  for (const Fault& fault : parse_faults(spec)) {
+  const std::vector<Fault> faults = parse_faults(spec);
+  for (const Fault& fault : faults)
     HP_CHECK(fault.rank < world_size && fault.step <= steps, kSpecEnv, ": fault ", fault.index + 1, " is for rank ",
              fault.rank, " at step ", fault.step, ", but the run has ", world_size, " ranks and ", steps,
              " steps: it would never fire");
-    if (fault.rank == rank) callbacks.push_back(std::make_shared<FaultCallback>(fault));
+  return faults;
+}
+
+std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
+                                                       const models::ModelParts& parts) {
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  for (Fault fault : faults) {
+    if (fault.rank != rank) continue;
+    at::Tensor flipped;
+    if (fault.kind == FaultKind::kFlip) {
+      const auto named = parts.named_parameters();
+      auto it = named.begin();
+      if (!fault.parameter.empty())
+        it = std::find_if(named.begin(), named.end(), [&](const auto& p) { return p.first == fault.parameter; });
+      if (it == named.end()) {
+        std::string some;
+        for (size_t i = 0; i < named.size() && i < 4; ++i) some += (i ? ", " : "") + named[i].first;
+        HP_FAIL(kSpecEnv, ": fault ", fault.index + 1, ": rank ", rank, " has no parameter '", fault.parameter,
+                "' to flip (it has ", some, named.size() > 4 ? ", ..." : "", ")");
+      }
+      fault.parameter = it->first;
+      flipped = is_dtensor(it->second) ? DTensor(it->second).to_local() : it->second;
+    }
+    callbacks.push_back(std::make_shared<FaultCallback>(fault, flipped));
   }
   return callbacks;
 }

@@ -5,6 +5,8 @@
 //   throw:1:4      rank 1 throws hp::Error after step 4 (a failing rank)
 //   hang:0:3       rank 0 stops at the start of step 3 and never returns (a stuck rank)
 //   delay:1:5:2.5  rank 1 sleeps 2.5 s at the start of step 5 (a straggler)
+//   flip:2:7:FQN   rank 2 flips bit 22 of the first element of its shard of parameter FQN (default:
+//                  its first parameter) after step 7: silent data corruption in one replica
 //   preempt:0:7    rank 0 has hprun stop the job (SIGTERM to it, which hprun forwards to every rank)
 //                  at the start of step 7, and waits for its own SIGTERM: a preemption notice
 //
@@ -16,25 +18,32 @@
 #include <string>
 #include <vector>
 
+#include "hp/models/model_parts.h"
 #include "hp/train/callbacks.h"
 
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt };
+enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip };
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
   int rank = 0;
   int64_t step = 1;
-  double seconds = 0.0;  // delay
-  int index = 0;         // position in the list: names the claim file
+  double seconds = 0.0;   // delay
+  std::string parameter;  // flip (empty: the rank's first)
+  int index = 0;          // position in the list: names the claim file
 };
 
 // Parses a list; a malformed one throws hp::Error quoting it.
 std::vector<Fault> parse_faults(const std::string& spec);
 
-// Callbacks that fire the faults of HP_FAULT meant for `rank` (none when it is unset). A fault for a
-// rank the world does not have, or a step the run never reaches, is an error: it would never fire.
-std::vector<std::shared_ptr<Callback>> injected_faults(int rank, int world_size, int64_t steps);
+// The faults of HP_FAULT (none when it is unset). A fault for a rank the world does not have, or a
+// step the run never reaches, is an error: it would never fire.
+std::vector<Fault> injected_faults(int world_size, int64_t steps);
+
+// Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts`, which
+// must name it.
+std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
+                                                       const models::ModelParts& parts);
 
 }  // namespace hp::train::detail

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <exception>
+#include <thread>
 
 #include "hp/comm/store.h"
 #include "hp/core/error.h"
+#include "hp/train/stop.h"
+#include "train/stop_internal.h"
 
 namespace hp::train::detail {
 
@@ -19,7 +22,8 @@ void lead_first(const comm::ProcessGroup& world, const std::string& what, const 
     try {
       work();
     } catch (const std::exception& e) {
-      store.set(done, std::string("failed: ") + e.what());
+      const std::string what = e.what();
+      store.set(done, "failed: " + what.substr(0, what.find('\n')));  // without a c10::Error's backtrace
       throw;
     }
     store.set(done, "ok");
@@ -28,7 +32,15 @@ void lead_first(const comm::ProcessGroup& world, const std::string& what, const 
     poll.period = std::chrono::milliseconds(50);
     const auto wait = std::max<std::chrono::milliseconds>(world.options().timeout, kLeadFirstWait);
     poll.deadline = std::chrono::steady_clock::now() + wait;
-    if (!store.wait_for({done}, poll).empty())
+    // A stop request (hprun's SIGTERM after another rank failed) ends the wait: nothing to save yet.
+    poll.pause = [](std::chrono::milliseconds period) {
+      std::this_thread::sleep_for(period);
+      return stop_requested() != 0;
+    };
+    const bool missing = !store.wait_for({done}, poll).empty();
+    HP_CHECK(!missing || stop_requested() == 0, "rank ", world.rank(), ": stopped on ", signal_name(stop_requested()),
+             " while rank 0 was ", what);
+    if (missing)
       throw TimeoutError(hp::detail::str_cat("rank ", world.rank(), ": rank 0 was still ", what, " after ",
                                              std::chrono::duration_cast<std::chrono::seconds>(wait).count(),
                                              " s (or it died)"));

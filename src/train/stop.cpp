@@ -13,11 +13,13 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "read and written by a signal handler");
 
-// The first signal asks; a second means "now": the default action (the process ends by it).
+// The first signal asks. A second Ctrl-C means "now": SIGINT's default action ends the process. A
+// repeated SIGTERM or SIGHUP does not: a batch system signals every process of a job at once, so a
+// rank gets the launcher's forwarded copy too; the launcher's SIGKILL is what says "now".
 void on_stop_signal(int signal_number) {
-  if (g_stop_signal.exchange(signal_number) == 0) return;
-  signal(signal_number, SIG_DFL);
-  raise(signal_number);
+  if (g_stop_signal.exchange(signal_number) == 0 || signal_number != SIGINT) return;
+  signal(SIGINT, SIG_DFL);
+  raise(SIGINT);
 }
 
 }  // namespace
@@ -29,6 +31,7 @@ int stop_requested() { return g_stop_signal.load(); }
 void stop_on_signals() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
+  action.sa_flags = SA_RESTART;  // a blocking call the signal lands in carries on
   sigemptyset(&action.sa_mask);
   for (const int signal_number : {SIGTERM, SIGINT, SIGHUP}) sigaction(signal_number, &action, nullptr);
 }

@@ -34,6 +34,7 @@
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
+#include "train/replica_check.h"
 #include "train/step_health.h"
 #include "train/step_profile.h"
 #include "train/stop_internal.h"
@@ -182,7 +183,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   }
 
   peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
-  const auto faults = detail::injected_faults(world.rank(), world.size(), c.train.steps);  // a bad HP_FAULT too
+  const auto faults = detail::injected_faults(world.size(), c.train.steps);  // a bad HP_FAULT too
   const Data data = load_data(c, world);
   MemoryTracker memory;
   Setup s = build(c, world);
@@ -226,7 +227,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     if (auto progress = detail::job_progress()) callbacks.push_back(progress);
   callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
   // Last, so that every other callback has seen the step a fault ends.
-  callbacks.insert(callbacks.end(), faults.begin(), faults.end());
+  for (auto& fault : detail::fault_callbacks(faults, world.rank(), s.parts)) callbacks.push_back(fault);
   const auto notify = [&](const auto& call) {
     for (const auto& callback : callbacks) call(*callback);
   };
@@ -240,6 +241,24 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     return world_mean(sum / static_cast<double>(c.eval.batches), world);
   };
 
+  // Every replica_check_interval steps, and before every checkpoint: a save writes one replica of
+  // each shard, which must not be a corrupt one.
+  int64_t replica_checks = 0;
+  double replica_check_seconds = 0.0;
+  const auto check_replicas_if_due = [&](int64_t done) {
+    const int64_t every = c.resilience.replica_check_interval;
+    const bool saving = c.checkpoint.interval > 0 && done % c.checkpoint.interval == 0;
+    if (every <= 0 || (done % every != 0 && !saving)) return;
+    const auto t0 = Clock::now();
+    const std::vector<detail::ReplicaMismatch> mismatches = detail::check_replicas(s.parts, world);
+    replica_check_seconds += seconds_since(t0), ++replica_checks;
+    if (mismatches.empty()) return;
+    const std::string what = hp::detail::str_cat("replicas of a parameter differ after step ", done,
+                                                 " (silent data corruption): ", detail::describe(mismatches));
+    HP_CHECK(c.resilience.on_replica_mismatch != "stop", what,
+             ". Stopped before saving anything of this step (resilience.on_replica_mismatch: stop)");
+    if (lead) log::warn(what);
+  };
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
@@ -300,6 +319,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       }
       scheduler.step();
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
+      check_replicas_if_due(step + 1);
       record.seconds = seconds_since(t0);
       profile.finish(c, step + 1, record.seconds);
       // The run's throughput leaves out the first step and the profiled one (timing every op slows it).
@@ -310,7 +330,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       record.peak_mem_bytes = static_cast<double>(memory.peak());
       result.losses.push_back(record.loss);
       result.grad_norms.push_back(record.grad_norm);
-      if (c.eval.interval > 0 && (step + 1) % c.eval.interval == 0 && step + 1 < c.train.steps)
+      // A stopping run saves first: the time before the launcher's SIGKILL is short.
+      if (c.eval.interval > 0 && (step + 1) % c.eval.interval == 0 && step + 1 < c.train.steps && stop_signal == 0)
         record.eval_loss = evaluate();
       // Every rank agreed on the stop in the exchange above: last words, this step's state.
       const std::optional<std::string> dir =
@@ -331,6 +352,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     watchdog->progress("committing the last checkpoint");
     checkpoints.finish();
 
+    if (lead && replica_checks > 0 && timed_steps > 0)
+      log::info("replica checks: ", replica_checks, ", ", 1e3 * replica_check_seconds / replica_checks, " ms each (",
+                100.0 * (replica_check_seconds / replica_checks) / (timed_seconds / timed_steps),
+                "% of a step, timed on rank 0)");
     const bool stopped = result.stop_signal != 0;  // no final evaluation or sample: the job is ending
     if (!stopped) result.eval_loss = evaluate();
     result.pipeline_profile = train_step.pipeline_profile();

@@ -30,6 +30,16 @@ std::string train_command(const std::string& dir, const std::string& extra = "",
          " --no-progress " + extra;
 }
 
+// The run's `latest` checkpoint is `name`, and hp-ckpt verifies the run's checkpoints.
+void expect_latest_verifies(const std::string& run_dir, const std::string& name) {
+  std::ifstream latest(run_dir + "/checkpoints/latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, name);
+  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + run_dir + "/checkpoints");
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+}
+
 // step -> loss of the run's train records.
 std::map<int64_t, double> train_losses(const std::string& run_dir) {
   std::map<int64_t, double> losses;
@@ -242,12 +252,7 @@ TEST(HpTrain, APreemptionNoticeSavesLastWordsAndTheResumeIsBitwise) {
   EXPECT_NE(r.output.find("stopped after step 7 of 10 on SIGTERM (a preemption notice): last words in"),
             std::string::npos)
       << r.output;
-  std::ifstream latest(preempted + "/checkpoints/latest");
-  std::string name;
-  latest >> name;
-  EXPECT_EQ(name, "step-000007");
-  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + preempted + "/checkpoints");
-  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  expect_latest_verifies(preempted, "step-000007");
   std::ifstream metadata(preempted + "/checkpoints/step-000007/metadata.json");
   const nlohmann::json values = nlohmann::json::parse(metadata).at("values");
   EXPECT_EQ(values.value("last_words", ""), "SIGTERM (a preemption notice)") << values.dump();
@@ -291,12 +296,7 @@ TEST(HpTrain, KillDuringAsyncSaveKeepsThePreviousCheckpoint) {
       hp::e2e::run_command("HP_FAULT=kill:1:10 " + bin_dir() + "/hprun " + train_command(dir, "--set train.steps=12"));
   ASSERT_NE(crash.exit_code, 0) << crash.output;
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000010"));
-  std::ifstream latest(dir + "/checkpoints/latest");
-  std::string name;
-  latest >> name;
-  EXPECT_EQ(name, "step-000005");
-  const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + dir + "/checkpoints");
-  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  expect_latest_verifies(dir, "step-000005");
   const Result resumed = run_job(train_command(dir, "--set train.steps=12 --resume auto"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json"));

@@ -34,6 +34,15 @@ class ScopedEnv {
   const char* name_;
 };
 
+// Three steps of the small Llama for one rank, under `dir`.
+TrainConfig three_steps(const std::string& dir) {
+  TrainConfig c = small_llama_config(dir);
+  c.train.steps = 3;
+  c.train.global_batch = 2;
+  c.train.micro_batch = 2;
+  return c;
+}
+
 // Guards the documented syntax: every kind, its rank, step and delay, and each fault's index.
 TEST(FaultInjector, ParsesAList) {
   const auto faults = parse_faults("kill:2:7,delay:1:5:2.5,hang:0:3,throw:1:4");
@@ -61,10 +70,7 @@ TEST(FaultInjector, AThrowFiresAfterItsStepOncePerJob) {
   const std::string dir = test::scratch_dir("hp_fault_injector");
   const std::string job_dir = dir + "/job";
   fs::create_directories(job_dir);
-  TrainConfig c = small_llama_config(dir + "/run");
-  c.train.steps = 3;
-  c.train.global_batch = 2;
-  c.train.micro_batch = 2;
+  TrainConfig c = three_steps(dir + "/run");
   const ScopedEnv fault("HP_FAULT", "throw:0:2"), job("HP_JOB_DIR", job_dir);
   test::expect_error([&] { train_on_ranks(c, 1); }, "injected fault: rank 0 failed after step 2");
   EXPECT_TRUE(fs::exists(job_dir + "/" + job::fault_fired_file(0)));
@@ -80,10 +86,7 @@ TEST(FaultInjector, ADelaySlowsItsStepOncePerJob) {
   const std::string dir = test::scratch_dir("hp_fault_delay");
   const std::string job_dir = dir + "/job";
   fs::create_directories(job_dir);
-  TrainConfig c = small_llama_config(dir + "/run");
-  c.train.steps = 3;
-  c.train.global_batch = 2;
-  c.train.micro_batch = 2;
+  TrainConfig c = three_steps(dir + "/run");
   const ScopedEnv fault("HP_FAULT", "delay:0:2:1.5"), job("HP_JOB_DIR", job_dir);
   // The delay comes before the step's own timer starts: time from one step's end to the next.
   struct StepGaps : Callback {
@@ -108,10 +111,7 @@ TEST(FaultInjector, ADelaySlowsItsStepOncePerJob) {
 // A fault that could never fire is refused before any work, naming the world and the run's length.
 TEST(FaultInjector, RefusesAFaultOutsideTheRun) {
   const std::string dir = test::scratch_dir("hp_fault_outside");
-  TrainConfig c = small_llama_config(dir + "/run");
-  c.train.steps = 3;
-  c.train.global_batch = 2;
-  c.train.micro_batch = 2;
+  TrainConfig c = three_steps(dir + "/run");
   for (const char* outside : {"kill:1:2", "throw:0:4"}) {
     const ScopedEnv fault("HP_FAULT", outside);
     test::expect_error([&] { train_on_ranks(c, 1); }, "but the run has 1 ranks and 3 steps: it would never fire");
@@ -122,9 +122,7 @@ TEST(FaultInjector, RefusesAFaultOutsideTheRun) {
 // directory may still hold an earlier run's checkpoint, which is not this job's to continue.
 TEST(JobRestart, ResumesOnlyFromACheckpointOfItsOwnJob) {
   const std::string dir = test::scratch_dir("hp_job_restart");
-  TrainConfig c = small_llama_config(dir + "/run");
-  c.train.global_batch = 2;
-  c.train.micro_batch = 2;
+  TrainConfig c = three_steps(dir + "/run");
   c.checkpoint.interval = 2;
   c.checkpoint.async = false;
   const auto first_step = [&](int64_t steps) {
@@ -142,12 +140,13 @@ TEST(JobRestart, ResumesOnlyFromACheckpointOfItsOwnJob) {
         ranks_for(c));
     return first;
   };
-  c.train.steps = 2;
-  train_on_ranks(c, 1);  // an earlier run, without hprun, leaves step 2's checkpoint
+  c.train.steps = 6;
+  train_on_ranks(c, 1);  // an earlier run, without hprun, leaves the checkpoints of steps 4 and 6
   fs::create_directories(dir + "/job");
   const ScopedEnv job("HP_JOB_DIR", dir + "/job");
-  EXPECT_EQ(first_step(3), 0);  // not this job's: from the start (and it saves step 2 again)
-  EXPECT_EQ(first_step(4), 2);  // this job's own save
+  EXPECT_EQ(first_step(3), 0);  // not this job's: from the start (and it saves step 2)
+  // This job's own save, which the earlier run's later checkpoints must not have pruned away.
+  EXPECT_EQ(first_step(4), 2);
   fs::create_directories(dir + "/another-job");
   const ScopedEnv other_job("HP_JOB_DIR", dir + "/another-job");
   EXPECT_EQ(first_step(4), 0);

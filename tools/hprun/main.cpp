@@ -1,9 +1,9 @@
 // hprun: HyperParallel's torchrun. Spawns the local ranks of a job with the rendezvous environment
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes every line
 // they print with their rank, and fails fast: when one rank exits non-zero or by a signal, the
-// others are stopped (SIGTERM, then SIGKILL after a grace period) and hprun exits non-zero naming
-// that rank. With --max-restarts it starts the job again after a failure, in a fresh rendezvous, and
-// sums up what each failure cost. Plain POSIX C++; it does not link LibTorch.
+// others are killed and hprun exits non-zero naming that rank. A signal to hprun is forwarded to
+// the ranks, which get --stop-timeout seconds to save and exit. With --max-restarts it starts the job again after a
+// failure, in a fresh rendezvous, and sums up what each failure cost. Plain POSIX C++; it does not link LibTorch.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -32,9 +32,8 @@
 
 namespace {
 
-constexpr auto kGracePeriod = std::chrono::seconds(3);  // after a rank failed: SIGTERM to the others -> SIGKILL
-constexpr int kUsageError = 2;                          // hprun's own, and a rank's that no restart can fix
-constexpr int kInterrupted = 130;                       // hprun got a signal
+constexpr int kUsageError = 2;     // hprun's own, and a rank's that no restart can fix
+constexpr int kInterrupted = 130;  // hprun got a signal
 // Wait before restart K (1-based): 1 s, doubling, at most 30 s; a failure that repeats at once
 // (a bad node, a full disk) does not spin.
 std::chrono::seconds restart_backoff(int restart) {
@@ -179,9 +178,18 @@ struct Attempt {
 
 pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_rank, Rank& rank) {
   int out[2], err[2];
-  if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  if (pipe(out) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  if (pipe(err) != 0) {
+    const int error = errno;
+    close(out[0]), close(out[1]);
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(error));
+  }
   const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid < 0) {
+    const int error = errno;
+    close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(error));
+  }
   if (pid == 0) {
     setpgid(0, 0);  // own process group: stopping a rank also stops what it started
     dup2(out[1], STDOUT_FILENO);
@@ -253,8 +261,9 @@ class Job {
   Job(const Config& config, const Attempt& attempt) : stop_timeout_(config.stop_timeout) {
     try {
       for (int local = 0; local < config.nproc_per_node; ++local) {
-        ranks_.emplace_back();
-        spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, ranks_.back());
+        Rank rank;  // kept only once started: the cleanup below signals every rank kept
+        spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, rank);
+        ranks_.push_back(std::move(rank));
       }
     } catch (...) {
       // Ranks already started would wait for the missing ones until their rendezvous timeout.
@@ -268,9 +277,8 @@ class Job {
   Outcome run() {
     const auto started = std::chrono::steady_clock::now();
     Outcome outcome;
-    bool stopping = false;  // SIGTERM sent; SIGKILL follows at kill_at
+    bool stopping = false;  // a signal forwarded; SIGKILL follows at kill_at
     std::chrono::steady_clock::time_point kill_at, failed_at;
-    std::chrono::seconds grace{0};  // until kill_at
     int exit_code = 0;
     while (any_running()) {
       pump_output(100);
@@ -279,7 +287,7 @@ class Job {
         signal_all(g_forward_signal);
         g_forward_signal = 0;
         // The ranks may save their last words (hp/train/stop.h) first.
-        if (!stopping) grace = stop_timeout_, kill_at = std::chrono::steady_clock::now() + grace;
+        if (!stopping) kill_at = std::chrono::steady_clock::now() + stop_timeout_;
         stopping = true;
         outcome.interrupted = true;
         if (exit_code == 0) exit_code = kInterrupted;
@@ -296,14 +304,13 @@ class Job {
         outcome.failure = describe_status(status);
         outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
         outcome.failed_at = std::chrono::system_clock::now();
-        signal_all(SIGTERM);
-        stopping = true;
-        grace = kGracePeriod;
-        kill_at = std::chrono::steady_clock::now() + grace;
+        // At once: with a peer gone they can save nothing, and a SIGTERM would read as a
+        // preemption notice to a program that saves its last words on one (hp-train).
+        signal_all(SIGKILL);
       });
       if (stopping && std::chrono::steady_clock::now() >= kill_at && any_running()) {
         std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
-                     static_cast<long long>(grace.count()));
+                     static_cast<long long>(stop_timeout_.count()));
         signal_all(SIGKILL);
         stopping = false;
       }

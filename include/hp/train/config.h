@@ -114,9 +114,14 @@ struct TrainConfig {
   // makes no progress (no step begins or ends, no evaluation batch, save or sampled token) for
   // watchdog_s exits with code 3, which hprun --max-restarts restarts. watchdog_s 0: derived, the larger of
   // collective_timeout_s + 60 and 10x the slowest step so far.
+  // replica_check_interval N > 0: every N steps the ranks compare a hash of each parameter shard
+  // with its replicas' (silent data corruption, docs/resilience.md#silent-data-corruption); a
+  // mismatch is named and then, by on_replica_mismatch, stops the run or is logged.
   struct Resilience {
     int64_t collective_timeout_s = 300;
     int64_t watchdog_s = 0;
+    int64_t replica_check_interval = 0;
+    std::string on_replica_mismatch = "stop";  // stop | warn
   } resilience;
 
   struct Sample {

@@ -14,8 +14,8 @@ void request_stop(int signal_number);
 // The signal of the request pending, 0 when none.
 int stop_requested();
 
-// SIGTERM, SIGINT and SIGHUP request a stop from now on; a second one ends the process at once,
-// with the signal's default action.
+// SIGTERM, SIGINT and SIGHUP request a stop from now on; a second SIGINT (Ctrl-C) ends the process
+// at once. A repeated SIGTERM or SIGHUP does not (a batch system and hprun may both send one).
 void stop_on_signals();
 
 }  // namespace hp::train
