@@ -2,8 +2,9 @@
 // stage_in_background, a stager thread) stages copies of them; a writer thread streams them into
 // this rank's safetensors file with per-block checksums. The ranks agree on the outcome through
 // the group's store, not a collective: rank 0's writer waits for every rank's report, merges the
-// per-rank indexes into metadata.json and commits by renaming the temporary directory, all in the
-// background; wait() reads the outcome.
+// per-rank indexes into metadata.json and, once rank 0's wait() allows it, commits by renaming the
+// temporary directory; wait() reads the outcome. A save dropped before wait() commits nothing,
+// however far its writers got (the caller may have found a reason not to keep it).
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -134,7 +135,8 @@ struct AsyncSave::State {
   std::mutex mu;
   std::condition_variable cv;
   size_t staged_bytes = 0;
-  bool stop = false;  // the writer failed or the save was abandoned
+  bool stop = false;            // the writer failed or the save was abandoned
+  bool commit_allowed = false;  // by wait() (on rank 0: the commit waits for it)
   std::exception_ptr error;
   std::thread writer;
   std::thread stager;  // background staging only
@@ -261,6 +263,11 @@ struct AsyncSave::State {
       if (!report.empty()) failures += "; rank " + std::to_string(r) + ": " + report;
     }
     if (!failures.empty()) return failures.substr(2);
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return commit_allowed || stop; });
+      if (!commit_allowed) return "abandoned before its commit";
+    }
     try {
       commit();
     } catch (const std::exception& e) {
@@ -447,6 +454,11 @@ void AsyncSave::wait() {
   if (!state_) return;
   const std::shared_ptr<State> s = std::move(state_);
   s->finish_staging();
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->commit_allowed = true;
+    s->cv.notify_all();
+  }
   s->writer.join();  // on rank 0, also the commit
   const std::string own = s->error_text();
   std::string outcome;

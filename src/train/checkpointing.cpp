@@ -125,6 +125,16 @@ std::optional<std::string> Checkpointing::save_last_words(int64_t step, const LR
   return dir;
 }
 
+std::optional<std::string> Checkpointing::save_last_words_before_step(int64_t step, const LRScheduler& scheduler,
+                                                                      const std::string& why) {
+  if (config_.checkpoint.interval <= 0 || step <= 0 || step % config_.checkpoint.interval == 0) return std::nullopt;
+  // The step's draws so far (dropout masks of its forward) are not part of step `step`'s state.
+  const std::string dir =
+      start_save(step, scheduler, nlohmann::json{{"last_words", why}, {"mesh_rng", step_start_rng_}});
+  finish();
+  return dir;
+}
+
 std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks) {
   finish();
   state_.values = {{"step", step},

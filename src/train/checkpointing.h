@@ -43,8 +43,18 @@ class Checkpointing {
   // save_if_due: saves the state of that step and commits it before returning, marked as last
   // words; returns its directory, or nullopt when the run saves no checkpoints.
   std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why);
+  // At the start of each step: where the mesh's RNG stands, for save_last_words_before_step.
+  void note_step_start() { step_start_rng_ = mesh_rng_values(); }
+  // During step `step` + 1, before its optimizer step (a step that is not finite): the same for the
+  // state of step `step`, which the parameters and optimizer still hold; the mesh's RNG position
+  // is the one noted at the step's start. Nullopt also when step `step` is saved already (0, or a
+  // checkpoint interval).
+  std::optional<std::string> save_last_words_before_step(int64_t step, const LRScheduler& scheduler,
+                                                         const std::string& why);
   // Commits the save in flight, if any.
   void finish();
+  // Whether a save is in flight (staged or written in the background, not yet committed).
+  bool save_pending() const { return pending_.pending(); }
 
  private:
   // Starts saving the state of `step` with `marks` added to its values; returns its directory.
@@ -60,6 +70,7 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
+  nlohmann::json step_start_rng_;
 };
 
 }  // namespace hp::train::detail

@@ -74,7 +74,7 @@ uint64_t hash_bytes(const void* data, size_t size) {
   return h ^ (h >> 29);
 }
 
-std::vector<ReplicaMismatch> check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world) {
+ReplicaReport check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world) {
   const auto named = parts.named_parameters();
   at::Tensor mine = at::zeros({static_cast<int64_t>(named.size()), kRowBytes}, at::kByte);
   for (size_t i = 0; i < named.size(); ++i) {
@@ -91,12 +91,14 @@ std::vector<ReplicaMismatch> check_replicas(const models::ModelParts& parts, con
   const int64_t rows = counts.max().item<int64_t>();
   at::Tensor padded = at::zeros({rows, kRowBytes}, at::kByte);
   padded.narrow(0, 0, mine.size(0)).copy_(mine);
-  const at::Tensor all = world.all_gather(padded).view({world.size(), rows, kRowBytes});
+  const at::Tensor all = world.all_gather(padded).contiguous();
+  const uint8_t* rows_of_all = all.data_ptr<uint8_t>();
+  const int64_t* count_of = counts.contiguous().data_ptr<int64_t>();
 
   std::vector<ShardHash> hashes;
   for (int r = 0; r < world.size(); ++r)
-    for (int64_t i = 0; i < counts[r].item<int64_t>(); ++i) {
-      const uint8_t* row = all[r][i].data_ptr<uint8_t>();
+    for (int64_t i = 0; i < count_of[r]; ++i) {
+      const uint8_t* row = rows_of_all + (r * rows + i) * kRowBytes;
       ShardHash h;
       std::memcpy(&h.value, row, 8);
       h.shard = reinterpret_cast<const char*>(row + 8);
@@ -106,12 +108,13 @@ std::vector<ReplicaMismatch> check_replicas(const models::ModelParts& parts, con
   return find_mismatches(hashes);
 }
 
-std::vector<ReplicaMismatch> find_mismatches(const std::vector<ShardHash>& hashes) {
+ReplicaReport find_mismatches(const std::vector<ShardHash>& hashes) {
   // shard name -> value hash -> world ranks holding it.
   std::map<std::string, std::map<uint64_t, std::vector<int>>> holders;
   for (const ShardHash& h : hashes) holders[h.shard][h.value].push_back(h.rank);
-  std::vector<ReplicaMismatch> mismatches;
+  ReplicaReport report;
   for (const auto& [name, by_value] : holders) {
+    if (by_value.size() > 1 || by_value.begin()->second.size() > 1) ++report.replicated_shards;
     if (by_value.size() < 2) continue;
     // The majority is the one value held by more ranks than any other.
     size_t most = 0, with_most = 0;
@@ -128,9 +131,9 @@ std::vector<ReplicaMismatch> find_mismatches(const std::vector<ShardHash>& hashe
     }
     std::sort(m.odd.begin(), m.odd.end());
     std::sort(m.agree.begin(), m.agree.end());
-    mismatches.push_back(std::move(m));
+    report.mismatches.push_back(std::move(m));
   }
-  return mismatches;
+  return report;
 }
 
 std::string describe(const std::vector<ReplicaMismatch>& mismatches) {

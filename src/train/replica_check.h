@@ -28,12 +28,18 @@ struct ShardHash {
   int rank = 0;
 };
 
-// The shards whose replicas' hashes differ, in shard-name order.
-std::vector<ReplicaMismatch> find_mismatches(const std::vector<ShardHash>& hashes);
+struct ReplicaReport {
+  std::vector<ReplicaMismatch> mismatches;  // in shard-name order; empty when every replica agrees
+  int64_t replicated_shards = 0;            // shards held by two ranks or more: what was compared
+};
+
+// The shards whose replicas' hashes differ.
+ReplicaReport find_mismatches(const std::vector<ShardHash>& hashes);
 
 // Collective over `world`: hashes this rank's parameter shards, exchanges the hashes, and returns
-// the same list of mismatches on every rank (empty when every replica agrees).
-std::vector<ReplicaMismatch> check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world);
+// the same report on every rank. It assumes that replicas compute bitwise alike (the same kernels
+// and thread counts on every rank), which holds on one node and across identical nodes.
+ReplicaReport check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world);
 
 // "layers.0.attn_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3", joined by "; ".
 std::string describe(const std::vector<ReplicaMismatch>& mismatches);

@@ -183,7 +183,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   }
 
   peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
-  const auto faults = detail::injected_faults(world.size(), c.train.steps);  // a bad HP_FAULT too
+  const auto faults = detail::injected_faults(world.size(), c.train.steps);  // a malformed HP_FAULT too
   const Data data = load_data(c, world);
   MemoryTracker memory;
   Setup s = build(c, world);
@@ -241,22 +241,33 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     return world_mean(sum / static_cast<double>(c.eval.batches), world);
   };
 
-  // Every replica_check_interval steps, and before every checkpoint: a save writes one replica of
-  // each shard, which must not be a corrupt one.
+  // Every replica_check_interval steps, before every save (a save writes one replica of each shard,
+  // which must not be a corrupt one: last words too), and before committing a save that staged in
+  // the background during this step (a replica corrupted since the last check may be in it; a stop
+  // abandons it uncommitted).
   int64_t replica_checks = 0;
   double replica_check_seconds = 0.0;
-  const auto check_replicas_if_due = [&](int64_t done) {
+  const auto check_replicas_if_due = [&](int64_t done, bool saving_last_words) {
     const int64_t every = c.resilience.replica_check_interval;
-    const bool saving = c.checkpoint.interval > 0 && done % c.checkpoint.interval == 0;
+    const bool saving = saving_last_words || (c.checkpoint.interval > 0 && done % c.checkpoint.interval == 0) ||
+                        checkpoints.save_pending();
     if (every <= 0 || (done % every != 0 && !saving)) return;
     const auto t0 = Clock::now();
-    const std::vector<detail::ReplicaMismatch> mismatches = detail::check_replicas(s.parts, world);
+    const detail::ReplicaReport report = detail::check_replicas(s.parts, world);
     replica_check_seconds += seconds_since(t0), ++replica_checks;
-    if (mismatches.empty()) return;
+    if (lead && replica_checks == 1) {
+      if (report.replicated_shards == 0)
+        log::warn(
+            "resilience.replica_check_interval: no parameter shard has a replica in this layout (replicas come "
+            "from dp_replicate and tp): the checks compare nothing");
+      else
+        log::info("replica checks compare ", report.replicated_shards, " parameter shards held by several ranks");
+    }
+    if (report.mismatches.empty()) return;
     const std::string what = hp::detail::str_cat("replicas of a parameter differ after step ", done,
-                                                 " (silent data corruption): ", detail::describe(mismatches));
+                                                 " (silent data corruption): ", detail::describe(report.mismatches));
     HP_CHECK(c.resilience.on_replica_mismatch != "stop", what,
-             ". Stopped before saving anything of this step (resilience.on_replica_mismatch: stop)");
+             ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
   };
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
@@ -268,6 +279,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     for (; step < c.train.steps; ++step) {
       notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
       const auto t0 = Clock::now();
+      checkpoints.note_step_start();
       detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
       memory.reset_peak();
       optimizer->zero_grad();
@@ -297,11 +309,15 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
         const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
         if (c.train.on_nonfinite == "stop") {
-          checkpoints.finish();  // the last checkpoint (from good parameters) is committed, nothing newer
+          checkpoints.finish();  // the last checkpoint (from good parameters) is committed
+          // Last words: the parameters and optimizer still hold step `step`, the last good one.
+          const std::optional<std::string> last_words = checkpoints.save_last_words_before_step(
+              step, scheduler, hp::detail::str_cat("not finite at step ", step + 1));
+          if (last_words) notify([&](Callback& cb) { cb.on_save(step, *last_words); });
           throw NonFiniteError(hp::detail::str_cat(
               "step ", step + 1, ": ", where,
-              ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters and the last "
-              "checkpoint are as they were"));
+              ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters are as they were",
+              last_words ? ", and step " + std::to_string(step) + " is saved as last words in " + *last_words : ""));
         }
         if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
         record.skipped = true;
@@ -318,8 +334,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
         optimizer->step();
       }
       scheduler.step();
+      check_replicas_if_due(step + 1, /*saving_last_words=*/stop_signal != 0);
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
-      check_replicas_if_due(step + 1);
       record.seconds = seconds_since(t0);
       profile.finish(c, step + 1, record.seconds);
       // The run's throughput leaves out the first step and the profiled one (timing every op slows it).

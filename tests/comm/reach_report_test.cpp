@@ -16,10 +16,11 @@
 namespace hp::comm::detail {
 namespace {
 
-// A HashStore that counts the requests a TCPStore client would send.
+// A HashStore that counts the requests a TCPStore client would send, and among them the polls of a
+// counter (an add of 0), whose number depends on how long a member waits, not on the group's size.
 class CountingStore : public c10d::HashStore {
  public:
-  std::atomic<int64_t> requests{0};
+  std::atomic<int64_t> requests{0}, polls{0};
   void set(const std::string& key, const std::vector<uint8_t>& data) override {
     ++requests;
     HashStore::set(key, data);
@@ -30,6 +31,7 @@ class CountingStore : public c10d::HashStore {
   }
   int64_t add(const std::string& key, int64_t value) override {
     ++requests;
+    if (value == 0) ++polls;
     return HashStore::add(key, value);
   }
   bool check(const std::vector<std::string>& keys) override {
@@ -76,9 +78,13 @@ TEST(ReachReport, NamesTheMissingAndTheOutOfOrderMembers) {
   EXPECT_TRUE(complete[0].other_ops.empty());
 }
 
-// Guards the store's load at scale (seen to fail with per-key checks: 22, 78, 270 requests).
+// Guards the store's load at scale: besides its polls (one per period while it waits, whatever the
+// size), a member sends 3 requests to record itself and about 2 log2(size) to find who is missing.
+// Seen to fail with per-key checks. The window is long enough for 255 threads to arrive on a
+// loaded machine (a 200 ms one was not, under the whole suite): the polls it adds are counted apart.
 TEST(ReachReport, EachMembersStoreRequestsGrowWithTheLogOfTheGroupSize) {
-  const auto window = std::chrono::milliseconds(200);
+  const ReachOptions defaults;
+  const auto window = std::chrono::milliseconds(1000);
   std::vector<double> per_member;
   for (const int size : {8, 64, 256}) {
     auto store = c10::make_intrusive<CountingStore>();
@@ -86,13 +92,15 @@ TEST(ReachReport, EachMembersStoreRequestsGrowWithTheLogOfTheGroupSize) {
     for (int r = 0; r + 1 < size; ++r) members.push_back({r, "all_reduce"});  // the last never comes
     const auto reports = exchange(*store, size, members, window);
     EXPECT_EQ(reports[0].missing, std::vector<int>{size - 1});
-    per_member.push_back(static_cast<double>(store->requests) / static_cast<double>(members.size()));
-    std::cout << size << " ranks: " << per_member.back() << " store requests per member in a " << window.count()
-              << " ms report (" << per_member.back() * 1000.0 / window.count() << " per second)\n";
+    const double n = static_cast<double>(members.size());
+    per_member.push_back(static_cast<double>(store->requests - store->polls) / n);
+    const double polls = static_cast<double>(store->polls) / n;
+    EXPECT_LE(polls, window / defaults.period + 3) << size << " ranks";
+    std::cout << size << " ranks: " << per_member.back() << " store requests per member besides " << polls
+              << " polls in a " << window.count() << " ms report\n";
   }
-  // 3 to record, ~10 polls, then 2 log2(size) + 1 checks to find one missing member.
-  EXPECT_LT(per_member[2], 1.6 * per_member[0]);
-  EXPECT_LT(per_member[1], 1.4 * per_member[0]);
+  EXPECT_LT(per_member[2], 2.5 * per_member[0]);
+  EXPECT_LT(per_member[1], 2.0 * per_member[0]);
 }
 
 }  // namespace

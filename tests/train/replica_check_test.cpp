@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <string>
 
 #include "scratch_dir.h"
@@ -57,21 +58,37 @@ TEST(ReplicaCheck, AFlippedBitInOneReplicaIsNamed) {
                       "resilience.on_replica_mismatch: stop"});
 }
 
+// Guards what a background save may hold: the flip lands after step 2's save began staging (from
+// rank 0's replica, or rank 2's); the check before that save's commit, during step 3, catches it
+// and nothing is committed, so a restart cannot resume the corruption.
+TEST(ReplicaCheck, ACorruptionIsCaughtBeforeTheSaveInFlightCommits) {
+  TrainConfig c = checked_config("in_flight", 4, 1, 1);
+  c.resilience.replica_check_interval = 100;  // only the checks that guard saves
+  c.checkpoint.interval = 2;
+  const FaultEnv fault("flip:2:2:layers.1.mlp_norm.weight");
+  test::expect_error([&] { train_on_ranks(c, 4); },
+                     {"differ after step 3", "rank 2 differs from ranks 0, 1, 3", "saving or committing anything"});
+  EXPECT_FALSE(std::filesystem::exists(c.checkpoint_dir() + "/latest"));
+}
+
 // Guards the verdict: one odd replica among several is named against the majority; two replicas,
 // or an even split, cannot say which side is wrong, and every rank involved is named.
 TEST(ReplicaCheck, TheMajorityNamesTheOddReplica) {
   using detail::find_mismatches;
   using detail::ShardHash;
-  EXPECT_TRUE(find_mismatches({{"w", 7, 0}, {"w", 7, 1}, {"v", 1, 0}}).empty());
-  auto one_odd = find_mismatches({{"w", 7, 0}, {"w", 7, 1}, {"w", 9, 2}, {"w", 7, 3}});
+  const auto agreeing = find_mismatches({{"w", 7, 0}, {"w", 7, 1}, {"v", 1, 0}});
+  EXPECT_TRUE(agreeing.mismatches.empty());
+  EXPECT_EQ(agreeing.replicated_shards, 1);  // w; v has one holder
+  auto one_odd = find_mismatches({{"w", 7, 0}, {"w", 7, 1}, {"w", 9, 2}, {"w", 7, 3}}).mismatches;
   ASSERT_EQ(one_odd.size(), 1u);
   EXPECT_EQ(detail::describe(one_odd), "w: rank 2 differs from ranks 0, 1, 3");
-  EXPECT_EQ(detail::describe(find_mismatches({{"w [tp 0]", 7, 0}, {"w [tp 0]", 9, 1}})),
+  EXPECT_EQ(detail::describe(find_mismatches({{"w [tp 0]", 7, 0}, {"w [tp 0]", 9, 1}}).mismatches),
             "w [tp 0]: ranks 0, 1 disagree, with no majority to say which is wrong");
-  EXPECT_EQ(detail::describe(find_mismatches({{"w", 7, 0}, {"w", 9, 1}, {"w", 7, 2}, {"w", 9, 3}})),
+  EXPECT_EQ(detail::describe(find_mismatches({{"w", 7, 0}, {"w", 9, 1}, {"w", 7, 2}, {"w", 9, 3}}).mismatches),
             "w: ranks 0, 1, 2, 3 disagree, with no majority to say which is wrong");
-  EXPECT_EQ(detail::describe(find_mismatches({{"w", 7, 0}, {"w", 9, 1}, {"w", 8, 2}, {"w", 7, 3}, {"w", 7, 4}})),
-            "w: ranks 1, 2 differ from ranks 0, 3, 4");
+  EXPECT_EQ(
+      detail::describe(find_mismatches({{"w", 7, 0}, {"w", 9, 1}, {"w", 8, 2}, {"w", 7, 3}, {"w", 7, 4}}).mismatches),
+      "w: ranks 1, 2 differ from ranks 0, 3, 4");
 }
 
 // With on_replica_mismatch: warn, a mismatch is logged and the run goes on.

@@ -118,6 +118,34 @@ TEST(StepHealth, ANonFiniteStepStopsTheRunNamingWhere) {
   }
 }
 
+// Last words on a step that is not finite: with no checkpoint interval near it, the last good step
+// is saved anyway, marked, and becomes latest; its contents are bitwise those of the interval save
+// of that step in a run that checkpoints every step (the parameters and optimizer state had not
+// moved on).
+TEST(StepHealth, AStopOnANonFiniteStepSavesTheLastGoodStep) {
+  const TrainConfig every_step = diverging("last_words_reference");
+  EXPECT_THROW(train_on_ranks(every_step, 2), Error);  // run_ranks names the ranks
+  TrainConfig c = diverging("last_words");
+  c.checkpoint.interval = 100;
+  std::string message;
+  try {
+    train_on_ranks(c, 2);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  const int64_t failed = std::stoll(message.substr(message.find("step ") + 5));
+  const std::string saved = step_dir(c, failed - 1);
+  EXPECT_NE(message.find("step " + std::to_string(failed - 1) + " is saved as last words in " + saved),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(dcp::latest_checkpoint(c.checkpoint_dir()), saved);
+  const dcp::StateDict last_words = dcp::load_whole(saved),
+                       reference = dcp::load_whole(step_dir(every_step, failed - 1));
+  EXPECT_EQ(last_words.values.value("last_words", ""), "not finite at step " + std::to_string(failed));
+  ASSERT_EQ(last_words.tensors.size(), reference.tensors.size());
+  for (const auto& [name, t] : reference.tensors) EXPECT_TRUE(at::equal(last_words.tensors.at(name), t)) << name;
+}
+
 // train.on_nonfinite: skip: the run finishes, the steps that are not finite are marked and
 // counted, and they change nothing: the parameters and optimizer state at the end are bitwise
 // those of the last finite step's checkpoint.

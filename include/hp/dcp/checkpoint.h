@@ -61,8 +61,9 @@ struct SaveOptions {
 // A save in flight: the tensors are copied (or being copied, with stage_in_background) and a
 // background thread writes them. wait() is
 // collective (every rank of the save's group calls it): it finishes the files, checks that every rank
-// succeeded and commits. Dropping an AsyncSave without wait() abandons the save (nothing is
-// committed; the next save to the same directory clears the leftovers).
+// succeeded and commits. Dropping an AsyncSave without wait() abandons the save: nothing is
+// committed, even when every file is written (rank 0 commits only in its wait()); the next save to
+// the same directory clears the leftovers.
 class AsyncSave {
  public:
   AsyncSave() = default;
