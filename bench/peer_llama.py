@@ -17,6 +17,7 @@ class LlamaSizes:
     kv_heads: int = 4
     ffn: int = 768
     seq: int = 128
+    sdpa: bool = False  # attention through F.scaled_dot_product_attention (a fused kernel on GPUs)
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +34,7 @@ class Attention(nn.Module):
     def __init__(self, c: LlamaSizes):
         super().__init__()
         self.hd = c.dim // c.heads
+        self.sdpa = c.sdpa
         self.q = nn.Linear(c.dim, c.heads * self.hd, bias=False)
         self.k = nn.Linear(c.dim, c.kv_heads * self.hd, bias=False)
         self.v = nn.Linear(c.dim, c.kv_heads * self.hd, bias=False)
@@ -53,9 +55,13 @@ class Attention(nn.Module):
         k = self.rotate(self.k(x).view(b, s, -1, self.hd)).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.hd).transpose(1, 2)
         rep = q.size(1) // k.size(1)
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                 is_causal=True)
+            return self.o(out.transpose(1, 2).reshape(b, s, -1))
         k = k.unsqueeze(2).expand(b, k.size(1), rep, s, self.hd).reshape(b, -1, s, self.hd)
         v = v.unsqueeze(2).expand(b, v.size(1), rep, s, self.hd).reshape(b, -1, s, self.hd)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         scores = (q @ k.transpose(-2, -1)).div(math.sqrt(self.hd)).masked_fill(causal, float("-inf"))
         return self.o((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, s, -1))
 

@@ -8,6 +8,9 @@
 # GTest's imported target defines GTEST_HAS_PTHREAD=1 on its users; every target gets it so the
 # library and the tests can share the PCH.
 set(HP_COMMON_DEFINITIONS GTEST_HAS_PTHREAD=1)
+if(HP_CUDA)
+  list(APPEND HP_COMMON_DEFINITIONS HP_WITH_CUDA=1)  # the device build (docs/gpu.md)
+endif()
 
 add_library(hp_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
 target_link_libraries(hp_pch PRIVATE ${TORCH_LIBRARIES})

@@ -1,5 +1,7 @@
 #include "hp/core/memory_tracker.h"
 
+#include "hp/core/libtorch_version.h"
+
 #include <c10/core/CPUAllocator.h>
 
 #include <limits>
@@ -35,7 +37,23 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+#if HP_LIBTORCH_2
+  c10::DataPtr allocate(size_t n) override { return charge(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return charge(n); }
+#endif
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  static CountingAllocator& instance() {
+    // Never destroyed: tensors may still be freed during static destruction at exit.
+    static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
+    return *counting;
+  }
+
+ private:
+  c10::DataPtr charge(size_t n) const {
     // Through instance(), not `this`: c10's allocator registry hands our pointer to other threads
     // with a plain store and load, and the function-local static's guard is what orders our
     // construction before their use (ThreadSanitizer reports the read of inner_ otherwise).
@@ -57,15 +75,6 @@ class CountingAllocator final : public c10::Allocator {
     return {ptr, ptr, &release, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
-  static CountingAllocator& instance() {
-    // Never destroyed: tensors may still be freed during static destruction at exit.
-    static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
-    return *counting;
-  }
-
- private:
   // Frees a pointer from allocate(): a charged one credits its counters; an uncharged one reaches
   // here only through raw_deallocate and goes back to the inner allocator's raw deleter.
   static void release(void* ptr) {

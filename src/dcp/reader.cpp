@@ -43,9 +43,10 @@ int64_t copy_overlap(Files& files, const ChunkRecord& chunk, const TensorRecord&
   for (int64_t d = static_cast<int64_t>(ndim) - 2; d >= 0; --d) strides[d] = strides[d + 1] * chunk.sizes[d + 1];
   at::Tensor dest = target;
   for (size_t d = 0; d < ndim; ++d) dest = dest.narrow(d, lo[d] - target_box.first[d], extent[d]);
-  // The whole chunk into contiguous memory of its dtype (resuming in the saved layout): read straight
-  // into place. Otherwise through a buffer, converting the dtype on the copy.
-  if (extent == chunk.sizes && dest.is_contiguous() && dest.scalar_type() == scalar_type_of(record.dtype)) {
+  // The whole chunk into contiguous host memory of its dtype (resuming in the saved layout): read
+  // straight into place. Otherwise through a buffer, converting the dtype (and device) on the copy.
+  if (extent == chunk.sizes && dest.is_cpu() && dest.is_contiguous() &&
+      dest.scalar_type() == scalar_type_of(record.dtype)) {
     read_range(files, chunk, block_bytes, 0, chunk.nbytes, static_cast<char*>(dest.data_ptr()), name);
     return count;
   }

@@ -17,7 +17,8 @@ void materialize_local(const at::Tensor& dtensor) {
   detail::DTensorImpl* impl = detail::dtensor_impl(dtensor);
   HP_CHECK(impl != nullptr, "materialize_local: expected a DTensor, got a plain tensor");
   const at::Tensor& local = impl->local();
-  if (local.is_meta()) impl->set_local(at::empty(local.sizes(), local.options().device(at::kCPU)), impl->spec());
+  if (local.is_meta())
+    impl->set_local(at::empty(local.sizes(), local.options().device(impl->spec().mesh().device())), impl->spec());
 }
 
 }  // namespace hp

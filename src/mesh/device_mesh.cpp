@@ -2,6 +2,7 @@
 #include "hp/mesh/device_mesh.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <functional>
 #include <map>
@@ -10,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "hp/comm/init.h"
 #include "hp/core/error.h"
 #include "hp/core/recompute.h"
 
@@ -20,6 +22,7 @@ namespace detail {
 struct MeshRoot {
   comm::ProcessGroup world;
   std::string device_type;
+  c10::Device device{c10::kCPU};
   std::vector<std::string> dim_names;  // of the mesh everything was sliced from
   std::mutex mu;
   std::map<std::string, std::vector<std::string>> flattened;  // name -> the dims it merges
@@ -32,6 +35,15 @@ struct MeshRoot {
 }  // namespace detail
 
 namespace {
+
+c10::Device rank_device(const std::string& device_type) {
+  if (device_type != "cuda") return c10::kCPU;
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  HP_CHECK(gpus > 0, "DeviceMesh: device type \"cuda\", but this process sees no CUDA device (LibTorch ",
+           torch::cuda::is_available() ? "with" : "without",
+           " CUDA support; check CUDA_VISIBLE_DEVICES and the build)");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(comm::read_launch_env().local_rank % gpus));
+}
 
 template <typename T>
 std::string join(const std::vector<T>& items, const char* sep = ", ") {
@@ -98,6 +110,7 @@ DeviceMesh::DeviceMesh(const comm::ProcessGroup& world, std::string device_type,
       names_(std::move(dim_names)) {
   root_->world = world;
   root_->device_type = std::move(device_type);
+  root_->device = rank_device(root_->device_type);
   HP_CHECK(!shape_.empty(), "DeviceMesh: the mesh shape needs at least one dim");
   HP_CHECK(std::all_of(shape_.begin(), shape_.end(), [](int64_t s) { return s > 0; }),
            "DeviceMesh: every mesh dim needs a positive size, got shape (", join(shape_), ")");
@@ -148,6 +161,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<detail::MeshRoot> root, std::vector<int64
       coordinate_(coordinate_of(ranks_, shape_, get_rank())) {}
 
 const std::string& DeviceMesh::device_type() const { return root_->device_type; }
+c10::Device DeviceMesh::device() const { return root_->device; }
 
 int DeviceMesh::get_rank() const { return root_->world.ranks()[root_->world.rank()]; }
 

@@ -26,10 +26,11 @@ std::vector<at::Tensor> parameters_where(const ModelParts& parts, bool copy) {
 
 }  // namespace
 
-void ModelParts::init_parameters(uint64_t seed) const {
+void ModelParts::init_parameters(uint64_t seed, c10::Device device) const {
   std::set<std::string> mine;
   for_each_parameter(modules, [&](const std::string& fqn, const at::Tensor&) { mine.insert(fqn); });
-  nn::init_parameters(*model, seed, [&](const std::string& fqn) { return mine.count(fqn) > 0; });
+  nn::init_parameters(
+      *model, seed, [&](const std::string& fqn) { return mine.count(fqn) > 0; }, device);
 }
 
 std::vector<at::Tensor> ModelParts::parameters() const {

@@ -59,6 +59,7 @@ class Problem {
     HP_CHECK(hkv_ > 0 && q.size(1) % hkv_ == 0, "attention: query heads ", q.size(1),
              " are not a multiple of key/value heads ", hkv_);
     rep_ = q.size(1) / hkv_;
+    device_ = q.device();
     acc_ = accumulation_type(q);
     mm_ = product_type(q);
     qp_.emplace(positions_or_iota(mask.q_positions, sq_, "q_positions"));
@@ -101,7 +102,8 @@ class Problem {
         const int64_t all_see = std::upper_bound(kp, kp + sk_, qp[begin]) - kp;
         if (block.keys > all_see)
           block.mask = at::gt(kp_->positions.narrow(0, 0, block.keys).unsqueeze(0),
-                              qp_->positions.narrow(0, begin, rows).unsqueeze(1));
+                              qp_->positions.narrow(0, begin, rows).unsqueeze(1))
+                           .to(device_);  // from the positions, which stay on the host
       }
       if (block.keys > 0) out.push_back(std::move(block));
     }
@@ -135,7 +137,7 @@ class Problem {
         along(kp_->positions.narrow(0, 0, block.keys), 4);
     at::Tensor keep = at::empty(index.sizes(), at::TensorOptions().dtype(acc_));
     philox_fill_at(keep, index, dropout_.seed, dropout_.stream, RandomFill::kBernoulli, 1.0 - dropout_.p, 0.0);
-    return keep.mul_(1.0 / (1.0 - dropout_.p)).view({b_, hkv_, rep_ * block.rows, block.keys});
+    return keep.mul_(1.0 / (1.0 - dropout_.p)).view({b_, hkv_, rep_ * block.rows, block.keys}).to(device_);
   }
 
   // The block's queries as [b, hkv, rep * rows, dqk], its keys and values.
@@ -158,6 +160,7 @@ class Problem {
   }
 
   int64_t b_, hkv_, rep_, sq_, sk_;
+  c10::Device device_{c10::kCPU};  // q's: masks and dropout factors made on the host go there
   at::ScalarType acc_, mm_;
   at::Tensor q_, k_, v_;  // in the product dtype
 
@@ -199,7 +202,7 @@ class CpuAttentionKernel final : public AttentionKernel {
                           double scale) const override {
     const Problem p(q, k, v, mask, scale, query_block_);
     note_attention_work(p.unmasked_scores());
-    const auto options = at::TensorOptions().dtype(p.acc_);
+    const auto options = q.options().dtype(p.acc_);
     at::Tensor out = at::zeros({p.b_, p.hkv_, p.rep_, p.sq_, v.size(3)}, options);
     at::Tensor lse = at::full({p.b_, p.hkv_, p.rep_, p.sq_}, -INFINITY, options);
     for (const Problem::Block& block : p.blocks()) {
@@ -223,7 +226,7 @@ class CpuAttentionKernel final : public AttentionKernel {
     const at::Tensor row_term = (dout_g * p.group(out)).sum(-1);
     const at::Tensor dout_factor = p.mm_ == p.acc_ ? dout_g : p.group(dout, p.mm_);  // for the products
     const at::Tensor v_acc = p.v_.to(p.acc_);                                        // for the probabilities' gradient
-    const auto acc = at::TensorOptions().dtype(p.acc_);
+    const auto acc = q.options().dtype(p.acc_);
     at::Tensor dq = at::zeros(p.q_.sizes(), acc);
     at::Tensor dk = at::zeros(p.k_.sizes(), acc);
     at::Tensor dv = at::zeros(p.v_.sizes(), acc);
@@ -273,7 +276,7 @@ PositionOrder::PositionOrder(const at::Tensor& p) : positions(p.contiguous()) {
 }
 
 at::Tensor PositionOrder::put_back(const at::Tensor& sorted) const {
-  return order.defined() ? at::empty_like(sorted).index_copy_(2, order, sorted) : sorted;
+  return order.defined() ? at::empty_like(sorted).index_copy_(2, order.to(sorted.device()), sorted) : sorted;
 }
 
 std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block) {

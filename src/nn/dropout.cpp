@@ -7,6 +7,7 @@
 
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "hp/dtensor/random.h"
 #include "hp/nn/layers.h"
 #include "hp/nn/token_coordinates.h"
@@ -86,7 +87,7 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
     at::Tensor keep = at::empty(x.sizes(), at::kFloat);
     philox_fill(keep, std::vector<int64_t>(x.dim(), 0), x.sizes().vec(), seed_, draw.stream, RandomFill::kBernoulli,
                 1.0 - p, 0.0);
-    return x * keep.to(x.scalar_type()) * scale;
+    return x * keep.to(local_tensor(x).device(), x.scalar_type()) * scale;
   }
   const TokenCoordinates& coordinates = *draw.where;
   const uint64_t stream = draw.stream;
@@ -94,7 +95,7 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
     const std::vector<int64_t> shape = x.sizes().vec();
     const at::Tensor keep =
         keep_mask(shape, std::vector<int64_t>(shape.size(), 0), shape, coordinates, seed_, stream, p);
-    return x * keep.to(x.scalar_type()) * scale;
+    return x * keep.to(local_tensor(x).device(), x.scalar_type()) * scale;
   }
   // A DTensor's piece sits at its offset within the call's activation; a partial value's pieces
   // all take the whole mask (the mask scales their sum).
@@ -104,7 +105,10 @@ at::Tensor Dropout::forward(const at::Tensor& x) {
   Placements placements = spec.placements();
   for (Placement& placement : placements)
     if (placement.is_partial()) placement = Replicate();
-  return x * DTensor::from_local(keep.to(x.scalar_type()), spec.mesh(), placements, spec.shape()) * scale;
+  return x *
+         DTensor::from_local(keep.to(local_tensor(x).device(), x.scalar_type()), spec.mesh(), placements,
+                             spec.shape()) *
+         scale;
 }
 
 }  // namespace hp::nn

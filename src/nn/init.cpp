@@ -45,22 +45,24 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
 
 // The parameter with storage for its values. A DTensor gets its local piece in place, keeping its
 // identity (gradient hooks that plans registered stay); a plain meta tensor is replaced.
-at::Tensor materialize(const at::Tensor& p) {
+at::Tensor materialize(const at::Tensor& p, c10::Device device) {
   if (is_dtensor(p)) {
     materialize_local(p);
     return p;
   }
   if (!p.is_meta()) return p;
-  return at::empty(p.sizes(), p.options().device(at::kCPU)).set_requires_grad(p.requires_grad());
+  return at::empty(p.sizes(), p.options().device(device)).set_requires_grad(p.requires_grad());
 }
 
 }  // namespace
 
-void init_parameters(Module& model, uint64_t seed) {
-  init_parameters(model, seed, [](const std::string&) { return true; });
+void init_parameters(Module& model, uint64_t seed, c10::Device device) {
+  init_parameters(
+      model, seed, [](const std::string&) { return true; }, device);
 }
 
-void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted) {
+void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted,
+                     c10::Device device) {
   uint64_t stream = 0;  // counts every parameter, drawn or not, so each keeps its stream
   for (auto& [prefix, module] : model.named_modules_fqn()) {
     if (auto* dropout = dynamic_cast<Dropout*>(module)) dropout->seed(dropout_seed(seed, prefix));
@@ -70,7 +72,7 @@ void init_parameters(Module& model, uint64_t seed, const std::function<bool(cons
         ++stream;
         continue;
       }
-      at::Tensor p = materialize(item.value());
+      at::Tensor p = materialize(item.value(), device);
       const Init& init = module->param_init(item.key());
       if (is_dtensor(p)) {
         const DTensorSpec& spec = DTensor(p).spec();

@@ -45,7 +45,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   double norm = 0.0, mine = 0.0;
   if (inf) {
     at::Tensor most = at::zeros({1}, at::kDouble);
-    for (const at::Tensor& g : counted) most = at::maximum(most, g.abs().max().to(at::kDouble).view({1}));
+    for (const at::Tensor& g : counted) most = at::maximum(most, g.abs().max().to(at::kCPU, at::kDouble).view({1}));
     mine = most.item<double>();
     norm = world.all_reduce(most, {comm::ReduceOp::kMax}).item<double>();
   } else if (world.options().deterministic) {
@@ -57,7 +57,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   } else {
     // Accumulated in double: the sum runs over millions of squares.
     at::Tensor total = at::zeros({1}, at::kDouble);
-    for (const at::Tensor& g : counted) total += g.to(at::kDouble).pow(2).sum().view({1});
+    for (const at::Tensor& g : counted) total += g.to(at::kDouble).pow(2).sum().view({1}).to(at::kCPU);
     mine = std::sqrt(total.item<double>());
     norm = std::sqrt(world.all_reduce(total).item<double>());
   }

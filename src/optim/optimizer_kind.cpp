@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "hp/core/error.h"
+#include "hp/core/libtorch_version.h"
 #include "hp/optim/muon.h"
 #include "optim/builtin_kinds.h"
 
@@ -50,7 +51,13 @@ class Registry {
 
 }  // namespace
 
-std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+OptimizerStateMap::key_type optimizer_state_key(const at::Tensor& p) {
+#if HP_LIBTORCH_2
+  return p.unsafeGetTensorImpl();
+#else
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+#endif
+}
 
 void OptimizerKind::step_group(torch::optim::OptimizerParamGroup& /*group*/, OptimizerStateMap& /*state*/) const {
   HP_FAIL(name(), " cannot step a single parameter group, so it cannot be part of a ChainedOptimizer");

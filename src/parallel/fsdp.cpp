@@ -13,7 +13,8 @@
 #include "hp/parallel/fsdp.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
@@ -121,8 +122,13 @@ struct FsdpUnit {
   // The dtype parameters are gathered and computed in.
   at::ScalarType compute_dtype() const { return options.mixed_precision.param_dtype.value_or(params_dtype); }
 
+  // Packed buffers: on the shards' device, in the compute dtype.
+  at::TensorOptions buffer_options() const {
+    return local_tensor(params.front().sharded).options().dtype(compute_dtype());
+  }
+
   at::Tensor pack_shards() const {
-    at::Tensor buffer = at::zeros({1, flat}, at::TensorOptions().dtype(compute_dtype()));
+    at::Tensor buffer = at::zeros({1, flat}, buffer_options());
     for (const ManagedParam& p : params) {
       const at::Tensor& local = local_tensor(p.sharded);
       buffer[0].narrow(0, p.offset, local.numel()).copy_(local.reshape({-1}));
@@ -201,7 +207,7 @@ struct FsdpUnit {
       }
       grads[i].reset();  // packed: free it now, not after the whole unit
     }
-    return buffer.defined() ? buffer : at::zeros({n, flat}, at::TensorOptions().dtype(compute_dtype()));
+    return buffer.defined() ? buffer : at::zeros({n, flat}, buffer_options());
   }
 
   // What the module computes with: the gathered tensor, or for a tensor-parallel parameter the
@@ -283,7 +289,8 @@ at::Tensor alias_of(const at::Tensor& t) {
 void refill(const at::Tensor& t, const at::Tensor& values) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = values.numel() * values.element_size();
-  s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  c10::OptionalDeviceGuard on_its_device(t.device());  // a GPU allocator allocates on the current device
+  s->set_data_ptr_noswap(c10::GetAllocator(t.device().type())->allocate(nbytes));
   s->set_nbytes(nbytes);
   at::NoGradGuard no_grad;
   alias_of(t).copy_(values);  // through an alias: t's version (checked by autograd) stays

@@ -33,13 +33,14 @@ std::string ParallelDims::str() const {
   return out.str();
 }
 
-DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims) {
-  return init_device_mesh(world, "cpu", {dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp},
+DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims, const std::string& device_type) {
+  return init_device_mesh(world, device_type, {dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp},
                           {"pp", "dp_replicate", "dp_shard", "cp", "tp"});
 }
 
-DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims& dims) {
-  return init_device_mesh(world, "cpu", {dims.pp, dims.dp_replicate, dims.efsdp(), dims.ep},
+DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims& dims,
+                             const std::string& device_type) {
+  return init_device_mesh(world, device_type, {dims.pp, dims.dp_replicate, dims.efsdp(), dims.ep},
                           {"pp", "dp_replicate", "efsdp", "ep"});
 }
 

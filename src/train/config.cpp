@@ -110,6 +110,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("train.on_nonfinite", train.on_nonfinite),
       HP_CONFIG_FIELD("train.dtype", train.dtype),
       HP_CONFIG_FIELD("train.mixed_precision_reduce", train.mixed_precision_reduce),
+      HP_CONFIG_FIELD("train.device", train.device),
       HP_CONFIG_FIELD("memory.checkpoint", memory.checkpoint),
       HP_CONFIG_FIELD("memory.swap", memory.swap),
       HP_CONFIG_FIELD("memory.swap_prefetch", memory.swap_prefetch),
@@ -334,6 +335,19 @@ void validate(const TrainConfig& c, int64_t world_size) {
            ") must divide the per-rank batch global_batch / dp (", c.per_rank_batch(), ")");
   HP_CHECK(checkpoint_mode_named(c.memory.checkpoint).has_value(), "memory.checkpoint '", c.memory.checkpoint,
            "' is unknown (available: none, full, selective)");
+  HP_CHECK(c.train.device == "cpu" || c.train.device == "cuda", "train.device '", c.train.device,
+           "' is unknown (available: cpu, cuda)");
+  if (c.train.device == "cuda") {
+#ifndef HP_WITH_CUDA
+    HP_FAIL("train.device cuda needs the device build (cmake -DHP_CUDA=ON against a CUDA LibTorch 2.x, docs/gpu.md)");
+#endif
+    // What the GPU path does not cover yet fails here, by name, rather than mid-run (docs/gpu.md).
+    HP_CHECK(world_size == 1, "train.device cuda trains one rank for now (collectives on GPU tensors are not ",
+             "implemented yet); this run has ", world_size, " ranks");
+    HP_CHECK(c.model->family() == "llama", "train.device cuda supports the llama family for now, not ",
+             c.model->family());
+    HP_CHECK(c.memory.swap == "none", "memory.swap ", c.memory.swap, " is for the CPU; train.device cuda needs none");
+  }
   HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host", "memory.swap '", c.memory.swap,
            "' is unknown (available: none, host)");
   HP_CHECK(c.memory.swap == "none" || c.memory.checkpoint == "none", "memory.swap ", c.memory.swap,

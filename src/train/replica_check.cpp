@@ -42,8 +42,9 @@ std::string shard_name(const std::string& fqn, const at::Tensor& parameter) {
   return name.str();
 }
 
-uint64_t hash_tensor(const at::Tensor& t) {
-  const at::Tensor bytes = t.contiguous();
+// Named apart from ATen's own at::hash_tensor (LibTorch 2.x), which argument-dependent lookup finds too.
+uint64_t shard_hash(const at::Tensor& t) {
+  const at::Tensor bytes = t.to(at::kCPU).contiguous();  // a GPU shard is hashed from a host copy
   return hash_bytes(bytes.data_ptr(), bytes.numel() * bytes.element_size());
 }
 
@@ -81,7 +82,7 @@ ReplicaReport check_replicas(const models::ModelParts& parts, const comm::Proces
     const at::Tensor& parameter = named[i].second;
     const std::string name = fit(shard_name(named[i].first, parameter));
     const at::Tensor local = is_dtensor(parameter) ? DTensor(parameter).to_local() : parameter;
-    const uint64_t value = hash_tensor(local.detach());
+    const uint64_t value = shard_hash(local.detach());
     uint8_t* row = mine[static_cast<int64_t>(i)].data_ptr<uint8_t>();
     std::memcpy(row, &value, 8);
     std::memcpy(row + 8, name.data(), name.size());

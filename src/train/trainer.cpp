@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "hp/core/cpu_threads.h"
@@ -25,6 +26,7 @@
 #include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
+#include "train/device_memory.h"
 #include "train/fault_injector.h"
 #include "train/generation.h"
 #include "train/hf_weights.h"
@@ -77,6 +79,25 @@ LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimi
   return get_hyper_lr_scheduler(optimizer, schedule);
 }
 
+// Bitwise-repeatable GPU runs, for the run's length (the process's setting comes back after): ATen's
+// deterministic kernels, and cuBLAS with a fixed workspace (read when cuBLAS starts, so before the
+// first matmul; a value the user set stays).
+class DeterministicKernels {
+ public:
+  DeterministicKernels()
+      : was_(at::globalContext().deterministicAlgorithms()),
+        was_warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~DeterministicKernels() { at::globalContext().setDeterministicAlgorithms(was_, was_warn_only_); }
+  DeterministicKernels(const DeterministicKernels&) = delete;
+  DeterministicKernels& operator=(const DeterministicKernels&) = delete;
+
+ private:
+  bool was_, was_warn_only_;
+};
+
 // The mesh and the model parts this rank trains, built from the config in the same order on every
 // rank (the recipe issues collectives).
 struct Setup {
@@ -85,8 +106,11 @@ struct Setup {
   int64_t dp_rank = 0;          // which rows of each global batch this rank reads
   int64_t cp = 1, cp_rank = 0;  // which tokens of each row (cp_shard's cut)
 
-  // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come here).
-  at::Tensor shard_sequence(const at::Tensor& batch) const { return cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch; }
+  // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come
+  // here), on the rank's device.
+  at::Tensor shard_sequence(const at::Tensor& batch) const {
+    return (cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch).to(mesh.device());
+  }
 
   // Where this rank's rows and tokens of step `step`'s batch sit in it, for draws by global
   // position (dropout masks).
@@ -103,12 +127,13 @@ struct Setup {
   // Plain logits [1, n, vocab] of tokens [1, n] for any n up to model.max_seq. Under cp the
   // sequence is padded at its end to a multiple of 2 x cp (the model is causal: later tokens change
   // no earlier position's logits; only a MoE capacity, per rank, counts them), cut as in training,
-  // and the logits gathered back over the cp ranks. Collective over the model's ranks.
+  // and the logits gathered back over the cp ranks. Collective over the model's ranks. The tokens
+  // and the logits are on the host.
   at::Tensor sequence_logits(TrainStep& step, const at::Tensor& tokens) const {
-    if (cp == 1) return step.logits(tokens);
+    if (cp == 1) return step.logits(tokens.to(mesh.device())).to(at::kCPU);
     const int64_t n = tokens.size(1), padded = (n + 2 * cp - 1) / (2 * cp) * (2 * cp);
     const at::Tensor whole = at::constant_pad_nd(tokens, {0, padded - n}, 0);
-    return cp_unshard(step.logits(shard_sequence(whole)), 1, mesh.get_group("cp")).narrow(1, 0, n);
+    return cp_unshard(step.logits(shard_sequence(whole)), 1, mesh.get_group("cp")).narrow(1, 0, n).to(at::kCPU);
   }
 };
 
@@ -127,7 +152,7 @@ double report_peak(const TrainConfig& c, const models::ModelParts& parts, int64_
 }
 
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
-  DeviceMesh mesh = build_mesh(world, c.parallel);
+  DeviceMesh mesh = build_mesh(world, c.parallel, c.train.device);
   manual_seed(mesh, c.seed);  // DTensor random ops in a recipe's model draw under the run's seed
   models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
@@ -186,8 +211,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const auto faults = detail::injected_faults(world.size(), c.train.steps);  // a malformed HP_FAULT too
   const Data data = load_data(c, world);
   MemoryTracker memory;
+  std::optional<DeterministicKernels> deterministic_kernels;
+  if (c.train.device == "cuda" && c.train.deterministic) deterministic_kernels.emplace();
   Setup s = build(c, world);
-  s.parts.init_parameters(c.seed);  // a pipeline rank: only its stages
+  s.parts.init_parameters(c.seed, s.mesh.device());  // a pipeline rank: only its stages
   double peak = 0.0;
   detail::lead_first(world, "measuring the peak FLOP/s", [&] { peak = report_peak(c, s.parts, world.size()); });
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
@@ -281,7 +308,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       const auto t0 = Clock::now();
       checkpoints.note_step_start();
       detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
-      memory.reset_peak();
+      detail::reset_step_peak(s.mesh.device(), memory);
       optimizer->zero_grad();
       auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
       // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
@@ -343,7 +370,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
         timed_seconds += record.seconds, ++timed_steps;
       record.tokens_per_s = tokens_per_step / record.seconds;
       record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;
-      record.peak_mem_bytes = static_cast<double>(memory.peak());
+      record.peak_mem_bytes = static_cast<double>(detail::step_peak_bytes(s.mesh.device(), memory));
       result.losses.push_back(record.loss);
       result.grad_norms.push_back(record.grad_norm);
       // A stopping run saves first: the time before the launcher's SIGKILL is short.

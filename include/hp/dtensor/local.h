@@ -18,7 +18,7 @@ const at::Tensor& local_tensor(const at::Tensor& t);
 at::Tensor from_local_unchecked(at::Tensor local, DTensorSpec spec);
 
 // Gives a DTensor whose local piece has no storage yet (a meta piece, from deferred initialization)
-// a CPU piece of the same shape and dtype, in place: the tensor keeps its identity, so hooks and
+// a piece of the same shape and dtype on its mesh's device, in place: the tensor keeps its identity, so hooks and
 // autograd metadata registered on it stay. Does nothing when the piece has storage.
 void materialize_local(const at::Tensor& dtensor);
 

@@ -14,6 +14,8 @@
 // several ranks can live in one process (see hp/testing/run_ranks.h).
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -45,6 +47,10 @@ class DeviceMesh {
              std::vector<std::string> dim_names = {});
 
   const std::string& device_type() const;
+  // The device this rank computes on: the CPU, or for "cuda" the GPU LOCAL_RANK % (GPUs this process
+  // sees), so ranks of a host beyond its GPUs share them (docs/gpu.md). Parameters, buffers,
+  // activations and batches of a model on this mesh live there.
+  c10::Device device() const;
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }  // number of ranks

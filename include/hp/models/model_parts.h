@@ -46,8 +46,9 @@ struct ModelParts {
 
   // Draws the parameters of `modules` from `seed`, each with the values hp::nn::init_parameters
   // on the whole model gives it; a pipeline rank leaves the other stages' parameters without
-  // storage. Not collective.
-  void init_parameters(uint64_t seed) const;
+  // storage. Not collective. Plain parameters are allocated on `device`, DTensor shards on their
+  // mesh's device.
+  void init_parameters(uint64_t seed, c10::Device device = c10::kCPU) const;
   // The parameters of `modules`, in order: what this rank's optimizer steps. Call it after
   // init_parameters (which may replace parameter tensors).
   std::vector<at::Tensor> parameters() const;

@@ -59,7 +59,9 @@ struct PositionOrder {
   explicit PositionOrder(const at::Tensor& positions);  // int64 [s] on the host
   at::Tensor positions;                                 // ascending
   at::Tensor order;                                     // into the original tokens; undefined when already ascending
-  at::Tensor take(const at::Tensor& tokens) const { return order.defined() ? tokens.index_select(2, order) : tokens; }
+  at::Tensor take(const at::Tensor& tokens) const {
+    return order.defined() ? tokens.index_select(2, order.to(tokens.device())) : tokens;
+  }
   at::Tensor put_back(const at::Tensor& sorted) const;
 };
 

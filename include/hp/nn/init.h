@@ -18,11 +18,13 @@
 namespace hp::nn {
 
 // Allocates (where needed) and fills every parameter of `model`. Not collective: no communication.
-void init_parameters(Module& model, uint64_t seed);
+// A DTensor parameter's shard is allocated on its mesh's device, a plain parameter on `device`.
+void init_parameters(Module& model, uint64_t seed, c10::Device device = c10::kCPU);
 
 // The same for the parameters whose FQN `wanted` accepts (a pipeline rank's stages), each with the
 // values the whole-model call gives it; the others keep no storage.
-void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted);
+void init_parameters(Module& model, uint64_t seed, const std::function<bool(const std::string& fqn)>& wanted,
+                     c10::Device device = c10::kCPU);
 
 // Bytes of parameter storage this rank holds (local shards of DTensors, whole plain tensors;
 // parameters without storage count 0).

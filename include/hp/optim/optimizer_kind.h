@@ -26,7 +26,8 @@ namespace hp {
 using OptimizerStateMap = std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 
 // The state key of parameter `p` in an OptimizerStateMap.
-std::string optimizer_state_key(const at::Tensor& p);
+// LibTorch 1.13 keys the map by the printed address of the parameter's TensorImpl, 2.x by the address.
+OptimizerStateMap::key_type optimizer_state_key(const at::Tensor& p);
 
 // One parameter's state: its live tensors by field name (loading a checkpoint writes into them in
 // place) and its step count where the optimizer keeps one per parameter.

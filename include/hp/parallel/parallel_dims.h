@@ -37,13 +37,15 @@ struct ParallelDims {
 
 // The dense mesh (pp, dp_replicate, dp_shard, cp, tp) over the world, row-major: tp innermost
 // (neighbouring ranks), pp outermost. Collective over `world` (every rank calls it, in the same
-// order as its other collectives); creates one group per dim.
-DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims);
+// order as its other collectives); creates one group per dim. `device_type`: "cpu" or "cuda".
+DeviceMesh build_mesh(const comm::ProcessGroup& world, const ParallelDims& dims,
+                      const std::string& device_type = "cpu");
 
 // The expert mesh (pp, dp_replicate, efsdp, ep) on the same ranks: each dense block of
 // dp_shard x cp x tp ranks re-read row-major as efsdp x ep, so an ep group takes neighbouring ranks
 // (tp's first, then cp's, then dp_shard's). Collective over `world`, like build_mesh.
-DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims& dims);
+DeviceMesh build_expert_mesh(const comm::ProcessGroup& world, const ParallelDims& dims,
+                             const std::string& device_type = "cpu");
 
 // The mesh data-parallel training reduces gradients over: ("dp_replicate", "dp_shard") when
 // dp_replicate > 1 (HSDP), else ("dp_shard"); with cp > 1, ("dp_shard", "cp") flattened to

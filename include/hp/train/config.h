@@ -64,6 +64,9 @@ struct TrainConfig {
     // logits stay fp32. mixed_precision_reduce: the dtype gradients are reduced in across ranks.
     std::string dtype = "fp32";
     std::string mixed_precision_reduce = "fp32";
+    // Where the model trains: "cpu", or "cuda" (a build with HP_CUDA=ON; the rank's GPU is
+    // LOCAL_RANK % the GPUs it sees; one rank and the llama family for now, docs/gpu.md).
+    std::string device = "cpu";
   } train;
 
   struct Memory {

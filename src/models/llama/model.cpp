@@ -89,9 +89,10 @@ at::Tensor Attention::forward(const at::Tensor& x) {
 
 at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
   const int64_t s = t.size(1), half = head_dim_ / 2;
-  // In t's dtype, so that bf16 activations stay bf16.
-  const at::Tensor cos = cos_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.scalar_type());
-  const at::Tensor sin = sin_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.scalar_type());
+  // On t's device and in t's dtype, so that bf16 activations stay bf16 (the tables and positions stay
+  // on the host: the rows a sequence needs travel, not the whole table).
+  const at::Tensor cos = cos_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.device(), t.scalar_type());
+  const at::Tensor sin = sin_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.device(), t.scalar_type());
   const at::Tensor rotated = at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
   return t * cos + rotated * sin;
 }

@@ -77,7 +77,7 @@ void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& p
   // The expert mesh without expert parallelism: (pp, dp_replicate, dp_shard x cp x tp).
   ParallelDims flat = dims;
   flat.ep = 1;
-  const DeviceMesh data_and_tp = build_expert_mesh(mesh.world(), flat);
+  const DeviceMesh data_and_tp = build_expert_mesh(mesh.world(), flat, mesh.device_type());
   options.shard_placement_fn =
       split_short_matrices_by_columns(std::move(options.shard_placement_fn), data_and_tp.size("efsdp"));
   options.mixed_precision.output_dtype.reset();

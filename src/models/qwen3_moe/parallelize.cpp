@@ -137,7 +137,7 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   HP_CHECK(model != nullptr, "parallelize_qwen3_moe: no model");
   validate_qwen3_moe_dims(dims, config);
   if (dims.dp() * dims.cp * dims.tp > 1 || dims.ep > 1) {
-    const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims);
+    const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims, mesh.device_type());
     if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
     shard_experts(*model, expert_mesh, dims, config, options.fsdp);
   }
