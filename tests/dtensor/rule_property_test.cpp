@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "hp/core/libtorch_version.h"
 #include "test_util.h"
 
 namespace hp::test {
@@ -623,6 +624,11 @@ TEST(ShardingRules, EveryRegisteredRuleIsExercised) {
   const auto used = sharding_rule_lookups();
   for (const std::string& rule : registered_sharding_rules(/*builtin_only=*/true))
     if (!used.count(rule)) unused.insert(rule);
+#if HP_LIBTORCH_2
+  // LibTorch 2.x's reshape views directly instead of going through _reshape_alias (seen on 2.11);
+  // the rule stays for code that names the op.
+  unused.erase("aten::_reshape_alias");
+#endif
   std::string list;
   for (const auto& r : unused) list += " " + r;
   EXPECT_TRUE(unused.empty()) << "rules no case exercised:" << list;
