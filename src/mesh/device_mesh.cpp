@@ -37,7 +37,9 @@ struct MeshRoot {
 namespace {
 
 c10::Device rank_device(const std::string& device_type) {
-  if (device_type != "cuda") return c10::kCPU;
+  HP_CHECK(device_type == "cpu" || device_type == "cuda", "DeviceMesh: device type '", device_type,
+           "' is not supported; use \"cpu\" or \"cuda\"");
+  if (device_type == "cpu") return c10::kCPU;
   const int gpus = static_cast<int>(torch::cuda::device_count());
   HP_CHECK(gpus > 0, "DeviceMesh: device type \"cuda\", but this process sees no CUDA device (LibTorch ",
            torch::cuda::is_available() ? "with" : "without",

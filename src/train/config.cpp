@@ -337,6 +337,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "' is unknown (available: none, full, selective)");
   HP_CHECK(c.train.device == "cpu" || c.train.device == "cuda", "train.device '", c.train.device,
            "' is unknown (available: cpu, cuda)");
+  HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host", "memory.swap '", c.memory.swap,
+           "' is unknown (available: none, host)");
   if (c.train.device == "cuda") {
 #ifndef HP_WITH_CUDA
     HP_FAIL("train.device cuda needs the device build (cmake -DHP_CUDA=ON against a CUDA LibTorch 2.x, docs/gpu.md)");
@@ -348,8 +350,6 @@ void validate(const TrainConfig& c, int64_t world_size) {
              c.model->family());
     HP_CHECK(c.memory.swap == "none", "memory.swap ", c.memory.swap, " is for the CPU; train.device cuda needs none");
   }
-  HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host", "memory.swap '", c.memory.swap,
-           "' is unknown (available: none, host)");
   HP_CHECK(c.memory.swap == "none" || c.memory.checkpoint == "none", "memory.swap ", c.memory.swap,
            " and memory.checkpoint ", c.memory.checkpoint, " both say what blocks keep for backward; set one of them");
   HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");

@@ -102,7 +102,11 @@ class FaultCallback : public Callback {
     } else if (fault_.kind == FaultKind::kFlip) {
       log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
       HP_CHECK(flipped_.nbytes() >= 4, "injected fault: ", fault_.parameter, " has no element on rank ", fault_.rank);
-      static_cast<uint8_t*>(flipped_.data_ptr())[2] ^= 1u << 6;  // bit 22 of the first 4 bytes
+      // Through a host copy: the parameter may live on a GPU.
+      at::NoGradGuard no_grad;
+      const at::Tensor bytes = flipped_.detach().to(at::kCPU).contiguous();
+      static_cast<uint8_t*>(bytes.data_ptr())[2] ^= 1u << 6;  // bit 22 of the first 4 bytes
+      flipped_.detach().copy_(bytes);
     }
   }
 

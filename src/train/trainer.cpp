@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
 
 #include "hp/core/cpu_threads.h"
@@ -79,23 +80,31 @@ LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimi
   return get_hyper_lr_scheduler(optimizer, schedule);
 }
 
-// Bitwise-repeatable GPU runs, for the run's length (the process's setting comes back after): ATen's
-// deterministic kernels, and cuBLAS with a fixed workspace (read when cuBLAS starts, so before the
-// first matmul; a value the user set stays).
+// Bitwise-repeatable GPU runs, while any run in the process needs them (runs may overlap: ranks as
+// threads); the process's setting comes back after the last: ATen's deterministic kernels, and
+// cuBLAS with a fixed workspace (read when cuBLAS starts, so before the first matmul; a value the
+// user set stays).
 class DeterministicKernels {
  public:
-  DeterministicKernels()
-      : was_(at::globalContext().deterministicAlgorithms()),
-        was_warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+  DeterministicKernels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (users_++ > 0) return;
+    was_ = at::globalContext().deterministicAlgorithms();
+    was_warn_only_ = at::globalContext().deterministicAlgorithmsWarnOnly();
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   }
-  ~DeterministicKernels() { at::globalContext().setDeterministicAlgorithms(was_, was_warn_only_); }
+  ~DeterministicKernels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_ == 0) at::globalContext().setDeterministicAlgorithms(was_, was_warn_only_);
+  }
   DeterministicKernels(const DeterministicKernels&) = delete;
   DeterministicKernels& operator=(const DeterministicKernels&) = delete;
 
  private:
-  bool was_, was_warn_only_;
+  static inline std::mutex mu_;
+  static inline int users_ = 0;
+  static inline bool was_ = false, was_warn_only_ = false;
 };
 
 // The mesh and the model parts this rank trains, built from the config in the same order on every
