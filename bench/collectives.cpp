@@ -1,8 +1,13 @@
-// bench/collectives: bus bandwidth of all_reduce, all_gather and reduce_scatter through the
-// hp::comm facade, side by side with the same data moved by raw c10d calls in the same run.
+// bench/collectives: bus bandwidth of all_reduce, all_gather, reduce_scatter and all_to_all
+// through the hp::comm facade, side by side with the same data moved by raw c10d (Gloo) calls in
+// the same run.
 //
-//   build/bin/bench_collectives [--quick] [--ranks 2,4] [--max-mb 64]      ranks as threads
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_collectives         ranks as processes
+//   build/bin/bench_collectives [--quick] [--ranks 2,4] [--max-mb 64] [--transport auto|gloo|shm]
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_collectives [--transport ...]   as processes
+//
+// The facade uses the transport its group picks (--transport, default auto: shared memory, as every
+// rank is on this host); with --transport gloo the ratio is the facade's own overhead over Gloo.
+// The last line also gives each size's bus bandwidth as a fraction of one memcpy of that size.
 //
 // Facade and raw calls alternate call by call, so drift and interference hit both alike; each
 // figure is rank 0's median time per call. Bus bandwidth follows nccl-tests:
@@ -77,6 +82,10 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
        [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); },
        [=] { return g.all_gather_into_tensor_async(gathered_hp, shard); },
        [=, &native] { return hp::comm::shim::all_gather(native, outputs, shard); }},
+      {"all_to_all", 1.0 * (n - 1) / n, [=] { g.all_to_all(buffer); },
+       [=, &native] { wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits)); },
+       [=] { return g.all_to_all_async(buffer); },
+       [=, &native] { return hp::comm::shim::all_to_all(native, received, buffer, splits, splits); }},
       {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter_tensor(piece_hp, buffer); },
        [=, &native] {
          wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits));
@@ -90,7 +99,22 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
 
 }  // namespace
 
+int usage() {
+  std::fprintf(stderr, "usage: bench_collectives [--quick] [--ranks 2,4] [--max-mb 64] [--transport auto|gloo|shm]\n");
+  return 2;
+}
+
+// Seconds of one memcpy of `bytes` (median of a few, after a warm-up), the ceiling of a transport
+// that copies through memory.
+double memcpy_seconds(int64_t bytes) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) times.push_back(time_one([&] { std::memcpy(to.data(), from.data(), bytes); }));
+  return median(times);
+}
+
 int main(int argc, char** argv) {
+  hp::comm::ProcessGroupOptions group_options;
   bool quick = false;
   std::vector<int> rank_counts = {2, 4};
   int64_t max_bytes = int64_t{64} << 20;
@@ -104,18 +128,29 @@ int main(int argc, char** argv) {
       for (std::string item; std::getline(list, item, ',');) rank_counts.push_back(std::stoi(item));
     } else if (!std::strcmp(argv[i], "--max-mb") && i + 1 < argc) {
       max_bytes = static_cast<int64_t>(std::stod(argv[++i]) * (1 << 20));
+    } else if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) {
+      const std::string name = argv[++i];
+      bool known = false;
+      for (auto t : {hp::comm::Transport::kAuto, hp::comm::Transport::kGloo, hp::comm::Transport::kShm}) {
+        if (hp::comm::to_string(t) != name) continue;
+        group_options.set_transport(t);
+        known = true;
+      }
+      if (!known) return usage();
     } else {
-      std::fprintf(stderr, "usage: bench_collectives [--quick] [--ranks 2,4] [--max-mb 64]\n");
-      return 2;
+      return usage();
     }
   }
   at::set_num_threads(1);  // the ranks share 2 cores; intra-op threads would only contend
 
   std::vector<Row> rows;
+  std::string facade_transport;
   std::map<std::string, std::pair<double, double>> issue_us;  // 1 KB: facade, raw median issue time
   std::mutex rows_mu;
   auto measure = [&](const ProcessGroup& g) {
     const int n = g.size();
+    g.barrier();  // opens the group's transport
+    if (g.rank() == 0) facade_transport = g.impl().shm ? "shared memory" : "gloo";
     for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
       // Calls alternate facade / raw, each timed alone; the medians of the two lists are compared.
@@ -154,18 +189,23 @@ int main(int argc, char** argv) {
   };
   const bool under_launcher = std::getenv("WORLD_SIZE") != nullptr;
   if (under_launcher) {  // ranks are processes started by hprun
-    ProcessGroup world = hp::comm::init_process_group();
+    hp::comm::InitOptions init;
+    init.group = group_options;
+    ProcessGroup world = hp::comm::init_process_group(init);
     measure(world);
     if (world.rank() != 0) return 0;
   } else {  // ranks are threads of this process
     for (int n : rank_counts) {
       hp::testing::RunRanksOptions options;
       options.watchdog = std::chrono::minutes(30);
+      options.group = group_options;
       hp::testing::run_ranks(n, measure, options);
     }
   }
-  std::printf("ranks are %s; each figure is rank 0's median time per call, facade and c10d calls alternating\n\n",
-              under_launcher ? "processes (hprun)" : "threads of one process");
+  std::printf(
+      "ranks are %s; the facade's transport: %s; each figure is rank 0's median time per call, facade and "
+      "c10d (Gloo) calls alternating\n\n",
+      under_launcher ? "processes (hprun)" : "threads of one process", facade_transport.c_str());
 
   std::printf("%-15s %5s %10s %12s %12s %11s %11s %9s\n", "collective", "ranks", "bytes", "hp us", "c10d us", "hp GB/s",
               "c10d GB/s", "hp/c10d");
@@ -186,6 +226,9 @@ int main(int argc, char** argv) {
   for (const auto& [name, us] : small_overhead_us) std::printf(" %s %+.1f", name.c_str(), us);
   std::printf("\nratio hp/c10d time, median over sizes >= 1 MB:");
   for (const auto& [name, ratios] : big_ratios) std::printf(" %s %.3f", name.c_str(), median(ratios));
+  std::printf("\nmemcpy of the same bytes in one thread, GB/s:");
+  for (int64_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 4)
+    std::printf(" %lld B %.2f", static_cast<long long>(bytes), bytes / memcpy_seconds(bytes) / 1e9);
   std::printf("\n");
   return 0;
 }

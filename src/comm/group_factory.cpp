@@ -1,14 +1,51 @@
-// Creating groups: the world group from a store, and cached sub-groups per rank set.
+// Creating groups: the world group from a store, and cached sub-groups per rank set; which
+// transport each group uses.
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
 #include "comm/group_impl.h"
+#include "comm/shm_channel.h"
 #include "comm/world.h"
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 
 namespace hp::comm {
+
+std::string to_string(Transport transport) {
+  switch (transport) {
+    case Transport::kAuto:
+      return "auto";
+    case Transport::kGloo:
+      return "gloo";
+    case Transport::kShm:
+      return "shm";
+  }
+  return "?";
+}
+
 namespace detail {
 namespace {
+
+constexpr char kTransportEnv[] = "HP_COMM_TRANSPORT";
+
+Transport transport_of_world(Transport option) {
+  const char* raw = std::getenv(kTransportEnv);
+  if (option != Transport::kAuto || raw == nullptr || *raw == '\0') return option;
+  for (Transport t : {Transport::kAuto, Transport::kGloo, Transport::kShm})
+    if (to_string(t) == raw) return t;
+  HP_FAIL(kTransportEnv, "='", raw, "' is not a transport; use auto, gloo or shm");
+}
+
+// Whether every member of `ranks` shares this host's memory, and how.
+std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const std::vector<int>& ranks) {
+  if (registry.one_process) return SegmentScope::kProcess;
+  const int per_host = registry.ranks_per_host;
+  if (per_host == 0) return SegmentScope::kHost;
+  for (int r : ranks)
+    if (r / per_host != registry.world_rank / per_host) return std::nullopt;
+  return SegmentScope::kHost;
+}
 
 std::string join(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -26,6 +63,13 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   group->name = name.empty() ? "ranks[" + join(group->ranks) + "]" : std::move(name);
   group->options = registry->options;
   group->registry = registry;
+  if (registry->transport != Transport::kGloo && group->size() > 1) {
+    group->shm_scope = shared_scope(*registry, group->ranks);
+    group->shm_required = registry->transport == Transport::kShm;
+    HP_CHECK(group->shm_scope || !group->shm_required, "creating ", group->describe(),
+             ": transport shm needs every member on one host, and with ", registry->ranks_per_host,
+             " ranks per host these are not");
+  }
   // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
   try {
@@ -42,9 +86,29 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   return group;
 }
 
+ShmChannel* GroupImpl::shm_channel(const CollectiveSite& site) {
+  if (!shm_scope) return nullptr;
+  if (!shm_tried) {
+    shm_tried = true;
+    std::string why;
+    try {
+      shm = ShmChannel::open(*this, *shm_scope, &why);
+    } catch (...) {
+      raise_collective_failure(site, std::current_exception());  // a member never came
+    }
+    if (!shm) {
+      HP_CHECK(!shm_required, site.op, " on ", describe(),
+               ": transport shm, but the members cannot share memory: ", why);
+      if (rank == 0) log::warn(describe(), ": shared memory is not available (", why, "); using Gloo");
+    }
+  }
+  return shm.get();
+}
+
 }  // namespace detail
 
-ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options) {
+ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options,
+                                WorldLayout layout) {
   HP_CHECK(world_size > 0, "init_process_group: world size must be positive, got ", world_size);
   HP_CHECK(rank >= 0 && rank < world_size, "init_process_group: rank ", rank, " is not in [0, ", world_size, ")");
   auto registry = std::make_shared<detail::GroupRegistry>();
@@ -52,6 +116,9 @@ ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, 
   registry->options = options;
   registry->world_rank = rank;
   registry->world_size = world_size;
+  registry->one_process = layout.one_process;
+  registry->ranks_per_host = layout.ranks_per_host;
+  registry->transport = detail::transport_of_world(options.transport);
   registry->device = shim::make_gloo_device(options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname);
   std::vector<int> all(world_size);
   for (int r = 0; r < world_size; ++r) all[r] = r;

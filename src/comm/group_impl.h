@@ -13,6 +13,7 @@
 
 #include "comm/c10d_shim.h"
 #include "comm/collective_queue.h"
+#include "comm/shared_segment.h"
 #include "hp/comm/process_group.h"
 
 namespace hp::comm::detail {
@@ -21,6 +22,12 @@ namespace hp::comm::detail {
 // cache of groups per rank set. Owned by the world group; sub-groups only point back weakly.
 struct GroupRegistry {
   std::mutex mu;
+  // Which ranks share this host's memory: all of them when every rank is a thread of this process
+  // or the job runs on one host; else blocks of `ranks_per_host` consecutive world ranks (the
+  // numbering of hprun and torchrun).
+  bool one_process = false;
+  int ranks_per_host = 0;
+  Transport transport = Transport::kAuto;  // options.transport with HP_COMM_TRANSPORT applied
   shim::StorePtr root_store;
   shim::DevicePtr device;
   ProcessGroupOptions options;
@@ -31,6 +38,8 @@ struct GroupRegistry {
 };
 
 struct WorkState;
+struct CollectiveSite;
+class ShmChannel;
 
 struct GroupImpl {
   // Aborted sends and receives, kept (with their buffers) for the group's lifetime: the transport
@@ -48,6 +57,16 @@ struct GroupImpl {
   std::weak_ptr<GroupRegistry> registry;
   std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
   CollectiveQueue queue;
+
+  // The shared-memory transport (comm/shm_channel.h), for groups whose members share this host and
+  // whose transport allows it. The first collective that moves data opens it; when the members
+  // cannot share memory, the group falls back to Gloo (an error under Transport::kShm).
+  std::optional<SegmentScope> shm_scope;
+  bool shm_required = false;
+  bool shm_tried = false;
+  std::shared_ptr<ShmChannel> shm;
+  // Only from a collective's run (one at a time per group): the channel, or nullptr for Gloo.
+  ShmChannel* shm_channel(const CollectiveSite& site);
 
   int size() const { return static_cast<int>(ranks.size()); }
   std::string describe() const;  // "group 'tp' (world ranks [4, 5, 6, 7])"

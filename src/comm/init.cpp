@@ -117,9 +117,12 @@ ProcessGroup init_process_group(InitOptions options) {
   }
   // A process started without a launcher is a world of one: it needs no rendezvous, and must not
   // claim the default port (two such processes would collide there).
-  if (env.world_size == 1 && env.source == "default") return create_world_group(shim::make_hash_store(), 0, 1, group);
+  if (env.world_size == 1 && env.source == "default")
+    return create_world_group(shim::make_hash_store(), 0, 1, group, WorldLayout{true, 0});
+  const WorldLayout layout{false, env.world_size == env.local_world_size ? 0 : env.local_world_size};
   if (!env.rendezvous_file.empty())
-    return create_world_group(join_file_store(env, options.rendezvous_timeout), env.rank, env.world_size, group);
+    return create_world_group(join_file_store(env, options.rendezvous_timeout), env.rank, env.world_size, group,
+                              layout);
   shim::StorePtr store;
   try {
     store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
@@ -131,13 +134,14 @@ ProcessGroup init_process_group(InitOptions options) {
                        std::to_string(options.rendezvous_timeout.count()) + " ms (" + shim::first_line(e) +
                        "). Is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every rank?");
   }
-  return create_world_group(std::move(store), env.rank, env.world_size, group);
+  return create_world_group(std::move(store), env.rank, env.world_size, group, layout);
 }
 
 InProcessRendezvous::InProcessRendezvous() : store_(std::make_shared<shim::StorePtr>(shim::make_hash_store())) {}
 
 ProcessGroup InProcessRendezvous::join(int rank, int world_size, const ProcessGroupOptions& options) const {
-  return create_world_group(*std::static_pointer_cast<shim::StorePtr>(store_), rank, world_size, options);
+  return create_world_group(*std::static_pointer_cast<shim::StorePtr>(store_), rank, world_size, options,
+                            WorldLayout{true, 0});
 }
 
 }  // namespace hp::comm

@@ -9,12 +9,16 @@
 //   all_gather      native allgather into one buffer; uneven sizes are padded to the largest.
 //   all_to_all, broadcast, send/recv, barrier: native.
 // Data the backend cannot carry (bf16 on Gloo) travels reinterpreted as a same-width dtype (shim::to_wire).
+// On a group with the shared-memory transport (comm/shm_channel.h), every collective is composed:
+// all_gather, all_to_all and broadcast move bytes through the shared segment, and the reductions
+// are the composed ones above on top of them (so always in the tree order); send/recv stay on Gloo.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <numeric>
 
 #include "comm/group_impl.h"
+#include "comm/shm_channel.h"
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
@@ -22,8 +26,10 @@
 
 namespace hp::comm {
 
+using detail::ByteSpan;
 using detail::CollectiveSite;
 using detail::GroupImpl;
+using detail::ShmChannel;
 
 namespace {
 
@@ -121,6 +127,56 @@ shim::NativeWork start_or_explain(const CollectiveSite& site, const Step& step) 
   }
 }
 
+// ---- Data movement: through shared memory when the group has it, else one native collective ----
+
+// Whether collectives of `t` on `g` go through shared memory (host memory only).
+bool over_shm(const GroupImpl& g, const at::Tensor& t) { return g.shm_scope.has_value() && t.device().is_cpu(); }
+
+int64_t row_bytes(const at::Tensor& t) {
+  int64_t bytes = t.element_size();
+  for (int64_t d = 1; d < t.dim(); ++d) bytes *= t.size(d);
+  return bytes;
+}
+
+// `count` pieces of a contiguous tensor's rows, piece r `sizes[r]` rows long, back to back.
+std::vector<ByteSpan> row_spans(const at::Tensor& t, const std::vector<int64_t>& sizes) {
+  auto* base = static_cast<std::byte*>(t.data_ptr());
+  const int64_t row = row_bytes(t);
+  std::vector<ByteSpan> spans;
+  int64_t offset = 0;
+  for (int64_t rows : sizes) {
+    spans.push_back({rows > 0 ? base + offset * row : nullptr, rows * row});
+    offset += rows;
+  }
+  return spans;
+}
+
+// Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous), in
+// rank order; into `buffer` (contiguous, at least n * max(sizes) rows) when given.
+at::Tensor gather_rows(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
+                       const at::Tensor& buffer = {}) {
+  GroupImpl& g = *site.group;
+  ShmChannel* shm = over_shm(g, x0) ? g.shm_channel(site) : nullptr;
+  if (shm == nullptr) return run_step(site, all_gather_step(g, x0, sizes, buffer));
+  const int64_t rows = sum_of(sizes);
+  at::Tensor out = buffer.defined() ? buffer.narrow(0, 0, rows) : at::empty(with_dim0(x0, rows), x0.options());
+  shm->gather(site, {static_cast<std::byte*>(x0.data_ptr()), static_cast<int64_t>(x0.nbytes())}, row_spans(out, sizes));
+  return out;
+}
+
+// Sends in_splits[r] rows of `input` to rank r and receives out_splits[r] rows from it, in rank
+// order; into `buffer` (contiguous, sum(out_splits) rows) when given.
+at::Tensor exchange_rows(const CollectiveSite& site, const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                         const std::vector<int64_t>& in_splits, const at::Tensor& buffer = {}) {
+  GroupImpl& g = *site.group;
+  ShmChannel* shm = over_shm(g, input) ? g.shm_channel(site) : nullptr;
+  if (shm == nullptr) return run_step(site, all_to_all_step(g, input, out_splits, in_splits, buffer));
+  at::Tensor in = input.contiguous();
+  at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(in, sum_of(out_splits)), in.options());
+  shm->exchange(site, row_spans(in, in_splits), row_spans(out, out_splits));
+  return out;
+}
+
 // Every collective takes the group's next sequence number (failure reports match ranks by it)
 // and is counted by the caller's CommDebugMode, with the bytes this rank puts in.
 CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes) {
@@ -192,7 +248,7 @@ at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
   std::vector<int64_t> stacked_shape{g.size()};
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
   at::Tensor buffer = g.scratch(with_dim0(x0, g.size() * mine), x0.scalar_type());
-  at::Tensor received = run_step(site, all_to_all_step(g, x0, std::vector<int64_t>(g.size(), mine), sizes, buffer));
+  at::Tensor received = exchange_rows(site, x0, std::vector<int64_t>(g.size(), mine), sizes, buffer);
   return tree_reduce_(received.view(stacked_shape), op, out);  // `received` is our scratch
 }
 
@@ -207,7 +263,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const bool ordered_sum =
       g.options.deterministic && tensor.is_floating_point() && (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
   const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
-  if (!ordered_sum && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
+  if (!ordered_sum && !over_shm(g, tensor) && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
     Step step = in_place_step(
         tensor, [&g, native_op](const at::Tensor& buffer) { return shim::all_reduce(*g.native, buffer, native_op); });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
@@ -218,7 +274,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
     at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
     at::Tensor gather_buffer = g.scratch({pieces[0] * g.size()}, tensor.scalar_type());  // pieces[0] is the widest
-    at::Tensor full = run_step(site, all_gather_step(g, mine, pieces, gather_buffer));
+    at::Tensor full = gather_rows(site, mine, pieces, gather_buffer);
     tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
     return tensor;
   });
@@ -255,7 +311,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
                         });
 }
 
-Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts,
+Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts, Wait wait,
                      const at::Tensor& out = {}) {
   GroupImpl& g = *impl;
   check_tensor("all_gather", input);
@@ -278,6 +334,15 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
     if (dim == 0 && even && out.is_contiguous()) buffer = out;
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input);
+  if (over_shm(g, input)) {
+    return issue_composed(impl, "all_gather", input.nbytes(), wait,
+                          [x0 = to_dim0(input, dim), sizes, dim, out, buffer](const CollectiveSite& site) {
+                            at::Tensor gathered = gather_rows(site, x0, sizes, buffer);
+                            if (buffer.defined()) return out;
+                            at::Tensor result = from_dim0(gathered, dim);
+                            return out.defined() ? out.copy_(result) : result;
+                          });
+  }
   Step step = all_gather_step(g, to_dim0(input, dim), sizes, buffer);
   step.finish = [gathered = step.finish, dim, out, buffer] {
     if (buffer.defined()) return gathered();
@@ -285,6 +350,85 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
     return out.defined() ? out.copy_(result) : result;
   };
   return issue_native(impl, new_site(*impl, "all_gather", input.nbytes()), std::move(step));
+}
+
+Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllToAllOptions opts, Wait wait) {
+  GroupImpl& g = *impl;
+  check_tensor("all_to_all", input);
+  HP_CHECK(input.dim() > 0, "all_to_all: needs a tensor with at least one dim, got a scalar");
+  const int n = g.size();
+  HP_CHECK(opts.input_split_sizes.empty() == opts.output_split_sizes.empty(),
+           "all_to_all: give both input_split_sizes and output_split_sizes, or neither (even split)");
+  if (opts.input_split_sizes.empty()) {
+    HP_CHECK(input.size(0) % n == 0, "all_to_all: dim 0 of size ", input.size(0), " does not split evenly over ", n,
+             " ranks; pass split sizes");
+    opts.input_split_sizes.assign(n, input.size(0) / n);
+    opts.output_split_sizes = opts.input_split_sizes;
+  }
+  for (const auto* splits : {&opts.input_split_sizes, &opts.output_split_sizes}) {
+    HP_CHECK(static_cast<int>(splits->size()) == n, "all_to_all: split sizes need ", n, " entries (one per rank of ",
+             g.describe(), "), got ", splits->size());
+    HP_CHECK(std::all_of(splits->begin(), splits->end(), [](int64_t s) { return s >= 0; }),
+             "all_to_all: split sizes must be non-negative");
+  }
+  HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
+           sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
+  if (n == 1) return ready(input.clone());
+  if (over_shm(g, input)) {
+    return issue_composed(
+        impl, "all_to_all", input.nbytes(), wait,
+        [input, out_splits = opts.output_split_sizes, in_splits = opts.input_split_sizes](const CollectiveSite& site) {
+          return exchange_rows(site, input, out_splits, in_splits);
+        });
+  }
+  return issue_native(impl, new_site(g, "all_to_all", input.nbytes()),
+                      all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
+}
+
+Step broadcast_step(GroupImpl& g, const at::Tensor& tensor, int root) {
+  return in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
+    return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
+  });
+}
+
+Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, int root, Wait wait) {
+  GroupImpl& g = *impl;
+  check_tensor("broadcast", tensor);
+  HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
+  if (g.size() == 1) return ready(tensor);
+  if (over_shm(g, tensor)) {
+    return issue_composed(impl, "broadcast", tensor.nbytes(), wait, [tensor, root](const CollectiveSite& site) {
+      GroupImpl& g = *site.group;
+      ShmChannel* shm = g.shm_channel(site);
+      if (shm == nullptr) return run_step(site, broadcast_step(g, tensor, root));
+      at::Tensor buffer = tensor.contiguous();
+      const ByteSpan bytes{static_cast<std::byte*>(buffer.data_ptr()), static_cast<int64_t>(buffer.nbytes())};
+      std::vector<ByteSpan> recvs(g.size());
+      recvs[root] = bytes;
+      shm->gather(site, g.rank == root ? bytes : ByteSpan{}, recvs);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      return tensor;
+    });
+  }
+  return issue_native(impl, new_site(g, "broadcast", tensor.nbytes()), broadcast_step(g, tensor, root));
+}
+
+Work barrier_impl(const std::shared_ptr<GroupImpl>& impl, Wait wait) {
+  GroupImpl& g = *impl;
+  if (g.size() == 1) return ready(at::Tensor());
+  Step step;
+  step.start = [&g] { return shim::barrier(*g.native); };
+  step.finish = [] { return at::Tensor(); };
+  if (g.shm_scope) {
+    return issue_composed(impl, "barrier", 0, wait, [step](const CollectiveSite& site) {
+      if (ShmChannel* shm = site.group->shm_channel(site)) {
+        shm->barrier(site);
+        return at::Tensor();
+      }
+      return run_step(site, step);
+    });
+  }
+  return issue_native(impl, new_site(g, "barrier", 0), std::move(step));
 }
 
 }  // namespace
@@ -337,16 +481,17 @@ const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
 const ProcessGroupOptions& ProcessGroup::options() const { return impl().options; }
 
 Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions opts) const {
-  return all_gather_impl(impl_, input, std::move(opts));
+  return all_gather_impl(impl_, input, std::move(opts), Wait::kAsync);
 }
 Work ProcessGroup::all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input,
                                                 AllGatherOptions opts) const {
   HP_CHECK(output.defined(), "all_gather_into_tensor: got an undefined output tensor");
-  return all_gather_impl(impl_, input, std::move(opts), output);
+  return all_gather_impl(impl_, input, std::move(opts), Wait::kAsync, output);
 }
 at::Tensor ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
                                                 AllGatherOptions opts) const {
-  return all_gather_into_tensor_async(output, input, std::move(opts)).wait();
+  HP_CHECK(output.defined(), "all_gather_into_tensor: got an undefined output tensor");
+  return all_gather_impl(impl_, input, std::move(opts), Wait::kBlocking, output).wait();
 }
 
 Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, AllReduceOptions opts) const {
@@ -373,40 +518,13 @@ at::Tensor ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const a
 }
 
 Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opts) const {
-  GroupImpl& g = impl();
-  check_tensor("all_to_all", input);
-  HP_CHECK(input.dim() > 0, "all_to_all: needs a tensor with at least one dim, got a scalar");
-  const int n = g.size();
-  HP_CHECK(opts.input_split_sizes.empty() == opts.output_split_sizes.empty(),
-           "all_to_all: give both input_split_sizes and output_split_sizes, or neither (even split)");
-  if (opts.input_split_sizes.empty()) {
-    HP_CHECK(input.size(0) % n == 0, "all_to_all: dim 0 of size ", input.size(0), " does not split evenly over ", n,
-             " ranks; pass split sizes");
-    opts.input_split_sizes.assign(n, input.size(0) / n);
-    opts.output_split_sizes = opts.input_split_sizes;
-  }
-  for (const auto* splits : {&opts.input_split_sizes, &opts.output_split_sizes}) {
-    HP_CHECK(static_cast<int>(splits->size()) == n, "all_to_all: split sizes need ", n, " entries (one per rank of ",
-             g.describe(), "), got ", splits->size());
-    HP_CHECK(std::all_of(splits->begin(), splits->end(), [](int64_t s) { return s >= 0; }),
-             "all_to_all: split sizes must be non-negative");
-  }
-  HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
-           sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
-  if (n == 1) return ready(input.clone());
-  return issue_native(impl_, new_site(*impl_, "all_to_all", input.nbytes()),
-                      all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
+  impl();  // the empty-handle error
+  return all_to_all_impl(impl_, input, std::move(opts), Wait::kAsync);
 }
 
 Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
-  GroupImpl& g = impl();
-  check_tensor("broadcast", tensor);
-  HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
-  if (g.size() == 1) return ready(tensor);
-  Step step = in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
-    return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
-  });
-  return issue_native(impl_, new_site(*impl_, "broadcast", tensor.nbytes()), std::move(step));
+  impl();  // the empty-handle error
+  return broadcast_impl(impl_, tensor, root, Wait::kAsync);
 }
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
@@ -447,23 +565,26 @@ std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops)
 }
 
 Work ProcessGroup::barrier_async() const {
-  GroupImpl& g = impl();
-  if (g.size() == 1) return ready(at::Tensor());
-  Step step;
-  step.start = [&g] { return shim::barrier(*g.native); };
-  step.finish = [] { return at::Tensor(); };
-  return issue_native(impl_, new_site(*impl_, "barrier", 0), std::move(step));
+  impl();  // the empty-handle error
+  return barrier_impl(impl_, Wait::kAsync);
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& t, AllGatherOptions o) const {
-  return all_gather_async(t, std::move(o)).wait();
+  return all_gather_impl(impl_, t, std::move(o), Wait::kBlocking).wait();
 }
 at::Tensor ProcessGroup::all_to_all(const at::Tensor& t, AllToAllOptions o) const {
-  return all_to_all_async(t, std::move(o)).wait();
+  impl();  // the empty-handle error
+  return all_to_all_impl(impl_, t, std::move(o), Wait::kBlocking).wait();
 }
-at::Tensor ProcessGroup::broadcast(const at::Tensor& t, int root) const { return broadcast_async(t, root).wait(); }
+at::Tensor ProcessGroup::broadcast(const at::Tensor& t, int root) const {
+  impl();  // the empty-handle error
+  return broadcast_impl(impl_, t, root, Wait::kBlocking).wait();
+}
 void ProcessGroup::send(const at::Tensor& t, int peer, int tag) const { send_async(t, peer, tag).wait(); }
 at::Tensor ProcessGroup::recv(const at::Tensor& t, int peer, int tag) const { return recv_async(t, peer, tag).wait(); }
-void ProcessGroup::barrier() const { barrier_async().wait(); }
+void ProcessGroup::barrier() const {
+  impl();  // the empty-handle error
+  barrier_impl(impl_, Wait::kBlocking).wait();
+}
 
 }  // namespace hp::comm

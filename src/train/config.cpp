@@ -138,6 +138,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
       HP_CONFIG_FIELD("resilience.replica_check_interval", resilience.replica_check_interval),
       HP_CONFIG_FIELD("resilience.on_replica_mismatch", resilience.on_replica_mismatch),
+      HP_CONFIG_FIELD("comm.transport", comm_settings.transport),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -452,6 +453,13 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.replica_check_interval);
   HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
+  transport_of(c);  // names the transports when it is none of them
+}
+
+comm::Transport transport_of(const TrainConfig& config) {
+  for (comm::Transport t : {comm::Transport::kAuto, comm::Transport::kGloo, comm::Transport::kShm})
+    if (comm::to_string(t) == config.comm_settings.transport) return t;
+  HP_FAIL("comm.transport '", config.comm_settings.transport, "' is unknown (available: auto, gloo, shm)");
 }
 
 std::string to_json(const TrainConfig& config) {

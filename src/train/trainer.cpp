@@ -189,7 +189,8 @@ Data load_data(const TrainConfig& c, const comm::ProcessGroup& world) {
 
 comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::ProcessGroupOptions base) {
   return base.set_deterministic(config.train.deterministic)
-      .set_timeout(std::chrono::seconds(config.resilience.collective_timeout_s));
+      .set_timeout(std::chrono::seconds(config.resilience.collective_timeout_s))
+      .set_transport(transport_of(config));
 }
 
 TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const TrainOptions& options) {
@@ -202,6 +203,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
            "resilience.collective_timeout_s is ", c.resilience.collective_timeout_s,
            " s but the world group's timeout is ", world.options().timeout.count(),
            " ms: create it with hp::train::world_options(config)");
+  HP_CHECK(world.options().transport == transport_of(c), "comm.transport is ", c.comm_settings.transport,
+           " but the world group's transport is ", comm::to_string(world.options().transport),
+           ": create it with hp::train::world_options(config)");
   std::optional<CpuThreadsGuard> threads;
   if (c.train.cpu_threads > 0) threads.emplace(static_cast<int>(c.train.cpu_threads));
   log::LogRankGuard log_rank(world.rank());

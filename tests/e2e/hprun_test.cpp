@@ -109,6 +109,31 @@ TEST(Hprun, PeerNeverArrivesTimesOut) {
   EXPECT_LT(r.seconds, 10.0) << r.output;
 }
 
+// Between processes of one host the collectives go through shared memory (a segment of the job is
+// mapped) and equal the same computation on one rank bitwise; HP_COMM_TRANSPORT=gloo keeps Gloo.
+TEST(Hprun, CollectivesOverSharedMemoryBetweenProcesses) {
+  for (const std::string transport : {"auto", "gloo"}) {
+    Result r = run_job("--nproc-per-node 4 env HP_COMM_TRANSPORT=" + transport + " " + program("collectives"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::string used = transport == "gloo" ? "gloo" : "shared memory";
+    for (int rank = 0; rank < 4; ++rank)
+      EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] collectives ok over " + used), std::string::npos)
+          << r.output;
+  }
+}
+
+// A rank SIGKILLed while a segment of the job is still linked leaves nothing in /dev/shm: hprun
+// removes the job's segments when it ends.
+TEST(Hprun, AKilledRankLeavesNoSharedMemory) {
+  Result r = run_job("--nproc-per-node 2 " + program("shm_killed"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("left /");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string name = r.output.substr(at + 5, r.output.find('\n', at) - at - 5);
+  EXPECT_EQ(name.find("FAILED"), std::string::npos) << r.output;
+  EXPECT_NE(access(("/dev/shm" + name).c_str(), F_OK), 0) << name << " is still there";
+}
+
 // HP_OPS_YAML_DIR adds the user's rule files to the library's own at start-up.
 TEST(Hprun, UserRuleFilesFromTheEnvironment) {
   const std::string dir = "/tmp/hp_e2e_user_rules_" + std::to_string(getpid());

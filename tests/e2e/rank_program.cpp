@@ -5,10 +5,19 @@
 //   peer_hangs  rank 1 sleeps; rank 0 all_reduces with a 3 s timeout
 //   user_yaml   runs at::frac on a DTensor, which only a rule file in $HP_OPS_YAML_DIR declares
 //   listeners   every rank lists the TCP sockets it listens on; any outside loopback fails it
+//   collectives deterministic all_reduce, all_gather, reduce_scatter, all_to_all and broadcast from
+//               empty to several MB, each checked bitwise against the same computed on this rank;
+//               says which transport the world group used (a mapped /dev/shm segment or not)
+//   shm_killed  after a collective, rank 1 leaves a segment of the job in /dev/shm, as a rank
+//               killed while its group was being set up would, and is SIGKILLed
 //   restart     the first attempt (HP_RESTART_COUNT 0) leaves a key in the store and rank 1 exits
 //               with code 3; a later attempt checks the key is gone (a fresh rendezvous), all_reduces
 #include <dirent.h>
+#include <fcntl.h>
+#include <hp/core/job.h>
 #include <hp/hp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -67,12 +76,53 @@ std::vector<std::string> outside_listeners() {
   return found;
 }
 
+// Whether this process maps a shared-memory segment of the job (unlinked once every rank mapped it).
+bool maps_job_segment() {
+  std::ifstream maps("/proc/self/maps");
+  const std::string segment = "/dev/shm/" + hp::job::shm_prefix();
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(segment) != std::string::npos) return true;
+  return false;
+}
+
+// Every rank's input, known to every rank.
+at::Tensor input_of(int rank, int64_t numel, int salt) {
+  return at::randn({numel}, at::make_generator<at::CPUGeneratorImpl>(100 * salt + rank));
+}
+
+bool check_collectives(const hp::comm::ProcessGroup& world) {
+  const int rank = world.rank(), n = world.size();
+  bool ok = true;
+  auto check = [&](const std::string& what, const at::Tensor& got, const at::Tensor& want) {
+    if (at::equal(got, want)) return;
+    std::cout << what << " WRONG" << std::endl;
+    ok = false;
+  };
+  int salt = 0;
+  for (int64_t numel : {int64_t{0}, int64_t{1000} * n, int64_t{3} << 20}) {
+    std::vector<at::Tensor> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(input_of(r, numel, salt));
+    ++salt;
+    const at::Tensor sum = hp::comm::tree_reduce(at::stack(inputs), hp::comm::ReduceOp::kSum);
+    const std::string size = " of " + std::to_string(numel) + " floats";
+    check("all_reduce" + size, world.all_reduce(inputs[rank].clone()), sum);
+    check("reduce_scatter" + size, world.reduce_scatter(inputs[rank]), sum.chunk(n)[rank]);
+    check("all_gather" + size, world.all_gather(inputs[rank]), at::cat(inputs));
+    std::vector<at::Tensor> mine;
+    for (int r = 0; r < n; ++r) mine.push_back(inputs[r].chunk(n)[rank]);
+    check("all_to_all" + size, world.all_to_all(inputs[rank]), at::cat(mine));
+    check("broadcast" + size, world.broadcast(inputs[rank].clone(), n - 1), inputs[n - 1]);
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const std::string scenario = argc > 1 ? argv[1] : "";
   hp::comm::InitOptions options;
   options.group.set_timeout(scenario == "exit3" ? std::chrono::minutes(5) : std::chrono::seconds(3));
+  options.group.set_deterministic(scenario == "collectives");
   options.rendezvous_timeout = std::chrono::seconds(30);
   hp::comm::ProcessGroup world = hp::comm::init_process_group(options);
   const int rank = world.rank(), n = world.size();
@@ -114,6 +164,23 @@ int main(int argc, char** argv) try {
     world.barrier();  // rank 0's listeners stay up until every rank has looked
     if (outside.empty()) std::cout << "listens on loopback only" << std::endl;
     return outside.empty() ? 0 : 1;
+  }
+  if (scenario == "collectives") {
+    const bool ok = check_collectives(world);
+    std::cout << "collectives " << (ok ? "ok" : "WRONG") << " over " << (maps_job_segment() ? "shared memory" : "gloo")
+              << std::endl;
+    return ok ? 0 : 1;
+  }
+  if (scenario == "shm_killed") {
+    world.barrier();
+    if (rank == 1) {
+      const std::string name = "/" + hp::job::shm_prefix() + "left-by-a-killed-rank";
+      const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+      std::cout << "left " << name << (fd >= 0 ? "" : " FAILED") << std::endl;
+      raise(SIGKILL);
+    }
+    world.barrier();  // fails: rank 1 is gone
+    return 0;
   }
   if (scenario == "restart") {
     const char* restarts = std::getenv("HP_RESTART_COUNT");

@@ -401,11 +401,23 @@ class JobDir {
   ~JobDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
+    remove_shared_memory();
   }
   JobDir(const JobDir&) = delete;
   JobDir& operator=(const JobDir&) = delete;
 
   const std::string& path() const { return path_; }
+  // Removes the job's shared-memory segments that a rank killed while its group was being set up
+  // left behind (the ranks unlink them as soon as every member has mapped them).
+  void remove_shared_memory() const {
+    const std::string prefix = hp::job::shm_prefix(path_);
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+      if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
+      std::error_code ignored;
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
   std::optional<int64_t> step(const std::string& file) const { return hp::job::read_number(path_ + "/" + file); }
   // When `file` was last written.
   std::optional<std::chrono::system_clock::time_point> written(const std::string& file) const {

@@ -12,6 +12,16 @@ enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
 std::string to_string(ReduceOp op);
 
+// How the collectives of a group move data (docs/collectives.md#transports). Point-to-point
+// messages (send, recv, batch_isend_irecv) always go through Gloo.
+enum class Transport {
+  kAuto,  // shared memory when every member of the group runs on this host, else Gloo
+  kGloo,  // c10d's Gloo over TCP, always
+  kShm,   // shared memory; a group whose members span hosts is an error
+};
+
+std::string to_string(Transport transport);
+
 // Options of a process group (and of every group derived from it, e.g. by a DeviceMesh).
 struct ProcessGroupOptions {
   // A collective that has not completed after this long fails with hp::TimeoutError naming the
@@ -23,6 +33,8 @@ struct ProcessGroupOptions {
   bool deterministic = false;
   // Host the Gloo transport binds to; empty = loopback for single-node jobs, else the hostname.
   std::string gloo_hostname;
+  // The environment variable HP_COMM_TRANSPORT (auto, gloo or shm) replaces kAuto.
+  Transport transport = Transport::kAuto;
 
   ProcessGroupOptions& set_timeout(std::chrono::milliseconds t) {
     timeout = t;
@@ -34,6 +46,10 @@ struct ProcessGroupOptions {
   }
   ProcessGroupOptions& set_gloo_hostname(std::string h) {
     gloo_hostname = std::move(h);
+    return *this;
+  }
+  ProcessGroupOptions& set_transport(Transport t) {
+    transport = t;
     return *this;
   }
 };

@@ -42,6 +42,14 @@ inline int restart_count() {
   return n == nullptr ? 0 : std::atoi(n);
 }
 
+// How the names of the job's shared-memory segments (/dev/shm/<prefix><random>) begin: "hp-" and,
+// under hprun, the job directory's name, so that hprun can remove what a killed rank left behind.
+inline std::string shm_prefix(const std::optional<std::string>& job_dir = dir()) {
+  if (!job_dir) return "hp-";
+  const size_t slash = job_dir->find_last_of('/');
+  return "hp-" + (slash == std::string::npos ? *job_dir : job_dir->substr(slash + 1)) + "-";
+}
+
 inline std::string rendezvous_file(int attempt) { return "rendezvous-" + std::to_string(attempt); }
 inline std::string first_step_file(int attempt) { return "attempt-" + std::to_string(attempt) + ".first-step"; }
 inline std::string last_step_file(int attempt) { return "attempt-" + std::to_string(attempt) + ".last-step"; }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/types.h"
 #include "hp/models/registry.h"
 #include "hp/parallel/parallel_dims.h"
 #include "hp/pp/schedule.h"
@@ -127,6 +128,12 @@ struct TrainConfig {
     std::string on_replica_mismatch = "stop";  // stop | warn
   } resilience;
 
+  // How collectives move data between ranks (docs/collectives.md#transports): auto (shared memory
+  // between the ranks of one host, Gloo across hosts), gloo or shm.
+  struct Comm {
+    std::string transport = "auto";
+  } comm_settings;
+
   struct Sample {
     std::string prompt = "The ";
     int64_t tokens = 0;  // greedy-generated at the end; 0 = none
@@ -147,6 +154,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 // Throws hp::Error with the documented message for the first problem found (world size, divisibility,
 // batch split, sequence length, vocabulary, unknown names).
 void validate(const TrainConfig& config, int64_t world_size);
+
+// comm.transport as the world group's transport (hp::train::world_options applies it).
+comm::Transport transport_of(const TrainConfig& config);
 
 // The whole configuration as a JSON string (every key, defaults included).
 std::string to_json(const TrainConfig& config);

@@ -1,0 +1,172 @@
+#include "comm/shared_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "comm/group_impl.h"
+#include "hp/core/error.h"
+#include "hp/core/job.h"
+
+namespace hp::comm::detail {
+namespace {
+
+std::string system_error(const char* what, int error) { return std::string(what) + ": " + std::strerror(error); }
+
+// 128 bits from the kernel's random source: a name nobody outside the job can guess. (A name, not
+// a value any computation sees: determinism does not reach here.)
+std::string random_name() {
+  unsigned char bits[16];
+  size_t got = 0;
+  while (got < sizeof(bits)) {
+    const ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    HP_CHECK(n > 0, system_error("getrandom", errno));
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string name = "/" + job::shm_prefix();
+  for (unsigned char b : bits) {
+    name += kHex[b >> 4];
+    name += kHex[b & 15];
+  }
+  return name;
+}
+
+std::shared_ptr<void> map_shared(int fd, int64_t bytes) {
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);
+  HP_CHECK(p != MAP_FAILED, system_error("mmap", error));
+  return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, static_cast<size_t>(bytes)); });
+}
+
+std::shared_ptr<void> create_host_segment(const std::string& name, int64_t bytes) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  HP_CHECK(fd >= 0, system_error(("shm_open(" + name + ")").c_str(), errno));
+  // Reserving the pages now turns a full /dev/shm into this error rather than a SIGBUS on first touch.
+  int error = ftruncate(fd, bytes) == 0 ? posix_fallocate(fd, 0, bytes) : errno;
+  if (error != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    HP_FAIL("could not reserve ", bytes >> 20, " MiB in /dev/shm (", std::strerror(error), ")");
+  }
+  return map_shared(fd, bytes);
+}
+
+std::shared_ptr<void> open_host_segment(const std::string& name, int64_t bytes) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  HP_CHECK(fd >= 0, system_error(("shm_open(" + name + ")").c_str(), errno),
+           " (is this rank on rank 0's host, and is /dev/shm shared with it?)");
+  struct stat info {};
+  const bool sized = fstat(fd, &info) == 0 && info.st_size == bytes;
+  if (!sized) close(fd);
+  HP_CHECK(sized, "the segment ", name, " does not have the expected ", bytes, " bytes");
+  return map_shared(fd, bytes);
+}
+
+// Anonymous memory handed between the thread-ranks of this process.
+struct ProcessTable {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<void>> segments;
+  static ProcessTable& get() {
+    static ProcessTable table;
+    return table;
+  }
+};
+
+std::shared_ptr<void> create_process_segment(const std::string& name, int64_t bytes) {
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  HP_CHECK(p != MAP_FAILED, system_error("mmap", errno));
+  std::shared_ptr<void> memory(p, [bytes](void* q) { munmap(q, static_cast<size_t>(bytes)); });
+  ProcessTable& table = ProcessTable::get();
+  std::lock_guard<std::mutex> lock(table.mu);
+  table.segments[name] = memory;
+  return memory;
+}
+
+std::shared_ptr<void> open_process_segment(const std::string& name) {
+  ProcessTable& table = ProcessTable::get();
+  std::lock_guard<std::mutex> lock(table.mu);
+  auto it = table.segments.find(name);
+  HP_CHECK(it != table.segments.end(), "no segment ", name,
+           " in this process (are all members threads of one process?)");
+  return it->second;
+}
+
+// Takes the name away once every member has mapped the segment (or given up), whatever happens.
+struct Unpublish {
+  std::string name;
+  SegmentScope scope;
+  ~Unpublish() {
+    if (name.empty()) return;
+    if (scope == SegmentScope::kHost) {
+      shm_unlink(name.c_str());
+    } else {
+      ProcessTable& table = ProcessTable::get();
+      std::lock_guard<std::mutex> lock(table.mu);
+      table.segments.erase(name);
+    }
+  }
+};
+
+// Waits for the key up to the group's timeout (the store's own may be longer).
+std::string get_string(GroupImpl& group, const std::string& key) {
+  group.store->wait({key}, group.options.timeout);
+  const std::vector<uint8_t> value = group.store->get(key);
+  return std::string(value.begin(), value.end());
+}
+
+void set_string(GroupImpl& group, const std::string& key, const std::string& value) {
+  group.store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+}  // namespace
+
+SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, SegmentScope scope) {
+  const std::string name_key = "hp_shm/name";
+  std::shared_ptr<void> memory;
+  std::string error;
+  Unpublish unpublish{"", scope};
+  if (group.rank == 0) {
+    try {
+      const std::string name = random_name();
+      memory = scope == SegmentScope::kHost ? create_host_segment(name, bytes) : create_process_segment(name, bytes);
+      unpublish.name = name;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    set_string(group, name_key, error.empty() ? unpublish.name : "!" + error);
+  } else {
+    const std::string name = get_string(group, name_key);
+    if (!name.empty() && name[0] == '!') {
+      error = "world rank " + std::to_string(group.ranks[0]) + ": " + name.substr(1);
+    } else {
+      try {
+        memory = scope == SegmentScope::kHost ? open_host_segment(name, bytes) : open_process_segment(name);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+  }
+  // Every member says whether it mapped the segment; only then may rank 0 take the name away.
+  set_string(group, "hp_shm/mapped/" + std::to_string(group.rank), error);
+  std::string first_error;
+  for (int r = 0; r < group.size(); ++r) {
+    const std::string theirs = get_string(group, "hp_shm/mapped/" + std::to_string(r));
+    if (!theirs.empty() && first_error.empty())
+      first_error =
+          theirs.rfind("world rank ", 0) == 0 ? theirs : "world rank " + std::to_string(group.ranks[r]) + ": " + theirs;
+  }
+  if (!first_error.empty()) return {nullptr, first_error};
+  return {std::make_shared<SharedSegment>(std::move(memory), bytes), ""};
+}
+
+}  // namespace hp::comm::detail

@@ -1,0 +1,51 @@
+// Memory that every member of a group maps: what the shared-memory transport stands on.
+//
+// Between processes it is a POSIX shared-memory object. Group rank 0 creates it under a name of
+// 128 random bits, passed to the other members through the group's store (which only the job can
+// read), with mode 0600 and its pages reserved up front, so a full /dev/shm is an error here and
+// never a SIGBUS later. Rank 0 unlinks it as soon as every member has mapped it: from then on no
+// other process can attach, and the memory goes with the last mapping however the job ends.
+// Under hprun the name starts with the job's prefix (hp::job::shm_prefix), and hprun removes what
+// a rank killed inside that short window leaves behind.
+//
+// Between ranks that are threads of one process it is plain anonymous memory, handed from rank 0
+// to the others through a process-wide table under such a name, and taken out of the table once
+// every member has it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace hp::comm::detail {
+
+struct GroupImpl;
+
+enum class SegmentScope {
+  kProcess,  // every member is a thread of this process
+  kHost,     // the members are processes on this host
+};
+
+class SharedSegment {
+ public:
+  // Collective over the members of `group`, through its store: each member either maps the same
+  // zeroed `bytes`, or gets an empty segment and the reason. All members see the same outcome.
+  // Throws only when the store itself fails (a member never arrives within the group's timeout).
+  struct Outcome {
+    std::shared_ptr<SharedSegment> segment;
+    std::string error;
+  };
+  static Outcome create(GroupImpl& group, int64_t bytes, SegmentScope scope);
+
+  std::byte* data() const { return static_cast<std::byte*>(memory_.get()); }
+  int64_t size() const { return size_; }
+
+  SharedSegment(std::shared_ptr<void> memory, int64_t size) : memory_(std::move(memory)), size_(size) {}
+
+ private:
+  std::shared_ptr<void> memory_;  // unmapped with the last holder
+  int64_t size_;
+};
+
+}  // namespace hp::comm::detail

@@ -1,0 +1,291 @@
+#include "comm/shm_channel.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+#include "comm/group_impl.h"
+#include "hp/core/error.h"
+
+namespace hp::comm::detail {
+namespace {
+
+constexpr int64_t kLine = 64;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the control block's atomics are shared between processes and must not hide a lock");
+
+// The control block, at the start of the segment. Zeroed memory is its initial state.
+struct Control {
+  alignas(kLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
+  alignas(kLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
+  alignas(kLine) std::atomic<uint32_t> failed;     // 1 + group rank of the first member that failed; 0: none
+};
+
+struct alignas(kLine) MemberState {
+  std::atomic<uint64_t> arrived;  // the last round this member arrived at
+  std::atomic<int64_t> pid;       // 0 until the member has opened the channel
+  std::atomic<uint32_t> left;     // the member's group is gone
+};
+
+int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE: the word may be shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+void wake_all(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT_MAX, nullptr); }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Whether the process has ended: gone, or a zombie its parent has not reaped yet.
+bool process_gone(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t end_of_name = line.rfind(')');  // the name may hold spaces and parentheses
+  return end_of_name != std::string::npos && line.size() > end_of_name + 2 && line[end_of_name + 2] == 'Z';
+}
+
+// The bytes of `total` that round k moves when a round moves at most `share`.
+int64_t chunk_of(int64_t total, int64_t k, int64_t share) { return std::clamp(total - k * share, int64_t{0}, share); }
+
+void copy_bytes(std::byte* to, const std::byte* from, int64_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, static_cast<size_t>(bytes));
+}
+
+}  // namespace
+
+struct ShmChannel::Layout {
+  Layout(std::byte* base, int members, int64_t slot) : n(members), slot(slot) {
+    control = reinterpret_cast<Control*>(base);
+    this->members = reinterpret_cast<MemberState*>(base + round_up(sizeof(Control), kLine));
+    lengths = reinterpret_cast<int64_t*>(reinterpret_cast<std::byte*>(this->members) + n * sizeof(MemberState));
+    slots = base + slots_offset(members);
+  }
+  static int64_t slots_offset(int n) {
+    return round_up(round_up(sizeof(Control), kLine) + n * sizeof(MemberState) + 2 * n * n * sizeof(int64_t), 4096);
+  }
+  static int64_t bytes(int n, int64_t slot) { return slots_offset(n) + int64_t{2} * n * slot; }
+
+  std::byte* slot_of(int member, int parity) const { return slots + (int64_t{member} * 2 + parity) * slot; }
+  // What member `from` sends to each member in the first round of an operation of this parity.
+  int64_t* lengths_of(int parity, int from) const { return lengths + (int64_t{parity} * n + from) * n; }
+
+  int n;
+  int64_t slot;
+  Control* control;
+  MemberState* members;
+  int64_t* lengths;
+  std::byte* slots;
+};
+
+int64_t ShmChannel::slot_bytes() { return int64_t{4} << 20; }
+
+std::shared_ptr<ShmChannel> ShmChannel::open(GroupImpl& group, SegmentScope scope, std::string* error) {
+  SharedSegment::Outcome outcome = SharedSegment::create(group, Layout::bytes(group.size(), slot_bytes()), scope);
+  if (!outcome.segment) {
+    *error = outcome.error;
+    return nullptr;
+  }
+  return std::shared_ptr<ShmChannel>(new ShmChannel(group, std::move(outcome.segment)));
+}
+
+ShmChannel::ShmChannel(GroupImpl& group, std::shared_ptr<SharedSegment> segment)
+    : group_(group),
+      segment_(std::move(segment)),
+      layout_(std::make_unique<Layout>(segment_->data(), group.size(), slot_bytes())) {
+  layout_->members[group_.rank].pid.store(getpid(), std::memory_order_release);
+}
+
+ShmChannel::~ShmChannel() {
+  layout_->members[group_.rank].left.store(1, std::memory_order_release);
+  wake_all(&layout_->control->completed);  // members waiting for this one look again
+}
+
+void ShmChannel::check_usable(const CollectiveSite& site) {
+  if (broken_ || layout_->control->failed.load(std::memory_order_acquire) != 0) {
+    broken_ = true;
+    throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
+                    std::to_string(group_.ranks[group_.rank]) +
+                    ": an earlier collective on this group failed, and its shared memory may hold a half-finished "
+                    "exchange; the group cannot be used any more");
+  }
+}
+
+std::string ShmChannel::check_members(uint64_t round) const {
+  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
+  if (failed != 0)
+    return "world rank " + std::to_string(group_.ranks[failed - 1]) + " failed in a collective on this group";
+  for (int r = 0; r < layout_->n; ++r) {
+    const MemberState& member = layout_->members[r];
+    if (r == group_.rank || member.arrived.load(std::memory_order_acquire) >= round) continue;
+    if (member.left.load(std::memory_order_acquire))
+      return "world rank " + std::to_string(group_.ranks[r]) + " left the group (its process group was destroyed)";
+    const int64_t pid = member.pid.load(std::memory_order_acquire);
+    if (pid > 0 && pid != getpid() && process_gone(pid))
+      return "world rank " + std::to_string(group_.ranks[r]) + " (process " + std::to_string(pid) + ") has exited";
+  }
+  return "";
+}
+
+void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failure kind) {
+  broken_ = true;
+  if (kind == Failure::kBadCall) {
+    // Only this member knows: tell the others, who may be waiting for it in the next round. (A
+    // missing or departed member, every waiting member sees for itself, and names.)
+    uint32_t none = 0;
+    layout_->control->failed.compare_exchange_strong(none, static_cast<uint32_t>(group_.rank + 1));
+    wake_all(&layout_->control->completed);
+    // Every member arrived: there is nobody missing to look for.
+    throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
+                    std::to_string(group_.ranks[group_.rank]) + ", collective #" + std::to_string(site.seq) + ": " +
+                    why);
+  }
+  const std::string cause = "shared-memory transport: " + why;
+  raise_collective_failure(
+      site, std::make_exception_ptr(std::runtime_error(kind == Failure::kTimeout ? cause + " (timed out)" : cause)));
+}
+
+void ShmChannel::meet(const CollectiveSite& site) {
+  const uint64_t round = ++rounds_;
+  Control& control = *layout_->control;
+  layout_->members[group_.rank].arrived.store(round, std::memory_order_release);
+  const auto target = static_cast<uint32_t>(round);
+  if (control.arrivals.fetch_add(1, std::memory_order_acq_rel) + 1 == round * layout_->n) {
+    control.completed.store(target, std::memory_order_release);
+    wake_all(&control.completed);
+    return;
+  }
+  // A member that arrives next on another core is worth a short spin; beyond that, sleep in the
+  // kernel, so members that share cores hand them over.
+  for (int i = 0; i < 256; ++i) {
+    if (control.completed.load(std::memory_order_acquire) == target) return;
+    cpu_relax();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + group_.options.timeout;
+  constexpr timespec kSlice{0, 50'000'000};  // between two looks at the other members
+  for (;;) {
+    const uint32_t seen = control.completed.load(std::memory_order_acquire);
+    if (seen == target) return;
+    futex(&control.completed, FUTEX_WAIT, seen, &kSlice);
+    if (control.completed.load(std::memory_order_acquire) == target) return;
+    if (const std::string why = check_members(round); !why.empty()) fail(site, why, Failure::kMember);
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < layout_->n; ++r)
+        if (layout_->members[r].arrived.load(std::memory_order_acquire) < round)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(group_.ranks[r]);
+      fail(site, "world ranks [" + missing + "] did not arrive", Failure::kTimeout);
+    }
+  }
+}
+
+template <typename Fill, typename Drain>
+void ShmChannel::round(const CollectiveSite& site, Fill fill, Drain drain) {
+  const int parity = static_cast<int>(rounds_ % 2);
+  fill(parity);
+  meet(site);
+  drain(parity);
+}
+
+void ShmChannel::exchange(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
+                          const std::vector<ByteSpan>& recvs) {
+  check_usable(site);
+  const int n = layout_->n;
+  const int me = group_.rank;
+  HP_CHECK(
+      static_cast<int>(sends.size()) == n && static_cast<int>(recvs.size()) == n && sends[me].size == recvs[me].size,
+      "ShmChannel::exchange: malformed call");
+  copy_bytes(recvs[me].data, sends[me].data, sends[me].size);
+  const int64_t share = layout_->slot / n / kLine * kLine;  // of a slot, per receiver
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; ++k) {
+    round(
+        site,
+        [&](int parity) {
+          if (k == 0)
+            for (int j = 0; j < n; ++j) layout_->lengths_of(parity, me)[j] = sends[j].size;
+          std::byte* slot = layout_->slot_of(me, parity);
+          for (int j = 0; j < n; ++j)
+            if (j != me) copy_bytes(slot + j * share, sends[j].data + k * share, chunk_of(sends[j].size, k, share));
+        },
+        [&](int parity) {
+          if (k == 0) {
+            for (int i = 0; i < n; ++i) {
+              for (int j = 0; j < n; ++j)
+                rounds = std::max(rounds, (layout_->lengths_of(parity, i)[j] + share - 1) / share);
+              const int64_t sent = layout_->lengths_of(parity, i)[me];
+              if (i != me && sent != recvs[i].size)
+                fail(site,
+                     "world rank " + std::to_string(group_.ranks[i]) + " sends " + std::to_string(sent) +
+                         " bytes to this rank, which expects " + std::to_string(recvs[i].size),
+                     Failure::kBadCall);
+            }
+          }
+          for (int i = 0; i < n; ++i)
+            if (i != me)
+              copy_bytes(recvs[i].data + k * share, layout_->slot_of(i, parity) + me * share,
+                         chunk_of(recvs[i].size, k, share));
+        });
+  }
+}
+
+void ShmChannel::gather(const CollectiveSite& site, ByteSpan send, const std::vector<ByteSpan>& recvs) {
+  check_usable(site);
+  const int n = layout_->n;
+  const int me = group_.rank;
+  HP_CHECK(static_cast<int>(recvs.size()) == n && recvs[me].size == send.size, "ShmChannel::gather: malformed call");
+  if (recvs[me].data != send.data) copy_bytes(recvs[me].data, send.data, send.size);
+  const int64_t share = layout_->slot;
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; ++k) {
+    round(
+        site,
+        [&](int parity) {
+          if (k == 0) layout_->lengths_of(parity, me)[0] = send.size;
+          copy_bytes(layout_->slot_of(me, parity), send.data + k * share, chunk_of(send.size, k, share));
+        },
+        [&](int parity) {
+          if (k == 0) {
+            for (int i = 0; i < n; ++i) {
+              const int64_t sent = layout_->lengths_of(parity, i)[0];
+              rounds = std::max(rounds, (sent + share - 1) / share);
+              if (i != me && sent != recvs[i].size)
+                fail(site,
+                     "world rank " + std::to_string(group_.ranks[i]) + " sends " + std::to_string(sent) +
+                         " bytes, and this rank expects " + std::to_string(recvs[i].size),
+                     Failure::kBadCall);
+            }
+          }
+          for (int i = 0; i < n; ++i)
+            if (i != me)
+              copy_bytes(recvs[i].data + k * share, layout_->slot_of(i, parity), chunk_of(recvs[i].size, k, share));
+        });
+  }
+}
+
+void ShmChannel::barrier(const CollectiveSite& site) {
+  check_usable(site);
+  round(
+      site, [](int) {}, [](int) {});
+}
+
+}  // namespace hp::comm::detail

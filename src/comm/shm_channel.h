@@ -1,0 +1,83 @@
+// The shared-memory transport of one group: a SharedSegment laid out as a control block and, per
+// member, two send slots, and the three ways the collectives use it.
+//
+// Every operation is a sequence of rounds. In a round each member copies (a chunk of) what it sends
+// into its own slot, all members meet in a barrier, and each copies what it receives out of the
+// senders' slots. Rounds alternate between a member's two slots, so a member may write round k+1
+// while slower members still read round k: a member writes round k+2 into the slot of round k only
+// after the barrier of round k+1, which nobody reaches before having read round k. The parity runs
+// on across operations, so the same holds from one collective to the next.
+//
+// The first round of an operation also carries each member's send sizes, so that every member
+// knows how many rounds the largest message needs, and each receiver checks that what is sent to
+// it is what it expects (a mismatch fails the collective instead of corrupting the output).
+//
+// The barrier is a counter of arrivals and a futex word of completed rounds: a short spin, then a
+// futex wait in slices, checking between slices for members that failed, left (their group was
+// destroyed) or whose process is gone, and for the group's timeout. A failure marks the channel for
+// every member, so no later collective on it can run on half-written data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/shared_segment.h"
+
+namespace hp::comm::detail {
+
+struct CollectiveSite;
+struct GroupImpl;
+
+struct ByteSpan {
+  std::byte* data = nullptr;
+  int64_t size = 0;
+};
+
+class ShmChannel {
+ public:
+  // Collective over `group` (see SharedSegment::create). Returns nullptr and says why in `error`
+  // when the members cannot share memory; every member gets the same answer.
+  static std::shared_ptr<ShmChannel> open(GroupImpl& group, SegmentScope scope, std::string* error);
+  ~ShmChannel();  // tells the other members this one has left
+
+  // All to all: sends[j] goes to member j, recvs[i] receives member i's bytes (of the size member
+  // i sends to this one).
+  void exchange(const CollectiveSite& site, const std::vector<ByteSpan>& sends, const std::vector<ByteSpan>& recvs);
+  // Every member's `send` to every member: recvs[i] receives member i's bytes. A recv of this
+  // member that is `send` itself is left as it is.
+  void gather(const CollectiveSite& site, ByteSpan send, const std::vector<ByteSpan>& recvs);
+  void barrier(const CollectiveSite& site);
+
+  // Bytes of one member's slot; a message larger than its share takes several rounds.
+  static int64_t slot_bytes();
+
+  struct Layout;
+
+ private:
+  ShmChannel(GroupImpl& group, std::shared_ptr<SharedSegment> segment);
+
+  // Runs one round: fills this member's slot, meets the others, drains theirs.
+  template <typename Fill, typename Drain>
+  void round(const CollectiveSite& site, Fill fill, Drain drain);
+  void meet(const CollectiveSite& site);
+  enum class Failure {
+    kBadCall,  // the members' sizes disagree
+    kMember,   // a member failed, left or exited
+    kTimeout,  // a member did not arrive within the group's timeout
+  };
+  // Marks the channel failed for every member and throws.
+  [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind);
+  std::string check_members(uint64_t round) const;  // empty, or why waiting is hopeless
+  void check_usable(const CollectiveSite& site);
+
+  GroupImpl& group_;
+  std::shared_ptr<SharedSegment> segment_;
+  std::unique_ptr<Layout> layout_;
+  uint64_t rounds_ = 0;  // rounds run so far: equal on every member
+  bool broken_ = false;
+};
+
+}  // namespace hp::comm::detail

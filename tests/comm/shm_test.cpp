@@ -1,0 +1,269 @@
+// The shared-memory transport: every collective equal to Gloo's (bitwise in deterministic mode),
+// chosen for groups whose members share the host, and failures that name the member instead of
+// hanging or corrupting the next collective.
+#include <dirent.h>
+#include <hp/comm/process_group.h>
+#include <hp/core/error.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/c10d_shim.h"
+#include "comm/group_impl.h"
+#include "comm/shm_channel.h"
+#include "comm/world.h"
+#include "hp/core/job.h"
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+using comm::ProcessGroup;
+using comm::ReduceOp;
+using comm::Transport;
+using Results = std::vector<std::vector<std::pair<std::string, at::Tensor>>>;  // per rank
+
+// One rank's share of every collective, in every dtype, at sizes from empty to several rounds of
+// a slot. Inputs depend on the rank only, so two runs see the same data.
+std::vector<std::pair<std::string, at::Tensor>> run_every_collective(const ProcessGroup& g) {
+  const int n = g.size();
+  const int r = g.rank();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto keep = [&](const std::string& what, const at::Tensor& t) { out.emplace_back(what, t.clone()); };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kDouble, at::kLong}) {
+    const std::string d = "[" + dtype_name(dtype) + "] ";
+    const bool floating = at::isFloatingType(dtype);
+    keep(d + "all_reduce sum", g.all_reduce(rank_data(r, {1007}, dtype)));
+    keep(d + "all_reduce max", g.all_reduce(rank_data(r, {33, 3}, dtype), {ReduceOp::kMax}));
+    if (floating) keep(d + "all_reduce avg", g.all_reduce(rank_data(r, {5, 7}, dtype), {ReduceOp::kAvg}));
+    keep(d + "all_reduce empty", g.all_reduce(at::zeros({0}, dtype)));
+    keep(d + "reduce_scatter chunks", g.reduce_scatter(rank_data(r, {3 * n + 1, 5}, dtype, 1)));
+    std::vector<int64_t> uneven(n);
+    int64_t width = 0;
+    for (int i = 0; i < n; ++i) width += uneven[i] = i % 3;  // rank 0 gets nothing
+    keep(d + "reduce_scatter dim 1 uneven",
+         g.reduce_scatter(rank_data(r, {4, width}, dtype, 2), {ReduceOp::kSum, 1, uneven}));
+    keep(d + "all_gather", g.all_gather(rank_data(r, {3, 4}, dtype, 3)));
+    std::vector<int64_t> rows(n);
+    for (int i = 0; i < n; ++i) rows[i] = i;  // rank 0 sends nothing
+    keep(d + "all_gather uneven dim 1", g.all_gather(rank_data(r, {2, r}, dtype, 4), {1, rows}));
+    at::Tensor into = at::empty({n * 2, 3}, dtype);
+    g.all_gather_into_tensor(into, rank_data(r, {2, 3}, dtype, 5));
+    keep(d + "all_gather_into_tensor", into);
+    std::vector<int64_t> in_splits(n), out_splits(n);
+    for (int j = 0; j < n; ++j) {
+      in_splits[j] = (r + j) % 3;
+      out_splits[j] = (j + r) % 3;
+    }
+    int64_t total = 0;
+    for (int64_t s : in_splits) total += s;
+    keep(d + "all_to_all uneven", g.all_to_all(rank_data(r, {total, 6}, dtype, 6), {out_splits, in_splits}));
+    at::Tensor b = rank_data(r, {9, 2}, dtype, 7);
+    keep(d + "broadcast", g.broadcast(b.t(), n - 1));  // not contiguous: through a copy
+  }
+  keep("[Bool] all_gather", g.all_gather(rank_data(r, {64}, at::kFloat, 8) > 0));
+  // Several rounds of a slot: 12 MB to reduce, 6 MB per rank to gather, 5 MB per pair to exchange.
+  keep("all_reduce 12 MB", g.all_reduce(rank_data(r, {3 << 20}, at::kFloat, 9)));
+  keep("all_gather 6 MB per rank", g.all_gather(rank_data(r, {3 << 19}, at::kFloat, 10)));
+  keep("all_to_all 5 MB per pair", g.all_to_all(rank_data(r, {n * 5, 1 << 18}, at::kFloat, 11)));
+  keep("broadcast 9 MB", g.broadcast(rank_data(r, {9 << 18}, at::kFloat, 12), 0));
+  // Two in flight at once, waited in the other order.
+  comm::Work gathered = g.all_gather_async(rank_data(r, {100}, at::kFloat, 13));
+  at::Tensor summed = rank_data(r, {100}, at::kFloat, 14);
+  comm::Work reduced = g.all_reduce_async(summed);
+  keep("async all_reduce", reduced.wait());
+  keep("async all_gather", gathered.wait());
+  g.barrier();
+  return out;
+}
+
+Results run_with(Transport transport, int n) {
+  testing::RunRanksOptions options;
+  options.group.set_deterministic(true).set_transport(transport);
+  Results results(n);
+  std::mutex mu;
+  testing::run_ranks(
+      n,
+      [&](const ProcessGroup& world) {
+        auto mine = run_every_collective(world);
+        const bool on_shm = world.impl().shm != nullptr;
+        if (on_shm != (transport != Transport::kGloo))
+          throw std::runtime_error("the world group is on the wrong transport");
+        std::lock_guard<std::mutex> lock(mu);
+        results[world.rank()] = std::move(mine);
+      },
+      options);
+  return results;
+}
+
+// Every collective through shared memory equals Gloo's, bitwise, in deterministic mode.
+TEST(ShmTransport, EveryCollectiveEqualsGlooBitwise) {
+  for (int n : {2, 4}) {
+    const Results gloo = run_with(Transport::kGloo, n);
+    const Results shm = run_with(Transport::kShm, n);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(gloo[r].size(), shm[r].size());
+      for (size_t i = 0; i < gloo[r].size(); ++i)
+        check_close(shm[r][i].second, gloo[r][i].second,
+                    "world " + std::to_string(n) + ", rank " + std::to_string(r) + ": " + gloo[r][i].first,
+                    /*bitwise=*/true);
+    }
+  }
+}
+
+bool uses_shm(const ProcessGroup& g) {
+  g.barrier();  // the first collective opens the channel
+  return g.impl().shm != nullptr;
+}
+
+// Ranks that are threads of one process use shared memory unless told otherwise, by option or by
+// HP_COMM_TRANSPORT; the option wins over the variable.
+TEST(ShmTransport, ChosenForRanksThatShareTheHost) {
+  auto run = [](Transport transport) {
+    testing::RunRanksOptions options;
+    options.group.set_transport(transport);
+    std::vector<int> used(2, -1);
+    testing::run_ranks(
+        2, [&](const ProcessGroup& world) { used[world.rank()] = uses_shm(world) ? 1 : 0; }, options);
+    return used;
+  };
+  EXPECT_EQ(run(Transport::kAuto), std::vector<int>({1, 1}));
+  EXPECT_EQ(run(Transport::kGloo), std::vector<int>({0, 0}));
+  setenv("HP_COMM_TRANSPORT", "gloo", 1);
+  EXPECT_EQ(run(Transport::kAuto), std::vector<int>({0, 0}));
+  EXPECT_EQ(run(Transport::kShm), std::vector<int>({1, 1}));
+  setenv("HP_COMM_TRANSPORT", "carrier-pigeon", 1);
+  try {
+    run(Transport::kAuto);
+    ADD_FAILURE() << "an unknown HP_COMM_TRANSPORT was accepted";
+  } catch (const hp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HP_COMM_TRANSPORT='carrier-pigeon' is not a transport"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("HP_COMM_TRANSPORT");
+}
+
+// The job's segments in /dev/shm (none outside hprun-style set-up, once every member has mapped).
+std::vector<std::string> segments_named(const std::string& prefix) {
+  std::vector<std::string> found;
+  DIR* dir = opendir("/dev/shm");
+  for (dirent* e; dir != nullptr && (e = readdir(dir)) != nullptr;)
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
+  if (dir != nullptr) closedir(dir);
+  return found;
+}
+
+// A world that spans two "hosts" of 2 ranks: the world group stays on Gloo, each host's group
+// maps a POSIX segment (the path between processes, here between threads), which is unlinked once
+// mapped; results equal Gloo's. Transport shm for the spanning world is refused up front.
+TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
+  const std::string job_dir = "/tmp/hprun-shmtest" + std::to_string(getpid());
+  setenv(job::kDirEnv, job_dir.c_str(), 1);
+  const std::string prefix = job::shm_prefix();
+  auto store = comm::shim::make_hash_store();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(4);
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        comm::ProcessGroupOptions options;
+        options.set_timeout(std::chrono::seconds(20)).set_deterministic(true);
+        ProcessGroup world = comm::create_world_group(store, rank, 4, options, comm::WorldLayout{false, 2});
+        ProcessGroup host = world.new_group(rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+        const at::Tensor x = rank_data(rank, {3 << 20}, at::kFloat);
+        const at::Tensor over_host = host.all_reduce(x.clone());
+        if (!uses_shm(host)) throw std::runtime_error("the host group is not on shm");
+        if (uses_shm(world)) throw std::runtime_error("the world group spanning hosts is on shm");
+        // Both host groups are set up (the world barrier above): nothing of theirs is linked any more.
+        if (!segments_named(prefix).empty()) throw std::runtime_error("a segment is still linked in /dev/shm");
+        const at::Tensor partner = rank_data(rank ^ 1, {3 << 20}, at::kFloat);
+        check_close(over_host, rank % 2 == 0 ? x + partner : partner + x, "host all_reduce", /*bitwise=*/true);
+        world.barrier();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+
+  auto refuse_store = comm::shim::make_hash_store();
+  comm::ProcessGroupOptions shm_options;
+  shm_options.set_transport(Transport::kShm);
+  try {
+    comm::create_world_group(refuse_store, 0, 4, shm_options, comm::WorldLayout{false, 2});
+    ADD_FAILURE() << "transport shm over two hosts was accepted";
+  } catch (const hp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transport shm needs every member on one host"), std::string::npos)
+        << e.what();
+  }
+  unsetenv(job::kDirEnv);
+}
+
+// A member that leaves (its rank threw, tearing down its groups) fails its peers promptly, naming
+// it, long before their timeout.
+TEST(ShmTransport, AMemberThatLeavesFailsItsPeersPromptly) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(60));
+  options.barrier_at_exit = false;
+  std::vector<std::string> seen(3);
+  std::vector<double> seconds(3, -1);
+  try {
+    testing::run_ranks(
+        3,
+        [&](const ProcessGroup& world) {
+          world.barrier();
+          if (world.rank() == 2) throw std::runtime_error("rank 2 gives up");
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            world.all_reduce(at::ones({8}));
+          } catch (const hp::Error& e) {
+            seen[world.rank()] = e.what();
+          }
+          seconds[world.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        },
+        options);
+  } catch (const hp::Error&) {  // rank 2's own error
+  }
+  for (int r : {0, 1}) {
+    EXPECT_NE(seen[r].find("world rank 2 left the group"), std::string::npos) << seen[r];
+    EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): [2]"), std::string::npos) << seen[r];
+    EXPECT_LT(seconds[r], 10.0);
+  }
+}
+
+// Sizes that disagree between sender and receiver fail the receiver, naming the sender, and every
+// later collective on the group fails instead of reading half-written slots.
+TEST(ShmTransport, SizesThatDisagreeFailInsteadOfCorrupting) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(20));
+  options.barrier_at_exit = false;
+  std::vector<std::string> first(2), second(2);
+  testing::run_ranks(
+      2,
+      [&](const ProcessGroup& world) {
+        const int r = world.rank();
+        // Rank 0 sends 2 rows to rank 1, which expects 3.
+        const std::vector<int64_t> in = {1, 2}, out = r == 0 ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{3, 1};
+        try {
+          world.all_to_all(at::ones({r == 0 ? 3 : 2, 4}), {out, r == 0 ? in : std::vector<int64_t>{1, 1}});
+        } catch (const hp::Error& e) {
+          first[r] = e.what();
+        }
+        try {
+          world.all_reduce(at::ones({4}));
+        } catch (const hp::Error& e) {
+          second[r] = e.what();
+        }
+      },
+      options);
+  EXPECT_NE(first[1].find("world rank 0 sends 32 bytes to this rank, which expects 48"), std::string::npos) << first[1];
+  for (int r : {0, 1}) EXPECT_NE(second[r], "") << "rank " << r << "'s next collective ran";
+}
+
+}  // namespace
+}  // namespace hp::test
