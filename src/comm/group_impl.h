@@ -58,13 +58,12 @@ struct GroupImpl {
   std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
   CollectiveQueue queue;
 
-  // The shared-memory transport (comm/shm_channel.h), for groups whose members share this host and
-  // whose transport allows it. The first collective that moves data opens it; when the members
-  // cannot share memory, the group falls back to Gloo (an error under Transport::kShm).
+  // The shared-memory transport (comm/shm_channel.h), under Transport::kShm for groups whose
+  // members share this host. The first collective that moves data opens it; when the members cannot
+  // share memory, that collective and every later one on the group fail.
   std::optional<SegmentScope> shm_scope;
-  bool shm_required = false;
-  bool shm_tried = false;
   std::shared_ptr<ShmChannel> shm;
+  std::string shm_failure;  // why setting up failed
   // Only from a collective's run (one at a time per group): the channel, or nullptr for Gloo.
   ShmChannel* shm_channel(const CollectiveSite& site);
 

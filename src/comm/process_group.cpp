@@ -152,7 +152,8 @@ std::vector<ByteSpan> row_spans(const at::Tensor& t, const std::vector<int64_t>&
 }
 
 // Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous), in
-// rank order; into `buffer` (contiguous, at least n * max(sizes) rows) when given.
+// rank order; into `buffer` (contiguous, at least n * max(sizes) rows; through shared memory,
+// sum(sizes) rows are enough) when given.
 at::Tensor gather_rows(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
                        const at::Tensor& buffer = {}) {
   GroupImpl& g = *site.group;
@@ -194,6 +195,14 @@ CollectiveSite new_p2p_site(GroupImpl& g, const char* op, int64_t bytes, int pee
 Work issue_native(const std::shared_ptr<GroupImpl>& g, const CollectiveSite& site, Step step) {
   auto state = std::make_shared<detail::NativeWorkState>(site, step.finish);
   state->keep_alive = g;
+  // On a shared-memory group the queue holds collectives that move no Gloo data, and Gloo matches
+  // point-to-point messages by peer and tag, not by their place among the collectives: they start at
+  // once. Behind a queued collective, a send could wait for the very collective its receiver can
+  // only join after receiving it (a pipeline stage and its peer; found with ep x pp).
+  if (g->shm_scope) {
+    state->work = start_or_explain(site, step);
+    return Work(state);
+  }
   if (g->queue.issue_if_idle([&] { state->work = start_or_explain(site, step); })) return Work(state);
   // Behind a composed collective: issue from the worker so the issue order stays the program order.
   // The worker only starts it and goes on: waiting there would keep a send's matching receive (the
@@ -239,11 +248,34 @@ Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t
       g->queue.enqueue([site, run = std::move(run), keep_alive = g] { return run(site); })));
 }
 
+// Reduce-scatter through shared memory: each round's pieces are reduced where they lie in the
+// members' slots, by the same tree, so to the same bits, without being copied out first.
+at::Tensor reduce_scatter_in_place(ShmChannel& shm, const CollectiveSite& site, const at::Tensor& x0,
+                                   const std::vector<int64_t>& sizes, ReduceOp op, const at::Tensor& out) {
+  const int n = site.group->size();
+  const int64_t mine = sizes[site.group->rank];
+  at::Tensor result = out.defined() ? out : at::empty(with_dim0(x0, mine), x0.options());
+  at::Tensor flat = result.is_contiguous() ? result.view({-1}) : at::empty({result.numel()}, x0.options());
+  const int64_t element = x0.element_size();
+  const int64_t member_stride = 2 * ShmChannel::slot_bytes() / element;
+  shm.exchange_and_consume(
+      site, row_spans(x0, sizes), mine * row_bytes(x0), [&](const std::vector<ByteSpan>& received, int64_t offset) {
+        const int64_t count = received[0].size / element;
+        if (count == 0) return;
+        at::Tensor stacked = at::from_blob(received[0].data, {n, count}, {member_stride, 1}, x0.options());
+        tree_reduce_(stacked, op, flat.narrow(0, offset / element, count));
+      });
+  if (!result.is_contiguous()) result.copy_(flat.view(result.sizes()));
+  return result;
+}
+
 // Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce, into
 // `out` when given.
 at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
                                ReduceOp op, const at::Tensor& out = {}) {
   GroupImpl& g = *site.group;
+  if (ShmChannel* shm = over_shm(g, x0) ? g.shm_channel(site) : nullptr)
+    return reduce_scatter_in_place(*shm, site, x0, sizes, op, out);
   const int64_t mine = sizes[g.rank];
   std::vector<int64_t> stacked_shape{g.size()};
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
@@ -273,6 +305,10 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     GroupImpl& g = *site.group;
     const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
     at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
+    if (tensor.is_contiguous() && over_shm(g, tensor) && g.shm_channel(site) != nullptr) {
+      gather_rows(site, mine, pieces, tensor.view({-1}));  // straight into place
+      return tensor;
+    }
     at::Tensor gather_buffer = g.scratch({pieces[0] * g.size()}, tensor.scalar_type());  // pieces[0] is the widest
     at::Tensor full = gather_rows(site, mine, pieces, gather_buffer);
     tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
@@ -295,6 +331,8 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   piece_shape[dim] = sizes[g.rank];
   if (out.defined()) {
     check_tensor("reduce_scatter_tensor", out);
+    HP_CHECK(out.device() == input.device(), "reduce_scatter_tensor: output is on ", out.device(),
+             " but the input is on ", input.device());
     HP_CHECK(out.sizes() == at::IntArrayRef(piece_shape) && out.scalar_type() == input.scalar_type(),
              "reduce_scatter_tensor: output is ", out.sizes(), " ", out.scalar_type(), " but this rank's piece is ",
              at::IntArrayRef(piece_shape), " ", input.scalar_type());
@@ -328,6 +366,8 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
   at::Tensor buffer;  // receive straight into `out` when its layout is the gather buffer's
   if (out.defined()) {
     check_tensor("all_gather_into_tensor", out);
+    HP_CHECK(out.device() == input.device(), "all_gather_into_tensor: output is on ", out.device(),
+             " but the input is on ", input.device());
     HP_CHECK(out.sizes() == at::IntArrayRef(gathered_shape) && out.scalar_type() == input.scalar_type(),
              "all_gather_into_tensor: output is ", out.sizes(), " ", out.scalar_type(), " but the gathered tensor is ",
              at::IntArrayRef(gathered_shape), " ", input.scalar_type());
@@ -373,6 +413,9 @@ Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
   }
   HP_CHECK(sum_of(opts.input_split_sizes) == input.size(0), "all_to_all: input_split_sizes add up to ",
            sum_of(opts.input_split_sizes), " but dim 0 of the input is ", input.size(0));
+  HP_CHECK(opts.input_split_sizes[g.rank] == opts.output_split_sizes[g.rank], "all_to_all: this rank (", g.rank,
+           ") sends itself ", opts.input_split_sizes[g.rank], " rows but expects ", opts.output_split_sizes[g.rank],
+           " from itself");
   if (n == 1) return ready(input.clone());
   if (over_shm(g, input)) {
     return issue_composed(

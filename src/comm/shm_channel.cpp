@@ -130,30 +130,33 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
   }
 }
 
-std::string ShmChannel::check_members(uint64_t round) const {
-  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
-  if (failed != 0)
-    return "world rank " + std::to_string(group_.ranks[failed - 1]) + " failed in a collective on this group";
+std::string ShmChannel::check_members(uint64_t round, int* culprit) const {
   for (int r = 0; r < layout_->n; ++r) {
     const MemberState& member = layout_->members[r];
-    if (r == group_.rank || member.arrived.load(std::memory_order_acquire) >= round) continue;
-    if (member.left.load(std::memory_order_acquire))
+    if (r == group_.rank) continue;
+    const bool left = member.left.load(std::memory_order_acquire);  // before `arrived`: it is set after
+    if (member.arrived.load(std::memory_order_acquire) >= round) continue;
+    *culprit = r;
+    if (left)
       return "world rank " + std::to_string(group_.ranks[r]) + " left the group (its process group was destroyed)";
     const int64_t pid = member.pid.load(std::memory_order_acquire);
     if (pid > 0 && pid != getpid() && process_gone(pid))
       return "world rank " + std::to_string(group_.ranks[r]) + " (process " + std::to_string(pid) + ") has exited";
   }
-  return "";
+  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
+  if (failed == 0) return "";
+  *culprit = static_cast<int>(failed) - 1;
+  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[failed - 1]);
 }
 
-void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failure kind) {
+void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit) {
   broken_ = true;
+  // Tell the others, who may be waiting for this member in a later round, and who is to blame (the
+  // first failure wins).
+  uint32_t none = 0;
+  layout_->control->failed.compare_exchange_strong(none, static_cast<uint32_t>(culprit + 1));
+  wake_all(&layout_->control->completed);
   if (kind == Failure::kBadCall) {
-    // Only this member knows: tell the others, who may be waiting for it in the next round. (A
-    // missing or departed member, every waiting member sees for itself, and names.)
-    uint32_t none = 0;
-    layout_->control->failed.compare_exchange_strong(none, static_cast<uint32_t>(group_.rank + 1));
-    wake_all(&layout_->control->completed);
     // Every member arrived: there is nobody missing to look for.
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
                     std::to_string(group_.ranks[group_.rank]) + ", collective #" + std::to_string(site.seq) + ": " +
@@ -174,11 +177,18 @@ void ShmChannel::meet(const CollectiveSite& site) {
     wake_all(&control.completed);
     return;
   }
-  // A member that arrives next on another core is worth a short spin; beyond that, sleep in the
-  // kernel, so members that share cores hand them over.
-  for (int i = 0; i < 256; ++i) {
+  // The last member usually arrives within microseconds, on another core: spin, then yield (so
+  // members that share a core hand it over), and after 100 us sleep in the kernel, whose wake-up
+  // alone costs tens of microseconds.
+  const auto stop_spinning = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+  for (int i = 0;; ++i) {
     if (control.completed.load(std::memory_order_acquire) == target) return;
-    cpu_relax();
+    if (i < 64) {
+      cpu_relax();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > stop_spinning) break;
+    std::this_thread::yield();
   }
   const auto deadline = std::chrono::steady_clock::now() + group_.options.timeout;
   constexpr timespec kSlice{0, 50'000'000};  // between two looks at the other members
@@ -187,13 +197,18 @@ void ShmChannel::meet(const CollectiveSite& site) {
     if (seen == target) return;
     futex(&control.completed, FUTEX_WAIT, seen, &kSlice);
     if (control.completed.load(std::memory_order_acquire) == target) return;
-    if (const std::string why = check_members(round); !why.empty()) fail(site, why, Failure::kMember);
+    int culprit = -1;
+    if (const std::string why = check_members(round, &culprit); !why.empty())
+      fail(site, why, Failure::kMember, culprit);
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
-      for (int r = 0; r < layout_->n; ++r)
-        if (layout_->members[r].arrived.load(std::memory_order_acquire) < round)
-          missing += (missing.empty() ? "" : ", ") + std::to_string(group_.ranks[r]);
-      fail(site, "world ranks [" + missing + "] did not arrive", Failure::kTimeout);
+      int culprit = group_.rank;
+      for (int r = 0; r < layout_->n; ++r) {
+        if (layout_->members[r].arrived.load(std::memory_order_acquire) >= round) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(group_.ranks[r]);
+        culprit = r;
+      }
+      fail(site, "world ranks [" + missing + "] did not arrive", Failure::kTimeout, culprit);
     }
   }
 }
@@ -208,15 +223,37 @@ void ShmChannel::round(const CollectiveSite& site, Fill fill, Drain drain) {
 
 void ShmChannel::exchange(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
                           const std::vector<ByteSpan>& recvs) {
+  const int me = group_.rank;
+  HP_CHECK(static_cast<int>(recvs.size()) == layout_->n && static_cast<int>(sends.size()) == layout_->n &&
+               sends[me].size == recvs[me].size,
+           "ShmChannel::exchange: malformed call");
+  copy_bytes(recvs[me].data, sends[me].data, sends[me].size);
+  std::vector<int64_t> expected;
+  for (const ByteSpan& r : recvs) expected.push_back(r.size);
+  exchange_rounds(site, sends, expected, /*own_through_slot=*/false,
+                  [&](const std::vector<ByteSpan>& received, int64_t offset) {
+                    for (int i = 0; i < layout_->n; ++i)
+                      if (i != me) copy_bytes(recvs[i].data + offset, received[i].data, received[i].size);
+                  });
+}
+
+void ShmChannel::exchange_and_consume(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
+                                      int64_t receive_bytes, const Consume& consume) {
+  HP_CHECK(static_cast<int>(sends.size()) == layout_->n && sends[group_.rank].size == receive_bytes,
+           "ShmChannel::exchange_and_consume: malformed call");
+  exchange_rounds(site, sends, std::vector<int64_t>(layout_->n, receive_bytes), /*own_through_slot=*/true, consume);
+}
+
+int64_t ShmChannel::receive_share() const { return layout_->slot / layout_->n / kLine * kLine; }
+
+void ShmChannel::exchange_rounds(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
+                                 const std::vector<int64_t>& expected, bool own_through_slot, const Consume& consume) {
   check_usable(site);
   const int n = layout_->n;
   const int me = group_.rank;
-  HP_CHECK(
-      static_cast<int>(sends.size()) == n && static_cast<int>(recvs.size()) == n && sends[me].size == recvs[me].size,
-      "ShmChannel::exchange: malformed call");
-  copy_bytes(recvs[me].data, sends[me].data, sends[me].size);
-  const int64_t share = layout_->slot / n / kLine * kLine;  // of a slot, per receiver
+  const int64_t share = receive_share();  // of a slot, per receiver
   int64_t rounds = 1;
+  std::vector<ByteSpan> received(n);
   for (int64_t k = 0; k < rounds; ++k) {
     round(
         site,
@@ -225,7 +262,8 @@ void ShmChannel::exchange(const CollectiveSite& site, const std::vector<ByteSpan
             for (int j = 0; j < n; ++j) layout_->lengths_of(parity, me)[j] = sends[j].size;
           std::byte* slot = layout_->slot_of(me, parity);
           for (int j = 0; j < n; ++j)
-            if (j != me) copy_bytes(slot + j * share, sends[j].data + k * share, chunk_of(sends[j].size, k, share));
+            if (j != me || own_through_slot)
+              copy_bytes(slot + j * share, sends[j].data + k * share, chunk_of(sends[j].size, k, share));
         },
         [&](int parity) {
           if (k == 0) {
@@ -233,17 +271,16 @@ void ShmChannel::exchange(const CollectiveSite& site, const std::vector<ByteSpan
               for (int j = 0; j < n; ++j)
                 rounds = std::max(rounds, (layout_->lengths_of(parity, i)[j] + share - 1) / share);
               const int64_t sent = layout_->lengths_of(parity, i)[me];
-              if (i != me && sent != recvs[i].size)
+              if (i != me && sent != expected[i])
                 fail(site,
                      "world rank " + std::to_string(group_.ranks[i]) + " sends " + std::to_string(sent) +
-                         " bytes to this rank, which expects " + std::to_string(recvs[i].size),
-                     Failure::kBadCall);
+                         " bytes to this rank, which expects " + std::to_string(expected[i]),
+                     Failure::kBadCall, i);
             }
           }
           for (int i = 0; i < n; ++i)
-            if (i != me)
-              copy_bytes(recvs[i].data + k * share, layout_->slot_of(i, parity) + me * share,
-                         chunk_of(recvs[i].size, k, share));
+            received[i] = {layout_->slot_of(i, parity) + me * share, chunk_of(expected[i], k, share)};
+          consume(received, k * share);
         });
   }
 }
@@ -272,7 +309,7 @@ void ShmChannel::gather(const CollectiveSite& site, ByteSpan send, const std::ve
                 fail(site,
                      "world rank " + std::to_string(group_.ranks[i]) + " sends " + std::to_string(sent) +
                          " bytes, and this rank expects " + std::to_string(recvs[i].size),
-                     Failure::kBadCall);
+                     Failure::kBadCall, i);
             }
           }
           for (int i = 0; i < n; ++i)

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ class ShmChannel {
   // All to all: sends[j] goes to member j, recvs[i] receives member i's bytes (of the size member
   // i sends to this one).
   void exchange(const CollectiveSite& site, const std::vector<ByteSpan>& sends, const std::vector<ByteSpan>& recvs);
+  // All to all where every member sends this one `receive_bytes`, handed over where they lie:
+  // each round calls consume(received, offset), received[i] being the chunk member i sent (this
+  // member's own included) and `offset` its place in the whole message. `consume` may write into
+  // the received chunks: nobody else reads them. Reductions read the pieces without a copy.
+  using Consume = std::function<void(const std::vector<ByteSpan>& received, int64_t offset)>;
+  void exchange_and_consume(const CollectiveSite& site, const std::vector<ByteSpan>& sends, int64_t receive_bytes,
+                            const Consume& consume);
   // Every member's `send` to every member: recvs[i] receives member i's bytes. A recv of this
   // member that is `send` itself is left as it is.
   void gather(const CollectiveSite& site, ByteSpan send, const std::vector<ByteSpan>& recvs);
@@ -53,6 +61,10 @@ class ShmChannel {
 
   // Bytes of one member's slot; a message larger than its share takes several rounds.
   static int64_t slot_bytes();
+  // At most this many bytes go from one member to another in one round of an exchange (a
+  // multiple of 64). The chunks that members 0..n-1 sent to this one in a round lie 2 * slot_bytes()
+  // apart, so a reduction can view them as one strided tensor.
+  int64_t receive_share() const;
 
   struct Layout;
 
@@ -60,6 +72,8 @@ class ShmChannel {
   ShmChannel(GroupImpl& group, std::shared_ptr<SharedSegment> segment);
 
   // Runs one round: fills this member's slot, meets the others, drains theirs.
+  void exchange_rounds(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
+                       const std::vector<int64_t>& expected, bool own_through_slot, const Consume& consume);
   template <typename Fill, typename Drain>
   void round(const CollectiveSite& site, Fill fill, Drain drain);
   void meet(const CollectiveSite& site);
@@ -68,9 +82,10 @@ class ShmChannel {
     kMember,   // a member failed, left or exited
     kTimeout,  // a member did not arrive within the group's timeout
   };
-  // Marks the channel failed for every member and throws.
-  [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind);
-  std::string check_members(uint64_t round) const;  // empty, or why waiting is hopeless
+  // Marks the channel failed for every member, blaming group rank `culprit`, and throws.
+  [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit);
+  // Empty, or why waiting for `round` is hopeless and the group rank to blame.
+  std::string check_members(uint64_t round, int* culprit) const;
   void check_usable(const CollectiveSite& site);
 
   GroupImpl& group_;

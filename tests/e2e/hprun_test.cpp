@@ -109,10 +109,11 @@ TEST(Hprun, PeerNeverArrivesTimesOut) {
   EXPECT_LT(r.seconds, 10.0) << r.output;
 }
 
-// Between processes of one host the collectives go through shared memory (a segment of the job is
-// mapped) and equal the same computation on one rank bitwise; HP_COMM_TRANSPORT=gloo keeps Gloo.
+// With HP_COMM_TRANSPORT=shm the collectives between processes of one host go through shared
+// memory (a segment of the job is mapped) and equal the same computation on one rank bitwise, as
+// they do over Gloo.
 TEST(Hprun, CollectivesOverSharedMemoryBetweenProcesses) {
-  for (const std::string transport : {"auto", "gloo"}) {
+  for (const std::string transport : {"shm", "gloo"}) {
     Result r = run_job("--nproc-per-node 4 env HP_COMM_TRANSPORT=" + transport + " " + program("collectives"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const std::string used = transport == "gloo" ? "gloo" : "shared memory";
@@ -125,7 +126,7 @@ TEST(Hprun, CollectivesOverSharedMemoryBetweenProcesses) {
 // A rank SIGKILLed while a segment of the job is still linked leaves nothing in /dev/shm: hprun
 // removes the job's segments when it ends.
 TEST(Hprun, AKilledRankLeavesNoSharedMemory) {
-  Result r = run_job("--nproc-per-node 2 " + program("shm_killed"));
+  Result r = run_job("--nproc-per-node 2 env HP_COMM_TRANSPORT=shm " + program("shm_killed"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   const size_t at = r.output.find("left /");
   ASSERT_NE(at, std::string::npos) << r.output;

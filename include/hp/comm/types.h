@@ -15,9 +15,9 @@ std::string to_string(ReduceOp op);
 // How the collectives of a group move data (docs/collectives.md#transports). Point-to-point
 // messages (send, recv, batch_isend_irecv) always go through Gloo.
 enum class Transport {
-  kAuto,  // shared memory when every member of the group runs on this host, else Gloo
+  kAuto,  // Gloo for now: shared memory does not yet run every configuration (docs/collectives.md)
   kGloo,  // c10d's Gloo over TCP, always
-  kShm,   // shared memory; a group whose members span hosts is an error
+  kShm,   // shared memory for each group whose members share this host; Gloo for groups across hosts
 };
 
 std::string to_string(Transport transport);
