@@ -90,8 +90,7 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   return group;
 }
 
-ShmChannel* GroupImpl::shm_channel(const CollectiveSite& site) {
-  if (!shm_scope) return nullptr;
+ShmChannel& GroupImpl::shm_channel(const CollectiveSite& site) {
   // Every member saw the same outcome, or one of them never came: either way no later collective
   // may run, some members over Gloo and others over shared memory.
   HP_CHECK(shm_failure.empty(), site.op, " on ", describe(), ": setting up shared memory failed earlier (", shm_failure,
@@ -109,7 +108,7 @@ ShmChannel* GroupImpl::shm_channel(const CollectiveSite& site) {
       HP_FAIL(site.op, " on ", describe(), ": transport shm, but the members cannot share memory: ", why);
     }
   }
-  return shm.get();
+  return *shm;
 }
 
 }  // namespace detail

@@ -64,8 +64,9 @@ struct GroupImpl {
   std::optional<SegmentScope> shm_scope;
   std::shared_ptr<ShmChannel> shm;
   std::string shm_failure;  // why setting up failed
-  // Only from a collective's run (one at a time per group): the channel, or nullptr for Gloo.
-  ShmChannel* shm_channel(const CollectiveSite& site);
+  // Only for a group with shm_scope, from a collective's run (one at a time per group); throws
+  // when the channel cannot be set up.
+  ShmChannel& shm_channel(const CollectiveSite& site);
 
   int size() const { return static_cast<int>(ranks.size()); }
   std::string describe() const;  // "group 'tp' (world ranks [4, 5, 6, 7])"

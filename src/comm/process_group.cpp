@@ -157,11 +157,11 @@ std::vector<ByteSpan> row_spans(const at::Tensor& t, const std::vector<int64_t>&
 at::Tensor gather_rows(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
                        const at::Tensor& buffer = {}) {
   GroupImpl& g = *site.group;
-  ShmChannel* shm = over_shm(g, x0) ? g.shm_channel(site) : nullptr;
-  if (shm == nullptr) return run_step(site, all_gather_step(g, x0, sizes, buffer));
+  if (!over_shm(g, x0)) return run_step(site, all_gather_step(g, x0, sizes, buffer));
   const int64_t rows = sum_of(sizes);
   at::Tensor out = buffer.defined() ? buffer.narrow(0, 0, rows) : at::empty(with_dim0(x0, rows), x0.options());
-  shm->gather(site, {static_cast<std::byte*>(x0.data_ptr()), static_cast<int64_t>(x0.nbytes())}, row_spans(out, sizes));
+  g.shm_channel(site).gather(site, {static_cast<std::byte*>(x0.data_ptr()), static_cast<int64_t>(x0.nbytes())},
+                             row_spans(out, sizes));
   return out;
 }
 
@@ -170,11 +170,10 @@ at::Tensor gather_rows(const CollectiveSite& site, const at::Tensor& x0, const s
 at::Tensor exchange_rows(const CollectiveSite& site, const at::Tensor& input, const std::vector<int64_t>& out_splits,
                          const std::vector<int64_t>& in_splits, const at::Tensor& buffer = {}) {
   GroupImpl& g = *site.group;
-  ShmChannel* shm = over_shm(g, input) ? g.shm_channel(site) : nullptr;
-  if (shm == nullptr) return run_step(site, all_to_all_step(g, input, out_splits, in_splits, buffer));
+  if (!over_shm(g, input)) return run_step(site, all_to_all_step(g, input, out_splits, in_splits, buffer));
   at::Tensor in = input.contiguous();
   at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(in, sum_of(out_splits)), in.options());
-  shm->exchange(site, row_spans(in, in_splits), row_spans(out, out_splits));
+  g.shm_channel(site).exchange(site, row_spans(in, in_splits), row_spans(out, out_splits));
   return out;
 }
 
@@ -274,8 +273,7 @@ at::Tensor reduce_scatter_in_place(ShmChannel& shm, const CollectiveSite& site, 
 at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
                                ReduceOp op, const at::Tensor& out = {}) {
   GroupImpl& g = *site.group;
-  if (ShmChannel* shm = over_shm(g, x0) ? g.shm_channel(site) : nullptr)
-    return reduce_scatter_in_place(*shm, site, x0, sizes, op, out);
+  if (over_shm(g, x0)) return reduce_scatter_in_place(g.shm_channel(site), site, x0, sizes, op, out);
   const int64_t mine = sizes[g.rank];
   std::vector<int64_t> stacked_shape{g.size()};
   for (int64_t d : with_dim0(x0, mine)) stacked_shape.push_back(d);
@@ -305,7 +303,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     GroupImpl& g = *site.group;
     const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
     at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
-    if (tensor.is_contiguous() && over_shm(g, tensor) && g.shm_channel(site) != nullptr) {
+    if (tensor.is_contiguous() && over_shm(g, tensor)) {
       gather_rows(site, mine, pieces, tensor.view({-1}));  // straight into place
       return tensor;
     }
@@ -428,12 +426,6 @@ Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
                       all_to_all_step(g, input, opts.output_split_sizes, opts.input_split_sizes));
 }
 
-Step broadcast_step(GroupImpl& g, const at::Tensor& tensor, int root) {
-  return in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
-    return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
-  });
-}
-
 Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, int root, Wait wait) {
   GroupImpl& g = *impl;
   check_tensor("broadcast", tensor);
@@ -442,35 +434,33 @@ Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& te
   if (over_shm(g, tensor)) {
     return issue_composed(impl, "broadcast", tensor.nbytes(), wait, [tensor, root](const CollectiveSite& site) {
       GroupImpl& g = *site.group;
-      ShmChannel* shm = g.shm_channel(site);
-      if (shm == nullptr) return run_step(site, broadcast_step(g, tensor, root));
       at::Tensor buffer = tensor.contiguous();
       const ByteSpan bytes{static_cast<std::byte*>(buffer.data_ptr()), static_cast<int64_t>(buffer.nbytes())};
       std::vector<ByteSpan> recvs(g.size());
       recvs[root] = bytes;
-      shm->gather(site, g.rank == root ? bytes : ByteSpan{}, recvs);
+      g.shm_channel(site).gather(site, g.rank == root ? bytes : ByteSpan{}, recvs);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
       return tensor;
     });
   }
-  return issue_native(impl, new_site(g, "broadcast", tensor.nbytes()), broadcast_step(g, tensor, root));
+  Step step = in_place_step(tensor, [&g, root](const at::Tensor& buffer) {
+    return shim::broadcast(*g.native, shim::to_wire(*g.native, buffer), root);
+  });
+  return issue_native(impl, new_site(g, "broadcast", tensor.nbytes()), std::move(step));
 }
 
 Work barrier_impl(const std::shared_ptr<GroupImpl>& impl, Wait wait) {
   GroupImpl& g = *impl;
   if (g.size() == 1) return ready(at::Tensor());
+  if (g.shm_scope) {
+    return issue_composed(impl, "barrier", 0, wait, [](const CollectiveSite& site) {
+      site.group->shm_channel(site).barrier(site);
+      return at::Tensor();
+    });
+  }
   Step step;
   step.start = [&g] { return shim::barrier(*g.native); };
   step.finish = [] { return at::Tensor(); };
-  if (g.shm_scope) {
-    return issue_composed(impl, "barrier", 0, wait, [step](const CollectiveSite& site) {
-      if (ShmChannel* shm = site.group->shm_channel(site)) {
-        shm->barrier(site);
-        return at::Tensor();
-      }
-      return run_step(site, step);
-    });
-  }
   return issue_native(impl, new_site(g, "barrier", 0), std::move(step));
 }
 
