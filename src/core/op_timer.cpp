@@ -5,11 +5,33 @@
 #include <chrono>
 #include <unordered_map>
 
+#ifdef HP_WITH_CUDA
+#include <torch/cuda.h>
+#endif
+
 namespace hp {
+namespace {
+
+#ifdef HP_WITH_CUDA
+bool returns_cuda_tensor(const OpStack& stack) {
+  for (const c10::IValue& value : stack) {
+    if (value.isTensor() && value.toTensor().is_cuda()) return true;
+    if (value.isTensorList())
+      for (const at::Tensor& t : value.toTensorList().vec())
+        if (t.defined() && t.is_cuda()) return true;
+  }
+  return false;
+}
+#endif
+
+}  // namespace
 
 void OpTimer::dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) {
   const auto start = std::chrono::steady_clock::now();
   run_below(op, keys, stack);
+#ifdef HP_WITH_CUDA
+  if (returns_cuda_tensor(*stack)) torch::cuda::synchronize();  // the op's device time, not its launch
+#endif
   Time& t = ops_[op_name(op)];
   t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++t.calls;

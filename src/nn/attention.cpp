@@ -275,6 +275,15 @@ PositionOrder::PositionOrder(const at::Tensor& p) : positions(p.contiguous()) {
   order = std::get<1>(sorted);
 }
 
+bool positions_in_order(const at::Tensor& positions) {
+  if (!positions.defined()) return true;
+  const at::Tensor p = positions.contiguous();
+  const int64_t* value = p.data_ptr<int64_t>();
+  for (int64_t i = 0; i < p.numel(); ++i)
+    if (value[i] != i) return false;
+  return true;
+}
+
 at::Tensor PositionOrder::put_back(const at::Tensor& sorted) const {
   return order.defined() ? at::empty_like(sorted).index_copy_(2, order.to(sorted.device()), sorted) : sorted;
 }
@@ -327,7 +336,7 @@ CoreAttention::CoreAttention(bool causal_, double scale_, double dropout_, int64
       causal(causal_),
       scale(scale_),
       dropout(dropout_),
-      kernel_(cpu_attention_kernel()),
+      kernel_(default_attention_kernel()),
       compute_(std::make_shared<LocalCompute>()),
       model_heads_(heads) {
   HP_CHECK(dropout >= 0.0 && dropout < 1.0, "CoreAttention: dropout must be in [0, 1); got ", dropout);

@@ -10,7 +10,9 @@
 //
 // An op's time includes the ops it calls (they are not seen separately), so times never count
 // twice and their sum is the thread's time inside ATen ops; intra-op worker threads are part of
-// the op that started them. Time outside ops (autograd bookkeeping, collectives, the caller's own
+// the op that started them. An op that returns a CUDA tensor waits for the device before its clock
+// stops (device build), so its time is what it took on the GPU, and the timed region runs
+// synchronously. Time outside ops (autograd bookkeeping, collectives, the caller's own
 // code) is the wall time of the region minus that sum.
 #pragma once
 

@@ -6,8 +6,9 @@
 // recurrence), so a caller that splits the keys into blocks (ring attention) gets each block's
 // exact share of the gradient by passing the global out and lse. cpu_attention_kernel() works
 // blockwise in fp32 (fp64 for fp64 inputs); for bf16 inputs its products take bf16 factors and
-// round their results to bf16, but for the probabilities' gradient (fp32). A CUDA build can plug
-// in a flash kernel.
+// round their results to bf16, but for the probabilities' gradient (fp32). It works on any device;
+// the device build adds ATen's flash attention for the CUDA problems it computes alike
+// (default_attention_kernel).
 //
 // Masks are by position: with `causal`, query i sees key j when k_positions[j] <= q_positions[i].
 // A rank holding any subset of a sequence (a context-parallel shard, a ring block from a peer)
@@ -65,6 +66,10 @@ struct PositionOrder {
   at::Tensor put_back(const at::Tensor& sorted) const;
 };
 
+// Whether `positions` (int64 [n] on the host; undefined means so) are 0, 1, ..., n-1: the tokens of
+// a whole sequence in order.
+bool positions_in_order(const at::Tensor& positions);
+
 // out [b, hq, sq, dv] and lse [b, hq, sq], both in the accumulation dtype (fp64 for fp64 inputs,
 // else fp32). A query that sees no key has out 0 and lse -inf.
 struct AttentionOutput {
@@ -95,6 +100,14 @@ class AttentionKernel {
 // can see (sorted by position, so a causal block skips every key after its last query);
 // probabilities never exist beyond one block.
 std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block = 256);
+
+// The kernel CoreAttention starts with: cpu_attention_kernel(); in the device build (HP_CUDA), ATen's
+// flash attention instead for the problems it computes alike: CUDA tensors in bf16 or fp16 on a GPU of
+// compute capability 8.0 or newer, one head dim (a multiple of 8, at most 256) for q, k and v, no
+// dropout, and, when causal, positions 0..n-1 for both queries and keys. Every other call goes to the
+// blockwise kernel. HP_ATTENTION_KERNEL=blockwise keeps the blockwise kernel everywhere (to compare);
+// the default is auto.
+std::shared_ptr<const AttentionKernel> default_attention_kernel();
 
 // Folds a partial result over more keys into (out, lse), both in the accumulation dtype:
 // lse' = logaddexp(lse, lse_b), out' = out exp(lse - lse') + out_b exp(lse_b - lse'). Rows that

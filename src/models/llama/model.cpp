@@ -87,12 +87,24 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   return (*o_proj)(out.transpose(1, 2).reshape({b, s, -1}));
 }
 
+std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, const at::Tensor& positions) const {
+  const int64_t s = t.size(1);
+  const auto rows = [&](const at::Tensor& table) { return table.view({1, s, 1, head_dim_}); };
+  if (t.device().is_cpu())  // in t's dtype, so that bf16 activations stay bf16
+    return {rows(cos_.index_select(0, positions).to(t.scalar_type())),
+            rows(sin_.index_select(0, positions).to(t.scalar_type()))};
+  if (!device_cos_.defined() || device_cos_.device() != t.device() || device_cos_.scalar_type() != t.scalar_type()) {
+    device_cos_ = cos_.to(t.device(), t.scalar_type());
+    device_sin_ = sin_.to(t.device(), t.scalar_type());
+  }
+  if (nn::positions_in_order(positions)) return {rows(device_cos_.narrow(0, 0, s)), rows(device_sin_.narrow(0, 0, s))};
+  const at::Tensor index = positions.to(t.device());  // a context-parallel shard's positions
+  return {rows(device_cos_.index_select(0, index)), rows(device_sin_.index_select(0, index))};
+}
+
 at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
-  const int64_t s = t.size(1), half = head_dim_ / 2;
-  // On t's device and in t's dtype, so that bf16 activations stay bf16 (the tables and positions stay
-  // on the host: the rows a sequence needs travel, not the whole table).
-  const at::Tensor cos = cos_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.device(), t.scalar_type());
-  const at::Tensor sin = sin_.index_select(0, positions).view({1, s, 1, head_dim_}).to(t.device(), t.scalar_type());
+  const int64_t half = head_dim_ / 2;
+  const auto [cos, sin] = rotary_rows(t, positions);
   const at::Tensor rotated = at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
   return t * cos + rotated * sin;
 }
