@@ -55,9 +55,14 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
     mine = std::sqrt(squares.value());
     norm = std::sqrt(ExactSquareSum::value_of_digits(world.all_reduce(squares.digits())));
   } else {
-    // Accumulated in double: the sum runs over millions of squares.
-    at::Tensor total = at::zeros({1}, at::kDouble);
-    for (const at::Tensor& g : counted) total += g.to(at::kDouble).pow(2).sum().view({1}).to(at::kCPU);
+    // Accumulated in double (the sum runs over millions of squares) where the gradients are, so that a
+    // GPU's gradients reach the host as one number, not one per tensor.
+    at::Tensor sum;
+    for (const at::Tensor& g : counted) {
+      const at::Tensor squares = g.to(at::kDouble).pow(2).sum();
+      sum = sum.defined() ? sum + squares : squares;
+    }
+    const at::Tensor total = sum.defined() ? sum.view({1}).to(at::kCPU) : at::zeros({1}, at::kDouble);
     mine = std::sqrt(total.item<double>());
     norm = std::sqrt(world.all_reduce(total).item<double>());
   }
