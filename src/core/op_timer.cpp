@@ -13,14 +13,15 @@ namespace hp {
 namespace {
 
 #ifdef HP_WITH_CUDA
-bool returns_cuda_tensor(const OpStack& stack) {
+// The GPU of the first CUDA tensor the op returned, or -1.
+int cuda_device_returned(const OpStack& stack) {
   for (const c10::IValue& value : stack) {
-    if (value.isTensor() && value.toTensor().is_cuda()) return true;
+    if (value.isTensor() && value.toTensor().is_cuda()) return value.toTensor().device().index();
     if (value.isTensorList())
       for (const at::Tensor& t : value.toTensorList().vec())
-        if (t.defined() && t.is_cuda()) return true;
+        if (t.defined() && t.is_cuda()) return t.device().index();
   }
-  return false;
+  return -1;
 }
 #endif
 
@@ -30,7 +31,7 @@ void OpTimer::dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   const auto start = std::chrono::steady_clock::now();
   run_below(op, keys, stack);
 #ifdef HP_WITH_CUDA
-  if (returns_cuda_tensor(*stack)) torch::cuda::synchronize();  // the op's device time, not its launch
+  if (const int gpu = cuda_device_returned(*stack); gpu >= 0) torch::cuda::synchronize(gpu);  // device time
 #endif
   Time& t = ops_[op_name(op)];
   t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

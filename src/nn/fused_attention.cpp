@@ -77,13 +77,17 @@ class FlashAttentionKernel final : public AttentionKernel {
     if (!q.is_cuda() || (t != at::kBFloat16 && t != at::kHalf) || k.scalar_type() != t || v.scalar_type() != t)
       return false;
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.size(1) == 0 || q.size(1) % k.size(1) != 0) return false;
+    if (q.numel() == 0 || k.size(2) == 0) return false;  // flash refuses empty problems
     const int64_t d = q.size(3);
     if (k.size(3) != d || v.size(3) != d || d % 8 != 0 || d > 256) return false;
     if (mask.dropout.p > 0.0) return false;
     if (mask.causal &&
         (q.size(2) != k.size(2) || !positions_in_order(mask.q_positions) || !positions_in_order(mask.k_positions)))
       return false;
-    return at::cuda::getDeviceProperties(q.device().index())->major >= 8;  // flash needs Ampere or newer
+    const cudaDeviceProp& gpu = *at::cuda::getDeviceProperties(q.device().index());
+    if (gpu.major < 8) return false;  // flash needs Ampere or newer
+    // Its backward for head dims above 192 runs on sm80 and sm90 only.
+    return d <= 192 || (gpu.major == 8 && gpu.minor == 0) || gpu.major == 9;
   }
 
   std::shared_ptr<const AttentionKernel> fallback_;

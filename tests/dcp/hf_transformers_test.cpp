@@ -34,7 +34,8 @@ void write_bytes(const std::string& path, const at::Tensor& t) {
 
 TEST(HfTransformers, LlamaForCausalLMGivesOurLogits) {
   const char* python = std::getenv("HP_TRANSFORMERS_PYTHON");
-  if (python == nullptr) GTEST_SKIP() << "HP_TRANSFORMERS_PYTHON is not set (a Python with transformers)";
+  if (python == nullptr || *python == '\0')
+    GTEST_SKIP() << "HP_TRANSFORMERS_PYTHON is not set (a Python with transformers)";
   models::LlamaConfig c;
   c.vocab = 256;
   c.dim = 128;
@@ -70,8 +71,9 @@ TEST(HfTransformers, LlamaForCausalLMGivesOurLogits) {
   write_bytes(dir + "/hp_logits.bin", logits.to(at::kFloat));
 
   const std::string log = dir + "/transformers.log";
-  const std::string command =
-      std::string(python) + " " + HP_SOURCE_DIR + "/tests/dcp/transformers_logits.py " + dir + " >" + log + " 2>&1";
+  const auto quoted = [](const std::string& path) { return "'" + path + "'"; };  // our paths hold no quote
+  const std::string command = std::string(python) + " " + quoted(HP_SOURCE_DIR "/tests/dcp/transformers_logits.py") +
+                              " " + quoted(dir) + " >" + quoted(log) + " 2>&1";
   const int status = std::system(command.c_str());
   std::stringstream output;
   output << std::ifstream(log).rdbuf();
