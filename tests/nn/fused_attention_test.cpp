@@ -5,24 +5,16 @@
 // visible.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "has_gpu.h"
 #include "hp/nn/attention.h"
 
 namespace hp::nn {
 namespace {
-
-bool has_gpu() {
-#ifdef HP_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
 
 struct Inputs {
   at::Tensor q, k, v, dout;
@@ -69,7 +61,7 @@ void expect_bitwise(const Results& got, const Results& want, const std::string& 
 // Flash's out, lse and gradients are the blockwise kernel's within a few bf16 roundings, causal or not,
 // with grouped-query heads and a length that is no multiple of the blockwise kernel's block.
 TEST(FusedAttention, FlashAgreesWithTheBlockwiseKernelInBf16) {
-  if (!has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
+  if (!test::has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
   const Inputs in = inputs(2, 8, 2, 300, 64, at::kBFloat16);  // 4 query heads per key/value head
   const double scale = 0.125;
   for (const bool causal : {true, false}) {
@@ -93,7 +85,7 @@ TEST(FusedAttention, FlashAgreesWithTheBlockwiseKernelInBf16) {
 
 // A problem flash would mask or round differently runs the blockwise kernel: its results, bitwise.
 TEST(FusedAttention, WhatFlashDoesNotComputeAlikeGoesToTheBlockwiseKernel) {
-  if (!has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
+  if (!test::has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
   const auto blockwise = cpu_attention_kernel();
   const auto fused = default_attention_kernel();
   // A context-parallel shard's positions: causal masking by position, which flash cannot do.

@@ -3,7 +3,6 @@
 // bitwise. Skipped where the build has no HP_CUDA or no GPU is visible (the CPU machines CI runs
 // on); scripts/device-check runs them on a GPU.
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "has_gpu.h"
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "scratch_dir.h"
@@ -20,14 +20,6 @@ namespace hp::train {
 namespace {
 
 constexpr int64_t kSteps = 4;
-
-bool has_gpu() {
-#ifdef HP_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
 
 std::vector<double> losses_on(const std::string& device, const std::string& dtype, const std::string& name) {
   const auto dir = test::scratch_dir("hp_cuda_" + name);
@@ -57,19 +49,19 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 }
 
 TEST(CudaTraining, Fp32MatchesTheCpuRun) {
-  if (!has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
+  if (!test::has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
   // Summation orders differ between the GPU's kernels and the CPU's: not bitwise, close.
   expect_close(losses_on("cuda", "fp32", "fp32_gpu"), losses_on("cpu", "fp32", "fp32_cpu"), 1e-4, "fp32 GPU vs CPU");
 }
 
 TEST(CudaTraining, Bf16StaysCloseToFp32) {
-  if (!has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
+  if (!test::has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
   expect_close(losses_on("cuda", "bf16", "bf16_gpu"), losses_on("cpu", "fp32", "bf16_cpu"), 2e-2,
                "bf16 GPU vs fp32 CPU");
 }
 
 TEST(CudaTraining, ADeterministicRunRepeatsBitwise) {
-  if (!has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
+  if (!test::has_gpu()) GTEST_SKIP() << "no GPU in this build or on this machine";
   const std::vector<double> first = losses_on("cuda", "bf16", "repeat_1");
   const std::vector<double> second = losses_on("cuda", "bf16", "repeat_2");
   ASSERT_EQ(first.size(), static_cast<size_t>(kSteps));

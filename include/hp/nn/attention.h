@@ -103,11 +103,10 @@ std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block 
 
 // The kernel CoreAttention starts with: cpu_attention_kernel(); in the device build (HP_CUDA), ATen's
 // flash attention instead for the problems it computes alike: CUDA tensors in bf16 or fp16 on a GPU of
-// compute capability 8.0 or newer, one head dim (a multiple of 8, at most 192, or 256 on sm80 and sm90)
-// for q, k and v, no
-// dropout, and, when causal, positions 0..n-1 for both queries and keys. Every other call goes to the
-// blockwise kernel. HP_ATTENTION_KERNEL=blockwise keeps the blockwise kernel everywhere (to compare);
-// the default is auto.
+// compute capability 8.0 or newer, one head dim for q, k and v (a multiple of 8, at most 192, or 256
+// on sm80 and sm90), no dropout, and, when causal, positions 0..n-1 for both queries and keys. Every
+// other call goes to the blockwise kernel. HP_ATTENTION_KERNEL=blockwise keeps the blockwise kernel
+// everywhere (to compare); the default is auto.
 std::shared_ptr<const AttentionKernel> default_attention_kernel();
 
 // Folds a partial result over more keys into (out, lse), both in the accumulation dtype:
