@@ -44,8 +44,13 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   }
   double norm = 0.0, mine = 0.0;
   if (inf) {
-    at::Tensor most = at::zeros({1}, at::kDouble);
-    for (const at::Tensor& g : counted) most = at::maximum(most, g.abs().max().to(at::kCPU, at::kDouble).view({1}));
+    // Where the gradients are, like the 2-norm's sum below: one number reaches the host.
+    at::Tensor largest;
+    for (const at::Tensor& g : counted) {
+      const at::Tensor here = g.abs().max().to(at::kDouble);
+      largest = largest.defined() ? at::maximum(largest, here) : here;
+    }
+    const at::Tensor most = largest.defined() ? largest.view({1}).to(at::kCPU) : at::zeros({1}, at::kDouble);
     mine = most.item<double>();
     norm = world.all_reduce(most, {comm::ReduceOp::kMax}).item<double>();
   } else if (world.options().deterministic) {

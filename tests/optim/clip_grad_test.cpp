@@ -2,6 +2,9 @@
 // by its formula in double (within 1e-6 relative), for tensor-parallel (plain replicated norms; with
 // SP replicated DTensors), FSDP and FSDP x TP placements, and clipping brings the global norm to
 // max_norm. Under a deterministic world the norm is the same bits for every split.
+#include <algorithm>
+#include <limits>
+
 #include <hp/core/exact_square_sum.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
@@ -68,6 +71,24 @@ TEST_P(ClipGradNorm, EqualsSingleDeviceAndClips) {
     EXPECT_NEAR(got, want, 1e-6 * want) << l.name;
     const double after = clip_grad_norm_(model.parameters(), 1e9, g);
     EXPECT_NEAR(after, want / 2, 1e-6 * want) << l.name << ": clipped norm";
+  });
+}
+
+// The infinity norm over FSDP x TP shards is the largest |gradient| of the gathered model, exactly.
+TEST(ClipGradNorm, InfinityNormIsTheLargestGradientOverShards) {
+  run(4, [&](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"dp", "tp"});
+    Llama model(LlamaConfig{});
+    parallelize_module(model, mesh["tp"], llama_tp_plan({false, false}));
+    for (const char* unit : {"layers.*", ""})
+      for (auto& [fqn, m] : nn::match_modules(model, unit)) fully_shard(*m, mesh["dp"]);
+    nn::init_parameters(model, 4);
+    auto [tokens, targets] = batch(mesh.get_local_rank("dp") * 2, 2);
+    cross_entropy(model(tokens), targets).backward();
+    double want = 0.0;
+    for (const at::Tensor& p : model.parameters())
+      want = std::max(want, test::whole(p.grad()).abs().max().item<double>());
+    EXPECT_EQ(clip_grad_norm_(model.parameters(), 1e9, g, std::numeric_limits<double>::infinity()), want);
   });
 }
 
