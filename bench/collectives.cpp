@@ -17,6 +17,7 @@
 // Both sides write into preallocated outputs (all_gather_into_tensor, reduce_scatter_tensor), so
 // the ratio is the facade's overhead, not the cost of fresh memory.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>

@@ -8,6 +8,7 @@
 // 2. Redistribute S(0) -> R of a 16 MB fp32 tensor on 4 ranks (threads) versus a raw all_gather of
 //    the same pieces through the same process group, alternating.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>

@@ -8,7 +8,7 @@
 // previous one), rounds alternating, medians; and each configuration's per-rank peak memory
 // next to one rank without FSDP. Ratios are printed last.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include <cstdio>
 #include <cstdlib>

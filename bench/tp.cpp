@@ -10,7 +10,7 @@
 // 2. Step time (forward, backward, AdamW) at TP=2 (two ranks as threads) versus one rank, every
 //    rank with one CPU thread (ATen and OpenBLAS), rounds alternating, medians.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include <cstdio>
 #include <cstring>

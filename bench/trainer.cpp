@@ -8,6 +8,8 @@
 //
 //   build/bin/bench_trainer [--quick]
 #include <ATen/ATen.h>
+#include <torch/types.h>  // before clip_grad.h, which uses torch::Tensor without including it
+
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 

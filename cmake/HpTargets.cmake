@@ -1,7 +1,7 @@
 # Shared settings for every target that includes LibTorch.
 #
-# A translation unit that includes <torch/torch.h> costs ~15 s to parse here, so every such
-# target reuses ONE precompiled header built by `hp_pch`. GCC only accepts a PCH built with the
+# A translation unit that includes ATen costs ~10 s to parse here, so every such target reuses ONE
+# precompiled header built by `hp_pch` (ATen, not torch.h: see cmake/pch.h). GCC only accepts a PCH built with the
 # same flags, which is why every target is compiled with -fPIC (also executables) and no
 # per-target definitions: a mismatch would silently fall back to parsing (-Winvalid-pch warns).
 

@@ -13,7 +13,7 @@ at::Tensor generate_greedy(const std::function<at::Tensor(const at::Tensor&)>& l
                            int64_t new_tokens, int64_t max_seq) {
   HP_CHECK(prompt.dim() == 1 && prompt.scalar_type() == at::kLong && prompt.numel() > 0,
            "generate_greedy: the prompt must be a non-empty 1-D int64 tensor");
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   at::Tensor tokens = prompt.clone();
   for (int64_t i = 0; i < new_tokens; ++i) {
     const int64_t n = tokens.size(0), keep = std::min(n, max_seq);

@@ -101,14 +101,14 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
 }
 
 double TrainStep::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const EvalMode eval(parts_);
   if (parts_.pipeline) return parts_.pipeline->evaluate(inputs, targets);
   return scalar(parts_.loss((*parts_.model)(inputs), targets));
 }
 
 at::Tensor TrainStep::logits(const at::Tensor& inputs) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const EvalMode eval(parts_);
   return whole(parts_.pipeline ? parts_.pipeline->forward(inputs) : (*parts_.model)(inputs));
 }

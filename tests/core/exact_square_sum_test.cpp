@@ -2,8 +2,8 @@
 // split of the values into parts, and it keeps what a floating-point sum loses.
 #include "hp/core/exact_square_sum.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cfloat>
 #include <cmath>

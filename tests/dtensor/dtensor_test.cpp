@@ -4,7 +4,9 @@
 #include <hp/core/error.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/dtensor/sharding_rule.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
 
 #include "test_util.h"
 

@@ -1,8 +1,8 @@
 // The distributed RNG: random values never depend on the sharding, replicated tensors agree on
 // every rank, streams advance and re-seeding repeats them.
+#include <ATen/ATen.h>
 #include <hp/core/error.h>
 #include <hp/dtensor/random.h>
-#include <torch/torch.h>
 
 #include "test_util.h"
 

@@ -27,7 +27,9 @@
 #include <hp/dtensor/dtensor.h>
 #include <hp/dtensor/random.h>
 #include <hp/dtensor/sharding_rule.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/functional/normalization.h>
 
 #include <cctype>
 #include <cstdlib>

@@ -8,7 +8,7 @@
 #include <hp/nn/init.h>
 #include <hp/parallel/fsdp.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include "test_util.h"
 #include "tp/llama_model.h"

@@ -6,7 +6,7 @@
 #include <hp/nn/init.h>
 #include <hp/parallel/fsdp.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include <map>
 #include <mutex>

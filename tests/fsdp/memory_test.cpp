@@ -11,7 +11,7 @@
 #include <hp/nn/init.h>
 #include <hp/parallel/fsdp.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <map>

@@ -5,7 +5,9 @@
 #include <hp/optim/chained.h>
 #include <hp/optim/lr_scheduler.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include "test_util.h"
 #include "tp/llama_model.h"

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <limits>
 
+#include <ATen/ATen.h>
 #include <hp/core/exact_square_sum.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/optim/clip_grad.h>
 #include <hp/parallel/fsdp.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
 
 #include "test_util.h"
 #include "tp/llama_model.h"

@@ -1,6 +1,7 @@
 // LR schedules: warmup then cosine / linear / WSD / constant, on every parameter group.
 #include <hp/optim/lr_scheduler.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include "test_util.h"
 

@@ -4,7 +4,7 @@
 #include <hp/comm/comm_debug_mode.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/optim/muon.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "test_util.h"
 

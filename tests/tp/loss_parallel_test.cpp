@@ -4,7 +4,7 @@
 #include <hp/core/memory_tracker.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "test_util.h"
 

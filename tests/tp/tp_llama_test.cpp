@@ -5,7 +5,7 @@
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/parallel/loss_parallel.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
 
 #include <map>
 
