@@ -8,6 +8,7 @@
 #include "comm/shm_channel.h"
 #include "comm/world.h"
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 
 namespace hp::comm {
 
@@ -28,9 +29,7 @@ namespace {
 
 constexpr char kTransportEnv[] = "HP_COMM_TRANSPORT";
 
-// kAuto resolves to Gloo for now: over shared memory, hp-train's expert parallelism across
-// pipeline stages (Qwen3Moe.HpTrainWithExpertParallelismThroughPipelinesMatches) stalls, for a
-// reason not yet found (docs/collectives.md#transports).
+// The option, or HP_COMM_TRANSPORT when the option is kAuto.
 Transport transport_of_world(Transport option) {
   const char* raw = std::getenv(kTransportEnv);
   Transport chosen = option;
@@ -43,7 +42,7 @@ Transport transport_of_world(Transport option) {
     }
     HP_CHECK(known, kTransportEnv, "='", raw, "' is not a transport; use auto, gloo or shm");
   }
-  return chosen == Transport::kAuto ? Transport::kGloo : chosen;
+  return chosen;
 }
 
 // Whether every member of `ranks` shares this host's memory, and how.
@@ -54,6 +53,21 @@ std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const st
   for (int r : ranks)
     if (r / per_host != registry.world_rank / per_host) return std::nullopt;
   return SegmentScope::kHost;
+}
+
+// Sets up the group's shared memory (collective over its members, who all see the same outcome, so
+// the group is on one transport on every member). A member that never arrives throws.
+void set_up_shared_memory(GroupImpl& group, Transport transport) {
+  std::string why;
+  group.shm = ShmChannel::open(group, *group.shm_scope, &why);
+  if (group.shm) return;
+  if (transport == Transport::kShm) {
+    group.shm_failure = why;  // its collectives fail, saying why
+    return;
+  }
+  group.shm_scope.reset();
+  if (group.rank == 0)
+    hp::log::warn(group.describe(), " cannot use shared memory (", why, "); its collectives go through Gloo");
 }
 
 std::string join(const std::vector<int>& ranks) {
@@ -72,13 +86,14 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   group->name = name.empty() ? "ranks[" + join(group->ranks) + "]" : std::move(name);
   group->options = registry->options;
   group->registry = registry;
-  if (registry->transport == Transport::kShm && group->size() > 1)
+  if (registry->transport != Transport::kGloo && group->size() > 1)
     group->shm_scope = shared_scope(*registry, group->ranks);
   // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
   try {
     group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank, group->size(),
                                           registry->options.timeout, registry->device);
+    if (group->shm_scope) set_up_shared_memory(*group, registry->transport);
   } catch (const std::exception& e) {
     const std::string what = shim::first_line(e);
     const std::string msg = "creating " + group->describe() + " on world rank " + std::to_string(registry->world_rank) +
@@ -91,23 +106,7 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
 }
 
 ShmChannel& GroupImpl::shm_channel(const CollectiveSite& site) {
-  // Every member saw the same outcome, or one of them never came: either way no later collective
-  // may run, some members over Gloo and others over shared memory.
-  HP_CHECK(shm_failure.empty(), site.op, " on ", describe(), ": setting up shared memory failed earlier (", shm_failure,
-           "); the group cannot be used any more");
-  if (!shm) {
-    std::string why;
-    try {
-      shm = ShmChannel::open(*this, *shm_scope, &why);
-    } catch (const std::exception& e) {
-      shm_failure = shim::first_line(e);
-      raise_collective_failure(site, std::current_exception());  // a member never came
-    }
-    if (!shm) {
-      shm_failure = why;
-      HP_FAIL(site.op, " on ", describe(), ": transport shm, but the members cannot share memory: ", why);
-    }
-  }
+  HP_CHECK(shm, site.op, " on ", describe(), ": transport shm, but the members cannot share memory: ", shm_failure);
   return *shm;
 }
 

@@ -58,14 +58,15 @@ struct GroupImpl {
   std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
   CollectiveQueue queue;
 
-  // The shared-memory transport (comm/shm_channel.h), under Transport::kShm for groups whose
-  // members share this host. The first collective that moves data opens it; when the members cannot
-  // share memory, that collective and every later one on the group fail.
+  // The shared-memory transport (comm/shm_channel.h) of a group whose members share this host,
+  // under Transport::kShm or kAuto. It is set up when the group is created, and all members see the
+  // same outcome. When they cannot share memory, kAuto leaves the group on Gloo (shm_scope empty)
+  // and under kShm every collective of host tensors on the group fails, saying why.
   std::optional<SegmentScope> shm_scope;
   std::shared_ptr<ShmChannel> shm;
-  std::string shm_failure;  // why setting up failed
-  // Only for a group with shm_scope, from a collective's run (one at a time per group); throws
-  // when the channel cannot be set up.
+  std::string shm_failure;  // why setting up failed (kShm)
+  // Only for a group with shm_scope, from a collective's run; throws when the channel could not be
+  // set up.
   ShmChannel& shm_channel(const CollectiveSite& site);
 
   int size() const { return static_cast<int>(ranks.size()); }

@@ -2,8 +2,11 @@
 // chosen for groups whose members share the host, and failures that name the member instead of
 // hanging or corrupting the next collective.
 #include <dirent.h>
+#include <sys/resource.h>
+
 #include <hp/comm/process_group.h>
 #include <hp/core/error.h>
+#include <csignal>
 
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/c10d_shim.h"
@@ -116,10 +120,7 @@ TEST(ShmTransport, EveryCollectiveEqualsGlooBitwise) {
   }
 }
 
-bool uses_shm(const ProcessGroup& g) {
-  g.barrier();  // the first collective opens the channel
-  return g.impl().shm != nullptr;
-}
+bool uses_shm(const ProcessGroup& g) { return g.impl().shm != nullptr; }
 
 // Sets an environment variable for a scope and restores what was there.
 class ScopedEnv {
@@ -141,8 +142,7 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// Shared memory is used under transport shm, by option or by HP_COMM_TRANSPORT (which replaces
-// auto only); auto is Gloo for now.
+// Shared memory is used under transports auto and shm; HP_COMM_TRANSPORT replaces auto only.
 TEST(ShmTransport, ChosenByOptionOrEnvironment) {
   auto run = [](Transport transport) {
     testing::RunRanksOptions options;
@@ -154,7 +154,7 @@ TEST(ShmTransport, ChosenByOptionOrEnvironment) {
   };
   {
     ScopedEnv unset("HP_COMM_TRANSPORT", "");
-    EXPECT_EQ(run(Transport::kAuto), std::vector<int>({0, 0}));
+    EXPECT_EQ(run(Transport::kAuto), std::vector<int>({1, 1}));
     EXPECT_EQ(run(Transport::kGloo), std::vector<int>({0, 0}));
     EXPECT_EQ(run(Transport::kShm), std::vector<int>({1, 1}));
   }
@@ -162,6 +162,11 @@ TEST(ShmTransport, ChosenByOptionOrEnvironment) {
     ScopedEnv shm("HP_COMM_TRANSPORT", "shm");
     EXPECT_EQ(run(Transport::kAuto), std::vector<int>({1, 1}));
     EXPECT_EQ(run(Transport::kGloo), std::vector<int>({0, 0}));
+  }
+  {
+    ScopedEnv gloo("HP_COMM_TRANSPORT", "gloo");
+    EXPECT_EQ(run(Transport::kAuto), std::vector<int>({0, 0}));
+    EXPECT_EQ(run(Transport::kShm), std::vector<int>({1, 1}));
   }
   ScopedEnv unknown("HP_COMM_TRANSPORT", "carrier-pigeon");
   try {
@@ -215,6 +220,66 @@ TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
   }
   for (auto& t : threads) t.join();
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+}
+
+// Caps the size of the files this process may write (RLIMIT_FSIZE) for a scope, so that reserving
+// a shared-memory segment fails as on a full /dev/shm (EFBIG instead of ENOSPC); SIGXFSZ is ignored
+// meanwhile, as it would otherwise end the process.
+class ScopedFileSizeLimit {
+ public:
+  explicit ScopedFileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    rlimit capped = old_;
+    capped.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &capped);
+  }
+  ~ScopedFileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  sighandler_t old_handler_;
+};
+
+// Two "processes" of one host (threads here, mapping a POSIX segment as processes do) that cannot
+// reserve their segment: under auto the group goes through Gloo, on both members, and its
+// collectives are right; under shm its collectives fail, saying why.
+TEST(ShmTransport, AutoFallsBackToGlooWhenTheMembersCannotShareMemory) {
+  ScopedEnv unset("HP_COMM_TRANSPORT", "");
+  ScopedFileSizeLimit one_mib(1 << 20);
+  for (Transport transport : {Transport::kAuto, Transport::kShm}) {
+    auto store = comm::shim::make_hash_store();
+    std::vector<std::thread> threads;
+    std::vector<std::string> outcome(2);
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        try {
+          comm::ProcessGroupOptions options;
+          options.set_timeout(std::chrono::seconds(20)).set_transport(transport);
+          ProcessGroup world = comm::create_world_group(store, rank, 2, options, comm::WorldLayout{false, 2});
+          const at::Tensor sum = world.all_reduce(at::full({1000}, rank + 1.0));
+          outcome[rank] = std::string(uses_shm(world) ? "shm" : "gloo") +
+                          (at::equal(sum, at::full({1000}, 3.0)) ? " right" : " WRONG");
+        } catch (const std::exception& e) {
+          outcome[rank] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int rank = 0; rank < 2; ++rank) {
+      if (transport == Transport::kAuto) {
+        EXPECT_EQ(outcome[rank], "gloo right") << "rank " << rank;
+      } else {
+        EXPECT_NE(outcome[rank].find("transport shm, but the members cannot share memory: world rank 0: could not "
+                                     "reserve"),
+                  std::string::npos)
+            << "rank " << rank << ": " << outcome[rank];
+      }
+    }
+  }
 }
 
 // A member that leaves (its rank threw, tearing down its groups) fails its peers promptly, naming

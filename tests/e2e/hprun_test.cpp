@@ -109,11 +109,11 @@ TEST(Hprun, PeerNeverArrivesTimesOut) {
   EXPECT_LT(r.seconds, 10.0) << r.output;
 }
 
-// With HP_COMM_TRANSPORT=shm the collectives between processes of one host go through shared
-// memory (a segment of the job is mapped) and equal the same computation on one rank bitwise, as
-// they do over Gloo.
+// With HP_COMM_TRANSPORT=shm, and by default (auto), the collectives between processes of one host
+// go through shared memory (a segment of the job is mapped) and equal the same computation on one
+// rank bitwise, as they do over Gloo.
 TEST(Hprun, CollectivesOverSharedMemoryBetweenProcesses) {
-  for (const std::string transport : {"shm", "gloo"}) {
+  for (const std::string transport : {"shm", "auto", "gloo"}) {
     Result r = run_job("--nproc-per-node 4 env HP_COMM_TRANSPORT=" + transport + " " + program("collectives"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const std::string used = transport == "gloo" ? "gloo" : "shared memory";

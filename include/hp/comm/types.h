@@ -15,7 +15,7 @@ std::string to_string(ReduceOp op);
 // How the collectives of a group move data (docs/collectives.md#transports). Point-to-point
 // messages (send, recv, batch_isend_irecv) always go through Gloo.
 enum class Transport {
-  kAuto,  // Gloo for now: shared memory does not yet run every configuration (docs/collectives.md)
+  kAuto,  // shared memory where the members of a group can share it, else Gloo (docs/collectives.md)
   kGloo,  // c10d's Gloo over TCP, always
   kShm,   // shared memory for each group whose members share this host; Gloo for groups across hosts
 };
