@@ -9,6 +9,7 @@
 //   build/bin/bench_trainer [--quick]
 #include <ATen/ATen.h>
 #include <torch/types.h>  // before clip_grad.h, which uses torch::Tensor without including it
+#include <unistd.h>
 
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>

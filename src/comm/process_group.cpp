@@ -197,8 +197,9 @@ Work issue_native(const std::shared_ptr<GroupImpl>& g, const CollectiveSite& sit
   // On a shared-memory group the queue holds collectives that move no Gloo data, and Gloo matches
   // point-to-point messages by peer and tag, not by their place among the collectives: they start at
   // once. Behind a queued collective, a send could wait for the very collective its receiver can
-  // only join after receiving it (a pipeline stage and its peer; found with ep x pp).
-  if (g->shm_scope) {
+  // only join after receiving it (a pipeline stage and its peer; found with ep x pp). A native
+  // collective (of GPU tensors) still keeps its place in the program order, behind the queue.
+  if (g->shm_scope && site.peer >= 0) {
     state->work = start_or_explain(site, step);
     return Work(state);
   }

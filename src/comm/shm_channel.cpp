@@ -29,8 +29,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 struct Control {
   alignas(kLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
   alignas(kLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
-  alignas(kLine) std::atomic<uint32_t> failed;     // 1 + group rank of the first member that failed; 0: none
+  alignas(kLine) std::atomic<uint32_t> failed;     // 0: none; else 1 + the culprit's group rank, | kTimedOut
 };
+
+// In `failed`: the first member to fail timed out waiting for the culprit. Its peers, woken by it,
+// time out too (they would a moment later), so a missing member is a timeout on every member.
+constexpr uint32_t kTimedOut = uint32_t{1} << 31;
 
 struct alignas(kLine) MemberState {
   std::atomic<uint64_t> arrived;  // the last round this member arrived at
@@ -130,7 +134,8 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
   }
 }
 
-std::string ShmChannel::check_members(uint64_t round, int* culprit) const {
+std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kind) const {
+  *kind = Failure::kMember;
   for (int r = 0; r < layout_->n; ++r) {
     const MemberState& member = layout_->members[r];
     if (r == group_.rank) continue;
@@ -145,8 +150,9 @@ std::string ShmChannel::check_members(uint64_t round, int* culprit) const {
   }
   const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
   if (failed == 0) return "";
-  *culprit = static_cast<int>(failed) - 1;
-  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[failed - 1]);
+  *culprit = static_cast<int>((failed & ~kTimedOut) - 1);
+  if (failed & kTimedOut) *kind = Failure::kTimeout;
+  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[*culprit]);
 }
 
 void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit) {
@@ -154,7 +160,8 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
   // Tell the others, who may be waiting for this member in a later round, and who is to blame (the
   // first failure wins).
   uint32_t none = 0;
-  layout_->control->failed.compare_exchange_strong(none, static_cast<uint32_t>(culprit + 1));
+  layout_->control->failed.compare_exchange_strong(
+      none, static_cast<uint32_t>(culprit + 1) | (kind == Failure::kTimeout ? kTimedOut : 0));
   wake_all(&layout_->control->completed);
   if (kind == Failure::kBadCall) {
     // Every member arrived: there is nobody missing to look for.
@@ -198,8 +205,8 @@ void ShmChannel::meet(const CollectiveSite& site) {
     futex(&control.completed, FUTEX_WAIT, seen, &kSlice);
     if (control.completed.load(std::memory_order_acquire) == target) return;
     int culprit = -1;
-    if (const std::string why = check_members(round, &culprit); !why.empty())
-      fail(site, why, Failure::kMember, culprit);
+    Failure kind = Failure::kMember;
+    if (const std::string why = check_members(round, &culprit, &kind); !why.empty()) fail(site, why, kind, culprit);
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
       int culprit = group_.rank;

@@ -84,8 +84,8 @@ class ShmChannel {
   };
   // Marks the channel failed for every member, blaming group rank `culprit`, and throws.
   [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit);
-  // Empty, or why waiting for `round` is hopeless and the group rank to blame.
-  std::string check_members(uint64_t round, int* culprit) const;
+  // Empty, or why waiting for `round` is hopeless, the group rank to blame and the kind of failure.
+  std::string check_members(uint64_t round, int* culprit, Failure* kind) const;
   void check_usable(const CollectiveSite& site);
 
   GroupImpl& group_;

@@ -8,8 +8,10 @@
 #include <hp/core/error.h>
 #include <csignal>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -224,19 +226,23 @@ TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
 
 // Caps the size of the files this process may write (RLIMIT_FSIZE) for a scope, so that reserving
 // a shared-memory segment fails as on a full /dev/shm (EFBIG instead of ENOSPC); SIGXFSZ is ignored
-// meanwhile, as it would otherwise end the process.
+// meanwhile, as it would otherwise end the process. A write to a log file already past the cap
+// fails meanwhile, so the standard streams are cleared afterwards.
 class ScopedFileSizeLimit {
  public:
   explicit ScopedFileSizeLimit(rlim_t bytes) {
-    getrlimit(RLIMIT_FSIZE, &old_);
+    if (getrlimit(RLIMIT_FSIZE, &old_) != 0) throw std::runtime_error("getrlimit(RLIMIT_FSIZE) failed");
     old_handler_ = signal(SIGXFSZ, SIG_IGN);
     rlimit capped = old_;
-    capped.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &capped);
+    capped.rlim_cur = std::min<rlim_t>(bytes, old_.rlim_max);
+    if (setrlimit(RLIMIT_FSIZE, &capped) != 0) throw std::runtime_error("setrlimit(RLIMIT_FSIZE) failed");
   }
   ~ScopedFileSizeLimit() {
-    setrlimit(RLIMIT_FSIZE, &old_);
+    const bool restored = setrlimit(RLIMIT_FSIZE, &old_) == 0;
     signal(SIGXFSZ, old_handler_);
+    std::cout.clear();
+    std::cerr.clear();
+    EXPECT_TRUE(restored) << "setrlimit(RLIMIT_FSIZE) could not restore the limit";
   }
 
  private:

@@ -2,6 +2,7 @@
 // checkpoint draws from DTensor random ops what the uninterrupted run drew after that save.
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>

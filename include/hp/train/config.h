@@ -128,8 +128,9 @@ struct TrainConfig {
     std::string on_replica_mismatch = "stop";  // stop | warn
   } resilience;
 
-  // How collectives move data between ranks (docs/collectives.md#transports): auto (Gloo for
-  // now), gloo, or shm (shared memory between the ranks of a host, Gloo across hosts).
+  // How collectives move data between ranks (docs/collectives.md#transports): auto (shared memory
+  // for the groups that can set it up, else Gloo), gloo, or shm (shared memory between the ranks of
+  // a host, Gloo across hosts).
   struct Comm {
     std::string transport = "auto";
   } comm_settings;
