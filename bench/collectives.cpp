@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
   std::mutex rows_mu;
   auto measure = [&](const ProcessGroup& g) {
     const int n = g.size();
-    g.barrier();  // opens the group's transport
+    g.barrier();  // every rank is here before the first timed call
     if (g.rank() == 0) facade_transport = g.impl().shm ? "shared memory" : "gloo";
     for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
