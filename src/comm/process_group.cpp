@@ -14,6 +14,8 @@
 // are the composed ones above on top of them (so always in the tree order); send/recv stay on Gloo.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <numeric>
 
@@ -68,6 +70,18 @@ void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
            "; use a floating-point or integer dtype");
   HP_CHECK(r != ReduceOp::kAvg || t.is_floating_point(), op, ": ReduceOp avg needs a floating-point dtype, got ",
            t.scalar_type());
+}
+
+// A new output of a shared-memory collective, its pages mapped in one call (MADV_POPULATE_WRITE)
+// rather than by one page fault each as the received bytes land: on a virtual machine a fault
+// taken in user space costs microseconds (bench/RESULTS.md). Before Linux 5.14 the call fails and
+// the pages fault in as before.
+at::Tensor populated(at::Tensor t) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + t.nbytes()) / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);
+  return t;
 }
 
 // Gathers dim-0 pieces of sizes[r] rows from every rank r (x0 holds this rank's, contiguous) into
@@ -159,7 +173,8 @@ at::Tensor gather_rows(const CollectiveSite& site, const at::Tensor& x0, const s
   GroupImpl& g = *site.group;
   if (!over_shm(g, x0)) return run_step(site, all_gather_step(g, x0, sizes, buffer));
   const int64_t rows = sum_of(sizes);
-  at::Tensor out = buffer.defined() ? buffer.narrow(0, 0, rows) : at::empty(with_dim0(x0, rows), x0.options());
+  at::Tensor out =
+      buffer.defined() ? buffer.narrow(0, 0, rows) : populated(at::empty(with_dim0(x0, rows), x0.options()));
   g.shm_channel(site).gather(site, {static_cast<std::byte*>(x0.data_ptr()), static_cast<int64_t>(x0.nbytes())},
                              row_spans(out, sizes));
   return out;
@@ -172,7 +187,7 @@ at::Tensor exchange_rows(const CollectiveSite& site, const at::Tensor& input, co
   GroupImpl& g = *site.group;
   if (!over_shm(g, input)) return run_step(site, all_to_all_step(g, input, out_splits, in_splits, buffer));
   at::Tensor in = input.contiguous();
-  at::Tensor out = buffer.defined() ? buffer : at::empty(with_dim0(in, sum_of(out_splits)), in.options());
+  at::Tensor out = buffer.defined() ? buffer : populated(at::empty(with_dim0(in, sum_of(out_splits)), in.options()));
   g.shm_channel(site).exchange(site, row_spans(in, in_splits), row_spans(out, out_splits));
   return out;
 }
@@ -254,7 +269,7 @@ at::Tensor reduce_scatter_in_place(ShmChannel& shm, const CollectiveSite& site, 
                                    const std::vector<int64_t>& sizes, ReduceOp op, const at::Tensor& out) {
   const int n = site.group->size();
   const int64_t mine = sizes[site.group->rank];
-  at::Tensor result = out.defined() ? out : at::empty(with_dim0(x0, mine), x0.options());
+  at::Tensor result = out.defined() ? out : populated(at::empty(with_dim0(x0, mine), x0.options()));
   at::Tensor flat = result.is_contiguous() ? result.view({-1}) : at::empty({result.numel()}, x0.options());
   const int64_t element = x0.element_size();
   const int64_t member_stride = 2 * ShmChannel::slot_bytes() / element;
