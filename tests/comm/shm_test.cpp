@@ -2,15 +2,15 @@
 // chosen for groups whose members share the host, and failures that name the member instead of
 // hanging or corrupting the next collective.
 #include <dirent.h>
-#include <sys/resource.h>
-
 #include <hp/comm/process_group.h>
 #include <hp/core/error.h>
-#include <csignal>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -190,37 +190,49 @@ std::vector<std::string> segments_named(const std::string& prefix) {
   return found;
 }
 
-// A world that spans two "hosts" of 2 ranks, under transport shm: the world group stays on Gloo,
-// each host's group maps a POSIX segment (the path between processes, here between threads), which
-// is unlinked once mapped; results equal the same sum on one rank.
-TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
-  ScopedEnv job_dir(job::kDirEnv, "/tmp/hprun-shmtest" + std::to_string(getpid()));
-  const std::string prefix = job::shm_prefix();
+// Runs fn(world) on `n` threads, each a rank of a world that meets through one store as processes
+// do, `ranks_per_host` to a host (so groups on one host map POSIX segments, as between processes).
+// Returns each rank's error, empty where fn returned.
+std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions& options, int ranks_per_host,
+                                          const std::function<void(const ProcessGroup&)>& fn) {
   auto store = comm::shim::make_hash_store();
   std::vector<std::thread> threads;
-  std::vector<std::string> errors(4);
-  for (int rank = 0; rank < 4; ++rank) {
+  std::vector<std::string> errors(n);
+  for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        comm::ProcessGroupOptions options;
-        options.set_timeout(std::chrono::seconds(20)).set_deterministic(true).set_transport(Transport::kShm);
-        ProcessGroup world = comm::create_world_group(store, rank, 4, options, comm::WorldLayout{false, 2});
-        ProcessGroup host = world.new_group(rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
-        const at::Tensor x = rank_data(rank, {3 << 20}, at::kFloat);
-        const at::Tensor over_host = host.all_reduce(x.clone());
-        if (!uses_shm(host)) throw std::runtime_error("the host group is not on shm");
-        if (uses_shm(world)) throw std::runtime_error("the world group spanning hosts is on shm");
-        // Both host groups are set up (the world barrier above): nothing of theirs is linked any more.
-        if (!segments_named(prefix).empty()) throw std::runtime_error("a segment is still linked in /dev/shm");
-        const at::Tensor partner = rank_data(rank ^ 1, {3 << 20}, at::kFloat);
-        check_close(over_host, rank % 2 == 0 ? x + partner : partner + x, "host all_reduce", /*bitwise=*/true);
-        world.barrier();
+        fn(comm::create_world_group(store, rank, n, options, comm::WorldLayout{false, ranks_per_host}));
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+// A world that spans two "hosts" of 2 ranks, under transport shm: the world group stays on Gloo,
+// each host's group maps a POSIX segment (the path between processes, here between threads), which
+// is unlinked once mapped; results equal the same sum on one rank.
+TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
+  ScopedEnv job_dir(job::kDirEnv, "/tmp/hprun-shmtest" + std::to_string(getpid()));
+  const std::string prefix = job::shm_prefix();
+  comm::ProcessGroupOptions options;
+  options.set_timeout(std::chrono::seconds(20)).set_deterministic(true).set_transport(Transport::kShm);
+  const std::vector<std::string> errors = run_as_processes(4, options, 2, [&](const ProcessGroup& world) {
+    const int rank = world.rank();
+    ProcessGroup host = world.new_group(rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+    const at::Tensor x = rank_data(rank, {3 << 20}, at::kFloat);
+    const at::Tensor over_host = host.all_reduce(x.clone());
+    if (!uses_shm(host)) throw std::runtime_error("the host group is not on shm");
+    if (uses_shm(world)) throw std::runtime_error("the world group spanning hosts is on shm");
+    // Both host groups are set up once every rank is here: nothing of theirs is linked any more.
+    world.barrier();
+    if (!segments_named(prefix).empty()) throw std::runtime_error("a segment is still linked in /dev/shm");
+    const at::Tensor partner = rank_data(rank ^ 1, {3 << 20}, at::kFloat);
+    check_close(over_host, rank % 2 == 0 ? x + partner : partner + x, "host all_reduce", /*bitwise=*/true);
+    world.barrier();
+  });
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
 }
 
@@ -257,25 +269,16 @@ TEST(ShmTransport, AutoFallsBackToGlooWhenTheMembersCannotShareMemory) {
   ScopedEnv unset("HP_COMM_TRANSPORT", "");
   ScopedFileSizeLimit one_mib(1 << 20);
   for (Transport transport : {Transport::kAuto, Transport::kShm}) {
-    auto store = comm::shim::make_hash_store();
-    std::vector<std::thread> threads;
+    comm::ProcessGroupOptions options;
+    options.set_timeout(std::chrono::seconds(20)).set_transport(transport);
     std::vector<std::string> outcome(2);
+    const std::vector<std::string> errors = run_as_processes(2, options, 2, [&](const ProcessGroup& world) {
+      const at::Tensor sum = world.all_reduce(at::full({1000}, world.rank() + 1.0));
+      outcome[world.rank()] =
+          std::string(uses_shm(world) ? "shm" : "gloo") + (at::equal(sum, at::full({1000}, 3.0)) ? " right" : " WRONG");
+    });
     for (int rank = 0; rank < 2; ++rank) {
-      threads.emplace_back([&, rank] {
-        try {
-          comm::ProcessGroupOptions options;
-          options.set_timeout(std::chrono::seconds(20)).set_transport(transport);
-          ProcessGroup world = comm::create_world_group(store, rank, 2, options, comm::WorldLayout{false, 2});
-          const at::Tensor sum = world.all_reduce(at::full({1000}, rank + 1.0));
-          outcome[rank] = std::string(uses_shm(world) ? "shm" : "gloo") +
-                          (at::equal(sum, at::full({1000}, 3.0)) ? " right" : " WRONG");
-        } catch (const std::exception& e) {
-          outcome[rank] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int rank = 0; rank < 2; ++rank) {
+      if (!errors[rank].empty()) outcome[rank] = errors[rank];
       if (transport == Transport::kAuto) {
         EXPECT_EQ(outcome[rank], "gloo right") << "rank " << rank;
       } else {
