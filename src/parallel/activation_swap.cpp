@@ -3,43 +3,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstring>
+#include <string>
+#include <utility>
 
 #include "hp/core/error.h"
 #include "parallel/swap_region.h"
 
 namespace hp {
 namespace detail {
-
-HostPool::Buffer HostPool::acquire(const Key& key, int64_t size) {
-  std::lock_guard<std::mutex> lock(mu_);
-  in_use_ += size;
-  if (auto it = free_.find(key); it != free_.end()) {
-    Buffer buffer = std::move(it->second);
-    free_.erase(it);
-    return buffer;
-  }
-  held_ += size;
-  return Buffer{key, std::make_unique<uint8_t[]>(static_cast<size_t>(size)), size};
-}
-
-void HostPool::release(Buffer buffer) {
-  if (!buffer.bytes) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  in_use_ -= buffer.size;
-  Key key = buffer.key;
-  free_.emplace(std::move(key), std::move(buffer));
-}
-
-int64_t HostPool::in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return in_use_;
-}
-
-int64_t HostPool::held() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return held_;
-}
 
 size_t SwapRegion::add(const at::Tensor& output) {
   Slot slot;
@@ -79,9 +50,10 @@ at::Tensor SwapRegion::get(size_t slot) const {
 using detail::SwapRegion;
 using State = SwapRegion::State;
 
-SwapManager::Impl::Impl(SwapOptions o) : options(o) {
+SwapManager::Impl::Impl(SwapOptions o) : options(std::move(o)) {
   HP_CHECK(options.prefetch >= 0, "SwapManager: prefetch must be >= 0, got ", options.prefetch);
   HP_CHECK(options.min_bytes >= 0, "SwapManager: min_bytes must be >= 0, got ", options.min_bytes);
+  tier_ = detail::make_swap_tier(options);
   if (!options.inline_copies) copier_ = std::thread([this] { copy_loop(); });
 }
 
@@ -120,8 +92,11 @@ void SwapManager::Impl::run_copy(std::function<void()> copy) {
   changed_.notify_all();
 }
 
+void SwapManager::Impl::throw_if_failed() const { HP_CHECK(failure_.empty(), failure_); }
+
 // Slot by slot, allocating before a slot's state changes: a failed allocation leaves no slot in a
-// copying state without its copy queued (which forget() would wait for).
+// copying state without its copy queued (which forget() would wait for). A failed write leaves the
+// tensor where it was.
 void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
   for (size_t i = 0; i < region->slots_.size(); ++i) {
     SwapRegion::Slot& slot = region->slots_[i];
@@ -129,20 +104,32 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
       std::lock_guard<std::mutex> lock(mu_);
       if (slot.state != State::kResident || slot.pinned) continue;
     }
-    detail::HostPool::Buffer host = pool_.acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
+    detail::SwapTier::Buffer stored = tier_->acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slot.host = std::move(host);
+      slot.stored = std::move(stored);
       slot.state = State::kCopyingOut;
     }
     run_copy([this, region, i] {
       SwapRegion::Slot& s = region->slots_[i];
-      std::memcpy(s.host.bytes.get(), s.tensor.data_ptr(), static_cast<size_t>(s.bytes));
+      std::string failed;
+      try {
+        tier_->write(s.stored, s.tensor.data_ptr());
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      s.tensor = at::Tensor();  // the compute allocator's memory goes back now
-      s.state = State::kSwapped;
-      ++counts_.swapped_tensors;
-      counts_.swapped_bytes += s.bytes;
+      if (failed.empty()) {
+        s.tensor = at::Tensor();  // the compute allocator's memory goes back now
+        s.state = State::kSwapped;
+        ++counts_.swapped_tensors;
+        counts_.swapped_bytes += s.bytes;
+      } else {
+        tier_->release(std::move(s.stored));
+        s.stored = {};
+        s.state = State::kResident;
+        if (failure_.empty()) failure_ = failed;
+      }
       changed_.notify_all();
     });
   }
@@ -167,12 +154,23 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
     started = true;
     run_copy([this, region, i] {
       SwapRegion::Slot& s = region->slots_[i];
-      std::memcpy(s.tensor.data_ptr(), s.host.bytes.get(), static_cast<size_t>(s.bytes));
+      std::string failed;
+      try {
+        tier_->read(s.stored, s.tensor.data_ptr());
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      pool_.release(std::move(s.host));
-      s.host = {};
-      s.state = State::kReloaded;
-      counts_.reloaded_bytes += s.bytes;
+      if (failed.empty()) {
+        tier_->release(std::move(s.stored));
+        s.stored = {};
+        s.state = State::kReloaded;
+        counts_.reloaded_bytes += s.bytes;
+      } else {
+        s.tensor = at::Tensor();
+        s.state = State::kSwapped;  // lost: the backward that waits for it throws
+        if (failure_.empty()) failure_ = failed;
+      }
       changed_.notify_all();
     });
   }
@@ -183,6 +181,7 @@ void SwapManager::Impl::after_forward(const std::shared_ptr<SwapRegion>& region)
   std::shared_ptr<SwapRegion> leaving;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    throw_if_failed();
     leaving = pending_.lock();
     pending_ = region;
     order_.push_back(region);
@@ -194,6 +193,7 @@ void SwapManager::Impl::before_backward(const std::shared_ptr<SwapRegion>& regio
   std::vector<std::shared_ptr<SwapRegion>> next;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    throw_if_failed();
     if (pending_.lock() == region) pending_.reset();  // never left: its backward comes first
     auto it = std::find_if(order_.begin(), order_.end(), [&](const auto& r) { return r.lock() == region; });
     if (it == order_.end()) it = order_.begin();  // not swapped: nothing to prefetch for
@@ -210,10 +210,12 @@ void SwapManager::Impl::before_backward(const std::shared_ptr<SwapRegion>& regio
   for (const auto& r : next) start_reload(r);
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] {
-    return std::all_of(region->slots_.begin(), region->slots_.end(), [](const SwapRegion::Slot& s) {
-      return s.state == State::kResident || s.state == State::kReloaded;
-    });
+    return !failure_.empty() ||
+           std::all_of(region->slots_.begin(), region->slots_.end(), [](const SwapRegion::Slot& s) {
+             return s.state == State::kResident || s.state == State::kReloaded;
+           });
   });
+  throw_if_failed();
 }
 
 void SwapManager::Impl::after_backward(SwapRegion& region) { forget(region); }
@@ -228,8 +230,8 @@ void SwapManager::Impl::forget(SwapRegion& region) {
   });
   for (SwapRegion::Slot& slot : region.slots_) {
     slot.tensor = at::Tensor();
-    pool_.release(std::move(slot.host));
-    slot.host = {};
+    tier_->release(std::move(slot.stored));
+    slot.stored = {};
     slot.state = State::kResident;
   }
   region.slots_.clear();
@@ -245,8 +247,8 @@ void SwapManager::Impl::forget(SwapRegion& region) {
 SwapStats SwapManager::Impl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SwapStats s = counts_;
-  s.pool_in_use = pool_.in_use();
-  s.pool_held = pool_.held();
+  s.pool_in_use = tier_->in_use();
+  s.pool_held = tier_->held();
   return s;
 }
 

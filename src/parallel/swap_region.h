@@ -1,5 +1,5 @@
-// SwapManager's working parts, for hp::checkpoint: one region's swapped outputs, the host pool and
-// the copy engine.
+// SwapManager's working parts, for hp::checkpoint: one region's swapped outputs, the tier and the
+// copy engine.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,36 +7,17 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "hp/parallel/activation_swap.h"
+#include "parallel/swap_tier.h"
 
 namespace hp::detail {
-
-// Host buffers outside the compute allocator, reused by (shape, dtype).
-class HostPool {
- public:
-  using Key = std::pair<std::vector<int64_t>, int>;  // shape, dtype
-  struct Buffer {
-    Key key;
-    std::unique_ptr<uint8_t[]> bytes;
-    int64_t size = 0;
-  };
-  Buffer acquire(const Key& key, int64_t size);
-  void release(Buffer buffer);
-  int64_t in_use() const;
-  int64_t held() const;
-
- private:
-  mutable std::mutex mu_;
-  std::multimap<Key, Buffer> free_;
-  int64_t in_use_ = 0, held_ = 0;
-};
 
 // One call's outputs that a policy swapped, in the order the first pass made them.
 class SwapRegion {
@@ -47,7 +28,7 @@ class SwapRegion {
     std::vector<int64_t> shape;
     at::ScalarType dtype;
     int64_t bytes = 0;
-    HostPool::Buffer host;
+    SwapTier::Buffer stored;  // in the tier: while copying out, swapped, copying in
     State state = State::kResident;
     bool pinned = false;  // stays in place (it is also the region's output)
   };
@@ -93,10 +74,13 @@ struct SwapManager::Impl {
   bool start_reload(const std::shared_ptr<detail::SwapRegion>& region);
   void run_copy(std::function<void()> copy);
   void copy_loop();
+  // Throws the copy engine's first failure (on the region's thread); mu_ held.
+  void throw_if_failed() const;
 
   mutable std::mutex mu_;  // slot states, the order, the counters
   std::condition_variable changed_;
-  detail::HostPool pool_;
+  std::unique_ptr<detail::SwapTier> tier_;
+  std::string failure_;  // the first copy that failed: the next forward or backward throws it
   // Regions with swapped outputs, in forward order; `pending_`'s outputs have not left yet.
   std::vector<std::weak_ptr<detail::SwapRegion>> order_;
   std::weak_ptr<detail::SwapRegion> pending_;

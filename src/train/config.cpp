@@ -114,6 +114,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("memory.checkpoint", memory.checkpoint),
       HP_CONFIG_FIELD("memory.swap", memory.swap),
       HP_CONFIG_FIELD("memory.swap_prefetch", memory.swap_prefetch),
+      HP_CONFIG_FIELD("memory.swap_dir", memory.swap_dir),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -338,8 +339,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "' is unknown (available: none, full, selective)");
   HP_CHECK(c.train.device == "cpu" || c.train.device == "cuda", "train.device '", c.train.device,
            "' is unknown (available: cpu, cuda)");
-  HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host", "memory.swap '", c.memory.swap,
-           "' is unknown (available: none, host)");
+  HP_CHECK(c.memory.swap == "none" || c.memory.swap == "host" || c.memory.swap == "file", "memory.swap '",
+           c.memory.swap, "' is unknown (available: none, host, file)");
+  HP_CHECK(c.memory.swap_dir.empty() || c.memory.swap == "file", "memory.swap_dir is the file tier's directory; ",
+           "it needs memory.swap file, not ", c.memory.swap);
   if (c.train.device == "cuda") {
 #ifndef HP_WITH_CUDA
     HP_FAIL("train.device cuda needs the device build (cmake -DHP_CUDA=ON against a CUDA LibTorch 2.x, docs/gpu.md)");

@@ -27,9 +27,13 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
                       c.pp_layers_per_stage, pipeline_costs(c)};
   if (c.parallel.cp > 1) options.cp.set_mode(cp_mode_named(c.cp_mode)).set_ulysses_degree(c.cp_ulysses);
   options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
-  if (c.memory.swap == "host") {
+  if (c.memory.swap != "none") {
     options.checkpoint = CheckpointMode::kSwap;
     options.swap.prefetch = static_cast<int>(c.memory.swap_prefetch);
+    if (c.memory.swap == "file") {
+      options.swap.tier = SwapOptions::Tier::kFile;
+      options.swap.directory = c.memory.swap_dir.empty() ? c.run_dir : c.memory.swap_dir;
+    }
   }
   MixedPrecisionPolicy& mixed = options.fsdp.mixed_precision;
   if (c.train.dtype == "bf16") {

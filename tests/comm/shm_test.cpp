@@ -4,14 +4,11 @@
 #include <dirent.h>
 #include <hp/comm/process_group.h>
 #include <hp/core/error.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdlib>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -24,6 +21,7 @@
 #include "comm/shm_channel.h"
 #include "comm/world.h"
 #include "hp/core/job.h"
+#include "scoped_file_size_limit.h"
 #include "test_util.h"
 
 namespace hp::test {
@@ -235,32 +233,6 @@ TEST(ShmTransport, PosixSegmentsPerHostAndGlooAcrossHosts) {
   });
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
 }
-
-// Caps the size of the files this process may write (RLIMIT_FSIZE) for a scope, so that reserving
-// a shared-memory segment fails as on a full /dev/shm (EFBIG instead of ENOSPC); SIGXFSZ is ignored
-// meanwhile, as it would otherwise end the process. A write to a log file already past the cap
-// fails meanwhile, so the standard streams are cleared afterwards.
-class ScopedFileSizeLimit {
- public:
-  explicit ScopedFileSizeLimit(rlim_t bytes) {
-    if (getrlimit(RLIMIT_FSIZE, &old_) != 0) throw std::runtime_error("getrlimit(RLIMIT_FSIZE) failed");
-    old_handler_ = signal(SIGXFSZ, SIG_IGN);
-    rlimit capped = old_;
-    capped.rlim_cur = std::min<rlim_t>(bytes, old_.rlim_max);
-    if (setrlimit(RLIMIT_FSIZE, &capped) != 0) throw std::runtime_error("setrlimit(RLIMIT_FSIZE) failed");
-  }
-  ~ScopedFileSizeLimit() {
-    const bool restored = setrlimit(RLIMIT_FSIZE, &old_) == 0;
-    signal(SIGXFSZ, old_handler_);
-    std::cout.clear();
-    std::cerr.clear();
-    EXPECT_TRUE(restored) << "setrlimit(RLIMIT_FSIZE) could not restore the limit";
-  }
-
- private:
-  rlimit old_{};
-  sighandler_t old_handler_;
-};
 
 // Two "processes" of one host (threads here, mapping a POSIX segment as processes do) that cannot
 // reserve their segment: under auto the group goes through Gloo, on both members, and its

@@ -2,14 +2,19 @@
 // with its exit code and output captured.
 #pragma once
 
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace hp::e2e {
 
@@ -39,6 +44,38 @@ inline Result run_command(const std::string& command) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// A program's run with the most memory it held resident.
+struct Measured {
+  int exit_code = -1;  // -1: it did not exit normally
+  long max_rss_kb = 0;
+  std::string output;  // stdout and stderr
+};
+
+// Runs the program argv[0] with `argv` itself, not through a shell, so that the resident memory
+// measured (wait4's rusage) is the program's own; its output goes through the file `log`.
+inline Measured run_measuring_memory(const std::vector<std::string>& argv, const std::string& log) {
+  Measured measured;
+  std::vector<char*> args;  // made before fork: the child only opens, duplicates and execs
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  if (pid < 0) return measured;
+  int status = 0;
+  rusage usage{};
+  if (wait4(pid, &status, 0, &usage) != pid) return measured;
+  measured.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  measured.max_rss_kb = usage.ru_maxrss;
+  std::ifstream in(log);
+  measured.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return measured;
 }
 
 // Runs hprun with `args`.

@@ -1,9 +1,13 @@
-// Activation swap (hp/parallel/activation_swap.h): what leaves the compute allocator is exactly
-// what the tier received, the host pool empties after backward, prefetching reloads ahead of need
-// (counted with the deterministic copy engine), and gradients are bitwise those without swapping.
+// Activation swap (hp/parallel/activation_swap.h), on the host and the file tier: what leaves the
+// compute allocator is exactly what the tier received, the tier empties after backward, prefetching
+// reloads ahead of need (counted with the deterministic copy engine), gradients are bitwise those
+// without swapping, and the file tier leaves no file and fails by name.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -12,6 +16,8 @@
 #include "hp/nn/layers.h"
 #include "hp/parallel/activation_swap.h"
 #include "hp/parallel/checkpoint.h"
+#include "scoped_file_size_limit.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace hp::test {
@@ -66,6 +72,15 @@ std::shared_ptr<nn::Sequential> swapped_blocks(const std::shared_ptr<SwapManager
   return model;
 }
 
+// The host tier, or the file tier in a scratch directory.
+SwapOptions on_tier(SwapOptions::Tier tier, SwapOptions options = {}) {
+  options.tier = tier;
+  if (tier == SwapOptions::Tier::kFile) options.directory = scratch_dir("activation_swap");
+  return options;
+}
+
+const char* tier_name(SwapOptions::Tier tier) { return tier == SwapOptions::Tier::kFile ? "file" : "host"; }
+
 // Each block keeps its two products' outputs. Its second is its output, which the next block holds
 // as its input, so it stays; the last block's forward stays resident for the backward that starts
 // with it. That leaves the first product of blocks 0, 1 and 2 for the tier.
@@ -73,23 +88,24 @@ TEST(ActivationSwap, ComputeBytesSavedAreTheBytesSwappedAndBackwardRecomputesNoP
   auto plain_model = blocks();
   const Measured plain = train(*plain_model, nullptr);
   EXPECT_EQ(plain.bytes_after_forward, 2 * kBlocks * kMatrixBytes);
-  for (const int prefetch : {1, 0}) {
-    auto swap = std::make_shared<SwapManager>(SwapOptions{prefetch, 64 * 1024, /*inline_copies=*/true});
-    auto model = swapped_blocks(swap);
-    const Measured m = train(*model, swap);
-    const std::string what = "prefetch " + std::to_string(prefetch);
-    EXPECT_EQ(m.after_forward.swapped_bytes, (kBlocks - 1) * kMatrixBytes) << what;
-    EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - m.after_forward.swapped_bytes) << what;
-    EXPECT_EQ(m.after_forward.pool_in_use, m.after_forward.swapped_bytes) << what;
-    EXPECT_EQ(m.after_backward.pool_in_use, 0) << what;
-    EXPECT_EQ(m.after_backward.reloaded_bytes, m.after_forward.swapped_bytes) << what;
-    // With prefetch 1 each block's reload starts when the backward of the block after it does; with
-    // none, each swapped block waits for its own.
-    EXPECT_EQ(m.after_backward.reload_waits, prefetch == 0 ? kBlocks - 1 : 0) << what;
-    EXPECT_EQ(m.backward.count("aten::addmm"), 0) << what;
-    EXPECT_EQ(m.backward.count("aten::mm"), plain.backward.count("aten::mm")) << what;
-    for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
-  }
+  for (const SwapOptions::Tier tier : {SwapOptions::Tier::kHost, SwapOptions::Tier::kFile})
+    for (const int prefetch : {1, 0}) {
+      auto swap = std::make_shared<SwapManager>(on_tier(tier, {prefetch, 64 * 1024, /*inline_copies=*/true}));
+      auto model = swapped_blocks(swap);
+      const Measured m = train(*model, swap);
+      const std::string what = std::string(tier_name(tier)) + " tier, prefetch " + std::to_string(prefetch);
+      EXPECT_EQ(m.after_forward.swapped_bytes, (kBlocks - 1) * kMatrixBytes) << what;
+      EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - m.after_forward.swapped_bytes) << what;
+      EXPECT_EQ(m.after_forward.pool_in_use, m.after_forward.swapped_bytes) << what;
+      EXPECT_EQ(m.after_backward.pool_in_use, 0) << what;
+      EXPECT_EQ(m.after_backward.reloaded_bytes, m.after_forward.swapped_bytes) << what;
+      // With prefetch 1 each block's reload starts when the backward of the block after it does; with
+      // none, each swapped block waits for its own.
+      EXPECT_EQ(m.after_backward.reload_waits, prefetch == 0 ? kBlocks - 1 : 0) << what;
+      EXPECT_EQ(m.backward.count("aten::addmm"), 0) << what;
+      EXPECT_EQ(m.backward.count("aten::mm"), plain.backward.count("aten::mm")) << what;
+      for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
+    }
 }
 
 // The real copy thread: the same gradients, the pool empty after backward, its buffers reused by
@@ -97,16 +113,55 @@ TEST(ActivationSwap, ComputeBytesSavedAreTheBytesSwappedAndBackwardRecomputesNoP
 TEST(ActivationSwap, TheCopyThreadGivesTheSameGradientsAndReusesItsBuffers) {
   auto plain_model = blocks();
   const Measured plain = train(*plain_model, nullptr);
-  auto swap = std::make_shared<SwapManager>();
+  for (const SwapOptions::Tier tier : {SwapOptions::Tier::kHost, SwapOptions::Tier::kFile}) {
+    const std::string what = tier_name(tier);
+    auto swap = std::make_shared<SwapManager>(on_tier(tier));
+    auto model = swapped_blocks(swap);
+    const Measured first = train(*model, swap);
+    for (const auto& [name, grad] : plain.grads) check_close(first.grads.at(name), grad, what + ": " + name, true);
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    const Measured second = train(*model, swap);
+    EXPECT_EQ(second.after_backward.pool_in_use, 0) << what;
+    EXPECT_EQ(second.after_backward.pool_held, first.after_backward.pool_held) << what;
+    EXPECT_EQ(second.after_backward.swapped_bytes, 2 * first.after_backward.swapped_bytes) << what;
+    for (const auto& [name, grad] : plain.grads) check_close(second.grads.at(name), grad, what + ": " + name, true);
+  }
+}
+
+// The file tier's file has no name: the directory holds nothing, during the step or after it.
+TEST(ActivationSwap, TheFileTierLeavesNothingInItsDirectory) {
+  const SwapOptions options = on_tier(SwapOptions::Tier::kFile);
+  const auto entries = [&] {
+    return std::distance(std::filesystem::directory_iterator(options.directory), std::filesystem::directory_iterator());
+  };
+  {
+    auto swap = std::make_shared<SwapManager>(options);
+    auto model = swapped_blocks(swap);
+    const at::Tensor out = (*model)(at::ones({kWidth, kWidth}));
+    EXPECT_GT(swap->stats().pool_in_use, 0);
+    EXPECT_EQ(entries(), 0);
+    out.sum().backward();
+  }
+  EXPECT_EQ(entries(), 0);
+}
+
+// A directory that cannot hold the file fails when the manager is made; a tier that runs out of
+// space fails the forward that needed it, by name, and the step can be dropped cleanly.
+TEST(ActivationSwap, FileTierFailuresAreErrorsThatSayWhy) {
+  const std::string under_a_file = scratch_dir("activation_swap_bad") + "/a_file";
+  std::ofstream(under_a_file) << "not a directory";
+  SwapOptions nowhere = on_tier(SwapOptions::Tier::kFile);
+  nowhere.directory = under_a_file + "/swap";
+  expect_error([&] { SwapManager manager(nowhere); }, "cannot create the file tier's file in '" + nowhere.directory);
+  auto swap = std::make_shared<SwapManager>(on_tier(SwapOptions::Tier::kFile, {1, 64 * 1024, /*inline_copies=*/true}));
   auto model = swapped_blocks(swap);
-  const Measured first = train(*model, swap);
-  for (const auto& [name, grad] : plain.grads) check_close(first.grads.at(name), grad, name, true);
-  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-  const Measured second = train(*model, swap);
-  EXPECT_EQ(second.after_backward.pool_in_use, 0);
-  EXPECT_EQ(second.after_backward.pool_held, first.after_backward.pool_held);
-  EXPECT_EQ(second.after_backward.swapped_bytes, 2 * first.after_backward.swapped_bytes);
-  for (const auto& [name, grad] : plain.grads) check_close(second.grads.at(name), grad, name, true);
+  {
+    ScopedFileSizeLimit no_room(kMatrixBytes / 2);
+    expect_error([&] { (*model)(at::ones({kWidth, kWidth})); }, "cannot reserve 1048576 bytes for the file tier");
+  }
+  const Measured m = train(*model, swap);  // room again: the next step swaps as before
+  EXPECT_EQ(m.after_forward.swapped_bytes, (kBlocks - 1) * kMatrixBytes);
+  EXPECT_EQ(m.after_backward.pool_in_use, 0);
 }
 
 TEST(ActivationSwap, ASwapDecisionNeedsAManagerAndAManagerAPolicy) {

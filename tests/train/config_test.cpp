@@ -70,7 +70,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"memory.checkpoint=some"}, 4, "memory.checkpoint 'some' is unknown (available: none, full, selective)");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4", "memory.checkpoint=full"}, 4,
           "memory.checkpoint full does not work with parallel.pp_schedule zbv yet");
-  invalid({"memory.swap=disk"}, 4, "memory.swap 'disk' is unknown (available: none, host)");
+  invalid({"memory.swap=disk"}, 4, "memory.swap 'disk' is unknown (available: none, host, file)");
+  invalid({"memory.swap=host", "memory.swap_dir=/data/swap"}, 4,
+          "memory.swap_dir is the file tier's directory; it needs memory.swap file, not host");
   invalid({"memory.swap=host", "memory.checkpoint=full"}, 4,
           "memory.swap host and memory.checkpoint full both say what blocks keep for backward; set one of them");
   invalid({"memory.swap_prefetch=-1"}, 4, "memory.swap_prefetch (-1) must be >= 0");

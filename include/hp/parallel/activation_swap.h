@@ -13,15 +13,20 @@
 //    backward stays resident, since its backward comes first;
 //  - copies run on one copy thread (a side stream is the CUDA build's counterpart); a tensor's
 //    compute memory is released when its copy completes;
-//  - the host tier is a pool of buffers outside the compute allocator, reused by (shape, dtype);
+//  - the tier keeps buffers for reuse by (shape, dtype): the host tier, in host memory outside the
+//    compute allocator; the file tier, in an unnamed file of SwapOptions::directory, written through
+//    and dropped from the page cache, so that the process's resident memory does not hold them;
 //  - when backward reaches a region, the reloads of the `prefetch` regions whose backward comes next
 //    start too, so that with prefetch >= 1 backward finds its tensors on their way back.
 // Never swapped: outputs under `min_bytes`, non-contiguous ones (both stay in place), and parameters
-// (which no op outputs). Gradients are bitwise those without swapping.
+// (which no op outputs). Gradients are bitwise those without swapping. A tier that fails raises
+// hp::Error saying why: reserving space fails the forward whose outputs were leaving; a failed copy
+// fails the next forward or backward of a swapped region (a failed write leaves the tensor in place).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace hp {
 
@@ -30,14 +35,17 @@ struct SwapOptions {
   int64_t min_bytes = 64 * 1024;  // smaller outputs stay in the compute allocator
   bool inline_copies = false;     // copies run when started, on the thread that starts them: a
                                   // deterministic copy engine (tests count reload waits with it)
+  enum class Tier { kHost, kFile };
+  Tier tier = Tier::kHost;
+  std::string directory;  // the file tier's, on a disk (a tmpfs is memory); made if missing
 };
 
 struct SwapStats {
   int64_t swapped_tensors = 0, swapped_bytes = 0;  // moved out to the tier since the manager started
   int64_t reloaded_bytes = 0;                      // brought back
   int64_t reload_waits = 0;  // region backwards that found their reload not started before they needed it
-  int64_t pool_in_use = 0;   // bytes of host buffers holding swapped tensors now
-  int64_t pool_held = 0;     // bytes of host buffers allocated, in use or kept for reuse
+  int64_t pool_in_use = 0;   // bytes of the tier's buffers holding swapped tensors now
+  int64_t pool_held = 0;     // bytes of the tier's buffers allocated, in use or kept for reuse
 };
 
 class SwapManager {

@@ -75,11 +75,13 @@ struct TrainConfig {
     // recompute the rest in backward) or "selective" (also keep the outputs the default policy
     // saves: every other matrix product and the attention probabilities); docs/memory.md.
     std::string checkpoint = "none";
-    // Activation swap of every block: "none", or "host" (each block's activations wait for its
-    // backward in a host pool outside the compute allocator, reloaded swap_prefetch blocks ahead).
-    // Not with checkpoint (swap takes its place).
+    // Activation swap of every block: "none"; "host" (each block's activations wait for its
+    // backward in a host pool outside the compute allocator, reloaded swap_prefetch blocks ahead);
+    // or "file" (they wait in an unnamed file in swap_dir, which the process's resident memory does
+    // not hold). Not with checkpoint (swap takes its place).
     std::string swap = "none";
     int64_t swap_prefetch = 1;
+    std::string swap_dir;  // the file tier's directory, on a disk; default: run_dir
   } memory;
 
   struct Optimizer {

@@ -1,0 +1,51 @@
+// Where swapped tensors wait for their backward: buffers reused by (shape, dtype), either in host
+// memory outside the compute allocator or in an unnamed file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "hp/parallel/activation_swap.h"
+
+namespace hp::detail {
+
+class SwapTier {
+ public:
+  using Key = std::pair<std::vector<int64_t>, int>;  // shape, dtype
+  struct Buffer {
+    Key key;
+    int64_t size = 0;
+    bool held = false;
+    std::unique_ptr<uint8_t[]> bytes;  // host tier
+    int64_t offset = 0;                // file tier
+  };
+
+  virtual ~SwapTier() = default;
+  // Called on the thread that runs the region, so that running out of space fails there.
+  Buffer acquire(const Key& key, int64_t size);
+  void release(Buffer buffer);
+  int64_t in_use() const;
+  int64_t held() const;
+
+  // The copy engine's work; throw hp::Error when the tier fails.
+  virtual void write(const Buffer& to, const void* from) = 0;
+  virtual void read(const Buffer& from, void* to) = 0;
+
+ protected:
+  // A new buffer of `size` bytes (the pool's lock is held).
+  virtual Buffer allocate(const Key& key, int64_t size) = 0;
+
+ private:
+  mutable std::mutex mu_;
+  std::multimap<Key, Buffer> free_;
+  int64_t in_use_ = 0, held_ = 0;
+};
+
+// The tier `options` name: host memory, or a file in options.directory.
+std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options);
+
+}  // namespace hp::detail
