@@ -1,5 +1,7 @@
 // Creating groups: the world group from a store, and cached sub-groups per rank set; which
 // transport each group uses.
+#include <ATen/ATen.h>
+
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -70,6 +72,31 @@ void set_up_shared_memory(GroupImpl& group, Transport transport) {
     hp::log::warn(group.describe(), " cannot use shared memory (", why, "); its collectives go through Gloo");
 }
 
+// What each rank decided from its own environment and launch (HP_COMM_TRANSPORT, the launcher's
+// local world size). Ranks that decided differently would wait in the shared-memory set-up for
+// members that never come, until the timeout; the world's first collective compares them instead.
+// Returns what differs from world rank 0, the same text on every rank, or "" when all agree.
+std::string disagreement_on_layout(GroupImpl& world, const GroupRegistry& registry) {
+  const at::Tensor mine = at::tensor(
+      {static_cast<int64_t>(registry.transport), int64_t{registry.ranks_per_host}, int64_t{registry.one_process}},
+      at::kLong);
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < world.size(); ++r) all.push_back(at::empty_like(mine));
+  shim::all_gather(*world.native, all, mine)->wait();
+  const auto describe = [&](int r) {
+    const auto* v = all[r].data_ptr<int64_t>();
+    return "world rank " + std::to_string(r) + ": transport " + to_string(static_cast<Transport>(v[0])) + ", " +
+           (v[2] ? std::string("ranks as threads of one process") : std::to_string(v[1]) + " ranks per host");
+  };
+  std::string differ;
+  for (int r = 1; r < world.size(); ++r)
+    if (!all[r].equal(all[0])) differ += "; " + describe(r);
+  if (differ.empty()) return "";
+  return "the ranks disagree on the transport or the host layout (set HP_COMM_TRANSPORT and launch every rank "
+         "alike): " +
+         describe(0) + differ;
+}
+
 std::string join(const std::vector<int>& ranks) {
   std::ostringstream out;
   for (size_t i = 0; i < ranks.size(); ++i) out << (i ? "," : "") << ranks[i];
@@ -79,7 +106,7 @@ std::string join(const std::vector<int>& ranks) {
 }  // namespace
 
 std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry, std::vector<int> ranks,
-                                        std::string name) {
+                                        std::string name, bool is_world) {
   auto group = std::make_shared<GroupImpl>();
   group->rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), registry->world_rank) - ranks.begin());
   group->ranks = std::move(ranks);
@@ -90,10 +117,12 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
     group->shm_scope = shared_scope(*registry, group->ranks);
   // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
+  std::string disagreement;
   try {
     group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank, group->size(),
                                           registry->options.timeout, registry->device);
-    if (group->shm_scope) set_up_shared_memory(*group, registry->transport);
+    if (is_world && group->size() > 1) disagreement = disagreement_on_layout(*group, *registry);
+    if (group->shm_scope && disagreement.empty()) set_up_shared_memory(*group, registry->transport);
   } catch (const std::exception& e) {
     const std::string what = shim::first_line(e);
     const std::string msg = "creating " + group->describe() + " on world rank " + std::to_string(registry->world_rank) +
@@ -102,6 +131,7 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
     if (shim::says_timed_out(what)) throw hp::TimeoutError(msg);
     throw hp::Error(msg);
   }
+  HP_CHECK(disagreement.empty(), "creating ", group->describe(), ": ", disagreement);
   return group;
 }
 
@@ -127,7 +157,7 @@ ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, 
   registry->device = shim::make_gloo_device(options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname);
   std::vector<int> all(world_size);
   for (int r = 0; r < world_size; ++r) all[r] = r;
-  auto world = detail::create_group(registry, std::move(all), "world");
+  auto world = detail::create_group(registry, std::move(all), "world", /*is_world=*/true);
   world->owned_registry = registry;
   registry->world = world;
   return ProcessGroup(world);
@@ -148,7 +178,7 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> world_ranks, const std::st
   std::lock_guard<std::mutex> lock(registry->mu);
   if (auto world = registry->world.lock(); world && world->ranks == world_ranks) return ProcessGroup(world);
   auto& cached = registry->groups[world_ranks];
-  if (!cached) cached = detail::create_group(registry, world_ranks, name);
+  if (!cached) cached = detail::create_group(registry, world_ranks, name, /*is_world=*/false);
   return ProcessGroup(cached);
 }
 

@@ -160,8 +160,9 @@ struct ReadyWorkState final : WorkState {
 // Waits for a native collective inside a composed one, converting failures into hp errors.
 void wait_native(const CollectiveSite& site, const shim::NativeWork& work);
 
-// Creates a group from a store (used by init_process_group, the test harness and new_group).
+// Creates a group from a store (used by init_process_group, the test harness and new_group). The
+// world group also checks that every rank chose the same transport and host layout.
 std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry, std::vector<int> ranks,
-                                        std::string name);
+                                        std::string name, bool is_world);
 
 }  // namespace hp::comm::detail

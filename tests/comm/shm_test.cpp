@@ -188,10 +188,15 @@ std::vector<std::string> segments_named(const std::string& prefix) {
   return found;
 }
 
+// What one rank launches with: its options (transport, timeout) and its host layout.
+struct Launch {
+  comm::ProcessGroupOptions options;
+  comm::WorldLayout layout;
+};
+
 // Runs fn(world) on `n` threads, each a rank of a world that meets through one store as processes
-// do, `ranks_per_host` to a host (so groups on one host map POSIX segments, as between processes).
-// Returns each rank's error, empty where fn returned.
-std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions& options, int ranks_per_host,
+// do, launched as launch_of(rank) says. Returns each rank's error, empty where fn returned.
+std::vector<std::string> run_as_processes(int n, const std::function<Launch(int)>& launch_of,
                                           const std::function<void(const ProcessGroup&)>& fn) {
   auto store = comm::shim::make_hash_store();
   std::vector<std::thread> threads;
@@ -199,7 +204,8 @@ std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        fn(comm::create_world_group(store, rank, n, options, comm::WorldLayout{false, ranks_per_host}));
+        const Launch launch = launch_of(rank);
+        fn(comm::create_world_group(store, rank, n, launch.options, launch.layout));
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
@@ -207,6 +213,50 @@ std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The same launch on every rank, `ranks_per_host` to a host (so groups on one host map POSIX
+// segments, as between processes).
+std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions& options, int ranks_per_host,
+                                          const std::function<void(const ProcessGroup&)>& fn) {
+  return run_as_processes(
+      n,
+      [&](int) {
+        return Launch{options, comm::WorldLayout{false, ranks_per_host}};
+      },
+      fn);
+}
+
+// Ranks launched differently (another HP_COMM_TRANSPORT, another local world size) would wait in
+// the shared-memory set-up for members that never come; the world's creation says so at once, the
+// same words on every rank.
+TEST(ShmTransport, RanksLaunchedDifferentlyFailAtOnceSayingHow) {
+  ScopedEnv unset("HP_COMM_TRANSPORT", "");
+  struct Case {
+    std::function<Launch(int)> launch_of;
+    std::string says;
+  };
+  const auto with = [](Transport transport, int ranks_per_host) {
+    comm::ProcessGroupOptions options;
+    options.set_timeout(std::chrono::seconds(30)).set_transport(transport);
+    return Launch{options, comm::WorldLayout{false, ranks_per_host}};
+  };
+  const std::vector<Case> cases = {
+      {[&](int rank) { return with(rank == 3 ? Transport::kGloo : Transport::kShm, 4); },
+       "world rank 0: transport shm, 4 ranks per host; world rank 3: transport gloo, 4 ranks per host"},
+      {[&](int rank) { return with(Transport::kAuto, rank < 2 ? 2 : 4); },
+       "world rank 0: transport auto, 2 ranks per host; world rank 2: transport auto, 4 ranks per host; "
+       "world rank 3: transport auto, 4 ranks per host"}};
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<std::string> errors = run_as_processes(4, c.launch_of, [](const ProcessGroup&) {});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "it waited for a timeout";
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_NE(errors[rank].find("the ranks disagree on the transport or the host layout"), std::string::npos)
+          << "rank " << rank << ": " << errors[rank];
+      EXPECT_NE(errors[rank].find(c.says), std::string::npos) << "rank " << rank << ": " << errors[rank];
+    }
+  }
 }
 
 // A world that spans two "hosts" of 2 ranks, under transport shm: the world group stays on Gloo,
