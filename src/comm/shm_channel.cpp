@@ -42,6 +42,13 @@ struct alignas(kLine) MemberState {
   std::atomic<uint32_t> left;     // the member's group is gone
 };
 
+// Which operation a member runs: written with the first round of each operation, so that members
+// running different collectives (a program that diverged) fail instead of mixing their bytes.
+struct CallRecord {
+  uint64_t seq;
+  char op[24];  // the collective's name, cut to fit
+};
+
 int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
@@ -82,22 +89,28 @@ struct ShmChannel::Layout {
     control = reinterpret_cast<Control*>(base);
     this->members = reinterpret_cast<MemberState*>(base + round_up(sizeof(Control), kLine));
     lengths = reinterpret_cast<int64_t*>(reinterpret_cast<std::byte*>(this->members) + n * sizeof(MemberState));
+    calls = reinterpret_cast<CallRecord*>(lengths + 2 * n * n);
     slots = base + slots_offset(members);
   }
   static int64_t slots_offset(int n) {
-    return round_up(round_up(sizeof(Control), kLine) + n * sizeof(MemberState) + 2 * n * n * sizeof(int64_t), 4096);
+    return round_up(round_up(sizeof(Control), kLine) + n * sizeof(MemberState) + 2 * n * n * sizeof(int64_t) +
+                        2 * n * sizeof(CallRecord),
+                    4096);
   }
   static int64_t bytes(int n, int64_t slot) { return slots_offset(n) + int64_t{2} * n * slot; }
 
   std::byte* slot_of(int member, int parity) const { return slots + (int64_t{member} * 2 + parity) * slot; }
   // What member `from` sends to each member in the first round of an operation of this parity.
   int64_t* lengths_of(int parity, int from) const { return lengths + (int64_t{parity} * n + from) * n; }
+  // The operation member `from` runs, written with its first round of this parity.
+  CallRecord* call_of(int parity, int from) const { return calls + int64_t{parity} * n + from; }
 
   int n;
   int64_t slot;
   Control* control;
   MemberState* members;
   int64_t* lengths;
+  CallRecord* calls;
   std::byte* slots;
 };
 
@@ -131,6 +144,26 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
                     std::to_string(group_.ranks[group_.rank]) +
                     ": an earlier collective on this group failed, and its shared memory may hold a half-finished "
                     "exchange; the group cannot be used any more");
+  }
+}
+
+void ShmChannel::post_call(const CollectiveSite& site, int parity) {
+  CallRecord* mine = layout_->call_of(parity, group_.rank);
+  mine->seq = site.seq;
+  std::strncpy(mine->op, site.op, sizeof(mine->op) - 1);
+  mine->op[sizeof(mine->op) - 1] = '\0';
+}
+
+void ShmChannel::check_calls(const CollectiveSite& site, int parity) {
+  const CallRecord* mine = layout_->call_of(parity, group_.rank);
+  for (int i = 0; i < layout_->n; ++i) {
+    const CallRecord* theirs = layout_->call_of(parity, i);
+    if (theirs->seq == mine->seq && std::strncmp(theirs->op, mine->op, sizeof(mine->op)) == 0) continue;
+    fail(site,
+         "world rank " + std::to_string(group_.ranks[i]) + " runs " + theirs->op + " (collective #" +
+             std::to_string(theirs->seq) + ") while this rank runs " + mine->op + " (collective #" +
+             std::to_string(mine->seq) + "): the members' programs issue different collectives on this group",
+         Failure::kBadCall, i);
   }
 }
 
@@ -265,8 +298,10 @@ void ShmChannel::exchange_rounds(const CollectiveSite& site, const std::vector<B
     round(
         site,
         [&](int parity) {
-          if (k == 0)
+          if (k == 0) {
+            post_call(site, parity);
             for (int j = 0; j < n; ++j) layout_->lengths_of(parity, me)[j] = sends[j].size;
+          }
           std::byte* slot = layout_->slot_of(me, parity);
           for (int j = 0; j < n; ++j)
             if (j != me || own_through_slot)
@@ -274,6 +309,7 @@ void ShmChannel::exchange_rounds(const CollectiveSite& site, const std::vector<B
         },
         [&](int parity) {
           if (k == 0) {
+            check_calls(site, parity);
             for (int i = 0; i < n; ++i) {
               for (int j = 0; j < n; ++j)
                 rounds = std::max(rounds, (layout_->lengths_of(parity, i)[j] + share - 1) / share);
@@ -304,11 +340,15 @@ void ShmChannel::gather(const CollectiveSite& site, ByteSpan send, const std::ve
     round(
         site,
         [&](int parity) {
-          if (k == 0) layout_->lengths_of(parity, me)[0] = send.size;
+          if (k == 0) {
+            post_call(site, parity);
+            layout_->lengths_of(parity, me)[0] = send.size;
+          }
           copy_bytes(layout_->slot_of(me, parity), send.data + k * share, chunk_of(send.size, k, share));
         },
         [&](int parity) {
           if (k == 0) {
+            check_calls(site, parity);
             for (int i = 0; i < n; ++i) {
               const int64_t sent = layout_->lengths_of(parity, i)[0];
               rounds = std::max(rounds, (sent + share - 1) / share);
@@ -329,7 +369,7 @@ void ShmChannel::gather(const CollectiveSite& site, ByteSpan send, const std::ve
 void ShmChannel::barrier(const CollectiveSite& site) {
   check_usable(site);
   round(
-      site, [](int) {}, [](int) {});
+      site, [&](int parity) { post_call(site, parity); }, [&](int parity) { check_calls(site, parity); });
 }
 
 }  // namespace hp::comm::detail

@@ -10,7 +10,8 @@
 //
 // The first round of an operation also carries each member's send sizes, so that every member
 // knows how many rounds the largest message needs, and each receiver checks that what is sent to
-// it is what it expects (a mismatch fails the collective instead of corrupting the output).
+// it is what it expects, and which collective each member runs (name and sequence number), so
+// that members whose programs diverged fail the collective instead of corrupting the output.
 //
 // The barrier is a counter of arrivals and a futex word of completed rounds: a short spin, then a
 // futex wait in slices, checking between slices for members that failed, left (their group was
@@ -82,6 +83,10 @@ class ShmChannel {
     kMember,   // a member failed, left or exited
     kTimeout,  // a member did not arrive within the group's timeout
   };
+  // The first round of every operation: this member says which collective it runs, and checks
+  // that every member runs the same one (else fails, kBadCall).
+  void post_call(const CollectiveSite& site, int parity);
+  void check_calls(const CollectiveSite& site, int parity);
   // Marks the channel failed for every member, blaming group rank `culprit`, and throws.
   [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit);
   // Empty, or why waiting for `round` is hopeless, the group rank to blame and the kind of failure.

@@ -374,5 +374,45 @@ TEST(ShmTransport, SizesThatDisagreeFailInsteadOfCorrupting) {
   for (int r : {0, 1}) EXPECT_NE(second[r], "") << "rank " << r << "'s next collective ran";
 }
 
+// Members whose programs diverged, running different collectives whose sizes agree (a
+// reduce_scatter against an all_to_all moves the same bytes, one summing, one copying; a barrier
+// against an all_reduce), fail both, naming the collectives, instead of mixing their bytes.
+TEST(ShmTransport, DifferentCollectivesOnTheMembersFailNamingThem) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(20)).set_transport(Transport::kShm);
+  options.barrier_at_exit = false;
+  struct Case {
+    std::function<void(const ProcessGroup&)> rank0, rank1;
+    std::string rank0_says, rank1_says;
+  };
+  const std::vector<Case> cases = {
+      {[](const ProcessGroup& g) {
+         g.reduce_scatter(at::ones({2, 4}));
+       },
+       [](const ProcessGroup& g) {
+         g.all_to_all(at::ones({2, 4}));
+       },
+       "world rank 1 runs all_to_all (collective #0) while this rank runs reduce_scatter (collective #0)",
+       "world rank 0 runs reduce_scatter (collective #0) while this rank runs all_to_all (collective #0)"},
+      {[](const ProcessGroup& g) { g.barrier(); }, [](const ProcessGroup& g) { g.all_reduce(at::ones({4})); },
+       "world rank 1 runs all_reduce (collective #0) while this rank runs barrier (collective #0)",
+       "world rank 0 runs barrier (collective #0) while this rank runs all_reduce (collective #0)"}};
+  for (const Case& c : cases) {
+    std::vector<std::string> errors(2);
+    testing::run_ranks(
+        2,
+        [&](const ProcessGroup& world) {
+          try {
+            (world.rank() == 0 ? c.rank0 : c.rank1)(world);
+          } catch (const hp::Error& e) {
+            errors[world.rank()] = e.what();
+          }
+        },
+        options);
+    EXPECT_NE(errors[0].find(c.rank0_says), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find(c.rank1_says), std::string::npos) << errors[1];
+  }
+}
+
 }  // namespace
 }  // namespace hp::test
