@@ -80,8 +80,9 @@ int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
 
 // Each process counts the draws of its own pipeline stages: every pipeline rank saves its own
 // position (ranks of one stage draw alike), and the checkpoint's values merge them.
-nlohmann::json Checkpointing::mesh_rng_values() const {
-  const MeshRngState rng = get_rng_state(mesh_);
+void Checkpointing::note_step_start() { step_start_rng_ = get_rng_state(mesh_); }
+
+nlohmann::json Checkpointing::mesh_rng_values(const MeshRngState& rng) const {
   return {{"seed", rng.seed},
           {"pp", config_.parallel.pp},
           {"next_stream_by_pp_rank", {{std::to_string(mesh_.get_local_rank("pp")), rng.next_stream}}}};
@@ -118,19 +119,14 @@ std::optional<std::string> Checkpointing::save_if_due(int64_t step, const LRSche
 }
 
 std::optional<std::string> Checkpointing::save_last_words(int64_t step, const LRScheduler& scheduler,
-                                                          const std::string& why) {
+                                                          const std::string& why, LastWordsOf when) {
   if (config_.checkpoint.interval <= 0) return std::nullopt;
-  const std::string dir = start_save(step, scheduler, nlohmann::json{{"last_words", why}});
-  finish();
-  return dir;
-}
-
-std::optional<std::string> Checkpointing::save_last_words_before_step(int64_t step, const LRScheduler& scheduler,
-                                                                      const std::string& why) {
-  if (config_.checkpoint.interval <= 0 || step <= 0 || step % config_.checkpoint.interval == 0) return std::nullopt;
-  // The step's draws so far (dropout masks of its forward) are not part of step `step`'s state.
-  const std::string dir =
-      start_save(step, scheduler, nlohmann::json{{"last_words", why}, {"mesh_rng", step_start_rng_}});
+  nlohmann::json marks{{"last_words", why}};
+  if (when == LastWordsOf::kBeforeNextStep) {
+    if (step <= 0 || step % config_.checkpoint.interval == 0) return std::nullopt;
+    marks["mesh_rng"] = mesh_rng_values(step_start_rng_);
+  }
+  const std::string dir = start_save(step, scheduler, marks);
   finish();
   return dir;
 }
@@ -141,7 +137,7 @@ std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler
                    {"seed", config_.seed},
                    {"data", {{"sampler", "stateless"}, {"step", step}}},
                    {"scheduler_step", scheduler.last_step()},
-                   {"mesh_rng", mesh_rng_values()},
+                   {"mesh_rng", mesh_rng_values(get_rng_state(mesh_))},
                    {"world_size", world_.size()},
                    {"job", job::dir().value_or("")}};  // a restart of this job resumes only its own saves
   state_.values.update(marks);

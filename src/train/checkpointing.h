@@ -14,6 +14,7 @@
 
 #include "hp/comm/process_group.h"
 #include "hp/dcp/checkpoint.h"
+#include "hp/dtensor/random.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/model_parts.h"
 #include "hp/optim/lr_scheduler.h"
@@ -39,18 +40,19 @@ class Checkpointing {
   // After optimizer step `step`: at the interval, starts saving the state of that step and returns
   // the checkpoint's directory; otherwise nullopt.
   std::optional<std::string> save_if_due(int64_t step, const LRScheduler& scheduler);
-  // After optimizer step `step`, when the run stops early (`why`: "SIGTERM"), instead of
-  // save_if_due: saves the state of that step and commits it before returning, marked as last
-  // words; returns its directory, or nullopt when the run saves no checkpoints.
-  std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why);
-  // At the start of each step: where the mesh's RNG stands, for save_last_words_before_step.
-  void note_step_start() { step_start_rng_ = mesh_rng_values(); }
-  // During step `step` + 1, before its optimizer step (a step that is not finite): the same for the
-  // state of step `step`, which the parameters and optimizer still hold; the mesh's RNG position
-  // is the one noted at the step's start. Nullopt also when step `step` is saved already (0, or a
-  // checkpoint interval).
-  std::optional<std::string> save_last_words_before_step(int64_t step, const LRScheduler& scheduler,
-                                                         const std::string& why);
+  // When the run stops early (`why`: "SIGTERM", "not finite at step 7"): saves the state of step
+  // `step` and commits it before returning, marked as last words; returns its directory, or nullopt
+  // when the run saves no checkpoints.
+  //  - kAfterStep: after optimizer step `step`, instead of save_if_due.
+  //  - kBeforeNextStep: during step `step` + 1, before its optimizer step (a step that is not
+  //    finite): the parameters and optimizer still hold step `step`'s state, and the mesh's RNG
+  //    position is the one noted at the step's start (its forward's draws are not step `step`'s).
+  //    Nullopt also when step `step` is saved already (0, or a checkpoint interval).
+  enum class LastWordsOf { kAfterStep, kBeforeNextStep };
+  std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why,
+                                             LastWordsOf when);
+  // At the start of each step: where the mesh's RNG stands, for last words before the next step.
+  void note_step_start();
   // Commits the save in flight, if any.
   void finish();
   // Whether a save is in flight (staged or written in the background, not yet committed).
@@ -60,8 +62,8 @@ class Checkpointing {
   // Starts saving the state of `step` with `marks` added to its values; returns its directory.
   std::string start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks);
   dcp::StateDict to_save() const;
-  nlohmann::json mesh_rng_values() const;  // the "mesh_rng" value this rank saves
-  void restore_mesh_rng();                 // from the loaded values, if they have this rank's
+  nlohmann::json mesh_rng_values(const MeshRngState& rng) const;  // the "mesh_rng" value this rank saves
+  void restore_mesh_rng();                                        // from the loaded values, if they have this rank's
   const TrainConfig& config_;
   const DeviceMesh& mesh_;
   const models::ModelParts& parts_;
@@ -70,7 +72,7 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
-  nlohmann::json step_start_rng_;
+  MeshRngState step_start_rng_;
 };
 
 }  // namespace hp::train::detail

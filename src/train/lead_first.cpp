@@ -22,8 +22,8 @@ void lead_first(const comm::ProcessGroup& world, const std::string& what, const 
     try {
       work();
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      store.set(done, "failed: " + what.substr(0, what.find('\n')));  // without a c10::Error's backtrace
+      const std::string message = e.what();
+      store.set(done, "failed: " + message.substr(0, message.find('\n')));  // without a c10::Error's backtrace
       throw;
     }
     store.set(done, "ok");

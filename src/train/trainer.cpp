@@ -351,8 +351,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
         if (c.train.on_nonfinite == "stop") {
           checkpoints.finish();  // the last checkpoint (from good parameters) is committed
           // Last words: the parameters and optimizer still hold step `step`, the last good one.
-          const std::optional<std::string> last_words = checkpoints.save_last_words_before_step(
-              step, scheduler, hp::detail::str_cat("not finite at step ", step + 1));
+          const std::optional<std::string> last_words =
+              checkpoints.save_last_words(step, scheduler, hp::detail::str_cat("not finite at step ", step + 1),
+                                          detail::Checkpointing::LastWordsOf::kBeforeNextStep);
           if (last_words) notify([&](Callback& cb) { cb.on_save(step, *last_words); });
           throw NonFiniteError(hp::detail::str_cat(
               "step ", step + 1, ": ", where,
@@ -391,7 +392,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
         record.eval_loss = evaluate();
       // Every rank agreed on the stop in the exchange above: last words, this step's state.
       const std::optional<std::string> dir =
-          stop_signal != 0 ? checkpoints.save_last_words(step + 1, scheduler, detail::signal_name(stop_signal))
+          stop_signal != 0 ? checkpoints.save_last_words(step + 1, scheduler, detail::signal_name(stop_signal),
+                                                         detail::Checkpointing::LastWordsOf::kAfterStep)
                            : checkpoints.save_if_due(step + 1, scheduler);
       if (dir) notify([&](Callback& cb) { cb.on_save(step + 1, *dir); });
       notify([&](Callback& cb) { cb.on_step_end(record); });
