@@ -39,7 +39,8 @@ T parse_number(const std::string& text, const std::string& fault, const char* wh
 
 Fault parse_fault(const std::string& text, int index) {
   const std::vector<std::string> parts = split(text, ':');
-  static const char* kForm = " (KIND:RANK:STEP[:SECONDS|:FQN], KIND one of kill, throw, hang, delay, preempt, flip)";
+  static const char* kForm =
+      " (KIND:RANK:STEP[:SECONDS|:FQN], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad)";
   HP_CHECK(parts.size() == 3 || parts.size() == 4, kSpecEnv, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
@@ -56,16 +57,18 @@ Fault parse_fault(const std::string& text, int index) {
     fault.kind = FaultKind::kPreempt;
   } else if (kind == "flip") {
     fault.kind = FaultKind::kFlip;
+  } else if (kind == "flip_grad") {
+    fault.kind = FaultKind::kFlipGrad;
   } else {
     HP_FAIL(kSpecEnv, ": '", text, "': unknown kind '", kind, "'", kForm);
   }
   fault.rank = parse_number<int>(parts[1], text, "rank");
   fault.step = parse_number<int64_t>(parts[2], text, "step");
   HP_CHECK(fault.rank >= 0 && fault.step >= 1, kSpecEnv, ": '", text, "': the rank must be >= 0 and the step >= 1");
-  HP_CHECK(fault.kind == FaultKind::kFlip || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '",
-           text,
+  const bool flips = fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad;
+  HP_CHECK(flips || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '", text,
            "': a delay takes SECONDS, a flip may take a parameter's FQN, the other kinds take nothing after the step");
-  if (fault.kind == FaultKind::kFlip && parts.size() == 4) fault.parameter = parts[3];
+  if (flips && parts.size() == 4) fault.parameter = parts[3];
   if (fault.kind == FaultKind::kDelay) {
     fault.seconds = parse_number<double>(parts[3], text, "seconds");
     HP_CHECK(fault.seconds >= 0, kSpecEnv, ": '", text, "': the delay must not be negative");
@@ -73,11 +76,21 @@ Fault parse_fault(const std::string& text, int index) {
   return fault;
 }
 
+// Flips bit 22 of the first element of `t` (its first 4 bytes), through a host copy: `t` may live
+// on a GPU. `what` names it for the log and the error.
+void flip_bit_22(const at::Tensor& t, const std::string& what, int rank) {
+  HP_CHECK(t.defined() && t.nbytes() >= 4, "injected fault: ", what, " has no element on rank ", rank);
+  at::NoGradGuard no_grad;
+  const at::Tensor bytes = t.detach().to(at::kCPU).contiguous();
+  static_cast<uint8_t*>(bytes.data_ptr())[2] ^= 1u << 6;
+  t.detach().copy_(bytes);
+}
+
 // Fires one fault at its step, once per job.
 class FaultCallback : public Callback {
  public:
-  // flipped: the tensor a flip changes (undefined for the other kinds).
-  FaultCallback(Fault fault, at::Tensor flipped) : fault_(std::move(fault)), flipped_(std::move(flipped)) {}
+  // parameter: the one a flip changes, or whose gradient it changes (undefined for other kinds).
+  FaultCallback(Fault fault, at::Tensor parameter) : fault_(std::move(fault)), parameter_(std::move(parameter)) {}
 
   void on_step_begin(int64_t step) override {
     if (!fires_at_begin() || step != fault_.step || !claim()) return;
@@ -93,7 +106,7 @@ class FaultCallback : public Callback {
   }
 
   void on_step_end(const StepRecord& record) override {
-    if (fires_at_begin() || record.step != fault_.step || !claim()) return;
+    if (fires_at_begin() || fault_.kind == FaultKind::kFlipGrad || record.step != fault_.step || !claim()) return;
     if (fault_.kind == FaultKind::kKill) {
       log::warn("injected fault: SIGKILL after step ", record.step);
       ::kill(::getpid(), SIGKILL);
@@ -101,16 +114,22 @@ class FaultCallback : public Callback {
       HP_FAIL("injected fault: rank ", fault_.rank, " failed after step ", record.step);
     } else if (fault_.kind == FaultKind::kFlip) {
       log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
-      HP_CHECK(flipped_.nbytes() >= 4, "injected fault: ", fault_.parameter, " has no element on rank ", fault_.rank);
-      // Through a host copy: the parameter may live on a GPU.
-      at::NoGradGuard no_grad;
-      const at::Tensor bytes = flipped_.detach().to(at::kCPU).contiguous();
-      static_cast<uint8_t*>(bytes.data_ptr())[2] ^= 1u << 6;  // bit 22 of the first 4 bytes
-      flipped_.detach().copy_(bytes);
+      flip_bit_22(local_piece(parameter_), fault_.parameter, fault_.rank);
     }
   }
 
+  void on_before_optimizer_step(int64_t step) override {
+    if (fault_.kind != FaultKind::kFlipGrad || step != fault_.step || !claim()) return;
+    log::warn("injected fault: flipping bit 22 of ", fault_.parameter, "'s gradient before step ", step,
+              "'s optimizer step");
+    flip_bit_22(local_piece(parameter_.grad()), fault_.parameter + "'s gradient", fault_.rank);
+  }
+
  private:
+  static at::Tensor local_piece(const at::Tensor& t) {
+    return t.defined() && is_dtensor(t) ? DTensor(t).to_local() : t;
+  }
+
   // A stuck or slow rank is so from the start of its step; a dead or failing one after it. A
   // preemption notice comes at the start, so that the step it is in is the one saved.
   bool fires_at_begin() const {
@@ -144,7 +163,7 @@ class FaultCallback : public Callback {
   }
 
   Fault fault_;
-  at::Tensor flipped_;
+  at::Tensor parameter_;
   bool fired_ = false;
 };
 
@@ -173,8 +192,8 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
   std::vector<std::shared_ptr<Callback>> callbacks;
   for (Fault fault : faults) {
     if (fault.rank != rank) continue;
-    at::Tensor flipped;
-    if (fault.kind == FaultKind::kFlip) {
+    at::Tensor parameter;
+    if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad) {
       const auto named = parts.named_parameters();
       auto it = named.begin();
       if (!fault.parameter.empty())
@@ -186,9 +205,9 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
                 "' to flip (it has ", some, named.size() > 4 ? ", ..." : "", ")");
       }
       fault.parameter = it->first;
-      flipped = is_dtensor(it->second) ? DTensor(it->second).to_local() : it->second;
+      parameter = it->second;
     }
-    callbacks.push_back(std::make_shared<FaultCallback>(fault, flipped));
+    callbacks.push_back(std::make_shared<FaultCallback>(fault, parameter));
   }
   return callbacks;
 }

@@ -7,6 +7,8 @@
 //   delay:1:5:2.5  rank 1 sleeps 2.5 s at the start of step 5 (a straggler)
 //   flip:2:7:FQN   rank 2 flips bit 22 of the first element of its shard of parameter FQN (default:
 //                  its first parameter) after step 7: silent data corruption in one replica
+//   flip_grad:2:7:FQN  the same in the gradient of that shard, once it is reduced and clipped and
+//                  before step 7's optimizer step: a corrupted gradient the optimizer applies
 //   preempt:0:7    rank 0 has hprun stop the job (SIGTERM to it, which hprun forwards to every rank)
 //                  at the start of step 7, and waits for its own SIGTERM: a preemption notice
 //
@@ -23,14 +25,14 @@
 
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip };
+enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad };
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
   int rank = 0;
   int64_t step = 1;
   double seconds = 0.0;   // delay
-  std::string parameter;  // flip (empty: the rank's first)
+  std::string parameter;  // flip, flip_grad (empty: the rank's first)
   int index = 0;          // position in the list: names the claim file
 };
 
@@ -41,8 +43,8 @@ std::vector<Fault> parse_faults(const std::string& spec);
 // step the run never reaches, is an error: it would never fire.
 std::vector<Fault> injected_faults(int world_size, int64_t steps);
 
-// Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts`, which
-// must name it.
+// Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts` (or its
+// gradient), which must name it.
 std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
                                                        const models::ModelParts& parts);
 

@@ -372,6 +372,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
           record.model_values = std::move(stats.values);
           record.model_summary = std::move(stats.summary);
         }
+        notify([&](Callback& cb) { cb.on_before_optimizer_step(step + 1); });
         optimizer->step();
       }
       scheduler.step();

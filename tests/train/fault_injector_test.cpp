@@ -45,8 +45,8 @@ TrainConfig three_steps(const std::string& dir) {
 
 // Guards the documented syntax: every kind, its rank, step and delay, and each fault's index.
 TEST(FaultInjector, ParsesAList) {
-  const auto faults = parse_faults("kill:2:7,delay:1:5:2.5,hang:0:3,throw:1:4");
-  ASSERT_EQ(faults.size(), 4u);
+  const auto faults = parse_faults("kill:2:7,delay:1:5:2.5,hang:0:3,throw:1:4,flip_grad:3:2:w,flip:0:1");
+  ASSERT_EQ(faults.size(), 6u);
   EXPECT_EQ(faults[0].kind, FaultKind::kKill);
   EXPECT_EQ(faults[0].rank, 2);
   EXPECT_EQ(faults[0].step, 7);
@@ -55,6 +55,10 @@ TEST(FaultInjector, ParsesAList) {
   EXPECT_EQ(faults[2].kind, FaultKind::kHang);
   EXPECT_EQ(faults[3].kind, FaultKind::kThrow);
   EXPECT_EQ(faults[3].index, 3);
+  EXPECT_EQ(faults[4].kind, FaultKind::kFlipGrad);
+  EXPECT_EQ(faults[4].parameter, "w");
+  EXPECT_EQ(faults[5].kind, FaultKind::kFlip);
+  EXPECT_EQ(faults[5].parameter, "");
   EXPECT_TRUE(parse_faults("").empty());
 }
 

@@ -1,6 +1,6 @@
 // Silent data corruption between replicas (train/replica_check.h): a bit flipped in one replica's
-// parameter (HP_FAULT flip) is found at the next check, naming the parameter and the rank; healthy
-// runs in every layout that has replicas report nothing.
+// parameter or gradient (HP_FAULT flip, flip_grad) is found at the next check, naming the parameter and the rank;
+// healthy runs in every layout that has replicas report nothing.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -56,6 +56,17 @@ TEST(ReplicaCheck, AFlippedBitInOneReplicaIsNamed) {
                      {"replicas of a parameter differ after step 3 (silent data corruption)",
                       "layers.1.mlp_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3",
                       "resilience.on_replica_mismatch: stop"});
+}
+
+// The same for a bit flipped in rank 2's gradient before step 2's optimizer step (after the
+// replicas' gradients were all-reduced): its update, and so its parameter, differ from then on.
+TEST(ReplicaCheck, AFlippedBitInOneReplicasGradientIsNamed) {
+  TrainConfig c = checked_config("flip_grad", 4, 1, 1);
+  c.resilience.replica_check_interval = 3;
+  const FaultEnv fault("flip_grad:2:2:layers.1.mlp_norm.weight");
+  test::expect_error([&] { train_on_ranks(c, 4); },
+                     {"replicas of a parameter differ after step 3 (silent data corruption)",
+                      "layers.1.mlp_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3"});
 }
 
 // Guards what a background save may hold: the flip lands after step 2's save began staging (from

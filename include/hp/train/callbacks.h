@@ -32,6 +32,9 @@ class Callback {
   virtual ~Callback() = default;
   virtual void on_train_begin(int64_t first_step) {}  // 0, or the step a resumed run starts from
   virtual void on_step_begin(int64_t step) {}         // the 1-based step about to run
+  // The gradients of `step` are reduced and clipped, and the optimizer is about to apply them (not
+  // called for a skipped step).
+  virtual void on_before_optimizer_step(int64_t step) {}
   virtual void on_step_end(const StepRecord& record) {}
   virtual void on_eval(int64_t step, double eval_loss) {}
   // A checkpoint of `step` started saving into `dir` (it is committed during a later step, or at
