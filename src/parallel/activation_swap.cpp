@@ -92,7 +92,29 @@ void SwapManager::Impl::run_copy(std::function<void()> copy) {
   changed_.notify_all();
 }
 
-void SwapManager::Impl::throw_if_failed() const { HP_CHECK(failure_.empty(), failure_); }
+// Hands a copy's failure to the region's thread, once: the slot it concerned is settled (kept in
+// place, or lost with the backward that throws), so later steps may go on.
+void SwapManager::Impl::throw_if_failed() {
+  if (failure_.empty()) return;
+  HP_FAIL("activation swap: a copy on the copy thread failed: ", std::exchange(failure_, std::string()));
+}
+
+namespace {
+
+// What `copy` threw, or "" when it returned.
+template <typename Copy>
+std::string error_of(Copy&& copy) {
+  try {
+    copy();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+}  // namespace
 
 // Slot by slot, allocating before a slot's state changes: a failed allocation leaves no slot in a
 // copying state without its copy queued (which forget() would wait for). A failed write leaves the
@@ -104,7 +126,7 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
       std::lock_guard<std::mutex> lock(mu_);
       if (slot.state != State::kResident || slot.pinned) continue;
     }
-    detail::SwapTier::Buffer stored = tier_->acquire({slot.shape, static_cast<int>(slot.dtype)}, slot.bytes);
+    detail::SwapTier::Buffer stored = tier_->acquire(slot.bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
       slot.stored = std::move(stored);
@@ -112,12 +134,7 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
     }
     run_copy([this, region, i] {
       SwapRegion::Slot& s = region->slots_[i];
-      std::string failed;
-      try {
-        tier_->write(s.stored, s.tensor.data_ptr());
-      } catch (const std::exception& e) {
-        failed = e.what();
-      }
+      const std::string failed = error_of([&] { tier_->write(s.stored, s.tensor.data_ptr()); });
       std::lock_guard<std::mutex> lock(mu_);
       if (failed.empty()) {
         s.tensor = at::Tensor();  // the compute allocator's memory goes back now
@@ -154,12 +171,7 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
     started = true;
     run_copy([this, region, i] {
       SwapRegion::Slot& s = region->slots_[i];
-      std::string failed;
-      try {
-        tier_->read(s.stored, s.tensor.data_ptr());
-      } catch (const std::exception& e) {
-        failed = e.what();
-      }
+      const std::string failed = error_of([&] { tier_->read(s.stored, s.tensor.data_ptr()); });
       std::lock_guard<std::mutex> lock(mu_);
       if (failed.empty()) {
         tier_->release(std::move(s.stored));
@@ -252,7 +264,7 @@ SwapStats SwapManager::Impl::stats() const {
   return s;
 }
 
-SwapManager::SwapManager(SwapOptions options) : impl_(std::make_unique<Impl>(options)) {}
+SwapManager::SwapManager(SwapOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 SwapManager::~SwapManager() = default;
 const SwapOptions& SwapManager::options() const { return impl_->options; }
 SwapStats SwapManager::stats() const { return impl_->stats(); }

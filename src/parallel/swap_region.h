@@ -74,13 +74,13 @@ struct SwapManager::Impl {
   bool start_reload(const std::shared_ptr<detail::SwapRegion>& region);
   void run_copy(std::function<void()> copy);
   void copy_loop();
-  // Throws the copy engine's first failure (on the region's thread); mu_ held.
-  void throw_if_failed() const;
+  // Throws a failure of the copy engine, once (on the region's thread); mu_ held.
+  void throw_if_failed();
 
   mutable std::mutex mu_;  // slot states, the order, the counters
   std::condition_variable changed_;
   std::unique_ptr<detail::SwapTier> tier_;
-  std::string failure_;  // the first copy that failed: the next forward or backward throws it
+  std::string failure_;  // a copy that failed: the next forward or backward throws it
   // Regions with swapped outputs, in forward order; `pending_`'s outputs have not left yet.
   std::vector<std::weak_ptr<detail::SwapRegion>> order_;
   std::weak_ptr<detail::SwapRegion> pending_;

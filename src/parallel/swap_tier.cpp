@@ -15,29 +15,28 @@
 
 namespace hp::detail {
 
-SwapTier::Buffer SwapTier::acquire(const Key& key, int64_t size) {
+SwapTier::Buffer SwapTier::acquire(int64_t size) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = free_.find(key); it != free_.end()) {
+  if (auto it = free_.find(size); it != free_.end()) {
     Buffer buffer = std::move(it->second);
     free_.erase(it);
     in_use_ += size;
     return buffer;
   }
-  Buffer buffer = allocate(key, size);
-  buffer.key = key;
+  Buffer buffer = allocate(size);
   buffer.size = size;
-  buffer.held = true;
+  buffer.from_tier = true;
   held_ += size;
   in_use_ += size;
   return buffer;
 }
 
 void SwapTier::release(Buffer buffer) {
-  if (!buffer.held) return;
+  if (!buffer.from_tier) return;
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ -= buffer.size;
-  Key key = buffer.key;
-  free_.emplace(std::move(key), std::move(buffer));
+  const int64_t size = buffer.size;
+  free_.emplace(size, std::move(buffer));
 }
 
 int64_t SwapTier::in_use() const {
@@ -62,25 +61,25 @@ class HostTier final : public SwapTier {
   }
 
  private:
-  Buffer allocate(const Key& /*key*/, int64_t size) override {
+  Buffer allocate(int64_t size) override {
     Buffer buffer;
     buffer.bytes = std::make_unique<uint8_t[]>(static_cast<size_t>(size));
     return buffer;
   }
 };
 
-constexpr int64_t kPage = 4096;
-constexpr long kTmpfsMagic = 0x01021994;
+// File systems whose files are memory: a swap file there saves nothing.
+constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
 
-// One unnamed file per manager: nothing to clean up, whatever way the process ends. Its pages are
-// written through and dropped from the page cache, so that swapped tensors hold neither the
-// process's memory nor the kernel's.
+// One unnamed file per manager (O_TMPFILE): nothing to clean up, however the process ends. Its
+// pages are written through and dropped from the page cache, so that swapped tensors hold neither
+// the process's memory nor the kernel's.
 class FileTier final : public SwapTier {
  public:
-  explicit FileTier(std::string directory) : directory_(std::move(directory)) {
+  explicit FileTier(std::string directory) : directory_(std::move(directory)), page_(::sysconf(_SC_PAGESIZE)) {
     HP_CHECK(!directory_.empty(), "activation swap: the file tier needs a directory (SwapOptions::directory)");
-    std::error_code ignored;  // a directory that cannot be made fails the open below, by name
-    std::filesystem::create_directories(directory_, ignored);
+    std::error_code made;
+    std::filesystem::create_directories(directory_, made);
     fd_ = ::open(directory_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd_ < 0 && errno != ENOENT && errno != ENOTDIR && errno != EACCES) {
       // A file system without O_TMPFILE: a named file, unlinked at once.
@@ -89,10 +88,12 @@ class FileTier final : public SwapTier {
       if (fd_ >= 0) ::unlink(path.c_str());
     }
     HP_CHECK(fd_ >= 0, "activation swap: cannot create the file tier's file in '", directory_,
-             "': ", std::strerror(errno));
+             "': ", made ? "making the directory failed: " + made.message() : std::string(std::strerror(errno)));
     struct statfs fs {};
-    if (::fstatfs(fd_, &fs) == 0 && static_cast<long>(fs.f_type) == kTmpfsMagic)
-      log::warn("activation swap: '", directory_, "' is a tmpfs, which keeps the file tier in memory; ",
+    const bool memory = ::fstatfs(fd_, &fs) == 0 &&
+                        (static_cast<long>(fs.f_type) == kTmpfsMagic || static_cast<long>(fs.f_type) == kRamfsMagic);
+    if (memory)
+      log::warn("activation swap: '", directory_, "' is a tmpfs or ramfs, which keeps the file tier in memory; ",
                 "give the swap a directory on a disk");
   }
   ~FileTier() override { ::close(fd_); }
@@ -103,13 +104,17 @@ class FileTier final : public SwapTier {
       const ssize_t n = ::pwrite(fd_, p + done, static_cast<size_t>(to.size - done), to.offset + done);
       if (n < 0 && errno == EINTR) continue;
       HP_CHECK(n > 0, "activation swap: writing ", to.size, " bytes to the file tier in '", directory_,
-               "' failed: ", std::strerror(errno));
+               "' failed: ", n == 0 ? "no byte written" : std::strerror(errno));
       done += n;
     }
-    // Written back now and dropped, rather than left dirty in the page cache.
-    ::sync_file_range(fd_, to.offset, to.size,
-                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-    ::posix_fadvise(fd_, to.offset, to.size, POSIX_FADV_DONTNEED);
+    // Written back now and dropped, rather than left dirty in the page cache. A failed write-back
+    // is an error here: the pages would be dropped all the same, and the reload would read
+    // whatever the disk holds.
+    const int synced = ::sync_file_range(
+        fd_, to.offset, to.size, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    HP_CHECK(synced == 0, "activation swap: writing ", to.size, " bytes back to the disk of the file tier in '",
+             directory_, "' failed: ", std::strerror(errno));
+    drop_cached(to);
   }
 
   void read(const Buffer& from, void* to) override {
@@ -121,23 +126,33 @@ class FileTier final : public SwapTier {
                "' failed: ", n == 0 ? "the file is shorter than written" : std::strerror(errno));
       done += n;
     }
-    ::posix_fadvise(fd_, from.offset, from.size, POSIX_FADV_DONTNEED);
+    drop_cached(from);
   }
 
  private:
-  // Page-aligned extents, so that dropping one buffer's cached pages never touches another's.
-  // The space is reserved here, on the region's thread: a full disk fails the forward that asked.
-  Buffer allocate(const Key& /*key*/, int64_t size) override {
+  int64_t extent(int64_t size) const { return (size + page_ - 1) / page_ * page_; }
+
+  // The whole extent, its last partial page too (extents never share a page).
+  void drop_cached(const Buffer& b) { ::posix_fadvise(fd_, b.offset, extent(b.size), POSIX_FADV_DONTNEED); }
+
+  // Page-aligned extents. The space is reserved here, on the thread that runs the model, so that a
+  // full disk fails there (on file systems that honour the reservation; copy-on-write ones may
+  // still fail the write, on the copy thread).
+  Buffer allocate(int64_t size) override {
     Buffer buffer;
     buffer.offset = end_;
-    const int error = ::posix_fallocate(fd_, end_, size);
+    int error = 0;
+    do {
+      error = ::posix_fallocate(fd_, end_, size);
+    } while (error == EINTR);
     HP_CHECK(error == 0, "activation swap: cannot reserve ", size, " bytes for the file tier in '", directory_, "' (",
              std::strerror(error), ")");
-    end_ += (size + kPage - 1) / kPage * kPage;
+    end_ += extent(size);
     return buffer;
   }
 
   std::string directory_;
+  int64_t page_;
   int fd_ = -1;
   int64_t end_ = 0;
 };

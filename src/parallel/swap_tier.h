@@ -1,4 +1,4 @@
-// Where swapped tensors wait for their backward: buffers reused by (shape, dtype), either in host
+// Where swapped tensors wait for their backward: buffers reused by size in bytes, either in host
 // memory outside the compute allocator or in an unnamed file.
 #pragma once
 
@@ -6,8 +6,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <utility>
-#include <vector>
 
 #include "hp/parallel/activation_swap.h"
 
@@ -15,18 +13,16 @@ namespace hp::detail {
 
 class SwapTier {
  public:
-  using Key = std::pair<std::vector<int64_t>, int>;  // shape, dtype
   struct Buffer {
-    Key key;
     int64_t size = 0;
-    bool held = false;
+    bool from_tier = false;            // false: no buffer
     std::unique_ptr<uint8_t[]> bytes;  // host tier
     int64_t offset = 0;                // file tier
   };
 
   virtual ~SwapTier() = default;
   // Called on the thread that runs the region, so that running out of space fails there.
-  Buffer acquire(const Key& key, int64_t size);
+  Buffer acquire(int64_t size);
   void release(Buffer buffer);
   int64_t in_use() const;
   int64_t held() const;
@@ -37,11 +33,11 @@ class SwapTier {
 
  protected:
   // A new buffer of `size` bytes (the pool's lock is held).
-  virtual Buffer allocate(const Key& key, int64_t size) = 0;
+  virtual Buffer allocate(int64_t size) = 0;
 
  private:
   mutable std::mutex mu_;
-  std::multimap<Key, Buffer> free_;
+  std::multimap<int64_t, Buffer> free_;  // by size
   int64_t in_use_ = 0, held_ = 0;
 };
 

@@ -18,6 +18,7 @@
 #include "hp/models/hf_config.h"
 #include "hp/models/model_spec.h"
 #include "hp/optim/lr_scheduler.h"
+#include "train/fault_injector.h"
 #include "train/recipe_options.h"
 
 namespace hp::train {
@@ -139,6 +140,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
       HP_CONFIG_FIELD("resilience.replica_check_interval", resilience.replica_check_interval),
       HP_CONFIG_FIELD("resilience.on_replica_mismatch", resilience.on_replica_mismatch),
+      HP_CONFIG_FIELD("resilience.faults", resilience.faults),
       HP_CONFIG_FIELD("comm.transport", comm_settings.transport),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
@@ -456,6 +458,7 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.replica_check_interval);
   HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
+  detail::injected_faults(r.faults, static_cast<int>(world_size), c.train.steps);  // and HP_FAULT's
   transport_of(c);  // names the transports when it is none of them
 }
 

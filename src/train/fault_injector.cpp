@@ -28,22 +28,23 @@ std::vector<std::string> split(const std::string& s, char separator) {
 }
 
 template <typename T>
-T parse_number(const std::string& text, const std::string& fault, const char* what) {
+T parse_number(const std::string& text, const std::string& fault, const std::string& source, const char* what) {
   std::istringstream in(text);
   T value{};
   in >> value;
-  HP_CHECK(!text.empty() && in && in.peek() == EOF, kSpecEnv, ": '", fault, "': ", what, " '", text,
-           "' is not a number");
+  HP_CHECK(!text.empty() && in && in.peek() == EOF, source, ": '", fault, "': ", what, " '", text, "' is not a number");
   return value;
 }
 
-Fault parse_fault(const std::string& text, int index) {
+Fault parse_fault(const std::string& text, int index, const std::string& source) {
   const std::vector<std::string> parts = split(text, ':');
   static const char* kForm =
       " (KIND:RANK:STEP[:SECONDS|:FQN], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad)";
-  HP_CHECK(parts.size() == 3 || parts.size() == 4, kSpecEnv, ": '", text, "' is not a fault", kForm);
+  HP_CHECK(parts.size() == 3 || parts.size() == 4, source, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
+  fault.text = text;
+  fault.source = source;
   const std::string& kind = parts[0];
   if (kind == "kill") {
     fault.kind = FaultKind::kKill;
@@ -60,18 +61,18 @@ Fault parse_fault(const std::string& text, int index) {
   } else if (kind == "flip_grad") {
     fault.kind = FaultKind::kFlipGrad;
   } else {
-    HP_FAIL(kSpecEnv, ": '", text, "': unknown kind '", kind, "'", kForm);
+    HP_FAIL(source, ": '", text, "': unknown kind '", kind, "'", kForm);
   }
-  fault.rank = parse_number<int>(parts[1], text, "rank");
-  fault.step = parse_number<int64_t>(parts[2], text, "step");
-  HP_CHECK(fault.rank >= 0 && fault.step >= 1, kSpecEnv, ": '", text, "': the rank must be >= 0 and the step >= 1");
+  fault.rank = parse_number<int>(parts[1], text, source, "rank");
+  fault.step = parse_number<int64_t>(parts[2], text, source, "step");
+  HP_CHECK(fault.rank >= 0 && fault.step >= 1, source, ": '", text, "': the rank must be >= 0 and the step >= 1");
   const bool flips = fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad;
-  HP_CHECK(flips || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), kSpecEnv, ": '", text,
+  HP_CHECK(flips || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), source, ": '", text,
            "': a delay takes SECONDS, a flip may take a parameter's FQN, the other kinds take nothing after the step");
   if (flips && parts.size() == 4) fault.parameter = parts[3];
   if (fault.kind == FaultKind::kDelay) {
-    fault.seconds = parse_number<double>(parts[3], text, "seconds");
-    HP_CHECK(fault.seconds >= 0, kSpecEnv, ": '", text, "': the delay must not be negative");
+    fault.seconds = parse_number<double>(parts[3], text, source, "seconds");
+    HP_CHECK(fault.seconds >= 0, source, ": '", text, "': the delay must not be negative");
   }
   return fault;
 }
@@ -169,19 +170,21 @@ class FaultCallback : public Callback {
 
 }  // namespace
 
-std::vector<Fault> parse_faults(const std::string& spec) {
+std::vector<Fault> parse_faults(const std::string& spec, const std::string& source, int first_index) {
   std::vector<Fault> faults;
   for (const std::string& text : split(spec, ','))
-    if (!text.empty()) faults.push_back(parse_fault(text, static_cast<int>(faults.size())));
+    if (!text.empty()) faults.push_back(parse_fault(text, first_index + static_cast<int>(faults.size()), source));
   return faults;
 }
 
-std::vector<Fault> injected_faults(int world_size, int64_t steps) {
-  const char* spec = std::getenv(kSpecEnv);
-  if (spec == nullptr) return {};
-  const std::vector<Fault> faults = parse_faults(spec);
+std::vector<Fault> injected_faults(const std::string& configured, int world_size, int64_t steps) {
+  std::vector<Fault> faults = parse_faults(configured, "resilience.faults");
+  if (const char* spec = std::getenv(kSpecEnv)) {
+    const std::vector<Fault> from_env = parse_faults(spec, kSpecEnv, static_cast<int>(faults.size()));
+    faults.insert(faults.end(), from_env.begin(), from_env.end());
+  }
   for (const Fault& fault : faults)
-    HP_CHECK(fault.rank < world_size && fault.step <= steps, kSpecEnv, ": fault ", fault.index + 1, " is for rank ",
+    HP_CHECK(fault.rank < world_size && fault.step <= steps, fault.source, ": '", fault.text, "' is for rank ",
              fault.rank, " at step ", fault.step, ", but the run has ", world_size, " ranks and ", steps,
              " steps: it would never fire");
   return faults;
@@ -201,7 +204,7 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
       if (it == named.end()) {
         std::string some;
         for (size_t i = 0; i < named.size() && i < 4; ++i) some += (i ? ", " : "") + named[i].first;
-        HP_FAIL(kSpecEnv, ": fault ", fault.index + 1, ": rank ", rank, " has no parameter '", fault.parameter,
+        HP_FAIL(fault.source, ": '", fault.text, "': rank ", rank, " has no parameter '", fault.parameter,
                 "' to flip (it has ", some, named.size() > 4 ? ", ..." : "", ")");
       }
       fault.parameter = it->first;

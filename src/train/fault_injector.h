@@ -1,5 +1,6 @@
-// Faults injected on purpose, for tests and drills of the recovery paths: HP_FAULT lists them as
-// KIND:RANK:STEP[:ARG], separated by commas (docs/resilience.md):
+// Faults injected on purpose, for tests and drills of the recovery paths: the config's
+// resilience.faults and the environment's HP_FAULT list them as KIND:RANK:STEP[:ARG], separated by
+// commas (docs/resilience.md):
 //
 //   kill:2:7       rank 2 SIGKILLs itself after step 7 (a crashed node)
 //   throw:1:4      rank 1 throws hp::Error after step 4 (a failing rank)
@@ -33,15 +34,18 @@ struct Fault {
   int64_t step = 1;
   double seconds = 0.0;   // delay
   std::string parameter;  // flip, flip_grad (empty: the rank's first)
-  int index = 0;          // position in the list: names the claim file
+  int index = 0;          // position in the job's list (config, then environment): names the claim file
+  std::string text;       // as written, and where: "HP_FAULT" or "resilience.faults" (for errors)
+  std::string source;
 };
 
-// Parses a list; a malformed one throws hp::Error quoting it.
-std::vector<Fault> parse_faults(const std::string& spec);
+// Parses a list from `source`, numbering its faults from `first_index`; a malformed one throws
+// hp::Error quoting it.
+std::vector<Fault> parse_faults(const std::string& spec, const std::string& source = "HP_FAULT", int first_index = 0);
 
-// The faults of HP_FAULT (none when it is unset). A fault for a rank the world does not have, or a
-// step the run never reaches, is an error: it would never fire.
-std::vector<Fault> injected_faults(int world_size, int64_t steps);
+// The faults of `configured` (resilience.faults), then those of HP_FAULT. A fault for a rank the
+// world does not have, or a step the run never reaches, is an error: it would never fire.
+std::vector<Fault> injected_faults(const std::string& configured, int world_size, int64_t steps);
 
 // Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts` (or its
 // gradient), which must name it.

@@ -221,7 +221,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   }
 
   peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
-  const auto faults = detail::injected_faults(world.size(), c.train.steps);  // a malformed HP_FAULT too
+  const auto faults = detail::injected_faults(c.resilience.faults, world.size(), c.train.steps);
   const Data data = load_data(c, world);
   MemoryTracker memory;
   std::optional<DeterministicKernels> deterministic_kernels;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,13 +65,18 @@ inline Measured run_measuring_memory(const std::vector<std::string>& argv, const
   if (pid == 0) {
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+    if (fd > 2) close(fd);
     execv(args[0], args.data());
     _exit(127);
   }
   if (pid < 0) return measured;
   int status = 0;
   rusage usage{};
-  if (wait4(pid, &status, 0, &usage) != pid) return measured;
+  pid_t waited = -1;
+  do {
+    waited = wait4(pid, &status, 0, &usage);
+  } while (waited < 0 && errno == EINTR);
+  if (waited != pid) return measured;
   measured.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   measured.max_rss_kb = usage.ru_maxrss;
   std::ifstream in(log);

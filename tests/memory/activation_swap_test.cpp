@@ -164,6 +164,31 @@ TEST(ActivationSwap, FileTierFailuresAreErrorsThatSayWhy) {
   EXPECT_EQ(m.after_backward.pool_in_use, 0);
 }
 
+// A write that fails on the copy thread (past a file size limit set after the first step had
+// reserved the file's space) fails the next forward, once, saying why; nothing stays in the tier,
+// and the next step swaps and computes as before.
+TEST(ActivationSwap, AFailedCopyFailsTheNextForwardOnce) {
+  auto plain_model = blocks();
+  const Measured plain = train(*plain_model, nullptr);
+  auto swap = std::make_shared<SwapManager>(on_tier(SwapOptions::Tier::kFile, {1, 64 * 1024, /*inline_copies=*/true}));
+  auto model = swapped_blocks(swap);
+  train(*model, swap);
+  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  {
+    ScopedFileSizeLimit short_of_room(kMatrixBytes / 2);
+    expect_error(
+        [&] {
+          (*model)(at::ones({kWidth, kWidth})).sum().backward();
+        },
+        "activation swap: a copy on the copy thread failed: activation swap: writing 1048576 bytes to the "
+        "file tier");
+  }
+  EXPECT_EQ(swap->stats().pool_in_use, 0);
+  const Measured again = train(*model, swap);
+  EXPECT_EQ(again.after_forward.pool_in_use, (kBlocks - 1) * kMatrixBytes);
+  for (const auto& [name, grad] : plain.grads) check_close(again.grads.at(name), grad, name, true);
+}
+
 TEST(ActivationSwap, ASwapDecisionNeedsAManagerAndAManagerAPolicy) {
   auto model = blocks();
   expect_error([&] { checkpoint(*model, {nullptr, std::make_shared<SwapManager>()}); }, "no policy");

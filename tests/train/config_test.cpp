@@ -7,6 +7,7 @@
 #include "hp/models/llama/spec.h"
 #include "hp/train/config.h"
 #include "test_util.h"
+#include "train/recipe_options.h"
 
 namespace hp::train {
 namespace {
@@ -33,6 +34,19 @@ TEST(TrainConfig, ParsesKeysAndOverrides) {
   EXPECT_EQ(c.micro_batches(), 2);  // 8 / dp 2 = 4 per rank, in micro-batches of 2
   validate(c, 4);
   EXPECT_NE(to_json(c).find("\"train.steps\":7"), std::string::npos);
+}
+
+// memory.swap picks the recipe's tier; the file tier's directory is memory.swap_dir, else run_dir.
+TEST(TrainConfig, SwapKeysReachTheRecipe) {
+  using Tier = SwapOptions::Tier;
+  EXPECT_EQ(detail::recipe_options(parse_config(kConfig, {"memory.swap=host"})).swap.tier, Tier::kHost);
+  const models::RecipeOptions by_default = detail::recipe_options(parse_config(kConfig, {"memory.swap=file"}));
+  EXPECT_EQ(by_default.checkpoint, CheckpointMode::kSwap);
+  EXPECT_EQ(by_default.swap.tier, Tier::kFile);
+  EXPECT_EQ(by_default.swap.directory, "/tmp/x");
+  const models::RecipeOptions named =
+      detail::recipe_options(parse_config(kConfig, {"memory.swap=file", "memory.swap_dir=/scratch/swap"}));
+  EXPECT_EQ(named.swap.directory, "/scratch/swap");
 }
 
 // The run's config.json (to_json, its keys sorted as hp-train writes it) loads back to the same

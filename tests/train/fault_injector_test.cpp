@@ -69,6 +69,25 @@ TEST(FaultInjector, RejectsMalformedFaultsNamingThem) {
     test::expect_error([&] { parse_faults(std::string("throw:0:1,") + bad); }, {"HP_FAULT", std::string("'") + bad});
 }
 
+// Guards faults from the config: resilience.faults fires as HP_FAULT does, both lists fire (claim
+// files numbered across them, config first), and a malformed entry is a config error naming the key.
+TEST(FaultInjector, TheConfigListsFaultsToo) {
+  const std::string dir = test::scratch_dir("hp_fault_config");
+  const std::string job_dir = dir + "/job";
+  fs::create_directories(job_dir);
+  TrainConfig c = three_steps(dir + "/run");
+  c.resilience.faults = "delay:0:1:0";
+  const ScopedEnv fault("HP_FAULT", "throw:0:2"), job("HP_JOB_DIR", job_dir);
+  test::expect_error([&] { train_on_ranks(c, 1); }, "injected fault: rank 0 failed after step 2");
+  EXPECT_TRUE(fs::exists(job_dir + "/" + job::fault_fired_file(0)));  // the config's delay
+  EXPECT_TRUE(fs::exists(job_dir + "/" + job::fault_fired_file(1)));  // HP_FAULT's throw
+  c.resilience.faults = "throw:0:9";
+  test::expect_error([&] { validate(c, 1); },
+                     "resilience.faults: 'throw:0:9' is for rank 0 at step 9, but the run has 1 ranks and 3 steps");
+  c.resilience.faults = "boom:0:1";
+  test::expect_error([&] { validate(c, 1); }, "resilience.faults: 'boom:0:1': unknown kind 'boom'");
+}
+
 // Guards one-shot faults: a restarted attempt passing the same step does not fire the fault again.
 TEST(FaultInjector, AThrowFiresAfterItsStepOncePerJob) {
   const std::string dir = test::scratch_dir("hp_fault_injector");

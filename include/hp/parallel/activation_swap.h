@@ -13,15 +13,16 @@
 //    backward stays resident, since its backward comes first;
 //  - copies run on one copy thread (a side stream is the CUDA build's counterpart); a tensor's
 //    compute memory is released when its copy completes;
-//  - the tier keeps buffers for reuse by (shape, dtype): the host tier, in host memory outside the
+//  - the tier keeps buffers for reuse by size: the host tier, in host memory outside the
 //    compute allocator; the file tier, in an unnamed file of SwapOptions::directory, written through
 //    and dropped from the page cache, so that the process's resident memory does not hold them;
 //  - when backward reaches a region, the reloads of the `prefetch` regions whose backward comes next
 //    start too, so that with prefetch >= 1 backward finds its tensors on their way back.
 // Never swapped: outputs under `min_bytes`, non-contiguous ones (both stay in place), and parameters
 // (which no op outputs). Gradients are bitwise those without swapping. A tier that fails raises
-// hp::Error saying why: reserving space fails the forward whose outputs were leaving; a failed copy
-// fails the next forward or backward of a swapped region (a failed write leaves the tensor in place).
+// hp::Error saying why: reserving space for a region's outputs fails the forward of the region
+// after it (when they leave); a failed copy fails the next forward or backward of a swapped region,
+// once (a failed write leaves the tensor in place; a failed read fails that backward).
 #pragma once
 
 #include <cstdint>

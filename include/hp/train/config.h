@@ -128,6 +128,9 @@ struct TrainConfig {
     int64_t watchdog_s = 0;
     int64_t replica_check_interval = 0;
     std::string on_replica_mismatch = "stop";  // stop | warn
+    // Faults to inject, for drills: KIND:RANK:STEP[:ARG] separated by commas, as the environment's
+    // HP_FAULT lists them (docs/resilience.md#fault-injection); both lists fire.
+    std::string faults;
   } resilience;
 
   // How collectives move data between ranks (docs/collectives.md#transports): auto (shared memory
