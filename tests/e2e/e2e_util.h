@@ -1,5 +1,5 @@
-// Helpers of the multi-process tests: where the built programs are, and running a command line
-// with its exit code and output captured.
+// Helpers of the multi-process tests: where the built programs are, running a command line with
+// its exit code and output captured (or its peak resident memory), and reading a run's losses.
 #pragma once
 
 #include <fcntl.h>
@@ -8,12 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,6 +85,17 @@ inline Measured run_measuring_memory(const std::vector<std::string>& argv, const
   std::ifstream in(log);
   measured.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return measured;
+}
+
+// step -> loss of the train records of a run's metrics.jsonl.
+inline std::map<int64_t, double> train_losses(const std::string& run_dir) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("kind") == "train") losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return losses;
 }
 
 // Runs hprun with `args`.

@@ -2,10 +2,8 @@
 // wait in a file, so the process's resident memory holds less than with the host tier, and the
 // losses are bitwise those of the host tier and of no swap.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +15,7 @@
 namespace {
 using hp::e2e::bin_dir;
 using hp::e2e::Measured;
+using hp::e2e::train_losses;
 
 constexpr int64_t kLayers = 8, kDim = 128, kKvDim = 64, kFfn = 384;  // 8 heads, 4 of them for k and v
 constexpr int64_t kTokens = 32 * 128;                                // a micro-batch of 32 sequences of 128
@@ -25,16 +24,6 @@ constexpr int64_t kTokens = 32 * 128;                                // a micro-
 // projection, gate, up, down: default_swap_policy) of every block but the last, which stays for the
 // backward that starts with it, in fp32.
 constexpr int64_t kPoolBytes = (kLayers - 1) * kTokens * (2 * kDim + 2 * kKvDim + 2 * kFfn + kDim) * 4;
-
-std::map<int64_t, double> train_losses(const std::string& run_dir) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("kind") == "train") losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return losses;
-}
 
 Measured train(const std::string& dir, const std::string& swap) {
   const std::vector<std::string> argv = {bin_dir() + "/hp-train",

@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 using hp::e2e::bin_dir;
 using hp::e2e::Result;
 using hp::e2e::run_job;
+using hp::e2e::train_losses;
 
 std::string scratch(const std::string& name) { return hp::test::scratch_dir("train_e2e_" + name); }
 
@@ -38,17 +39,6 @@ void expect_latest_verifies(const std::string& run_dir, const std::string& name)
   EXPECT_EQ(named, name);
   const Result verified = hp::e2e::run_command(bin_dir() + "/hp-ckpt verify " + run_dir + "/checkpoints");
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
-}
-
-// step -> loss of the run's train records.
-std::map<int64_t, double> train_losses(const std::string& run_dir) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("kind") == "train") losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return losses;
 }
 
 // Every tensor's chunks with their checksums: equal for two checkpoints exactly when they hold the
