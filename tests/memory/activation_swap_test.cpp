@@ -4,18 +4,24 @@
 // without swapping, and the file tier leaves no file and fails by name.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "hp/core/op_counter.h"
 #include "hp/nn/init.h"
 #include "hp/nn/layers.h"
 #include "hp/parallel/activation_swap.h"
 #include "hp/parallel/checkpoint.h"
+#include "parallel/swap_tier.h"
 #include "scoped_file_size_limit.h"
 #include "scratch_dir.h"
 #include "test_util.h"
@@ -143,6 +149,52 @@ TEST(ActivationSwap, TheFileTierLeavesNothingInItsDirectory) {
     out.sum().backward();
   }
   EXPECT_EQ(entries(), 0);
+}
+
+// The descriptor of the tier's unnamed file in `dir`, found in /proc/self/fd (its link reads
+// "<dir>/#<inode> (deleted)", or "<dir>/hp-swap-... (deleted)"), or -1.
+int unnamed_file_in(const std::string& dir) {
+  const std::string deleted = " (deleted)";
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind(dir + "/", 0) == 0 && target.size() > deleted.size() &&
+        target.compare(target.size() - deleted.size(), deleted.size(), deleted) == 0)
+      return std::stoi(entry.path().filename().string());
+  }
+  return -1;
+}
+
+// The file tier's pages do not stay in the page cache: after a write (written back, then dropped)
+// and after a read, none of the buffer's pages is cached (mincore on a mapping of the file).
+TEST(ActivationSwap, TheFileTierLeavesNoPageInThePageCache) {
+  const SwapOptions options = on_tier(SwapOptions::Tier::kFile);
+  struct statfs fs {};
+  ASSERT_EQ(statfs(options.directory.c_str(), &fs), 0);
+  if (fs.f_type == 0x01021994 || fs.f_type == 0x858458f6)
+    GTEST_SKIP() << options.directory << " is a tmpfs or ramfs: its files are memory";
+  const std::unique_ptr<detail::SwapTier> tier = detail::make_swap_tier(options);
+  const int64_t bytes = int64_t{8} << 20;
+  detail::SwapTier::Buffer buffer = tier->acquire(bytes);
+  const int fd = unnamed_file_in(options.directory);
+  ASSERT_GE(fd, 0) << "no unnamed file in " << options.directory;
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const auto cached_pages = [&] {
+    void* mapped = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, buffer.offset);
+    EXPECT_NE(mapped, MAP_FAILED);
+    std::vector<unsigned char> resident((bytes + page - 1) / page);
+    EXPECT_EQ(mincore(mapped, bytes, resident.data()), 0);
+    munmap(mapped, bytes);
+    return std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return (r & 1) != 0; });
+  };
+  const std::vector<uint8_t> data(bytes, 7);
+  tier->write(buffer, data.data());
+  EXPECT_EQ(cached_pages(), 0) << "after the write";
+  std::vector<uint8_t> back(bytes);
+  tier->read(buffer, back.data());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(cached_pages(), 0) << "after the read";
+  tier->release(std::move(buffer));
 }
 
 // A directory that cannot hold the file fails when the manager is made; a tier that runs out of
