@@ -2,9 +2,11 @@
 // transport each group uses.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
@@ -75,7 +77,9 @@ void set_up_shared_memory(GroupImpl& group, Transport transport) {
 // What each rank decided from its own environment and launch (HP_COMM_TRANSPORT, the launcher's
 // local world size). Ranks that decided differently would wait in the shared-memory set-up for
 // members that never come, until the timeout; the world's first collective compares them instead.
-// Returns what differs from world rank 0, the same text on every rank, or "" when all agree.
+// They must agree on the transport and, unless it is gloo (which shares no memory), on which ranks
+// share each host: each rank's block of ranks per host must be the block of every rank in it (hosts
+// may hold different numbers of ranks). Returns the same text on every rank, or "" when they agree.
 std::string disagreement_on_layout(GroupImpl& world, const GroupRegistry& registry) {
   const at::Tensor mine = at::tensor(
       {static_cast<int64_t>(registry.transport), int64_t{registry.ranks_per_host}, int64_t{registry.one_process}},
@@ -83,18 +87,35 @@ std::string disagreement_on_layout(GroupImpl& world, const GroupRegistry& regist
   std::vector<at::Tensor> all;
   for (int r = 0; r < world.size(); ++r) all.push_back(at::empty_like(mine));
   shim::all_gather(*world.native, all, mine)->wait();
-  const auto describe = [&](int r) {
-    const auto* v = all[r].data_ptr<int64_t>();
-    return "world rank " + std::to_string(r) + ": transport " + to_string(static_cast<Transport>(v[0])) + ", " +
-           (v[2] ? std::string("ranks as threads of one process") : std::to_string(v[1]) + " ranks per host");
+  const int n = world.size();
+  const auto transport = [&](int r) { return static_cast<Transport>(all[r].data_ptr<int64_t>()[0]); };
+  const auto per_host = [&](int r) { return all[r].data_ptr<int64_t>()[1]; };
+  const auto threads = [&](int r) { return all[r].data_ptr<int64_t>()[2] != 0; };
+  // The world ranks rank r counts as its host's, as [first, last].
+  const auto host_of = [&](int r) {
+    if (threads(r) || per_host(r) == 0) return std::pair<int64_t, int64_t>{0, n - 1};
+    const int64_t first = r / per_host(r) * per_host(r);
+    return std::pair<int64_t, int64_t>{first, std::min<int64_t>(first + per_host(r), n) - 1};
   };
-  std::string differ;
-  for (int r = 1; r < world.size(); ++r)
-    if (!all[r].equal(all[0])) differ += "; " + describe(r);
-  if (differ.empty()) return "";
-  return "the ranks disagree on the transport or the host layout (set HP_COMM_TRANSPORT and launch every rank "
-         "alike): " +
-         describe(0) + differ;
+  const auto describe = [&](int r) {
+    const auto [first, last] = host_of(r);
+    return "world rank " + std::to_string(r) + ": transport " + to_string(transport(r)) +
+           (transport(r) == Transport::kGloo ? std::string()
+                                             : ", host of ranks [" + std::to_string(first) + ".." +
+                                                   std::to_string(last) + "]" + (threads(r) ? " (threads)" : ""));
+  };
+  for (int r = 1; r < n; ++r)
+    if (transport(r) != transport(0))
+      return "the ranks disagree on the transport (set HP_COMM_TRANSPORT alike for every rank): " + describe(0) + "; " +
+             describe(r);
+  if (transport(0) == Transport::kGloo) return "";
+  for (int r = 0; r < n; ++r)
+    for (int64_t m = host_of(r).first; m <= host_of(r).second; ++m)
+      if (host_of(static_cast<int>(m)) != host_of(r) || threads(static_cast<int>(m)) != threads(r))
+        return "the ranks disagree on which ranks share a host (launch every rank with its host's local world "
+               "size, or set HP_COMM_TRANSPORT=gloo): " +
+               describe(r) + "; " + describe(static_cast<int>(m));
+  return "";
 }
 
 std::string join(const std::vector<int>& ranks) {

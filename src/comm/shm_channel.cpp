@@ -159,8 +159,9 @@ void ShmChannel::check_calls(const CollectiveSite& site, int parity) {
   for (int i = 0; i < layout_->n; ++i) {
     const CallRecord* theirs = layout_->call_of(parity, i);
     if (theirs->seq == mine->seq && std::strncmp(theirs->op, mine->op, sizeof(mine->op)) == 0) continue;
+    const std::string their_op(theirs->op, strnlen(theirs->op, sizeof(theirs->op)));  // never past the record
     fail(site,
-         "world rank " + std::to_string(group_.ranks[i]) + " runs " + theirs->op + " (collective #" +
+         "world rank " + std::to_string(group_.ranks[i]) + " runs " + their_op + " (collective #" +
              std::to_string(theirs->seq) + ") while this rank runs " + mine->op + " (collective #" +
              std::to_string(mine->seq) + "): the members' programs issue different collectives on this group",
          Failure::kBadCall, i);

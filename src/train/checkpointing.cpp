@@ -78,10 +78,10 @@ int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
   return step;
 }
 
-// Each process counts the draws of its own pipeline stages: every pipeline rank saves its own
-// position (ranks of one stage draw alike), and the checkpoint's values merge them.
 void Checkpointing::note_step_start() { step_start_rng_ = get_rng_state(mesh_); }
 
+// Each process counts the draws of its own pipeline stages: every pipeline rank saves its own
+// position (ranks of one stage draw alike), and the checkpoint's values merge them.
 nlohmann::json Checkpointing::mesh_rng_values(const MeshRngState& rng) const {
   return {{"seed", rng.seed},
           {"pp", config_.parallel.pp},

@@ -458,7 +458,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.replica_check_interval);
   HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
-  detail::injected_faults(r.faults, static_cast<int>(world_size), c.train.steps);  // and HP_FAULT's
+  detail::check_faults_fire(detail::parse_faults(r.faults, "resilience.faults"), static_cast<int>(world_size),
+                            c.train.steps);
   transport_of(c);  // names the transports when it is none of them
 }
 

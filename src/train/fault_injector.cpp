@@ -12,7 +12,7 @@
 #include "hp/core/error.h"
 #include "hp/core/job.h"
 #include "hp/core/log.h"
-#include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "hp/train/stop.h"
 
 namespace hp::train::detail {
@@ -107,6 +107,9 @@ class FaultCallback : public Callback {
   }
 
   void on_step_end(const StepRecord& record) override {
+    if (fault_.kind == FaultKind::kFlipGrad && record.step == fault_.step && record.skipped && !fired_)
+      log::warn("injected fault: flip_grad at step ", record.step, " did not fire: the step was skipped (not finite), ",
+                "so its gradients were never applied");
     if (fires_at_begin() || fault_.kind == FaultKind::kFlipGrad || record.step != fault_.step || !claim()) return;
     if (fault_.kind == FaultKind::kKill) {
       log::warn("injected fault: SIGKILL after step ", record.step);
@@ -115,7 +118,7 @@ class FaultCallback : public Callback {
       HP_FAIL("injected fault: rank ", fault_.rank, " failed after step ", record.step);
     } else if (fault_.kind == FaultKind::kFlip) {
       log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
-      flip_bit_22(local_piece(parameter_), fault_.parameter, fault_.rank);
+      flip_bit_22(local_tensor(parameter_), fault_.parameter, fault_.rank);
     }
   }
 
@@ -123,14 +126,11 @@ class FaultCallback : public Callback {
     if (fault_.kind != FaultKind::kFlipGrad || step != fault_.step || !claim()) return;
     log::warn("injected fault: flipping bit 22 of ", fault_.parameter, "'s gradient before step ", step,
               "'s optimizer step");
-    flip_bit_22(local_piece(parameter_.grad()), fault_.parameter + "'s gradient", fault_.rank);
+    flip_bit_22(parameter_.grad().defined() ? local_tensor(parameter_.grad()) : at::Tensor(),
+                fault_.parameter + "'s gradient", fault_.rank);
   }
 
  private:
-  static at::Tensor local_piece(const at::Tensor& t) {
-    return t.defined() && is_dtensor(t) ? DTensor(t).to_local() : t;
-  }
-
   // A stuck or slow rank is so from the start of its step; a dead or failing one after it. A
   // preemption notice comes at the start, so that the step it is in is the one saved.
   bool fires_at_begin() const {
@@ -183,11 +183,15 @@ std::vector<Fault> injected_faults(const std::string& configured, int world_size
     const std::vector<Fault> from_env = parse_faults(spec, kSpecEnv, static_cast<int>(faults.size()));
     faults.insert(faults.end(), from_env.begin(), from_env.end());
   }
+  check_faults_fire(faults, world_size, steps);
+  return faults;
+}
+
+void check_faults_fire(const std::vector<Fault>& faults, int world_size, int64_t steps) {
   for (const Fault& fault : faults)
     HP_CHECK(fault.rank < world_size && fault.step <= steps, fault.source, ": '", fault.text, "' is for rank ",
              fault.rank, " at step ", fault.step, ", but the run has ", world_size, " ranks and ", steps,
              " steps: it would never fire");
-  return faults;
 }
 
 std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,

@@ -35,16 +35,19 @@ struct Fault {
   double seconds = 0.0;   // delay
   std::string parameter;  // flip, flip_grad (empty: the rank's first)
   int index = 0;          // position in the job's list (config, then environment): names the claim file
-  std::string text;       // as written, and where: "HP_FAULT" or "resilience.faults" (for errors)
-  std::string source;
+  std::string text;       // as written (for errors)
+  std::string source;     // where: "HP_FAULT" or "resilience.faults" (for errors)
 };
 
 // Parses a list from `source`, numbering its faults from `first_index`; a malformed one throws
 // hp::Error quoting it.
 std::vector<Fault> parse_faults(const std::string& spec, const std::string& source = "HP_FAULT", int first_index = 0);
 
-// The faults of `configured` (resilience.faults), then those of HP_FAULT. A fault for a rank the
-// world does not have, or a step the run never reaches, is an error: it would never fire.
+// A fault for a rank the world does not have, or a step the run never reaches, is an error: it
+// would never fire.
+void check_faults_fire(const std::vector<Fault>& faults, int world_size, int64_t steps);
+
+// The faults of `configured` (resilience.faults), then those of HP_FAULT, checked.
 std::vector<Fault> injected_faults(const std::string& configured, int world_size, int64_t steps);
 
 // Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts` (or its

@@ -36,6 +36,7 @@ struct Recorder : Callback {
   std::vector<StepRecord> records;
   void on_train_begin(int64_t first_step) override { events.push_back("begin " + std::to_string(first_step)); }
   void on_step_begin(int64_t step) override { events.push_back("step " + std::to_string(step)); }
+  void on_before_optimizer_step(int64_t step) override { events.push_back("optimizer " + std::to_string(step)); }
   void on_step_end(const StepRecord& r) override {
     events.push_back("end " + std::to_string(r.step) + (r.eval_loss ? " with eval" : ""));
     records.push_back(r);
@@ -75,8 +76,8 @@ TEST(Callbacks, SeeEveryEventInOrder) {
   auto recorder = std::make_shared<Recorder>();
   const TrainResult result = train_with(small_config("order"), {recorder});
   const std::vector<std::string> want = {
-      "begin 0", "step 1",   "end 1", "step 2", "save 2 step-000002", "end 2 with eval",
-      "eval 2",  "step 3",   "end 3", "step 4", "save 4 step-000004", "end 4",
+      "begin 0", "step 1",   "optimizer 1", "end 1", "step 2", "optimizer 2", "save 2 step-000002", "end 2 with eval",
+      "eval 2",  "step 3",   "optimizer 3", "end 3", "step 4", "optimizer 4", "save 4 step-000004", "end 4",
       "eval 4",  "train end"};
   EXPECT_EQ(recorder->events, want);
   ASSERT_EQ(recorder->records.size(), 4u);
