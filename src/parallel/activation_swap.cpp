@@ -142,8 +142,7 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
         ++counts_.swapped_tensors;
         counts_.swapped_bytes += s.bytes;
       } else {
-        tier_->release(std::move(s.stored));
-        s.stored = {};
+        tier_->release(s.stored);
         s.state = State::kResident;
         if (failure_.empty()) failure_ = failed;
       }
@@ -174,8 +173,7 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
       const std::string failed = error_of([&] { tier_->read(s.stored, s.tensor.data_ptr()); });
       std::lock_guard<std::mutex> lock(mu_);
       if (failed.empty()) {
-        tier_->release(std::move(s.stored));
-        s.stored = {};
+        tier_->release(s.stored);
         s.state = State::kReloaded;
         counts_.reloaded_bytes += s.bytes;
       } else {
@@ -242,8 +240,7 @@ void SwapManager::Impl::forget(SwapRegion& region) {
   });
   for (SwapRegion::Slot& slot : region.slots_) {
     slot.tensor = at::Tensor();
-    tier_->release(std::move(slot.stored));
-    slot.stored = {};
+    tier_->release(slot.stored);
     slot.state = State::kResident;
   }
   region.slots_.clear();

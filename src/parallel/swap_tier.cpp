@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "hp/core/error.h"
 #include "hp/core/log.h"
@@ -31,12 +32,12 @@ SwapTier::Buffer SwapTier::acquire(int64_t size) {
   return buffer;
 }
 
-void SwapTier::release(Buffer buffer) {
+void SwapTier::release(Buffer& buffer) {
   if (!buffer.from_tier) return;
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ -= buffer.size;
   const int64_t size = buffer.size;
-  free_.emplace(size, std::move(buffer));
+  free_.emplace(size, std::exchange(buffer, Buffer{}));
 }
 
 int64_t SwapTier::in_use() const {
@@ -68,9 +69,6 @@ class HostTier final : public SwapTier {
   }
 };
 
-// File systems whose files are memory: a swap file there saves nothing.
-constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
-
 // One unnamed file per manager (O_TMPFILE): nothing to clean up, however the process ends. Its
 // pages are written through and dropped from the page cache, so that swapped tensors hold neither
 // the process's memory nor the kernel's.
@@ -89,10 +87,7 @@ class FileTier final : public SwapTier {
     }
     HP_CHECK(fd_ >= 0, "activation swap: cannot create the file tier's file in '", directory_,
              "': ", made ? "making the directory failed: " + made.message() : std::string(std::strerror(errno)));
-    struct statfs fs {};
-    const bool memory = ::fstatfs(fd_, &fs) == 0 &&
-                        (static_cast<long>(fs.f_type) == kTmpfsMagic || static_cast<long>(fs.f_type) == kRamfsMagic);
-    if (memory)
+    if (on_memory_file_system(directory_))
       log::warn("activation swap: '", directory_, "' is a tmpfs or ramfs, which keeps the file tier in memory; ",
                 "give the swap a directory on a disk");
   }
@@ -158,6 +153,13 @@ class FileTier final : public SwapTier {
 };
 
 }  // namespace
+
+bool on_memory_file_system(const std::string& path) {
+  constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 &&
+         (static_cast<long>(fs.f_type) == kTmpfsMagic || static_cast<long>(fs.f_type) == kRamfsMagic);
+}
 
 std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options) {
   if (options.tier == SwapOptions::Tier::kFile) return std::make_unique<FileTier>(options.directory);

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "hp/parallel/activation_swap.h"
 
@@ -23,7 +24,8 @@ class SwapTier {
   virtual ~SwapTier() = default;
   // Called on the thread that runs the region, so that running out of space fails there.
   Buffer acquire(int64_t size);
-  void release(Buffer buffer);
+  // Takes `buffer` back for reuse and leaves it empty (none: nothing to do).
+  void release(Buffer& buffer);
   int64_t in_use() const;
   int64_t held() const;
 
@@ -43,5 +45,9 @@ class SwapTier {
 
 // The tier `options` name: host memory, or a file in options.directory.
 std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options);
+
+// Whether the file system at `path` keeps its files in memory (tmpfs, ramfs): a file tier there
+// saves nothing.
+bool on_memory_file_system(const std::string& path);
 
 }  // namespace hp::detail
