@@ -1,5 +1,7 @@
 #include "comm/collective_queue.h"
 
+#include "hp/core/memory_tracker.h"
+
 namespace hp::comm::detail {
 
 CollectiveQueue::~CollectiveQueue() {
@@ -36,7 +38,11 @@ std::optional<at::Tensor> CollectiveQueue::run_if_idle(const std::function<at::T
 }
 
 std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor()> task) {
-  std::packaged_task<at::Tensor()> packaged(std::move(task));
+  // What the worker allocates for the caller (received pieces, results) counts as the caller's.
+  std::packaged_task<at::Tensor()> packaged([owners = MemoryTracker::owners_of_this_thread(), task = std::move(task)] {
+    const MemoryTracker::ChargeTo charge(owners);
+    return task();
+  });
   std::shared_future<at::Tensor> result = packaged.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);

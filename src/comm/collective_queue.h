@@ -36,7 +36,8 @@ class CollectiveQueue {
   // thread hop) and returns its result; returns nullopt, running nothing, otherwise.
   std::optional<at::Tensor> run_if_idle(const std::function<at::Tensor()>& task);
 
-  // Runs `task` on the worker after everything queued before it.
+  // Runs `task` on the worker after everything queued before it; what it allocates is charged to
+  // the caller's MemoryTrackers.
   std::shared_future<at::Tensor> enqueue(std::function<at::Tensor()> task);
 
  private:

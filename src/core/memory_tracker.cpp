@@ -15,17 +15,36 @@ namespace hp {
 struct MemoryTrackerAccess {
   static const std::shared_ptr<MemoryTracker::Counter>& counter(const MemoryTracker& t) { return t.counter_; }
   static MemoryTracker* outer(const MemoryTracker& t) { return t.outer_; }
+  static MemoryTracker::Device device(const MemoryTracker& t) { return t.device_; }
 };
 
 namespace {
 
 thread_local MemoryTracker* innermost = nullptr;
+thread_local std::shared_ptr<const MemoryTracker::Owners> charged_for;  // ChargeTo's owners
 
 // One allocation charged to the counters of the trackers alive when it was made.
 struct Charged {
   c10::DataPtr inner;  // owns the memory; destroying it frees through the inner allocator
   int64_t bytes;
   std::vector<std::shared_ptr<MemoryTracker::Counter>> counters;
+
+  // Charges `bytes` to this thread's trackers of `device`; none when no such tracker lives.
+  Charged(c10::DataPtr inner, int64_t bytes, MemoryTracker::Device device) : inner(std::move(inner)), bytes(bytes) {
+    for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t))
+      if (MemoryTrackerAccess::device(*t) == device) charge(MemoryTrackerAccess::counter(*t));
+    if (charged_for)
+      for (const auto& [counter, its_device] : *charged_for)
+        if (its_device == device) charge(counter);
+  }
+  void charge(const std::shared_ptr<MemoryTracker::Counter>& counter) {
+    counter->add(bytes);
+    counters.push_back(counter);
+  }
+  ~Charged() {
+    for (const auto& counter : counters) counter->current -= bytes;
+  }
+  Charged(Charged&&) = default;
 };
 
 // Wraps LibTorch's CPU allocator and charges allocations to the trackers of the allocating thread.
@@ -59,13 +78,9 @@ class CountingAllocator final : public c10::Allocator {
     // construction before their use (ThreadSanitizer reports the read of inner_ otherwise).
     const CountingAllocator& self = instance();
     c10::DataPtr data = self.inner_->allocate(n);
-    if (innermost == nullptr || n == 0) return data;
-    Charged charged{std::move(data), static_cast<int64_t>(n), {}};
-    for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t)) {
-      const auto& counter = MemoryTrackerAccess::counter(*t);
-      counter->add(charged.bytes);
-      charged.counters.push_back(counter);
-    }
+    if ((innermost == nullptr && !charged_for) || n == 0) return data;
+    Charged charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kCpu);
+    if (charged.counters.empty()) return std::move(charged.inner);
     void* ptr = charged.inner.get();
     const c10::Device device = charged.inner.device();
     {
@@ -94,19 +109,61 @@ class CountingAllocator final : public c10::Allocator {
       inner_delete(ptr);
       return;
     }
-    for (const auto& counter : charged->counters) counter->current -= charged->bytes;
-  }  // `charged` frees the memory here
+  }  // `charged` credits its counters and frees the memory here
 
   c10::Allocator* inner_;
   mutable std::mutex mu_;
   mutable std::unordered_map<void*, Charged> charged_;
 };
 
-void install_counting_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    c10::SetCPUAllocator(&CountingAllocator::instance(), /*priority=*/std::numeric_limits<uint8_t>::max());
-  });
+// Wraps the meta device's allocator, whose allocations hold no memory (a null pointer and no
+// context): a charged one gets its record as the context, which the deleter credits back.
+class MetaCountingAllocator final : public c10::Allocator {
+ public:
+  explicit MetaCountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+#if HP_LIBTORCH_2
+  c10::DataPtr allocate(size_t n) override { return charge(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {}
+#else
+  c10::DataPtr allocate(size_t n) const override { return charge(n); }
+#endif
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  static MetaCountingAllocator& instance() {
+    static MetaCountingAllocator* counting = new MetaCountingAllocator(c10::GetAllocator(c10::DeviceType::Meta));
+    return *counting;
+  }
+
+ private:
+  c10::DataPtr charge(size_t n) const {
+    c10::DataPtr data = instance().inner_->allocate(n);
+    if ((innermost == nullptr && !charged_for) || n == 0) return data;
+    auto charged = std::make_unique<Charged>(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta);
+    if (charged->counters.empty()) return std::move(charged->inner);
+    void* data_ptr = charged->inner.get();
+    const c10::Device device = charged->inner.device();
+    return {data_ptr, charged.release(), &release, device};
+  }
+
+  static void release(void* context) { delete static_cast<Charged*>(context); }
+
+  c10::Allocator* inner_;
+};
+
+void install_counting_allocator(MemoryTracker::Device device) {
+  static std::once_flag cpu, meta;
+  if (device == MemoryTracker::kCpu) {
+    std::call_once(cpu, [] {
+      c10::SetCPUAllocator(&CountingAllocator::instance(), /*priority=*/std::numeric_limits<uint8_t>::max());
+    });
+  } else {
+    std::call_once(meta, [] {
+      c10::SetAllocator(c10::DeviceType::Meta, &MetaCountingAllocator::instance(),
+                        /*priority=*/std::numeric_limits<uint8_t>::max());
+    });
+  }
 }
 
 }  // namespace
@@ -118,12 +175,27 @@ void MemoryTracker::Counter::add(int64_t bytes) {
   }
 }
 
-MemoryTracker::MemoryTracker() : counter_(std::make_shared<Counter>()), outer_(innermost) {
-  install_counting_allocator();
+MemoryTracker::MemoryTracker(Device device)
+    : counter_(std::make_shared<Counter>()), device_(device), outer_(innermost) {
+  install_counting_allocator(device);
   innermost = this;
 }
 
 MemoryTracker::~MemoryTracker() { innermost = outer_; }
+
+std::shared_ptr<const MemoryTracker::Owners> MemoryTracker::owners_of_this_thread() {
+  if (innermost == nullptr && !charged_for) return nullptr;
+  auto owners = std::make_shared<Owners>();
+  for (MemoryTracker* t = innermost; t != nullptr; t = t->outer_) owners->emplace_back(t->counter_, t->device_);
+  if (charged_for) owners->insert(owners->end(), charged_for->begin(), charged_for->end());
+  return owners;
+}
+
+MemoryTracker::ChargeTo::ChargeTo(std::shared_ptr<const Owners> owners) : outer_(std::move(charged_for)) {
+  charged_for = std::move(owners);
+}
+
+MemoryTracker::ChargeTo::~ChargeTo() { charged_for = std::move(outer_); }
 
 int64_t MemoryTracker::current() const { return counter_->current.load(); }
 int64_t MemoryTracker::peak() const { return counter_->peak.load(); }

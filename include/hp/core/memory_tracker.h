@@ -8,18 +8,26 @@
 // The first tracker installs a counting wrapper around LibTorch's CPU allocator (for the rest of
 // the process; threads without a tracker pass straight through). Memory is charged to the thread
 // that allocated it and credited back when it is freed, on whichever thread. Allocations made by
-// other threads (e.g. a collective's worker) are not counted. Trackers nest; each one counts.
+// other threads are not counted, unless that thread works on the allocating thread's behalf and says
+// so (MemoryTracker::ChargeTo: a group's collective worker does). Trackers nest; each one counts.
+//
+// A dry run (hp::train::dry_run) runs a step on the meta device, where tensors have a size but no
+// memory: a tracker made with MemoryTracker::kMeta counts the bytes meta tensors would take instead,
+// through the same wrapping of the meta device's allocator.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace hp {
 
 class MemoryTracker {
  public:
-  MemoryTracker();
+  enum Device { kCpu, kMeta };  // which device's allocations this tracker counts
+  explicit MemoryTracker(Device device = kCpu);
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
@@ -33,8 +41,25 @@ class MemoryTracker {
     void add(int64_t bytes);
   };
 
+  // The trackers of this thread, for work another thread does on its behalf: null when it has none.
+  using Owners = std::vector<std::pair<std::shared_ptr<Counter>, Device>>;
+  static std::shared_ptr<const Owners> owners_of_this_thread();
+  // While one lives on a thread, that thread's allocations are also charged to `owners` (and freeing
+  // them credits those, on whichever thread).
+  class ChargeTo {
+   public:
+    explicit ChargeTo(std::shared_ptr<const Owners> owners);
+    ~ChargeTo();
+    ChargeTo(const ChargeTo&) = delete;
+    ChargeTo& operator=(const ChargeTo&) = delete;
+
+   private:
+    std::shared_ptr<const Owners> outer_;
+  };
+
  private:
   std::shared_ptr<Counter> counter_;
+  Device device_;
   MemoryTracker* outer_;
   friend struct MemoryTrackerAccess;
 };
