@@ -73,7 +73,10 @@ NativeGroupPtr make_gloo_group(StorePtr store, int rank, int size, std::chrono::
 }
 
 bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op) {
-  if (!is_gloo(group)) return true;
+  return !is_gloo(group) || gloo_reduces(dtype, op);
+}
+
+bool gloo_reduces(at::ScalarType dtype, ReduceOp op) {
   if (op == ReduceOp::kAvg) return false;  // "Cannot use ReduceOp.AVG with Gloo"
   switch (dtype) {
     case at::kFloat:

@@ -55,6 +55,7 @@ NativeGroupPtr make_gloo_group(StorePtr store, int rank, int size, std::chrono::
 
 // True when the backend reduces `dtype` with `op` itself (Gloo 1.13: no bf16, no avg).
 bool can_reduce(const NativeGroup& group, at::ScalarType dtype, ReduceOp op);
+bool gloo_reduces(at::ScalarType dtype, ReduceOp op);
 // The same bytes as a dtype the backend can move (bf16 -> fp16 bits on Gloo, bool -> uint8).
 at::Tensor to_wire(const NativeGroup& group, const at::Tensor& t);
 

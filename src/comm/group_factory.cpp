@@ -134,10 +134,14 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   group->name = name.empty() ? "ranks[" + join(group->ranks) + "]" : std::move(name);
   group->options = registry->options;
   group->registry = registry;
-  if (registry->transport != Transport::kGloo && group->size() > 1)
-    group->shm_scope = shared_scope(*registry, group->ranks);
   // Each rank set gets its own key space, so groups never read each other's rendezvous keys.
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
+  if (registry->fake) {
+    group->fake = true;
+    return group;
+  }
+  if (registry->transport != Transport::kGloo && group->size() > 1)
+    group->shm_scope = shared_scope(*registry, group->ranks);
   std::string disagreement;
   try {
     group->native = shim::make_gloo_group(shim::make_prefix_store("gloo", group->store), group->rank, group->size(),
@@ -163,25 +167,46 @@ ShmChannel& GroupImpl::shm_channel(const CollectiveSite& site) {
 
 }  // namespace detail
 
-ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options,
-                                WorldLayout layout) {
-  HP_CHECK(world_size > 0, "init_process_group: world size must be positive, got ", world_size);
-  HP_CHECK(rank >= 0 && rank < world_size, "init_process_group: rank ", rank, " is not in [0, ", world_size, ")");
+namespace {
+
+std::shared_ptr<detail::GroupRegistry> new_registry(const char* what, shim::StorePtr store, int rank, int world_size,
+                                                    const ProcessGroupOptions& options) {
+  HP_CHECK(world_size > 0, what, ": world size must be positive, got ", world_size);
+  HP_CHECK(rank >= 0 && rank < world_size, what, ": rank ", rank, " is not in [0, ", world_size, ")");
   auto registry = std::make_shared<detail::GroupRegistry>();
   registry->root_store = std::move(store);
   registry->options = options;
   registry->world_rank = rank;
   registry->world_size = world_size;
-  registry->one_process = layout.one_process;
-  registry->ranks_per_host = layout.ranks_per_host;
-  registry->transport = detail::transport_of_world(options.transport);
-  registry->device = shim::make_gloo_device(options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname);
-  std::vector<int> all(world_size);
-  for (int r = 0; r < world_size; ++r) all[r] = r;
+  return registry;
+}
+
+ProcessGroup world_of(const std::shared_ptr<detail::GroupRegistry>& registry) {
+  std::vector<int> all(registry->world_size);
+  for (int r = 0; r < registry->world_size; ++r) all[r] = r;
   auto world = detail::create_group(registry, std::move(all), "world", /*is_world=*/true);
   world->owned_registry = registry;
   registry->world = world;
   return ProcessGroup(world);
+}
+
+}  // namespace
+
+ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, ProcessGroupOptions options,
+                                WorldLayout layout) {
+  auto registry = new_registry("init_process_group", std::move(store), rank, world_size, options);
+  registry->one_process = layout.one_process;
+  registry->ranks_per_host = layout.ranks_per_host;
+  registry->transport = detail::transport_of_world(options.transport);
+  registry->device = shim::make_gloo_device(options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname);
+  return world_of(registry);
+}
+
+ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options) {
+  auto registry = new_registry("fake_world", shim::make_hash_store(), rank, world_size, options);
+  registry->fake = true;
+  registry->transport = Transport::kGloo;  // no shared memory to set up
+  return world_of(registry);
 }
 
 ProcessGroup ProcessGroup::new_group(std::vector<int> world_ranks, const std::string& name) const {

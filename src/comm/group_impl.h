@@ -27,6 +27,7 @@ struct GroupRegistry {
   // numbering of hprun and torchrun).
   bool one_process = false;
   int ranks_per_host = 0;
+  bool fake = false;                       // a fake world (hp::comm::fake_world): groups without peers or transport
   Transport transport = Transport::kAuto;  // options.transport with HP_COMM_TRANSPORT applied
   shim::StorePtr root_store;
   shim::DevicePtr device;
@@ -56,6 +57,7 @@ struct GroupImpl {
   std::shared_ptr<GroupRegistry> owned_registry;  // set on the world group only
   std::weak_ptr<GroupRegistry> registry;
   std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
+  bool fake = false;                  // of a fake world: no native group, no shared memory
   CollectiveQueue queue;
 
   // The shared-memory transport (comm/shm_channel.h) of a group whose members share this host,
@@ -76,7 +78,8 @@ struct GroupImpl {
   // of one size do not pay fresh pages each time. Only composed collectives use it, and the queue
   // runs those one at a time; nothing returned to a caller may alias it. Buffers above
   // kMaxCachedScratchBytes are not kept.
-  at::Tensor scratch(at::IntArrayRef shape, at::ScalarType dtype);
+  // A fake world's groups keep one on the meta device, as large as the real one would be.
+  at::Tensor scratch(at::IntArrayRef shape, at::ScalarType dtype, c10::Device device = c10::kCPU);
   static constexpr int64_t kMaxCachedScratchBytes = int64_t{256} << 20;
   at::Tensor scratch_storage;  // bytes
 };

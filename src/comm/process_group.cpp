@@ -9,6 +9,7 @@
 //   all_gather      native allgather into one buffer; uneven sizes are padded to the largest.
 //   all_to_all, broadcast, send/recv, barrier: native.
 // Data the backend cannot carry (bf16 on Gloo) travels reinterpreted as a same-width dtype (shim::to_wire).
+// A fake world's groups (fake_world) move nothing: comm/fake_collectives.h gives the results.
 // On a group with the shared-memory transport (comm/shm_channel.h), every collective is composed:
 // all_gather, all_to_all and broadcast move bytes through the shared segment, and the reductions
 // are the composed ones above on top of them (so always in the tree order); send/recv stay on Gloo.
@@ -19,9 +20,11 @@
 
 #include <numeric>
 
+#include "comm/fake_collectives.h"
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
 #include "hp/comm/comm_debug_mode.h"
+#include "hp/comm/init.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
@@ -59,10 +62,12 @@ int64_t normalize_dim(const char* op, int64_t dim, const at::Tensor& t) {
 at::Tensor to_dim0(const at::Tensor& t, int64_t dim) { return (dim == 0 ? t : t.movedim(dim, 0)).contiguous(); }
 at::Tensor from_dim0(const at::Tensor& t, int64_t dim) { return dim == 0 ? t : t.movedim(0, dim).contiguous(); }
 
-void check_tensor(const char* op, const at::Tensor& t) {
+void check_tensor(const char* op, const at::Tensor& t, const GroupImpl& g) {
   HP_CHECK(t.defined(), op, ": got an undefined tensor");
+  if (g.fake && t.is_meta()) return;
   HP_CHECK(t.device().is_cpu() || t.device().is_cuda(), op, ": tensors on ", t.device(),
-           " are not supported; use CPU (Gloo) or CUDA (NCCL)");
+           " are not supported; use CPU (Gloo) or CUDA (NCCL)",
+           t.is_meta() ? " (meta tensors: a fake world's groups)" : "");
 }
 
 void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
@@ -251,6 +256,12 @@ void check_peer(const char* op, const GroupImpl& g, int peer) {
 
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
+// A collective of a fake world's group: counted and numbered like any other, done at once.
+Work fake_result(GroupImpl& g, const char* op, int64_t bytes, at::Tensor result) {
+  new_site(g, op, bytes);
+  return ready(std::move(result));
+}
+
 enum class Wait { kAsync, kBlocking };
 
 Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t bytes, Wait wait,
@@ -301,7 +312,7 @@ at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
 Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, AllReduceOptions opts,
                      Wait wait) {
   GroupImpl& g = *impl;
-  check_tensor("all_reduce", tensor);
+  check_tensor("all_reduce", tensor, g);
   check_reducible("all_reduce", tensor, opts.op);
   const int n = g.size();
   if (n == 1) return ready(tensor);
@@ -309,7 +320,17 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const bool ordered_sum =
       g.options.deterministic && tensor.is_floating_point() && (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
   const ReduceOp native_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
-  if (!ordered_sum && !over_shm(g, tensor) && shim::can_reduce(*g.native, tensor.scalar_type(), native_op)) {
+  // A fake world stands for Gloo, and keeps the buffers Gloo's composed path would.
+  const bool backend_reduces = g.fake ? shim::gloo_reduces(tensor.scalar_type(), native_op)
+                                      : shim::can_reduce(*g.native, tensor.scalar_type(), native_op);
+  if (g.fake) {
+    if (ordered_sum || !backend_reduces) {
+      const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), n);
+      g.scratch({pieces[0] * n}, tensor.scalar_type(), tensor.device());
+    }
+    return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n));
+  }
+  if (!ordered_sum && !over_shm(g, tensor) && backend_reduces) {
     Step step = in_place_step(
         tensor, [&g, native_op](const at::Tensor& buffer) { return shim::all_reduce(*g.native, buffer, native_op); });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
@@ -333,7 +354,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
 Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, ReduceScatterOptions opts,
                          Wait wait, const at::Tensor& out = {}) {
   GroupImpl& g = *impl;
-  check_tensor("reduce_scatter", input);
+  check_tensor("reduce_scatter", input, g);
   check_reducible("reduce_scatter", input, opts.op);
   const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
   std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
@@ -344,7 +365,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   std::vector<int64_t> piece_shape(input.sizes().begin(), input.sizes().end());
   piece_shape[dim] = sizes[g.rank];
   if (out.defined()) {
-    check_tensor("reduce_scatter_tensor", out);
+    check_tensor("reduce_scatter_tensor", out, g);
     HP_CHECK(out.device() == input.device(), "reduce_scatter_tensor: output is on ", out.device(),
              " but the input is on ", input.device());
     HP_CHECK(out.sizes() == at::IntArrayRef(piece_shape) && out.scalar_type() == input.scalar_type(),
@@ -353,6 +374,11 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
+  if (g.fake) {
+    g.scratch(with_dim0(x0, g.size() * sizes[g.rank]), x0.scalar_type(), x0.device());  // Gloo's receive buffer
+    at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);
+    return fake_result(g, "reduce_scatter", input.nbytes(), out.defined() ? out.copy_(piece) : piece);
+  }
   return issue_composed(impl, "reduce_scatter", input.nbytes(), wait,
                         [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
                           if (out.defined()) {
@@ -366,7 +392,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
 Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts, Wait wait,
                      const at::Tensor& out = {}) {
   GroupImpl& g = *impl;
-  check_tensor("all_gather", input);
+  check_tensor("all_gather", input, g);
   const int64_t dim = normalize_dim("all_gather", opts.dim, input);
   std::vector<int64_t> sizes = opts.sizes;
   if (sizes.empty()) sizes.assign(g.size(), input.size(dim));
@@ -379,7 +405,7 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
   const bool even = std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == sizes[0]; });
   at::Tensor buffer;  // receive straight into `out` when its layout is the gather buffer's
   if (out.defined()) {
-    check_tensor("all_gather_into_tensor", out);
+    check_tensor("all_gather_into_tensor", out, g);
     HP_CHECK(out.device() == input.device(), "all_gather_into_tensor: output is on ", out.device(),
              " but the input is on ", input.device());
     HP_CHECK(out.sizes() == at::IntArrayRef(gathered_shape) && out.scalar_type() == input.scalar_type(),
@@ -388,6 +414,12 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
     if (dim == 0 && even && out.is_contiguous()) buffer = out;
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input);
+  if (g.fake) {
+    at::Tensor gathered = detail::fake::all_gather(to_dim0(input, dim), sizes, buffer);
+    if (buffer.defined()) return fake_result(g, "all_gather", input.nbytes(), out);
+    gathered = from_dim0(gathered, dim);
+    return fake_result(g, "all_gather", input.nbytes(), out.defined() ? out.copy_(gathered) : gathered);
+  }
   if (over_shm(g, input)) {
     return issue_composed(impl, "all_gather", input.nbytes(), wait,
                           [x0 = to_dim0(input, dim), sizes, dim, out, buffer](const CollectiveSite& site) {
@@ -408,7 +440,7 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
 
 Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllToAllOptions opts, Wait wait) {
   GroupImpl& g = *impl;
-  check_tensor("all_to_all", input);
+  check_tensor("all_to_all", input, g);
   HP_CHECK(input.dim() > 0, "all_to_all: needs a tensor with at least one dim, got a scalar");
   const int n = g.size();
   HP_CHECK(opts.input_split_sizes.empty() == opts.output_split_sizes.empty(),
@@ -431,6 +463,9 @@ Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
            ") sends itself ", opts.input_split_sizes[g.rank], " rows but expects ", opts.output_split_sizes[g.rank],
            " from itself");
   if (n == 1) return ready(input.clone());
+  if (g.fake)
+    return fake_result(g, "all_to_all", input.nbytes(),
+                       detail::fake::all_to_all(input, opts.output_split_sizes, opts.input_split_sizes, g.rank));
   if (over_shm(g, input)) {
     return issue_composed(
         impl, "all_to_all", input.nbytes(), wait,
@@ -444,9 +479,10 @@ Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
 
 Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, int root, Wait wait) {
   GroupImpl& g = *impl;
-  check_tensor("broadcast", tensor);
+  check_tensor("broadcast", tensor, g);
   HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
   if (g.size() == 1) return ready(tensor);
+  if (g.fake) return fake_result(g, "broadcast", tensor.nbytes(), tensor);
   if (over_shm(g, tensor)) {
     return issue_composed(impl, "broadcast", tensor.nbytes(), wait, [tensor, root](const CollectiveSite& site) {
       GroupImpl& g = *site.group;
@@ -468,6 +504,7 @@ Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& te
 Work barrier_impl(const std::shared_ptr<GroupImpl>& impl, Wait wait) {
   GroupImpl& g = *impl;
   if (g.size() == 1) return ready(at::Tensor());
+  if (g.fake) return fake_result(g, "barrier", 0, at::Tensor());
   if (g.shm_scope) {
     return issue_composed(impl, "barrier", 0, wait, [](const CollectiveSite& site) {
       site.group->shm_channel(site).barrier(site);
@@ -484,13 +521,13 @@ Work barrier_impl(const std::shared_ptr<GroupImpl>& impl, Wait wait) {
 
 namespace detail {
 
-at::Tensor GroupImpl::scratch(at::IntArrayRef shape, at::ScalarType dtype) {
+at::Tensor GroupImpl::scratch(at::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-  if (bytes > kMaxCachedScratchBytes) return at::empty(shape, at::TensorOptions().dtype(dtype));
-  if (!scratch_storage.defined() || scratch_storage.numel() < bytes)
-    scratch_storage = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  if (bytes > kMaxCachedScratchBytes) return at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
+  if (!scratch_storage.defined() || scratch_storage.numel() < bytes || scratch_storage.device() != device)
+    scratch_storage = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
   return scratch_storage.narrow(0, 0, bytes).view(dtype).view(shape);
 }
 
@@ -528,6 +565,7 @@ int ProcessGroup::size() const { return impl().size(); }
 const std::string& ProcessGroup::name() const { return impl().name; }
 const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
 const ProcessGroupOptions& ProcessGroup::options() const { return impl().options; }
+bool is_fake(const ProcessGroup& group) { return group.impl().fake; }
 
 Work ProcessGroup::all_gather_async(const at::Tensor& input, AllGatherOptions opts) const {
   return all_gather_impl(impl_, input, std::move(opts), Wait::kAsync);
@@ -578,8 +616,12 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
   GroupImpl& g = impl();
-  check_tensor("send", tensor);
+  check_tensor("send", tensor, g);
   check_peer("send", g, peer);
+  if (g.fake) {
+    new_p2p_site(g, "send", tensor.nbytes(), peer, tag);
+    return ready(tensor);
+  }
   at::Tensor buffer = tensor.contiguous();
   Step step;
   step.start = [&g, buffer, peer, tag] { return shim::send(*g.native, shim::to_wire(*g.native, buffer), peer, tag); };
@@ -589,8 +631,12 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
 
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
   GroupImpl& g = impl();
-  check_tensor("recv", tensor);
+  check_tensor("recv", tensor, g);
   check_peer("recv", g, peer);
+  if (g.fake) {  // the tensor keeps its values: nobody sent any
+    new_p2p_site(g, "recv", tensor.nbytes(), peer, tag);
+    return ready(tensor);
+  }
   Step step = in_place_step(tensor, [&g, peer, tag](const at::Tensor& buffer) {
     return shim::recv(*g.native, shim::to_wire(*g.native, buffer), peer, tag);
   });
@@ -602,7 +648,7 @@ std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops)
   for (size_t i = 0; i < ops.size(); ++i) {
     const std::string op = "batch_isend_irecv: operation " + std::to_string(i) +
                            (ops[i].kind == P2POp::Kind::kSend ? " (send)" : " (recv)");
-    check_tensor(op.c_str(), ops[i].tensor);
+    check_tensor(op.c_str(), ops[i].tensor, g);
     check_peer(op.c_str(), g, ops[i].peer);
   }
   std::vector<Work> works;

@@ -48,6 +48,21 @@ struct InitOptions {
 // keep the returned group.
 ProcessGroup init_process_group(InitOptions options = {});
 
+// A world of `world_size` ranks in which this process plays `rank` alone, for dry runs
+// (hp::train::dry_run): its groups (new_group, DeviceMesh) are made without peers, and its
+// collectives move no data and return at once, counted by CommDebugMode like real ones. Outputs
+// have the shape, dtype and device a real world gives them. Meta tensors are accepted and stay
+// meta. A tensor with values gets what a symmetric world would give it, one where every rank
+// contributes what this rank contributes: a sum is the group size times this rank's tensor, avg,
+// max, min and broadcast leave it as it is, all_gather repeats it (zeros for pieces of another
+// size), reduce_scatter gives the sum's piece, all_to_all delivers this rank's own piece from
+// every rank (zeros for pieces of another size); a receive leaves its tensor as it was. Its
+// store is this process's own, in memory.
+ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options = {});
+// Whether `group` is of a fake world: what a real group learns from its peers' values must be
+// found another way there.
+bool is_fake(const ProcessGroup& group);
+
 // A rendezvous for ranks that are threads of this one process (the in-process test harness,
 // hp::testing::run_ranks): an in-memory store they share. Each thread calls join with its own rank;
 // every rank of the world must join, each once.

@@ -1,0 +1,89 @@
+// A fake world (hp::comm::fake_world) plays one rank of a world of any size in this thread alone:
+// groups and meshes are built without peers, collectives return at once with the shapes a real
+// world gives, meta tensors stay meta, and tensors with values get a symmetric world's values.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/comm/comm_debug_mode.h"
+#include "hp/comm/init.h"
+#include "hp/mesh/device_mesh.h"
+#include "test_util.h"
+
+namespace hp::test {
+namespace {
+
+at::Tensor meta(std::vector<int64_t> shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
+
+TEST(FakeWorld, CollectivesOfMetaTensorsHaveTheRealShapes) {
+  const comm::ProcessGroup world = comm::fake_world(8, 3);
+  EXPECT_EQ(world.rank(), 3);
+  EXPECT_EQ(world.size(), 8);
+  comm::CommDebugMode comm;
+  const at::Tensor gathered = world.all_gather(meta({2, 5}), {1});
+  EXPECT_TRUE(gathered.is_meta());
+  EXPECT_EQ(gathered.sizes(), at::IntArrayRef({2, 40}));
+  comm::AllGatherOptions uneven;
+  uneven.sizes = {1, 1, 1, 2, 1, 1, 1, 1};
+  EXPECT_EQ(world.all_gather(meta({2, 5}), uneven).sizes(), at::IntArrayRef({9, 5}));
+  // torch.chunk pieces of 10 over 8 ranks: 2, 2, 2, 2, 2 and three empty; rank 3 keeps 2 rows.
+  EXPECT_EQ(world.reduce_scatter(meta({10, 3})).sizes(), at::IntArrayRef({2, 3}));
+  comm::AllToAllOptions splits;
+  splits.input_split_sizes = {1, 0, 2, 3, 0, 0, 0, 1};
+  splits.output_split_sizes = {4, 4, 0, 3, 1, 1, 1, 1};
+  EXPECT_EQ(world.all_to_all(meta({7, 2}), splits).sizes(), at::IntArrayRef({15, 2}));
+  const at::Tensor reduced = meta({4});
+  EXPECT_TRUE(world.all_reduce(reduced).is_same(reduced));
+  const at::Tensor out = meta({8, 2});
+  EXPECT_TRUE(world.all_gather_into_tensor(out, meta({1, 2})).is_same(out));
+  world.barrier();
+  // Counted like real collectives, with the bytes this rank puts in.
+  EXPECT_EQ(comm.count("all_gather"), 3);
+  EXPECT_EQ(comm.bytes("all_gather"), 2 * 2 * 5 * 4 + 1 * 2 * 4);
+  EXPECT_EQ(comm.count("reduce_scatter"), 1);
+  EXPECT_EQ(comm.count("all_to_all"), 1);
+  EXPECT_EQ(comm.count("all_reduce"), 1);
+}
+
+TEST(FakeWorld, TensorsWithValuesGetWhatASymmetricWorldGives) {
+  const comm::ProcessGroup world = comm::fake_world(4, 1);
+  const at::Tensor x = at::arange(6, at::kLong).view({3, 2});
+  check_close(world.all_reduce(x.clone()), x * 4, "sum");
+  check_close(world.all_reduce(x.to(at::kDouble), {comm::ReduceOp::kAvg}), x.to(at::kDouble), "avg");
+  check_close(world.all_reduce(x.clone(), {comm::ReduceOp::kMax}), x, "max");
+  check_close(world.all_gather(x), at::cat({x, x, x, x}), "all_gather");
+  comm::AllGatherOptions uneven;
+  uneven.sizes = {3, 3, 1, 3};
+  check_close(world.all_gather(x, uneven), at::cat({x, x, at::zeros({1, 2}, at::kLong), x}), "uneven all_gather");
+  // torch.chunk of 8 rows over 4 ranks: rank 1 gets rows 2 and 3 of the sum of 4 equal inputs.
+  const at::Tensor rows = at::arange(16, at::kLong).view({8, 2});
+  check_close(world.reduce_scatter(rows), rows.narrow(0, 2, 2) * 4, "reduce_scatter");
+  // Rank 1 sends itself rows [1, 3): every rank sends it those.
+  comm::AllToAllOptions splits;
+  splits.input_split_sizes = {1, 2, 0, 0};
+  splits.output_split_sizes = {2, 2, 1, 2};
+  const at::Tensor own = x.narrow(0, 1, 2);
+  check_close(world.all_to_all(x, splits), at::cat({own, own, at::zeros({1, 2}, at::kLong), own}), "all_to_all");
+  check_close(world.broadcast(x.clone(), 0), x, "broadcast");
+}
+
+TEST(FakeWorld, GroupsAndMeshesAreBuiltWithoutPeers) {
+  const comm::ProcessGroup world = comm::fake_world(256, 77);
+  const DeviceMesh mesh(world, "cpu", at::arange(256, at::kLong).view({4, 8, 8}), {"dp_shard", "tp", "cp"});
+  EXPECT_EQ(mesh.get_coordinate(), (std::vector<int64_t>{1, 1, 5}));
+  const comm::ProcessGroup& tp = mesh.get_group("tp");
+  EXPECT_EQ(tp.size(), 8);
+  EXPECT_EQ(tp.ranks(), (std::vector<int>{69, 77, 85, 93, 101, 109, 117, 125}));
+  EXPECT_EQ(tp.rank(), 1);
+  EXPECT_EQ(tp.all_gather(meta({3})).sizes(), at::IntArrayRef({24}));
+  EXPECT_EQ(mesh["dp_shard"].ranks(), (std::vector<int>{13, 77, 141, 205}));
+}
+
+TEST(FakeWorld, RealGroupsRefuseMetaTensors) {
+  run(2, [](const comm::ProcessGroup& world) {
+    expect_error([&] { world.all_reduce(meta({2})); }, "meta tensors: a fake world's groups");
+  });
+  expect_error([] { comm::fake_world(4, 4); }, "fake_world: rank 4 is not in [0, 4)");
+}
+
+}  // namespace
+}  // namespace hp::test
