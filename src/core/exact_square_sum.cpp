@@ -83,6 +83,10 @@ void ExactSquareSum::add_ieee(const Bits* bits, int64_t n) {
 }
 
 void ExactSquareSum::add(const at::Tensor& values) {
+  if (values.is_meta()) {  // a dry run's values are unknown, and so is the sum
+    nans_ += values.numel() > 0;
+    return;
+  }
   if (!values.is_cpu()) return add(values.to(at::kCPU));  // the digits are summed on the host
   const at::ScalarType type = values.scalar_type();
   if (type == at::kFloat || type == at::kDouble) {

@@ -91,25 +91,41 @@ std::string ByteTokenizer::decode(const at::Tensor& tokens) const {
   return text;
 }
 
-CorpusInfo prepare_corpus(const std::vector<std::string>& sources, const std::string& out_dir, double eval_fraction) {
-  HP_CHECK(!sources.empty(), "data: no sources given");
-  HP_CHECK(eval_fraction > 0.0 && eval_fraction < 0.5, "data.eval_fraction must be in (0, 0.5), got ", eval_fraction);
+namespace {
+
+nlohmann::json corpus_key(const std::vector<std::string>& sources, double eval_fraction) {
+  return {{"sources", sources}, {"eval_fraction", eval_fraction}, {"version", 1}};
+}
+
+}  // namespace
+
+std::optional<CorpusInfo> prepared_corpus(const std::vector<std::string>& sources, const std::string& out_dir,
+                                          double eval_fraction) {
   const fs::path dir(out_dir), info_path = dir / "corpus.json";
   CorpusInfo info;
   info.train_path = (dir / "train.bin").string();
   info.eval_path = (dir / "eval.bin").string();
-  const nlohmann::json key = {{"sources", sources}, {"eval_fraction", eval_fraction}, {"version", 1}};
-  if (fs::exists(info_path)) {
-    const auto saved = nlohmann::json::parse(read_all(info_path), nullptr, /*allow_exceptions=*/false);
-    if (!saved.is_discarded() && saved.value("key", nlohmann::json()) == key && fs::exists(info.train_path) &&
-        fs::exists(info.eval_path)) {
-      info.files = saved.at("files").get<int64_t>();
-      info.train_tokens = saved.at("train_tokens").get<int64_t>();
-      info.eval_tokens = saved.at("eval_tokens").get<int64_t>();
-      info.unigram_entropy_nats = saved.at("unigram_entropy_nats").get<double>();
-      return info;
-    }
-  }
+  if (!fs::exists(info_path)) return std::nullopt;
+  const auto saved = nlohmann::json::parse(read_all(info_path), nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || saved.value("key", nlohmann::json()) != corpus_key(sources, eval_fraction) ||
+      !fs::exists(info.train_path) || !fs::exists(info.eval_path))
+    return std::nullopt;
+  info.files = saved.at("files").get<int64_t>();
+  info.train_tokens = saved.at("train_tokens").get<int64_t>();
+  info.eval_tokens = saved.at("eval_tokens").get<int64_t>();
+  info.unigram_entropy_nats = saved.at("unigram_entropy_nats").get<double>();
+  return info;
+}
+
+CorpusInfo prepare_corpus(const std::vector<std::string>& sources, const std::string& out_dir, double eval_fraction) {
+  HP_CHECK(!sources.empty(), "data: no sources given");
+  HP_CHECK(eval_fraction > 0.0 && eval_fraction < 0.5, "data.eval_fraction must be in (0, 0.5), got ", eval_fraction);
+  if (std::optional<CorpusInfo> prepared = prepared_corpus(sources, out_dir, eval_fraction)) return *prepared;
+  const fs::path dir(out_dir), info_path = dir / "corpus.json";
+  const nlohmann::json key = corpus_key(sources, eval_fraction);
+  CorpusInfo info;
+  info.train_path = (dir / "train.bin").string();
+  info.eval_path = (dir / "eval.bin").string();
   std::string text;
   for (const auto& file : source_files(sources)) {
     std::string content = read_all(file);

@@ -52,7 +52,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-    loops().forward(g, u, out);
+    if (!g.is_meta()) loops().forward(g, u, out);  // a dry run keeps the fused kernel's memory, not its values
     ctx->save_for_backward({g, u});
     return out;
   }
@@ -68,7 +68,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
     const at::Tensor& u = saved[1];
     const at::Tensor dh = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
-    loops().backward(dh, g, u, dgate, dup);
+    if (!g.is_meta()) loops().backward(dh, g, u, dgate, dup);
     return {dgate, dup};
   }
 };
@@ -77,9 +77,11 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
 
 bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up) {
   const auto dtype = gate.scalar_type();
-  return gate.device().is_cpu() && !is_dtensor(gate) && !is_dtensor(up) && gate.layout() == at::kStrided &&
+  // On the meta device too: a dry run of a CPU run takes the CPU run's path (and memory).
+  const auto cpu_or_meta = [](const at::Tensor& t) { return t.device().is_cpu() || t.is_meta(); };
+  return cpu_or_meta(gate) && !is_dtensor(gate) && !is_dtensor(up) && gate.layout() == at::kStrided &&
          up.layout() == at::kStrided && (dtype == at::kFloat || dtype == at::kBFloat16) && up.scalar_type() == dtype &&
-         gate.sizes() == up.sizes() && up.device().is_cpu();
+         gate.sizes() == up.sizes() && cpu_or_meta(up);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -47,7 +47,7 @@ void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std
 // identity (gradient hooks that plans registered stay); a plain meta tensor is replaced.
 at::Tensor materialize(const at::Tensor& p, c10::Device device) {
   if (is_dtensor(p)) {
-    materialize_local(p);
+    materialize_local(p, device.is_meta() ? std::optional<c10::Device>(device) : std::nullopt);
     return p;
   }
   if (!p.is_meta()) return p;

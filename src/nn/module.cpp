@@ -24,6 +24,13 @@ std::string Init::str() const {
   return out.str();
 }
 
+namespace {
+thread_local bool meta_parameters_allowed = false;
+}  // namespace
+
+MetaParametersAllowed::MetaParametersAllowed() : outer_(meta_parameters_allowed) { meta_parameters_allowed = true; }
+MetaParametersAllowed::~MetaParametersAllowed() { meta_parameters_allowed = outer_; }
+
 Module::Module(std::string type_name) : torch::nn::Module(std::move(type_name)) {}
 
 at::Tensor Module::call(Inputs inputs) {
@@ -108,6 +115,7 @@ void Module::add_param(const std::string& name, std::vector<int64_t> shape, Init
 }
 
 void Module::check_initialized() const {
+  if (meta_parameters_allowed) return;
   for (const auto& item : parameters_) {
     const at::Tensor& p = item.value();
     // A DTensor reports the device of its local piece, so this also catches unallocated shards.

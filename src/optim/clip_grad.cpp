@@ -29,6 +29,13 @@ bool counts_here(const at::Tensor& grad, const comm::ProcessGroup& world) {
   return true;
 }
 
+// The one number of a norm on the host. A dry run's gradients are on the meta device: their norm
+// has no value (NaN), and the gradients are left as they are.
+at::Tensor on_host(const at::Tensor& t) { return t.is_meta() ? t : t.to(at::kCPU); }
+double value_of(const at::Tensor& t) {
+  return t.is_meta() ? std::numeric_limits<double>::quiet_NaN() : t.item<double>();
+}
+
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, const comm::ProcessGroup& world,
@@ -50,9 +57,9 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
       const at::Tensor here = g.abs().max().to(at::kDouble);
       largest = largest.defined() ? at::maximum(largest, here) : here;
     }
-    const at::Tensor most = largest.defined() ? largest.view({1}).to(at::kCPU) : at::zeros({1}, at::kDouble);
-    mine = most.item<double>();
-    norm = world.all_reduce(most, {comm::ReduceOp::kMax}).item<double>();
+    const at::Tensor most = largest.defined() ? on_host(largest.view({1})) : at::zeros({1}, at::kDouble);
+    mine = value_of(most);
+    norm = value_of(world.all_reduce(most, {comm::ReduceOp::kMax}));
   } else if (world.options().deterministic) {
     // Exact: the same bits however the gradients are split over ranks (exact_square_sum.h).
     ExactSquareSum squares;
@@ -67,9 +74,9 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
       const at::Tensor squares = g.to(at::kDouble).pow(2).sum();
       sum = sum.defined() ? sum + squares : squares;
     }
-    const at::Tensor total = sum.defined() ? sum.view({1}).to(at::kCPU) : at::zeros({1}, at::kDouble);
-    mine = std::sqrt(total.item<double>());
-    norm = std::sqrt(world.all_reduce(total).item<double>());
+    const at::Tensor total = sum.defined() ? on_host(sum.view({1})) : at::zeros({1}, at::kDouble);
+    mine = std::sqrt(value_of(total));
+    norm = std::sqrt(value_of(world.all_reduce(total)));
   }
   if (local_norm) *local_norm = mine;
   const double coef = max_norm / (norm + 1e-6);

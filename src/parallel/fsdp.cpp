@@ -22,6 +22,7 @@
 #include <mutex>
 #include <utility>
 
+#include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
@@ -322,7 +323,18 @@ DeviceMesh tp_dp_mesh(const DeviceMesh& tp, const DeviceMesh& dp) {
   shape.push_back(tp.size());
   std::vector<int64_t> order = {dp.ndim()};  // tp first, then the data-parallel dims
   for (int64_t d = 0; d < dp.ndim(); ++d) order.push_back(d);
-  const at::Tensor all = members.all_gather(at::tensor(mine, at::kLong).view({1, -1})).view(shape).permute(order);
+  at::Tensor gathered;
+  if (comm::is_fake(members)) {
+    // A dry run has no peers to ask. Its meshes are build_mesh's grids, where a rank is an affine
+    // function of its coordinate: member d's tensor-parallel ranks are this rank's, shifted by d - us.
+    std::vector<int64_t> rows;
+    for (int member : members.ranks())
+      for (int64_t r : mine) rows.push_back(r + member - tp.get_rank());
+    gathered = at::tensor(rows, at::kLong);
+  } else {
+    gathered = members.all_gather(at::tensor(mine, at::kLong).view({1, -1}));
+  }
+  const at::Tensor all = gathered.view(shape).permute(order);
   std::vector<std::string> names = {tp.dim_names()[0]};
   names.insert(names.end(), dp.dim_names().begin(), dp.dim_names().end());
   return DeviceMesh(dp.world(), dp.device_type(), all.contiguous(), names);

@@ -5,37 +5,55 @@
 #include <iomanip>
 #include <iostream>
 
+#include "hp/core/error.h"
+#include "hp/dtensor/local.h"
 #include "hp/models/model_spec.h"
-#include "hp/nn/init.h"
+#include "hp/train/dry_run.h"
 
 namespace hp::train::detail {
 
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
                 const models::ModelParts& parts) {
-  // Per rank: parameters (local elements), parameter bytes, and an estimate of training memory:
-  // parameters + gradients + AdamW's two moments, plus the activations the model family estimates
-  // one micro-batch keeps for backward.
-  int64_t param_bytes = 0;
-  for (const auto& module : parts.modules) param_bytes += nn::local_parameter_bytes(*module);
-  // A context-parallel rank keeps its 1/cp of each sequence.
-  const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
-                             c.model->activation_bytes_per_token(c.parallel);
-  at::Tensor mine = at::tensor(
-      {static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), 4.0 * param_bytes + activations},
-      at::kDouble);
+  // Per rank: parameters (local elements), parameter bytes, and its training memory: the dry run's
+  // peak (hp/train/dry_run.h) where it covers the layout, else an estimate: parameters + gradients +
+  // AdamW's two moments, plus the activations the model family estimates one micro-batch keeps.
+  int64_t param_bytes = 0;  // of this rank's pieces, which have no storage yet
+  for (const at::Tensor& p : parts.parameters()) {
+    const at::Tensor& piece = local_tensor(p);
+    param_bytes += piece.numel() * static_cast<int64_t>(piece.element_size());
+  }
+  double memory = 0.0;
+  std::string not_covered;
+  try {
+    memory = static_cast<double>(dry_run(c, world.size(), world.rank()).peak_bytes);
+  } catch (const Error& e) {
+    not_covered = e.what();
+    // A context-parallel rank keeps its 1/cp of each sequence.
+    const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
+                               c.model->activation_bytes_per_token(c.parallel);
+    memory = 4.0 * param_bytes + activations;
+  }
+  at::Tensor mine =
+      at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory}, at::kDouble);
   const at::Tensor all = world.all_gather(mine);
   if (world.rank() != 0) return;
   std::cout << "plan: " << c.parallel.str() << " on " << world.size() << " ranks, " << mesh.str() << "\n"
             << "model: " << c.model->describe() << ": " << c.model->parameter_count() << " parameters\n"
             << "batch: " << c.train.global_batch << " sequences x " << c.data.seq_len << " tokens, "
             << c.per_rank_batch() << " per data-parallel rank in " << c.micro_batches() << " micro-batch(es)\n";
-  if (c.memory.checkpoint != "none" || c.memory.swap != "none")
-    std::cout << "activations: estimated as without memory.checkpoint and memory.swap, which keep less in the "
-                 "compute allocator (an upper bound)\n";
+  if (!not_covered.empty()) {
+    std::cout << "memory: estimated (" << not_covered << ")\n";
+    if (c.memory.checkpoint != "none" || c.memory.swap != "none")
+      std::cout << "activations: estimated as without memory.checkpoint and memory.swap, which keep less in the "
+                   "compute allocator (an upper bound)\n";
+  } else {
+    std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)\n";
+  }
+  const char* what = not_covered.empty() ? "dry-run peak " : "estimated training memory ";
   for (int r = 0; r < world.size(); ++r) {
     const auto row = all.view({world.size(), 3})[r];
     std::cout << "  rank " << r << ": " << static_cast<int64_t>(row[0].item<double>()) << " parameter elements ("
-              << std::fixed << std::setprecision(2) << row[1].item<double>() / 1e6 << " MB), estimated training memory "
+              << std::fixed << std::setprecision(2) << row[1].item<double>() / 1e6 << " MB), " << what
               << row[2].item<double>() / 1e6 << " MB\n";
   }
   std::cout << std::defaultfloat;

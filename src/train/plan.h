@@ -1,5 +1,5 @@
-// The plan a dry run prints (rank 0): dims and mesh, the model, the batch split, and per rank its
-// parameters and an estimate of its training memory.
+// The plan hp-train --dry-run prints (rank 0): dims and mesh, the model, the batch split, and per
+// rank its parameters and its training memory (a dry run's peak where it covers the layout).
 #pragma once
 
 #include "hp/comm/process_group.h"

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -26,7 +27,10 @@ constexpr double kClearGain = 0.05;
 
 at::Tensor whole(const at::Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
 
-double scalar(const at::Tensor& t) { return whole(t).detach().item<double>(); }
+// A dry run's loss is on the meta device and has no value.
+double scalar(const at::Tensor& t) {
+  return t.is_meta() ? std::numeric_limits<double>::quiet_NaN() : whole(t).detach().item<double>();
+}
 
 // The model's modules in evaluation mode (no dropout) for the scope, as they were after.
 class EvalMode {

@@ -38,6 +38,7 @@
 #include "train/plan.h"
 #include "train/recipe_options.h"
 #include "train/replica_check.h"
+#include "train/setup.h"
 #include "train/step_health.h"
 #include "train/step_profile.h"
 #include "train/stop_internal.h"
@@ -56,18 +57,6 @@ double world_mean(double value, const comm::ProcessGroup& world) {
   at::Tensor t = at::scalar_tensor(value, at::kDouble).reshape({1});
   world.all_reduce(t, {comm::ReduceOp::kAvg});
   return t.item<double>();
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const models::ModelParts& parts,
-                                                        const std::vector<at::Tensor>& params) {
-  torch::optim::AdamWOptions adamw(c.optimizer.lr);
-  adamw.betas({c.optimizer.beta1, c.optimizer.beta2}).eps(c.optimizer.eps).weight_decay(c.optimizer.weight_decay);
-  if (c.optimizer.name == "adamw") return std::make_unique<AdamW>(params, adamw);
-  MuonOptions muon(c.optimizer.muon_lr);
-  muon.momentum(c.optimizer.muon_momentum).weight_decay(c.optimizer.weight_decay);
-  // This rank's modules' parameters: a pipeline rank's stages hold part of the model.
-  return std::make_unique<ChainedOptimizer>(
-      get_hyper_optimizer(parts.named_parameters(), parts.hidden_matrices, parts.other_parameters, muon, adamw));
 }
 
 LRScheduler make_scheduler(const TrainConfig& c, torch::optim::Optimizer& optimizer) {
@@ -107,45 +96,6 @@ class DeterministicKernels {
   static inline bool was_ = false, was_warn_only_ = false;
 };
 
-// The mesh and the model parts this rank trains, built from the config in the same order on every
-// rank (the recipe issues collectives).
-struct Setup {
-  DeviceMesh mesh;
-  models::ModelParts parts;
-  int64_t dp_rank = 0;          // which rows of each global batch this rank reads
-  int64_t cp = 1, cp_rank = 0;  // which tokens of each row (cp_shard's cut)
-
-  // This rank's tokens of a batch of rows [rows, seq] (inputs or targets, shifted before they come
-  // here), on the rank's device.
-  at::Tensor shard_sequence(const at::Tensor& batch) const {
-    return (cp > 1 ? cp_shard(batch, 1, cp, cp_rank) : batch).to(mesh.device());
-  }
-
-  // Where this rank's rows and tokens of step `step`'s batch sit in it, for draws by global
-  // position (dropout masks).
-  nn::TokenCoordinates coordinates(const TrainConfig& c, int64_t step, int64_t first_row) const {
-    nn::TokenCoordinates where;
-    where.step = step;
-    where.first_row = first_row;
-    where.global_rows = c.train.global_batch;
-    if (cp > 1) where.positions = cp_positions(c.data.seq_len, cp, cp_rank);
-    where.global_seq = c.data.seq_len;
-    return where;
-  }
-
-  // Plain logits [1, n, vocab] of tokens [1, n] for any n up to model.max_seq. Under cp the
-  // sequence is padded at its end to a multiple of 2 x cp (the model is causal: later tokens change
-  // no earlier position's logits; only a MoE capacity, per rank, counts them), cut as in training,
-  // and the logits gathered back over the cp ranks. Collective over the model's ranks. The tokens
-  // and the logits are on the host.
-  at::Tensor sequence_logits(TrainStep& step, const at::Tensor& tokens) const {
-    if (cp == 1) return step.logits(tokens.to(mesh.device())).to(at::kCPU);
-    const int64_t n = tokens.size(1), padded = (n + 2 * cp - 1) / (2 * cp) * (2 * cp);
-    const at::Tensor whole = at::constant_pad_nd(tokens, {0, padded - n}, 0);
-    return cp_unshard(step.logits(shard_sequence(whole)), 1, mesh.get_group("cp")).narrow(1, 0, n).to(at::kCPU);
-  }
-};
-
 // What MFU divides by, logged with where the number comes from; 0 (no MFU) when measuring fails,
 // which costs the run its MFU, nothing else. Rank 0 measures while the others wait.
 double report_peak(const TrainConfig& c, const models::ModelParts& parts, int64_t world_size) {
@@ -158,15 +108,6 @@ double report_peak(const TrainConfig& c, const models::ModelParts& parts, int64_
     log::warn("no MFU: measuring the matmul peak failed: ", e.what());
     return 0.0;
   }
-}
-
-Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
-  DeviceMesh mesh = build_mesh(world, c.parallel, c.train.device);
-  manual_seed(mesh, c.seed);  // DTensor random ops in a recipe's model draw under the run's seed
-  models::ModelParts parts = c.model->build(mesh, c.parallel, detail::recipe_options(c));
-  const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
-  const int64_t cp_rank = mesh.get_local_rank("cp");
-  return {std::move(mesh), std::move(parts), dp_rank, c.parallel.cp, cp_rank};
 }
 
 // The training and held-out token streams: rank 0 prepares the token files, the others wait and
@@ -215,7 +156,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
               "threads wait for the cores; OMP_WAIT_POLICY=PASSIVE in the environment ran 3.5x faster on one rank of ",
               "2 threads (docs/performance.md)");
   if (options.dry_run) {
-    const Setup s = build(c, world);
+    const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts);
     return {};
   }
@@ -226,11 +167,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   MemoryTracker memory;
   std::optional<DeterministicKernels> deterministic_kernels;
   if (c.train.device == "cuda" && c.train.deterministic) deterministic_kernels.emplace();
-  Setup s = build(c, world);
+  detail::Setup s = detail::build(c, world);
   s.parts.init_parameters(c.seed, s.mesh.device());  // a pipeline rank: only its stages
   double peak = 0.0;
   detail::lead_first(world, "measuring the peak FLOP/s", [&] { peak = report_peak(c, s.parts, world.size()); });
-  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(c, s.parts, s.parts.parameters());
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = detail::make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.mesh, s.parts, *optimizer, world);
   TrainStepOptions step_options;

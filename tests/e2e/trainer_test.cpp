@@ -341,14 +341,17 @@ TEST(HpTrain, DataParallelDegreeDoesNotChangeOneBit) {
     }
 }
 
-// --dry-run prints the plan of every rank and trains nothing.
+// --dry-run prints the plan of every rank, with each rank's dry-run peak, and trains nothing.
 TEST(HpTrain, DryRunPrintsThePlan) {
   const std::string dir = scratch("dry");
   const Result r = run_job(train_command(dir, "--dry-run"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("plan: dp_replicate=1 dp_shard=2 tp=2 pp=1 on 4 ranks"), std::string::npos) << r.output;
+  // Each rank's quarter of the parameters (tp 2 x dp_shard 2), and its dry run's peak.
   for (int rank = 0; rank < 4; ++rank)
-    EXPECT_NE(r.output.find("rank " + std::to_string(rank) + ": "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) + ": 820352 parameter elements (3.28 MB), dry-run peak "),
+              std::string::npos)
+        << r.output;
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
 }
 

@@ -20,7 +20,8 @@ namespace hp {
 
 class ExactSquareSum {
  public:
-  // Adds the square of every element of `values` (fp32, fp64, bf16 or fp16; any strides).
+  // Adds the square of every element of `values` (fp32, fp64, bf16 or fp16; any strides). Meta
+  // tensors (a dry run) have no values: the sum becomes unknown (NaN).
   void add(const at::Tensor& values);
 
   // The total as int64 digits for an all_reduce (kSum) over ranks: every entry stays below 2^32

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,11 @@ struct CorpusInfo {
 // the text) plus `<out_dir>/corpus.json`. Reuses them when corpus.json records the same sources and
 // fraction. Errors name the missing source or an empty corpus.
 CorpusInfo prepare_corpus(const std::vector<std::string>& sources, const std::string& out_dir, double eval_fraction);
+
+// What prepare_corpus prepared earlier for these arguments, if it is in `out_dir`; reads only
+// corpus.json and writes nothing.
+std::optional<CorpusInfo> prepared_corpus(const std::vector<std::string>& sources, const std::string& out_dir,
+                                          double eval_fraction);
 
 // A binary token file in memory (uint8 tokens).
 at::Tensor load_tokens(const std::string& path);

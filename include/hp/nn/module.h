@@ -44,6 +44,20 @@ struct HookHandle {
   int64_t id = -1;
 };
 
+// While one lives on this thread, modules run with parameters that have no storage (on the meta
+// device), as a dry run does (hp::train::dry_run: shapes and sizes, no values). Otherwise running a
+// module whose parameters were never initialized is an error.
+class MetaParametersAllowed {
+ public:
+  MetaParametersAllowed();
+  ~MetaParametersAllowed();
+  MetaParametersAllowed(const MetaParametersAllowed&) = delete;
+  MetaParametersAllowed& operator=(const MetaParametersAllowed&) = delete;
+
+ private:
+  bool outer_;
+};
+
 class Module : public torch::nn::Module {
  public:
   using PreHook = std::function<void(Module& module, Inputs& inputs)>;

@@ -1,0 +1,51 @@
+// A dry run: what one rank of a training job would hold in memory, found on this machine without
+// the job's ranks or its compute.
+//
+//   const hp::train::TrainConfig config = hp::train::load_config("llama.yaml", {});
+//   for (int rank = 0; rank < 8; ++rank)
+//     std::cout << hp::train::dry_run(config, 8, rank).table();
+//
+// The rank is built by the trainer's own code (mesh, recipe, parallel plans, optimizer) on a fake
+// world (hp::comm::fake_world) and runs two training steps (forward, loss and backward of every
+// micro-batch, gradient clipping, the optimizer step) with its parameters, activations and
+// gradients on the meta device: shapes and sizes, no values, no compute. A MemoryTracker of the
+// meta device counts what every tensor would take, so the report's peak is what the trainer's
+// `peak_mem_bytes` measures for the run's steps after the first (the first has no optimizer state yet).
+//
+// What it covers today: models whose forward and backward need no values (dense families; a
+// mixture of experts' routing reads its counts and is refused), without pipeline parallelism.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "hp/train/config.h"
+
+namespace hp::train {
+
+struct DryRunReport {
+  int rank = 0, world_size = 1;
+  // Bytes this rank holds between steps, by what they are: its parameters (its shards), their
+  // gradients, the optimizer's state, and the token files the data loader keeps in memory (-1
+  // when the corpus is not prepared in data.cache_dir; the peaks then leave them out).
+  int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0, data_bytes = 0;
+  // The second step's peak, as the trainer measures it: what is held between steps plus the
+  // step's activations and temporaries at their most. Also that step's peak during forward and
+  // backward, and during gradient clipping and the optimizer step.
+  int64_t peak_bytes = 0, forward_backward_peak_bytes = 0, optimizer_peak_bytes = 0;
+  // Ops that ran on tensors with values (the rest ran on meta tensors), by name, and those of them
+  // that touched more than metadata (a tensor of more than 64 elements): none when the dry run
+  // computed nothing real.
+  std::map<std::string, int64_t> host_ops, host_compute;
+  // Collectives issued per step (CommDebugMode's names), and the bytes this rank puts in.
+  std::map<std::string, int64_t> collectives, collective_bytes;
+
+  // A table of the above, in MiB.
+  std::string table() const;
+};
+
+// Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).
+DryRunReport dry_run(const TrainConfig& config, int world_size, int rank);
+
+}  // namespace hp::train

@@ -1,0 +1,137 @@
+#include "hp/train/dry_run.h"
+
+#include <ATen/ATen.h>
+
+#include <iomanip>
+#include <sstream>
+
+#include "hp/comm/comm_debug_mode.h"
+#include "hp/comm/init.h"
+#include "hp/core/error.h"
+#include "hp/core/memory_tracker.h"
+#include "hp/data/text_data.h"
+#include "hp/dtensor/local.h"
+#include "hp/models/model_spec.h"
+#include "hp/nn/module.h"
+#include "hp/nn/token_coordinates.h"
+#include "hp/optim/clip_grad.h"
+#include "hp/train/train_step.h"
+#include "hp/train/trainer.h"
+#include "train/dry_run_mode.h"
+#include "train/setup.h"
+
+namespace hp::train {
+namespace {
+
+int64_t bytes_of(const at::Tensor& t) {
+  const at::Tensor& local = local_tensor(t);
+  return local.numel() * static_cast<int64_t>(local.element_size());
+}
+
+// The token files the trainer's data loader reads into memory (uint8 tokens), when the corpus is
+// prepared here (a run or hp-train's first rank did); -1 when it is not.
+int64_t data_bytes(const TrainConfig& c) {
+  const auto corpus = data::prepared_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
+  return corpus ? corpus->train_tokens + corpus->eval_tokens : -1;
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return out.str();
+}
+
+}  // namespace
+
+DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
+  validate(c, world_size);
+  HP_CHECK(c.parallel.pp == 1, "dry run: parallel.pp ", c.parallel.pp,
+           " is not covered yet (a pipeline exchanges shapes with its peers); dry-run pp 1");
+  HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
+           " is not covered yet: it predicts the host memory of train.device cpu");
+  const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c));
+  detail::Setup s = detail::build(c, world);
+
+  DryRunReport report;
+  report.rank = rank;
+  report.world_size = world_size;
+  report.data_bytes = data_bytes(c);
+  // Counted from here, as the trainer counts from before it gives the parameters their memory.
+  MemoryTracker memory(MemoryTracker::kMeta);
+  const nn::MetaParametersAllowed meta_parameters;
+  detail::DryRunMode mode;
+  const DispatchModeGuard on(mode);
+  s.parts.init_parameters(c.seed, at::kMeta);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = detail::make_optimizer(c, s.parts, s.parts.parameters());
+  TrainStepOptions step_options;
+  step_options.micro_batches = c.micro_batches();
+  step_options.deterministic = c.train.deterministic;
+  step_options.world = world;
+  TrainStep train_step(s.parts, step_options);
+  const std::vector<at::Tensor> counted = s.parts.counted_parameters(), copies = s.parts.copied_parameters();
+  const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
+
+  // Two steps as the trainer runs them; the second, with the optimizer's state, is the one reported.
+  try {
+    for (int64_t step = 0; step < 2; ++step) {
+      comm::CommDebugMode comm;
+      memory.reset_peak();
+      optimizer->zero_grad();
+      const auto tokens = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
+      const at::Tensor x = at::empty({rows, c.data.seq_len}, tokens), y = at::empty({rows, c.data.seq_len}, tokens);
+      {
+        const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
+        train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
+      }
+      report.forward_backward_peak_bytes = memory.peak();
+      memory.reset_peak();
+      const int64_t before_optimizer = memory.current();
+      clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
+      optimizer->step();
+      if (step == 0) report.optimizer_state_bytes = memory.current() - before_optimizer;
+      report.optimizer_peak_bytes = memory.peak();
+      report.peak_bytes = std::max(report.forward_backward_peak_bytes, report.optimizer_peak_bytes);
+      report.collectives.clear();
+      for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"}) {
+        if (comm.count(op) == 0) continue;
+        report.collectives[op] = comm.count(op);
+        report.collective_bytes[op] = comm.bytes(op);
+      }
+    }
+  } catch (const c10::Error& e) {
+    // An op that needs values (a mixture of experts' routing counts) or has no meta kernel.
+    const std::string what = e.what_without_backtrace();
+    HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(),
+            ": an op cannot run without values: ", what.substr(0, what.find('\n')),
+            ". The dry run covers models whose forward and backward need no values (dense families)");
+  }
+  for (const at::Tensor& p : s.parts.parameters()) {
+    report.parameter_bytes += bytes_of(p);
+    if (p.grad().defined()) report.gradient_bytes += bytes_of(p.grad());
+  }
+  if (report.data_bytes > 0) {
+    for (int64_t* peak : {&report.peak_bytes, &report.forward_backward_peak_bytes, &report.optimizer_peak_bytes})
+      *peak += report.data_bytes;
+  }
+  report.host_ops = mode.host_ops();
+  report.host_compute = mode.host_compute();
+  return report;
+}
+
+std::string DryRunReport::table() const {
+  std::ostringstream out;
+  out << "rank " << rank << " of " << world_size << ":\n"
+      << "  parameters        " << mib(parameter_bytes) << "\n"
+      << "  gradients         " << mib(gradient_bytes) << "\n"
+      << "  optimizer state   " << mib(optimizer_state_bytes) << "\n"
+      << "  data              " << (data_bytes >= 0 ? mib(data_bytes) : std::string("unknown (sources not here)"))
+      << "\n"
+      << "  peak              " << mib(peak_bytes) << " (forward+backward " << mib(forward_backward_peak_bytes)
+      << ", clipping+optimizer " << mib(optimizer_peak_bytes) << ")\n"
+      << "  collectives/step ";
+  for (const auto& [op, n] : collectives) out << " " << op << " x" << n << " (" << mib(collective_bytes.at(op)) << ")";
+  out << "\n";
+  return out.str();
+}
+
+}  // namespace hp::train
