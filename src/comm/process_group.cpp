@@ -67,7 +67,7 @@ void check_tensor(const char* op, const at::Tensor& t, const GroupImpl& g) {
   if (g.fake && t.is_meta()) return;
   HP_CHECK(t.device().is_cpu() || t.device().is_cuda(), op, ": tensors on ", t.device(),
            " are not supported; use CPU (Gloo) or CUDA (NCCL)",
-           t.is_meta() ? " (meta tensors: a fake world's groups)" : "");
+           t.is_meta() ? " (meta tensors are accepted only by hp::comm::fake_world groups)" : "");
 }
 
 void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace hp {
@@ -21,7 +22,12 @@ struct MemoryTrackerAccess {
 namespace {
 
 thread_local MemoryTracker* innermost = nullptr;
-thread_local std::shared_ptr<const MemoryTracker::Owners> charged_for;  // ChargeTo's owners
+// The owners of a live ChargeTo (which holds them): a plain pointer, read on every allocation.
+thread_local const MemoryTracker::Owners* charged_for = nullptr;
+
+bool counts(MemoryTracker::Device tracker, MemoryTracker::Device allocation) {
+  return tracker == allocation || tracker == MemoryTracker::kCpuAndMeta;
+}
 
 // One allocation charged to the counters of the trackers alive when it was made.
 struct Charged {
@@ -29,22 +35,28 @@ struct Charged {
   int64_t bytes;
   std::vector<std::shared_ptr<MemoryTracker::Counter>> counters;
 
-  // Charges `bytes` to this thread's trackers of `device`; none when no such tracker lives.
-  Charged(c10::DataPtr inner, int64_t bytes, MemoryTracker::Device device) : inner(std::move(inner)), bytes(bytes) {
+  // Charges `size` bytes to this thread's trackers of `device`; none when no such tracker lives.
+  Charged(c10::DataPtr data, int64_t size, MemoryTracker::Device device) : inner(std::move(data)), bytes(size) {
     for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t))
-      if (MemoryTrackerAccess::device(*t) == device) charge(MemoryTrackerAccess::counter(*t));
+      if (counts(MemoryTrackerAccess::device(*t), device)) charge(MemoryTrackerAccess::counter(*t));
     if (charged_for)
       for (const auto& [counter, its_device] : *charged_for)
-        if (its_device == device) charge(counter);
+        if (counts(its_device, device)) charge(counter);
   }
+  // Recorded before it is added, so that whatever was added is credited back.
   void charge(const std::shared_ptr<MemoryTracker::Counter>& counter) {
-    counter->add(bytes);
     counters.push_back(counter);
+    counter->add(bytes);
   }
   ~Charged() {
     for (const auto& counter : counters) counter->current -= bytes;
   }
-  Charged(Charged&&) = default;
+  // The moved-from record credits nothing.
+  Charged(Charged&& other) noexcept
+      : inner(std::move(other.inner)), bytes(std::exchange(other.bytes, 0)), counters(std::move(other.counters)) {
+    other.counters.clear();
+  }
+  Charged& operator=(Charged&&) = delete;
 };
 
 // Wraps LibTorch's CPU allocator and charges allocations to the trackers of the allocating thread.
@@ -78,7 +90,7 @@ class CountingAllocator final : public c10::Allocator {
     // construction before their use (ThreadSanitizer reports the read of inner_ otherwise).
     const CountingAllocator& self = instance();
     c10::DataPtr data = self.inner_->allocate(n);
-    if ((innermost == nullptr && !charged_for) || n == 0) return data;
+    if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
     Charged charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kCpu);
     if (charged.counters.empty()) return std::move(charged.inner);
     void* ptr = charged.inner.get();
@@ -139,7 +151,7 @@ class MetaCountingAllocator final : public c10::Allocator {
  private:
   c10::DataPtr charge(size_t n) const {
     c10::DataPtr data = instance().inner_->allocate(n);
-    if ((innermost == nullptr && !charged_for) || n == 0) return data;
+    if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
     auto charged = std::make_unique<Charged>(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta);
     if (charged->counters.empty()) return std::move(charged->inner);
     void* data_ptr = charged->inner.get();
@@ -154,11 +166,12 @@ class MetaCountingAllocator final : public c10::Allocator {
 
 void install_counting_allocator(MemoryTracker::Device device) {
   static std::once_flag cpu, meta;
-  if (device == MemoryTracker::kCpu) {
+  if (device != MemoryTracker::kMeta) {
     std::call_once(cpu, [] {
       c10::SetCPUAllocator(&CountingAllocator::instance(), /*priority=*/std::numeric_limits<uint8_t>::max());
     });
-  } else {
+  }
+  if (device != MemoryTracker::kCpu) {
     std::call_once(meta, [] {
       c10::SetAllocator(c10::DeviceType::Meta, &MetaCountingAllocator::instance(),
                         /*priority=*/std::numeric_limits<uint8_t>::max());
@@ -184,18 +197,19 @@ MemoryTracker::MemoryTracker(Device device)
 MemoryTracker::~MemoryTracker() { innermost = outer_; }
 
 std::shared_ptr<const MemoryTracker::Owners> MemoryTracker::owners_of_this_thread() {
-  if (innermost == nullptr && !charged_for) return nullptr;
+  if (innermost == nullptr && charged_for == nullptr) return nullptr;
   auto owners = std::make_shared<Owners>();
   for (MemoryTracker* t = innermost; t != nullptr; t = t->outer_) owners->emplace_back(t->counter_, t->device_);
   if (charged_for) owners->insert(owners->end(), charged_for->begin(), charged_for->end());
   return owners;
 }
 
-MemoryTracker::ChargeTo::ChargeTo(std::shared_ptr<const Owners> owners) : outer_(std::move(charged_for)) {
-  charged_for = std::move(owners);
+MemoryTracker::ChargeTo::ChargeTo(std::shared_ptr<const Owners> owners)
+    : owners_(std::move(owners)), outer_(charged_for) {
+  charged_for = owners_.get();
 }
 
-MemoryTracker::ChargeTo::~ChargeTo() { charged_for = std::move(outer_); }
+MemoryTracker::ChargeTo::~ChargeTo() { charged_for = outer_; }
 
 int64_t MemoryTracker::current() const { return counter_->current.load(); }
 int64_t MemoryTracker::peak() const { return counter_->peak.load(); }

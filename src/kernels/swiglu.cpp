@@ -81,7 +81,7 @@ bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up) {
   const auto cpu_or_meta = [](const at::Tensor& t) { return t.device().is_cpu() || t.is_meta(); };
   return cpu_or_meta(gate) && !is_dtensor(gate) && !is_dtensor(up) && gate.layout() == at::kStrided &&
          up.layout() == at::kStrided && (dtype == at::kFloat || dtype == at::kBFloat16) && up.scalar_type() == dtype &&
-         gate.sizes() == up.sizes() && cpu_or_meta(up);
+         gate.sizes() == up.sizes() && up.device() == gate.device();
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -29,6 +29,7 @@ uint64_t dropout_seed(uint64_t seed, const std::string& fqn) {
 // Fills `piece`, which sits at `offset` in a parameter of `global_shape`, as `init` says.
 void fill(const at::Tensor& piece, const std::vector<int64_t>& offset, const std::vector<int64_t>& global_shape,
           const Init& init, uint64_t seed, uint64_t stream) {
+  if (piece.is_meta()) return;  // a dry run's: no values to draw
   at::NoGradGuard no_grad;
   switch (init.kind) {
     case Init::Kind::kConstant:

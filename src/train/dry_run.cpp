@@ -31,8 +31,12 @@ int64_t bytes_of(const at::Tensor& t) {
 // The token files the trainer's data loader reads into memory (uint8 tokens), when the corpus is
 // prepared here (a run or hp-train's first rank did); -1 when it is not.
 int64_t data_bytes(const TrainConfig& c) {
-  const auto corpus = data::prepared_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
-  return corpus ? corpus->train_tokens + corpus->eval_tokens : -1;
+  try {
+    const auto corpus = data::prepared_corpus(c.data.sources, c.data.cache_dir, c.data.eval_fraction);
+    return corpus ? corpus->train_tokens + corpus->eval_tokens : -1;
+  } catch (const std::exception&) {  // a corpus.json that is not prepare_corpus's
+    return -1;
+  }
 }
 
 std::string mib(int64_t bytes) {
@@ -41,23 +45,17 @@ std::string mib(int64_t bytes) {
   return out.str();
 }
 
-}  // namespace
-
-DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
-  validate(c, world_size);
-  HP_CHECK(c.parallel.pp == 1, "dry run: parallel.pp ", c.parallel.pp,
-           " is not covered yet (a pipeline exchanges shapes with its peers); dry-run pp 1");
-  HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
-           " is not covered yet: it predicts the host memory of train.device cpu");
-  const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c));
-  detail::Setup s = detail::build(c, world);
-
+// The dry run after the checks: everything that may meet an op that needs values.
+DryRunReport run_dry(const TrainConfig& c, int world_size, int rank) {
   DryRunReport report;
   report.rank = rank;
   report.world_size = world_size;
   report.data_bytes = data_bytes(c);
-  // Counted from here, as the trainer counts from before it gives the parameters their memory.
-  MemoryTracker memory(MemoryTracker::kMeta);
+  const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c));
+  detail::Setup s = detail::build(c, world);
+  // Counted from here, as the trainer counts from before it gives the parameters their memory: meta
+  // tensors, and the host's (positions, masks, metadata) as in a real run.
+  MemoryTracker memory(MemoryTracker::kCpuAndMeta);
   const nn::MetaParametersAllowed meta_parameters;
   detail::DryRunMode mode;
   const DispatchModeGuard on(mode);
@@ -72,50 +70,59 @@ DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
   const int64_t rows = c.per_rank_batch(), first_row = s.dp_rank * rows;
 
   // Two steps as the trainer runs them; the second, with the optimizer's state, is the one reported.
-  try {
-    for (int64_t step = 0; step < 2; ++step) {
-      comm::CommDebugMode comm;
-      memory.reset_peak();
-      optimizer->zero_grad();
-      const auto tokens = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
-      const at::Tensor x = at::empty({rows, c.data.seq_len}, tokens), y = at::empty({rows, c.data.seq_len}, tokens);
-      {
-        const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
-        train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
-      }
-      report.forward_backward_peak_bytes = memory.peak();
-      memory.reset_peak();
-      const int64_t before_optimizer = memory.current();
-      clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
-      optimizer->step();
-      if (step == 0) report.optimizer_state_bytes = memory.current() - before_optimizer;
-      report.optimizer_peak_bytes = memory.peak();
-      report.peak_bytes = std::max(report.forward_backward_peak_bytes, report.optimizer_peak_bytes);
-      report.collectives.clear();
-      for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"}) {
-        if (comm.count(op) == 0) continue;
-        report.collectives[op] = comm.count(op);
-        report.collective_bytes[op] = comm.bytes(op);
-      }
+  for (int64_t step = 0; step < 2; ++step) {
+    comm::CommDebugMode comm;
+    memory.reset_peak();
+    optimizer->zero_grad();
+    const auto tokens = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
+    const at::Tensor x = at::empty({rows, c.data.seq_len}, tokens), y = at::empty({rows, c.data.seq_len}, tokens);
+    {
+      const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
+      train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
     }
-  } catch (const c10::Error& e) {
-    // An op that needs values (a mixture of experts' routing counts) or has no meta kernel.
-    const std::string what = e.what_without_backtrace();
-    HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(),
-            ": an op cannot run without values: ", what.substr(0, what.find('\n')),
-            ". The dry run covers models whose forward and backward need no values (dense families)");
+    report.forward_backward_peak_bytes = memory.peak();
+    memory.reset_peak();
+    const int64_t before_optimizer = memory.current();
+    clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
+    optimizer->step();
+    if (step == 0) report.optimizer_state_bytes = memory.current() - before_optimizer;
+    report.optimizer_peak_bytes = memory.peak();
+    report.peak_bytes = std::max(report.forward_backward_peak_bytes, report.optimizer_peak_bytes);
+    report.collectives.clear();
+    report.collective_bytes.clear();
+    for (const char* op :
+         {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv", "barrier"}) {
+      if (comm.count(op) == 0) continue;
+      report.collectives[op] = comm.count(op);
+      report.collective_bytes[op] = comm.bytes(op);
+    }
   }
   for (const at::Tensor& p : s.parts.parameters()) {
     report.parameter_bytes += bytes_of(p);
     if (p.grad().defined()) report.gradient_bytes += bytes_of(p.grad());
   }
-  if (report.data_bytes > 0) {
-    for (int64_t* peak : {&report.peak_bytes, &report.forward_backward_peak_bytes, &report.optimizer_peak_bytes})
-      *peak += report.data_bytes;
-  }
   report.host_ops = mode.host_ops();
   report.host_compute = mode.host_compute();
   return report;
+}
+
+}  // namespace
+
+DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
+  validate(c, world_size);
+  HP_CHECK(c.parallel.pp == 1, "dry run: parallel.pp ", c.parallel.pp,
+           " is not covered yet (a pipeline exchanges shapes with its peers); dry-run pp 1");
+  HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
+           " is not covered yet: it predicts the host memory of train.device cpu");
+  try {
+    return run_dry(c, world_size, rank);
+  } catch (const c10::Error& e) {
+    // An op that reads values (a mixture of experts' routing counts) or has no meta kernel here.
+    const std::string what = e.what_without_backtrace();
+    HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(),
+            ": an op failed on the meta device: ", what.substr(0, what.find('\n')),
+            ". The dry run covers models whose forward and backward need no values (dense families)");
+  }
 }
 
 std::string DryRunReport::table() const {
@@ -124,7 +131,9 @@ std::string DryRunReport::table() const {
       << "  parameters        " << mib(parameter_bytes) << "\n"
       << "  gradients         " << mib(gradient_bytes) << "\n"
       << "  optimizer state   " << mib(optimizer_state_bytes) << "\n"
-      << "  data              " << (data_bytes >= 0 ? mib(data_bytes) : std::string("unknown (sources not here)"))
+      << "  data              "
+      << (data_bytes >= 0 ? mib(data_bytes) + " (loaded before the trainer counts; not in the peak)"
+                          : std::string("unknown (the corpus is not prepared here)"))
       << "\n"
       << "  peak              " << mib(peak_bytes) << " (forward+backward " << mib(forward_backward_peak_bytes)
       << ", clipping+optimizer " << mib(optimizer_peak_bytes) << ")\n"

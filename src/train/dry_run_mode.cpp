@@ -43,7 +43,7 @@ const std::unordered_map<std::string, MetaKernel>& missing_meta_kernels() {
            s.pop_back();
            pop_tensor(s);
            const at::Tensor grad = pop_tensor(s);
-           s.emplace_back(at::empty({rows, grad.size(-1)}, grad.options()));
+           s.emplace_back(at::empty({rows, grad.size(-1)}, grad.options().device(at::kMeta)));
          }},
         // index_select(self, dim, index): self with `dim` as long as the index.
         {"aten::index_select",
@@ -54,26 +54,39 @@ const std::unordered_map<std::string, MetaKernel>& missing_meta_kernels() {
            const at::Tensor self = pop_tensor(s);
            std::vector<int64_t> shape(self.sizes().begin(), self.sizes().end());
            if (!shape.empty()) shape[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
-           s.emplace_back(at::empty(shape, self.options()));
+           s.emplace_back(at::empty(shape, self.options().device(at::kMeta)));
          }},
         {"aten::logical_or",
          [](OpStack& s) {
            const at::Tensor other = pop_tensor(s), self = pop_tensor(s);
-           s.emplace_back(at::empty(at::infer_size(self.sizes(), other.sizes()), self.options().dtype(at::kBool)));
+           s.emplace_back(at::empty(at::infer_size(self.sizes(), other.sizes()),
+                                    self.options().dtype(at::kBool).device(at::kMeta)));
          }},
         {"aten::isinf",
          [](OpStack& s) {
            const at::Tensor self = pop_tensor(s);
-           s.emplace_back(at::empty(self.sizes(), self.options().dtype(at::kBool)));
+           s.emplace_back(at::empty(self.sizes(), self.options().dtype(at::kBool).device(at::kMeta)));
          }},
-        // logsumexp(self, dim[], keepdim): the reduction's shape, as sum gives it.
+        // logsumexp(self, dim[], keepdim): the reduced shape; integers give the default float dtype.
         {"aten::logsumexp", [](OpStack& s) {
            const bool keepdim = s.back().toBool();
            s.pop_back();
            const std::vector<int64_t> dims = s.back().toIntVector();
            s.pop_back();
            const at::Tensor self = pop_tensor(s);
-           s.emplace_back(at::sum(self, dims, keepdim));
+           std::vector<bool> reduced(self.dim(), dims.empty());
+           for (int64_t d : dims) reduced[at::maybe_wrap_dim(d, self.dim())] = true;
+           std::vector<int64_t> shape;
+           for (int64_t d = 0; d < self.dim(); ++d) {
+             if (!reduced[d])
+               shape.push_back(self.size(d));
+             else if (keepdim)
+               shape.push_back(1);
+           }
+           const at::ScalarType dtype = at::isFloatingType(self.scalar_type())
+                                            ? self.scalar_type()
+                                            : at::typeMetaToScalarType(at::get_default_dtype());
+           s.emplace_back(at::empty(shape, self.options().dtype(dtype).device(at::kMeta)));
          }},
 #endif
   };
@@ -136,7 +149,8 @@ void DryRunMode::dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet key
   // Computing on data is producing a floating-point tensor with values: positions, masks, counts
   // and sizes are integers or booleans, and a host table copied to the meta device becomes meta.
   int64_t largest_floating = 0;
-  for (const c10::IValue& v : *stack) values = has_values(v, &largest_floating) || values;
+  for (size_t i = stack->size() - op.schema().returns().size(); i < stack->size(); ++i)
+    values = has_values((*stack)[i], &largest_floating) || values;
   if (!values) return;
   ++host_ops_[name];
   if (largest_floating > kMetadataElements) ++host_compute_[name];

@@ -26,8 +26,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   std::string not_covered;
   try {
     memory = static_cast<double>(dry_run(c, world.size(), world.rank()).peak_bytes);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // every rank goes on to the gather below, covered or not
     not_covered = e.what();
+    not_covered = not_covered.substr(0, not_covered.find('\n'));
     // A context-parallel rank keeps its 1/cp of each sequence.
     const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
                                c.model->activation_bytes_per_token(c.parallel);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "hp/comm/init.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
@@ -136,6 +137,8 @@ comm::ProcessGroupOptions world_options(const TrainConfig& config, comm::Process
 
 TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const TrainOptions& options) {
   validate(c, world.size());
+  HP_CHECK(!comm::is_fake(world), "train: the world group is a fake world (hp::comm::fake_world), whose collectives ",
+           "move no data; train on a real one (init_process_group), or use hp::train::dry_run");
   HP_CHECK(world.options().deterministic == c.train.deterministic, "train.deterministic is ",
            c.train.deterministic ? "true" : "false", " but the world group was created ",
            world.options().deterministic ? "deterministic" : "not deterministic",

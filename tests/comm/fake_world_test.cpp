@@ -14,6 +14,7 @@ namespace {
 
 at::Tensor meta(std::vector<int64_t> shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
 
+// Every collective of meta tensors returns the shape a real world gives, counted with its bytes.
 TEST(FakeWorld, CollectivesOfMetaTensorsHaveTheRealShapes) {
   const comm::ProcessGroup world = comm::fake_world(8, 3);
   EXPECT_EQ(world.rank(), 3);
@@ -44,6 +45,7 @@ TEST(FakeWorld, CollectivesOfMetaTensorsHaveTheRealShapes) {
   EXPECT_EQ(comm.count("all_reduce"), 1);
 }
 
+// Tensors with values get what a world of ranks that all hold this rank's values gives.
 TEST(FakeWorld, TensorsWithValuesGetWhatASymmetricWorldGives) {
   const comm::ProcessGroup world = comm::fake_world(4, 1);
   const at::Tensor x = at::arange(6, at::kLong).view({3, 2});
@@ -66,6 +68,7 @@ TEST(FakeWorld, TensorsWithValuesGetWhatASymmetricWorldGives) {
   check_close(world.broadcast(x.clone(), 0), x, "broadcast");
 }
 
+// Rank 77 of 256 builds a 3-D mesh and its groups alone, with the real coordinates and members.
 TEST(FakeWorld, GroupsAndMeshesAreBuiltWithoutPeers) {
   const comm::ProcessGroup world = comm::fake_world(256, 77);
   const DeviceMesh mesh(world, "cpu", at::arange(256, at::kLong).view({4, 8, 8}), {"dp_shard", "tp", "cp"});
@@ -78,9 +81,10 @@ TEST(FakeWorld, GroupsAndMeshesAreBuiltWithoutPeers) {
   EXPECT_EQ(mesh["dp_shard"].ranks(), (std::vector<int>{13, 77, 141, 205}));
 }
 
+// A real group names meta tensors as a fake world's; a rank outside the world is refused.
 TEST(FakeWorld, RealGroupsRefuseMetaTensors) {
   run(2, [](const comm::ProcessGroup& world) {
-    expect_error([&] { world.all_reduce(meta({2})); }, "meta tensors: a fake world's groups");
+    expect_error([&] { world.all_reduce(meta({2})); }, "meta tensors are accepted only by hp::comm::fake_world groups");
   });
   expect_error([] { comm::fake_world(4, 4); }, "fake_world: rank 4 is not in [0, 4)");
 }

@@ -1,5 +1,5 @@
 // MemoryTracker charges a thread's tensor allocations, credits frees, nests, and ignores other
-// threads.
+// threads unless they work for it (ChargeTo); meta trackers count meta tensors.
 #include <hp/core/memory_tracker.h>
 
 #include <ATen/ATen.h>
@@ -55,6 +55,41 @@ TEST(MemoryTracker, RawAllocationsAreCountedAndFreed) {
   EXPECT_EQ(tracker.peak(), kMiB);
   const at::Tensor x = at::linspace(-3, 3, 4096);
   EXPECT_NEAR(at::gelu(x)[-1].item<float>(), 3.0f * 0.99865f, 1e-4);  // aborted before the fix
+}
+
+// A meta tracker counts the bytes meta tensors would take (what a dry run measures), a CPU one
+// only host memory, and one of both devices both.
+TEST(MemoryTracker, MetaTrackersCountWhatMetaTensorsWouldTake) {
+  MemoryTracker cpu, meta(MemoryTracker::kMeta), both(MemoryTracker::kCpuAndMeta);
+  {
+    const at::Tensor m = at::empty({kMiB / 4}, at::TensorOptions().device(at::kMeta));  // 1 MiB
+    const at::Tensor product = at::mm(at::empty({256, 256}, m.options()), at::empty({256, 512}, m.options()));
+    const at::Tensor host = at::empty({kMiB / 2}, at::kFloat);  // 2 MiB
+    EXPECT_EQ(meta.current(), kMiB + 512 * 1024);
+    EXPECT_EQ(cpu.current(), 2 * kMiB);
+    EXPECT_EQ(both.current(), 3 * kMiB + 512 * 1024);
+  }
+  EXPECT_EQ(meta.current(), 0);
+  EXPECT_EQ(meta.peak(), kMiB + 256 * 1024 + 512 * 1024 + 512 * 1024);  // the factors lived until the product
+  EXPECT_EQ(both.current(), 0);
+}
+
+// What another thread allocates under a ChargeTo of this thread's owners is this thread's, and is
+// credited back when freed, whichever thread frees it (a group's collective worker).
+TEST(MemoryTracker, ChargeToCountsAnotherThreadsWorkAsThisThreads) {
+  MemoryTracker tracker;
+  const auto owners = MemoryTracker::owners_of_this_thread();
+  at::Tensor made;
+  std::thread([&] {
+    const MemoryTracker::ChargeTo charge(owners);
+    made = at::empty({kMiB / 4}, at::kFloat);
+  }).join();
+  EXPECT_EQ(tracker.current(), kMiB);
+  std::thread([] { at::Tensor uncharged = at::empty({kMiB}, at::kFloat); }).join();
+  EXPECT_EQ(tracker.peak(), kMiB);
+  made.reset();
+  EXPECT_EQ(tracker.current(), 0);
+  EXPECT_EQ(MemoryTracker::owners_of_this_thread()->size(), 1u);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,20 +60,26 @@ inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
   return options;
 }
 
-// Trains `config` on `world` ranks (threads) without progress output, with `callbacks`; a rank's
-// failure is thrown (an hp::Error naming the rank).
+// Trains `config` on `world` ranks (threads) without progress output, each rank with the callbacks
+// `callbacks_of` gives it; a rank's failure is thrown (an hp::Error naming the rank).
 inline void train_on_ranks(const TrainConfig& config, int world,
-                           const std::vector<std::shared_ptr<Callback>>& callbacks = {}) {
+                           const std::function<std::vector<std::shared_ptr<Callback>>(int rank)>& callbacks_of) {
   testing::run_ranks(
       world,
       [&](const comm::ProcessGroup& group) {
         TrainOptions options;
         options.progress = false;
         fail_test_on_hang(options);
-        options.callbacks = callbacks;
+        options.callbacks = callbacks_of(group.rank());
         train(config, group, options);
       },
       ranks_for(config));
+}
+
+// The same with `callbacks` on every rank.
+inline void train_on_ranks(const TrainConfig& config, int world,
+                           const std::vector<std::shared_ptr<Callback>>& callbacks = {}) {
+  train_on_ranks(config, world, [&](int) { return callbacks; });
 }
 
 // Trains `config` on `world` ranks (threads) without progress output; rank 0's result.

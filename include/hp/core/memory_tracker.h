@@ -12,8 +12,8 @@
 // so (MemoryTracker::ChargeTo: a group's collective worker does). Trackers nest; each one counts.
 //
 // A dry run (hp::train::dry_run) runs a step on the meta device, where tensors have a size but no
-// memory: a tracker made with MemoryTracker::kMeta counts the bytes meta tensors would take instead,
-// through the same wrapping of the meta device's allocator.
+// memory: a tracker made with MemoryTracker::kMeta counts the bytes meta tensors would take instead
+// (by wrapping the meta device's allocator alike), one made with kCpuAndMeta counts both.
 #pragma once
 
 #include <atomic>
@@ -26,7 +26,7 @@ namespace hp {
 
 class MemoryTracker {
  public:
-  enum Device { kCpu, kMeta };  // which device's allocations this tracker counts
+  enum Device { kCpu, kMeta, kCpuAndMeta };  // whose allocations this tracker counts
   explicit MemoryTracker(Device device = kCpu);
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
@@ -54,7 +54,8 @@ class MemoryTracker {
     ChargeTo& operator=(const ChargeTo&) = delete;
 
    private:
-    std::shared_ptr<const Owners> outer_;
+    std::shared_ptr<const Owners> owners_;
+    const Owners* outer_;
   };
 
  private:

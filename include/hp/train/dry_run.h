@@ -8,9 +8,10 @@
 // The rank is built by the trainer's own code (mesh, recipe, parallel plans, optimizer) on a fake
 // world (hp::comm::fake_world) and runs two training steps (forward, loss and backward of every
 // micro-batch, gradient clipping, the optimizer step) with its parameters, activations and
-// gradients on the meta device: shapes and sizes, no values, no compute. A MemoryTracker of the
-// meta device counts what every tensor would take, so the report's peak is what the trainer's
-// `peak_mem_bytes` measures for the run's steps after the first (the first has no optimizer state yet).
+// gradients on the meta device: shapes and sizes, no values, no compute. A MemoryTracker counts what
+// every meta tensor would take, and the host memory the step uses as in a real run, so the
+// report's peak is what the trainer's `peak_mem_bytes` measures for the run's steps after the
+// first (the first has no optimizer state yet). Like that measurement it leaves out the data.
 //
 // What it covers today: models whose forward and backward need no values (dense families; a
 // mixture of experts' routing reads its counts and is refused), without pipeline parallelism.
@@ -30,15 +31,15 @@ struct DryRunReport {
   // gradients, the optimizer's state, and the token files the data loader keeps in memory (-1
   // when the corpus is not prepared in data.cache_dir; the peaks then leave them out).
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0, data_bytes = 0;
-  // The second step's peak, as the trainer measures it: what is held between steps plus the
-  // step's activations and temporaries at their most. Also that step's peak during forward and
+  // The second step's peak, as the trainer measures it: what is held between steps (not the data)
+  // plus the step's activations and temporaries at their most. Also that step's peak during forward and
   // backward, and during gradient clipping and the optimizer step.
   int64_t peak_bytes = 0, forward_backward_peak_bytes = 0, optimizer_peak_bytes = 0;
   // Ops that ran on tensors with values (the rest ran on meta tensors), by name, and those of them
   // that touched more than metadata (a tensor of more than 64 elements): none when the dry run
   // computed nothing real.
   std::map<std::string, int64_t> host_ops, host_compute;
-  // Collectives issued per step (CommDebugMode's names), and the bytes this rank puts in.
+  // Collectives issued in the second step (CommDebugMode's names), and the bytes this rank puts in.
   std::map<std::string, int64_t> collectives, collective_bytes;
 
   // A table of the above, in MiB.
