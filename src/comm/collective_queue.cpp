@@ -39,10 +39,16 @@ std::optional<at::Tensor> CollectiveQueue::run_if_idle(const std::function<at::T
 
 std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor()> task) {
   // What the worker allocates for the caller (received pieces, results) counts as the caller's.
-  std::packaged_task<at::Tensor()> packaged([owners = MemoryTracker::owners_of_this_thread(), task = std::move(task)] {
-    const MemoryTracker::ChargeTo charge(owners);
-    return task();
-  });
+  std::packaged_task<at::Tensor()> packaged(
+      [owners = MemoryTracker::owners_of_this_thread(), task = std::move(task)]() mutable {
+        const MemoryTracker::ChargeTo charge(owners);
+        std::function<at::Tensor()> run = std::move(task);
+        at::Tensor result = run();
+        // What the task holds (the collective's buffers) goes before its caller sees the result,
+        // so that caller's memory is settled when its wait returns.
+        run = nullptr;
+        return result;
+      });
   std::shared_future<at::Tensor> result = packaged.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -138,6 +138,7 @@ std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry,
   group->store = shim::make_prefix_store("hp/pg/" + join(group->ranks), registry->root_store);
   if (registry->fake) {
     group->fake = true;
+    group->exchange = registry->exchange;
     return group;
   }
   if (registry->transport != Transport::kGloo && group->size() > 1)
@@ -202,9 +203,10 @@ ProcessGroup create_world_group(shim::StorePtr store, int rank, int world_size, 
   return world_of(registry);
 }
 
-ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options) {
+ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options, std::shared_ptr<FakeExchange> exchange) {
   auto registry = new_registry("fake_world", shim::make_hash_store(), rank, world_size, options);
   registry->fake = true;
+  registry->exchange = std::move(exchange);
   registry->transport = Transport::kGloo;  // no shared memory to set up
   return world_of(registry);
 }

@@ -14,6 +14,7 @@
 #include "comm/c10d_shim.h"
 #include "comm/collective_queue.h"
 #include "comm/shared_segment.h"
+#include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
 
 namespace hp::comm::detail {
@@ -28,6 +29,7 @@ struct GroupRegistry {
   bool one_process = false;
   int ranks_per_host = 0;
   bool fake = false;                       // a fake world (hp::comm::fake_world): groups without peers or transport
+  std::shared_ptr<FakeExchange> exchange;  // a fake world's messages to and from others (may be null)
   Transport transport = Transport::kAuto;  // options.transport with HP_COMM_TRANSPORT applied
   shim::StorePtr root_store;
   shim::DevicePtr device;
@@ -56,8 +58,9 @@ struct GroupImpl {
   ProcessGroupOptions options;
   std::shared_ptr<GroupRegistry> owned_registry;  // set on the world group only
   std::weak_ptr<GroupRegistry> registry;
-  std::atomic<uint64_t> next_seq{0};  // collectives issued so far; equal on all members
-  bool fake = false;                  // of a fake world: no native group, no shared memory
+  std::atomic<uint64_t> next_seq{0};       // collectives issued so far; equal on all members
+  bool fake = false;                       // of a fake world: no native group, no shared memory
+  std::shared_ptr<FakeExchange> exchange;  // a fake world's (may be null)
   CollectiveQueue queue;
 
   // The shared-memory transport (comm/shm_channel.h) of a group whose members share this host,

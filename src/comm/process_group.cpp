@@ -21,6 +21,7 @@
 #include <numeric>
 
 #include "comm/fake_collectives.h"
+#include "comm/fake_exchange.h"
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
 #include "hp/comm/comm_debug_mode.h"
@@ -620,6 +621,8 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
   check_peer("send", g, peer);
   if (g.fake) {
     new_p2p_site(g, "send", tensor.nbytes(), peer, tag);
+    if (g.exchange && !tensor.is_meta())
+      g.exchange->state().post({g.ranks, g.ranks[g.rank], g.ranks[peer], tag}, tensor.clone());
     return ready(tensor);
   }
   at::Tensor buffer = tensor.contiguous();
@@ -633,8 +636,13 @@ Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const
   GroupImpl& g = impl();
   check_tensor("recv", tensor, g);
   check_peer("recv", g, peer);
-  if (g.fake) {  // the tensor keeps its values: nobody sent any
+  if (g.fake) {  // without an exchange, the tensor keeps its values: nobody sent any
     new_p2p_site(g, "recv", tensor.nbytes(), peer, tag);
+    if (g.exchange && !tensor.is_meta()) {
+      const std::string what = "recv from group rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                               ") on " + g.describe() + " of a fake world";
+      tensor.copy_(g.exchange->state().take({g.ranks, g.ranks[peer], g.ranks[g.rank], tag}, g.options.timeout, what));
+    }
     return ready(tensor);
   }
   Step step = in_place_step(tensor, [&g, peer, tag](const at::Tensor& buffer) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -137,7 +138,7 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
             if (s == 0) {
               h = inputs;
             } else if (!place.hosts(s - 1)) {  // the previous stage's output arrives with its shape
-              h = place.piece(messages_->receive_inference(notice, s), st.input_shard_dim);
+              h = place.piece(messages_->receive_inference(notice, s, inputs.device()), st.input_shard_dim);
             }
             h = (*st.module)(h);
             if (s < last && !place.hosts(s + 1))
@@ -155,7 +156,7 @@ at::Tensor PipelineExecutor::forward(const at::Tensor& inputs) {
   const bool mine = owner == group_.rank();
   at::Tensor d = mine ? describe(h) : empty_description();
   group_.broadcast(d, owner);
-  at::Tensor out = mine ? h.contiguous() : empty_like_described(d);
+  at::Tensor out = mine ? h.contiguous() : empty_like_described(d, inputs.device());
   group_.broadcast(out, owner);
   return out;
 }
@@ -247,7 +248,7 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
   std::map<int, int> live;
   peak_live_.clear();
   split_weight_actions_ = 0;
-  messages_->begin_pass();
+  messages_->begin_pass(inputs.device());
   double loss_sum = 0.0;
   timeline_.clear();
   const auto now = [] {
@@ -300,7 +301,9 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
                 if (s == last) {
                   out = loss_(out, ys[mb]) / static_cast<double>(m);
                   // Every rank of the last position computes the loss; its first reports it.
-                  if (place.is_position_leader()) loss_sum += out.detach().item<double>();
+                  // (A dry run's loss on the meta device has no value.)
+                  if (place.is_position_leader())
+                    loss_sum += out.is_meta() ? std::numeric_limits<double>::quiet_NaN() : out.detach().item<double>();
                 }
                 slot.output = out;
                 peak_live_[s] = std::max(peak_live_[s], ++live[s]);

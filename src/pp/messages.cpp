@@ -38,10 +38,10 @@ at::Tensor describe(const at::Tensor& t) {
   return d;
 }
 
-at::Tensor empty_like_described(const at::Tensor& d) {
+at::Tensor empty_like_described(const at::Tensor& d, c10::Device device) {
   std::vector<int64_t> sizes;
   for (int64_t i = 1; i < d.numel() && d[i].item<int64_t>() >= 0; ++i) sizes.push_back(d[i].item<int64_t>());
-  return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())));
+  return at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(d[0].item<int64_t>())).device(device));
 }
 
 ActionKey action_key(const Action& a) { return std::make_tuple(static_cast<int>(a.kind), a.stage, a.micro_batch); }
@@ -125,7 +125,8 @@ StageMessages::StageMessages(comm::ProcessGroup group, std::shared_ptr<const Sta
            kMaxStages - 1, " stages, 1 to ", (int64_t{1} << 26) / (2 * kMaxStages) - 2, " micro-batches)");
 }
 
-void StageMessages::begin_pass() {
+void StageMessages::begin_pass(c10::Device device) {
+  device_ = device;
   sent_.clear();
   batched_receives_ = 0;
 }
@@ -181,12 +182,12 @@ std::optional<StageMessages::Receive> StageMessages::known_receive(const Action&
     const auto d = received_description_.find(s);
     if (dynamic_shapes_ || d == received_description_.end()) return std::nullopt;
     return Receive{placement_->source(placement_->position_of_stage(s - 1)), tag(false, s - 1, mb, micro_batches_),
-                   empty_like_described(d->second)};
+                   empty_like_described(d->second, device_)};
   }
   const auto sent = sent_.find({s, mb});
   if (sent == sent_.end()) return std::nullopt;  // not sent forward yet
   return Receive{placement_->source(placement_->position_of_stage(s + 1)), tag(true, s + 1, mb, micro_batches_),
-                 at::empty(sent->second.first, at::TensorOptions().dtype(sent->second.second))};
+                 at::empty(sent->second.first, at::TensorOptions().dtype(sent->second.second).device(device_))};
 }
 
 void StageMessages::post_receives(const std::vector<Action>& program, size_t begin) {
@@ -222,7 +223,7 @@ at::Tensor StageMessages::receive(FailureNotice& notice, const Action& a) {
         description, from,
         dynamic_shapes_ ? dynamic_shape_tag(a.stage - 1, a.micro_batch, micro_batches_) : shape_tag(a.stage - 1)));
     if (dynamic_shapes_) {
-      const at::Tensor buffer = empty_like_described(description);
+      const at::Tensor buffer = empty_like_described(description, device_);
       notice.wait(group_.recv_async(buffer, from, tag(false, a.stage - 1, a.micro_batch, micro_batches_)));
       return buffer;
     }
@@ -253,11 +254,11 @@ void StageMessages::send_inference(FailureNotice& notice, int stage, const at::T
   }
 }
 
-at::Tensor StageMessages::receive_inference(FailureNotice& notice, int stage) {
+at::Tensor StageMessages::receive_inference(FailureNotice& notice, int stage, c10::Device device) {
   const int from = placement_->source(placement_->position_of_stage(stage - 1));
   const at::Tensor description = empty_description();
   notice.wait(group_.recv_async(description, from, inference_tag(stage - 1, true)));
-  const at::Tensor whole = empty_like_described(description);
+  const at::Tensor whole = empty_like_described(description, device);
   notice.wait(group_.recv_async(whole, from, inference_tag(stage - 1, false)));
   return whole;
 }

@@ -28,10 +28,11 @@ namespace hp::pp {
 class FailureNotice;
 class StagePlacement;
 
-// A tensor's dtype and shape as a fixed-size int64 message, and an empty tensor from one.
+// A tensor's dtype and shape as a fixed-size int64 message (on the host), and an empty tensor from
+// one on `device`.
 at::Tensor empty_description();
 at::Tensor describe(const at::Tensor& t);
-at::Tensor empty_like_described(const at::Tensor& description);
+at::Tensor empty_like_described(const at::Tensor& description, c10::Device device);
 
 // An action as a map key: (kind, stage, micro-batch).
 using ActionKey = std::tuple<int, int, int>;
@@ -50,8 +51,9 @@ class StageMessages {
   StageMessages(comm::ProcessGroup group, std::shared_ptr<const StagePlacement> placement, int stages,
                 int micro_batches, bool dynamic_shapes);
 
-  // A training or evaluation pass: begin, send and receive as the program says, finish.
-  void begin_pass();
+  // A training or evaluation pass: begin, send and receive as the program says, finish. Received
+  // tensors go on `device`, the batch's (the meta device in a dry run).
+  void begin_pass(c10::Device device);
   // The whole output of `stage` for `micro_batch`, to the ranks of the next stage's position.
   void send_forward(int stage, int micro_batch, const at::Tensor& output);
   // The whole input gradient of `stage` for `micro_batch`, to the ranks of the previous stage's position.
@@ -76,7 +78,7 @@ class StageMessages {
   // Inference (PipelineExecutor::forward): the shape travels with every message, and sends are
   // waited at once.
   void send_inference(FailureNotice& notice, int stage, const at::Tensor& output);
-  at::Tensor receive_inference(FailureNotice& notice, int stage);  // the whole input of `stage`
+  at::Tensor receive_inference(FailureNotice& notice, int stage, c10::Device device);  // the whole input of `stage`
 
  private:
   struct Receive {
@@ -90,6 +92,7 @@ class StageMessages {
   std::shared_ptr<const StagePlacement> placement_;
   int micro_batches_;
   bool dynamic_shapes_;
+  c10::Device device_ = c10::kCPU;                  // of this pass's received tensors
   std::map<int, at::Tensor> received_description_;  // per stage: dtype and shape of its input (static shapes)
   // Per stage: the dtype and shape of the whole output sent (static shapes).
   std::map<int, std::pair<std::vector<int64_t>, at::ScalarType>> sent_shape_;

@@ -2,8 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <exception>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
@@ -15,6 +19,7 @@
 #include "hp/nn/module.h"
 #include "hp/nn/token_coordinates.h"
 #include "hp/optim/clip_grad.h"
+#include "hp/parallel/parallel_dims.h"
 #include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
 #include "train/dry_run_mode.h"
@@ -45,13 +50,15 @@ std::string mib(int64_t bytes) {
   return out.str();
 }
 
-// The dry run after the checks: everything that may meet an op that needs values.
-DryRunReport run_dry(const TrainConfig& c, int world_size, int rank) {
+// The dry run after the checks: everything that may meet an op that needs values. `exchange`
+// carries messages with values between the fake worlds of a pipeline's ranks.
+DryRunReport run_dry(const TrainConfig& c, int world_size, int rank,
+                     const std::shared_ptr<comm::FakeExchange>& exchange = nullptr) {
   DryRunReport report;
   report.rank = rank;
   report.world_size = world_size;
   report.data_bytes = data_bytes(c);
-  const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c));
+  const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c), exchange);
   detail::Setup s = detail::build(c, world);
   // Counted from here, as the trainer counts from before it gives the parameters their memory: meta
   // tensors, and the host's (positions, masks, metadata) as in a real run.
@@ -106,16 +113,45 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank) {
   return report;
 }
 
+// A pipeline stage learns the shape of its input from the stage before it, and stages sit on
+// positions in both orders (ZBV's second stage of position 0 follows the first of position 1): the
+// dry run of a pipeline rank plays all ranks of its pipeline (one per position, with its
+// coordinates on every other dim) together, on threads that exchange those messages.
+DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank) {
+  const std::vector<int> peers =
+      build_mesh(comm::fake_world(world_size, rank, world_options(c)), c.parallel, c.train.device)
+          .get_group("pp")
+          .ranks();
+  const auto exchange = std::make_shared<comm::FakeExchange>();
+  std::vector<DryRunReport> reports(peers.size());
+  std::mutex mu;
+  std::exception_ptr first_failure;
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < peers.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        reports[i] = run_dry(c, world_size, peers[i], exchange);
+      } catch (...) {
+        {
+          const std::lock_guard<std::mutex> lock(mu);
+          if (!first_failure) first_failure = std::current_exception();
+        }
+        exchange->abort("the dry run of pipeline peer " + std::to_string(peers[i]) + " failed");
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  if (first_failure) std::rethrow_exception(first_failure);
+  return reports[static_cast<size_t>(std::find(peers.begin(), peers.end(), rank) - peers.begin())];
+}
+
 }  // namespace
 
 DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
   validate(c, world_size);
-  HP_CHECK(c.parallel.pp == 1, "dry run: parallel.pp ", c.parallel.pp,
-           " is not covered yet (a pipeline exchanges shapes with its peers); dry-run pp 1");
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");
   try {
-    return run_dry(c, world_size, rank);
+    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank) : run_dry(c, world_size, rank);
   } catch (const c10::Error& e) {
     // An op that reads values (a mixture of experts' routing counts) or has no meta kernel here.
     const std::string what = e.what_without_backtrace();

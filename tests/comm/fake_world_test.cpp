@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
 #include "hp/mesh/device_mesh.h"
@@ -87,6 +91,42 @@ TEST(FakeWorld, RealGroupsRefuseMetaTensors) {
     expect_error([&] { world.all_reduce(meta({2})); }, "meta tensors are accepted only by hp::comm::fake_world groups");
   });
   expect_error([] { comm::fake_world(4, 4); }, "fake_world: rank 4 is not in [0, 4)");
+}
+
+// Fake worlds sharing a FakeExchange, on threads: a message with values reaches the matching
+// receive of the peer's world (which waits for it); meta tensors move nothing; an abort fails a
+// waiting receive; a receive nobody answers fails after the group's timeout.
+TEST(FakeWorld, AnExchangeCarriesMessagesWithValuesBetweenWorlds) {
+  const auto exchange = std::make_shared<comm::FakeExchange>();
+  comm::ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(20);
+  at::Tensor received = at::zeros({3}, at::kLong);
+  std::thread receiver([&] {
+    const comm::ProcessGroup world = comm::fake_world(4, 2, options, exchange);
+    const comm::ProcessGroup pair = world.new_group({1, 2});
+    pair.recv(received, 0, 7);  // waits for rank 1's send
+    const at::Tensor m = meta({2});
+    EXPECT_TRUE(pair.recv(m, 0, 8).is_meta());  // nothing to wait for
+  });
+  const comm::ProcessGroup world = comm::fake_world(4, 1, options, exchange);
+  const comm::ProcessGroup pair = world.new_group({1, 2});
+  pair.send(meta({2}), 1, 8);
+  pair.send(at::arange(3), 1, 7);
+  receiver.join();
+  EXPECT_TRUE(received.equal(at::arange(3)));
+
+  std::thread waiting([&] {
+    const comm::ProcessGroup world = comm::fake_world(4, 2, options, exchange);
+    expect_error([&] { world.new_group({1, 2}).recv(at::zeros({1}), 0, 9); }, "the stage before failed");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  exchange->abort("the stage before failed");
+  waiting.join();
+
+  options.timeout = std::chrono::milliseconds(100);
+  const auto quiet = std::make_shared<comm::FakeExchange>();
+  expect_error([&] { comm::fake_world(2, 0, options, quiet).recv(at::zeros({1}), 1, 0); },
+               "no fake world sharing this exchange sent it within 100 ms");
 }
 
 }  // namespace

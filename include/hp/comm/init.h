@@ -56,9 +56,34 @@ ProcessGroup init_process_group(InitOptions options = {});
 // contributes what this rank contributes: a sum is the group size times this rank's tensor, avg,
 // max, min and broadcast leave it as it is, all_gather repeats it (zeros for pieces of another
 // size), reduce_scatter gives the sum's piece, all_to_all delivers this rank's own piece from
-// every rank (zeros for pieces of another size); a receive leaves its tensor as it was. Its
-// store is this process's own, in memory.
-ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options = {});
+// every rank (zeros for pieces of another size); a receive leaves its tensor as it was, unless
+// the world shares a FakeExchange with the peer's. Its store is this process's own, in memory.
+class FakeExchange;
+ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options = {},
+                        std::shared_ptr<FakeExchange> exchange = nullptr);
+
+// The messages between fake worlds that play different ranks of one world on threads of this
+// process (a pipeline's dry run plays one rank per stage, which learn their inputs' shapes from each
+// other). A send of a tensor with values leaves a copy here, and the matching receive (same group,
+// peers and tag) of a tensor with values waits for it, up to the group's timeout; meta tensors move
+// nothing, as without an exchange.
+class FakeExchange {
+ public:
+  FakeExchange();
+  ~FakeExchange();
+  FakeExchange(const FakeExchange&) = delete;
+  FakeExchange& operator=(const FakeExchange&) = delete;
+
+  // Fails every receive waiting here, and every later one, with `why` (a peer's simulation failed,
+  // and nothing it would have sent will come).
+  void abort(const std::string& why);
+
+  struct State;  // comm/fake_exchange.h
+  State& state() const { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
 // Whether `group` is of a fake world: what a real group learns from its peers' values must be
 // found another way there.
 bool is_fake(const ProcessGroup& group);

@@ -13,8 +13,11 @@
 // report's peak is what the trainer's `peak_mem_bytes` measures for the run's steps after the
 // first (the first has no optimizer state yet). Like that measurement it leaves out the data.
 //
+// A pipeline rank is played together with the other ranks of its pipeline (one per stage position,
+// on threads of this process), as each stage learns the shape of its input from the stage before.
+//
 // What it covers today: models whose forward and backward need no values (dense families; a
-// mixture of experts' routing reads its counts and is refused), without pipeline parallelism.
+// mixture of experts' routing reads its counts and is refused).
 #pragma once
 
 #include <cstdint>
