@@ -641,7 +641,11 @@ Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const
     if (g.exchange && !tensor.is_meta()) {
       const std::string what = "recv from group rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
                                ") on " + g.describe() + " of a fake world";
-      tensor.copy_(g.exchange->state().take({g.ranks, g.ranks[peer], g.ranks[g.rank], tag}, g.options.timeout, what));
+      const at::Tensor sent =
+          g.exchange->state().take({g.ranks, g.ranks[peer], g.ranks[g.rank], tag}, g.options.timeout, what);
+      HP_CHECK(sent.sizes() == tensor.sizes() && sent.scalar_type() == tensor.scalar_type(), what, ": the peer sent ",
+               sent.scalar_type(), " ", sent.sizes(), " into ", tensor.scalar_type(), " ", tensor.sizes());
+      tensor.copy_(sent);
     }
     return ready(tensor);
   }

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <exception>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -12,6 +11,7 @@
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
 #include "hp/dtensor/local.h"
@@ -125,24 +125,45 @@ DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank) {
   const auto exchange = std::make_shared<comm::FakeExchange>();
   std::vector<DryRunReport> reports(peers.size());
   std::mutex mu;
-  std::exception_ptr first_failure;
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < peers.size(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        reports[i] = run_dry(c, world_size, peers[i], exchange);
-      } catch (...) {
-        {
-          const std::lock_guard<std::mutex> lock(mu);
-          if (!first_failure) first_failure = std::current_exception();
-        }
-        exchange->abort("the dry run of pipeline peer " + std::to_string(peers[i]) + " failed");
+  std::string first_failure;  // the cause; the others' failures follow from the abort
+  const auto play = [&](size_t i) {
+    try {
+      reports[i] = run_dry(c, world_size, peers[i], exchange);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (first_failure.empty())
+          first_failure = "world rank " + std::to_string(peers[i]) + (peers[i] == rank ? "" : " (a pipeline peer)") +
+                          ": " + what.substr(0, what.find('\n'));
       }
-    });
-  for (std::thread& t : threads) t.join();
-  if (first_failure) std::rethrow_exception(first_failure);
+      exchange->abort("the dry run of world rank " + std::to_string(peers[i]) + " failed");
+    }
+  };
+  {
+    // The peers on threads of their own (joined however this scope ends), this rank on this
+    // thread, where the caller's thread-local settings apply.
+    struct Joined {
+      std::vector<std::thread> threads;
+      ~Joined() {
+        for (std::thread& t : threads) t.join();
+      }
+    } peer_threads;
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (peers[i] != rank)
+        peer_threads.threads.emplace_back([&, i] {
+          const log::LogRankGuard log_rank(peers[i]);
+          play(i);
+        });
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (peers[i] == rank) play(i);
+  }
+  HP_CHECK(first_failure.empty(), first_failure);
   return reports[static_cast<size_t>(std::find(peers.begin(), peers.end(), rank) - peers.begin())];
 }
+
+constexpr const char* kCovers =
+    ". The dry run covers models whose forward and backward need no values (dense families)";
 
 }  // namespace
 
@@ -156,8 +177,11 @@ DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
     // An op that reads values (a mixture of experts' routing counts) or has no meta kernel here.
     const std::string what = e.what_without_backtrace();
     HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(),
-            ": an op failed on the meta device: ", what.substr(0, what.find('\n')),
-            ". The dry run covers models whose forward and backward need no values (dense families)");
+            ": an op failed on the meta device: ", what.substr(0, what.find('\n')), kCovers);
+  } catch (const std::exception& e) {  // such a failure inside a pipeline stage, or another one
+    const std::string what = e.what();
+    HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(), " failed: ", what.substr(0, what.find('\n')),
+            kCovers);
   }
 }
 

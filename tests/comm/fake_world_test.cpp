@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -100,22 +101,41 @@ TEST(FakeWorld, AnExchangeCarriesMessagesWithValuesBetweenWorlds) {
   const auto exchange = std::make_shared<comm::FakeExchange>();
   comm::ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(20);
-  at::Tensor received = at::zeros({3}, at::kLong);
-  std::thread receiver([&] {
+  // A thread's failure fails the test instead of ending the process.
+  const auto on_thread = [](const std::function<void()>& fn) {
+    return std::thread([fn] {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    });
+  };
+  at::Tensor first = at::zeros({3}, at::kLong), second = at::zeros({2}, at::kLong);
+  std::thread receiver = on_thread([&] {
     const comm::ProcessGroup world = comm::fake_world(4, 2, options, exchange);
     const comm::ProcessGroup pair = world.new_group({1, 2});
-    pair.recv(received, 0, 7);  // waits for rank 1's send
+    pair.recv(first, 0, 7);  // waits for rank 1's send
+    pair.recv(second, 0, 6);
     const at::Tensor m = meta({2});
     EXPECT_TRUE(pair.recv(m, 0, 8).is_meta());  // nothing to wait for
   });
   const comm::ProcessGroup world = comm::fake_world(4, 1, options, exchange);
   const comm::ProcessGroup pair = world.new_group({1, 2});
   pair.send(meta({2}), 1, 8);
+  pair.send(at::arange(5, 7), 1, 6);  // each tag its own message, in whatever order
   pair.send(at::arange(3), 1, 7);
   receiver.join();
-  EXPECT_TRUE(received.equal(at::arange(3)));
+  EXPECT_TRUE(first.equal(at::arange(3)));
+  EXPECT_TRUE(second.equal(at::arange(5, 7)));
+  pair.send(at::arange(4), 1, 5);
+  expect_error(
+      [&] {
+        comm::fake_world(4, 2, options, exchange).new_group({1, 2}).recv(at::zeros({3}), 0, 5);
+      },
+      "the peer sent Long [4] into Float [3]");
 
-  std::thread waiting([&] {
+  std::thread waiting = on_thread([&] {
     const comm::ProcessGroup world = comm::fake_world(4, 2, options, exchange);
     expect_error([&] { world.new_group({1, 2}).recv(at::zeros({1}), 0, 9); }, "the stage before failed");
   });

@@ -139,9 +139,12 @@ TEST(DryRun, PredictsEveryRanksStepPeak) {
     }
     if (layout.dims.pp > 1) {
       // The first and the last pipeline position hold other layers and other micro-batches in
-      // flight: their predictions differ, the way their measured peaks do.
+      // flight: their predictions differ, the way their measured peaks do (where those are apart
+      // by more than 1%: 2-17% in these layouts).
+      const double gap = measured.front() / measured.back() - 1.0;
+      std::cout << layout.name << ": the first position's peak is " << 100.0 * gap << "% above the last's\n";
       EXPECT_NE(predicted.front(), predicted.back()) << layout.name;
-      EXPECT_EQ(predicted.front() > predicted.back(), measured.front() > measured.back()) << layout.name;
+      if (std::abs(gap) > 0.01) EXPECT_EQ(predicted.front() > predicted.back(), gap > 0) << layout.name;
     }
   }
 }
@@ -199,6 +202,11 @@ TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
       "data: {seq_len: 16}\ntrain: {global_batch: 2, micro_batch: 2}",
       {});
   test::expect_error([&] { dry_run(moe, 1, 0); }, "an op failed on the meta device: Could not run 'aten::bincount'");
+  // Also inside a pipeline stage, named by the rank that failed (the last stage's peer here).
+  TrainConfig moe_pipeline = moe;
+  moe_pipeline.parallel.pp = 2;
+  test::expect_error([&] { dry_run(moe_pipeline, 2, 1); },
+                     {"dry run of", "world rank 0 (a pipeline peer)", "Could not run 'aten::bincount'"});
   // And training on a fake world is refused before anything runs.
   test::expect_error([&] { train(c, comm::fake_world(1, 0, world_options(c))); },
                      "train: the world group is a fake world");

@@ -65,8 +65,9 @@ ProcessGroup fake_world(int world_size, int rank, ProcessGroupOptions options = 
 // The messages between fake worlds that play different ranks of one world on threads of this
 // process (a pipeline's dry run plays one rank per stage, which learn their inputs' shapes from each
 // other). A send of a tensor with values leaves a copy here, and the matching receive (same group,
-// peers and tag) of a tensor with values waits for it, up to the group's timeout; meta tensors move
-// nothing, as without an exchange.
+// peers and tag, the same sizes and dtype) of a tensor with values waits for it where it is posted
+// (recv_async, batch_isend_irecv), up to the group's timeout: post such a receive after whatever
+// the peer's send waits for. Meta tensors move nothing, as without an exchange.
 class FakeExchange {
  public:
   FakeExchange();
