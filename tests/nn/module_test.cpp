@@ -1,5 +1,6 @@
 // hp::nn::Module: hooks, parameters by FQN, pattern lookup, deferred and sharding-invariant init,
 // and the errors of bad plans.
+#include <hp/core/memory_tracker.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/nn/layers.h>
@@ -52,6 +53,20 @@ TEST(NnModule, ParametersByFqnAndPatterns) {
   EXPECT_TRUE(model.named_parameters()["layers.0.attn_norm.weight"].is_same(replacement));  // what optimizers see
   expect_error([&] { nn::replace_parameter(model, "norm.weight", at::zeros({3})); }, {"norm.weight", "shape"});
   expect_error([&] { nn::replace_parameter(model, "norm.bias", at::zeros({3})); }, "has no parameter 'bias'");
+}
+
+// The layers share one pair of rotary tables: a model of 8 layers and one of 1 take the same host
+// memory to build (its parameters have none before init), at most one pair of tables.
+TEST(NnModule, LlamaLayersShareTheirRotaryTables) {
+  LlamaConfig c;
+  c.max_seq = 4096;
+  const int64_t tables = 2 * c.max_seq * c.head_size() * static_cast<int64_t>(sizeof(float));
+  for (const int64_t layers : {int64_t{1}, int64_t{8}}) {
+    c.layers = layers;
+    MemoryTracker memory;
+    const Llama model(c);
+    EXPECT_LE(memory.current(), tables + 64 * 1024) << layers << " layers";
+  }
 }
 
 TEST(NnModule, RunningBeforeInitIsAClearError) {

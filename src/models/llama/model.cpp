@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/core/checked_size.h"
@@ -49,6 +53,46 @@ void LlamaConfig::validate() const {
   HP_CHECK(head_size() % 2 == 0, "model: the head size ", head_size(), " must be even for rotary embeddings");
 }
 
+namespace {
+
+// Rotary tables [max_seq, head_dim] (cos, sin): angle t * theta^(-2i/head_dim), each frequency
+// twice; on `device` in `dtype`. Made once and shared by every layer (of every model) while any
+// holds them: a copy per layer kept layers x 2 x max_seq x head_dim floats (640 MB for 80 layers
+// of max_seq 8192, on the host and again on a device), and its temporaries made a dry run's build
+// of such a model take gigabytes.
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t max_seq, int64_t head_dim, double theta, c10::Device device,
+                                                at::ScalarType dtype) {
+  using Key = std::tuple<int64_t, int64_t, double, std::string, int>;
+  using Weak = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  static std::mutex mu;
+  static std::map<Key, std::pair<Weak, Weak>> made;
+  const Key key{max_seq, head_dim, theta, device.str(), static_cast<int>(dtype)};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (const auto it = made.find(key); it != made.end()) {
+      auto cos = it->second.first.lock(), sin = it->second.second.lock();
+      if (cos && sin) return {at::Tensor(std::move(cos)), at::Tensor(std::move(sin))};
+    }
+  }
+  std::pair<at::Tensor, at::Tensor> tables;
+  if (device.is_cpu() && dtype == at::kFloat) {
+    const at::Tensor inv_freq = at::pow(theta, -at::arange(0, head_dim, 2, at::kDouble) / head_dim);
+    const at::Tensor angles = at::outer(at::arange(max_seq, at::kDouble), inv_freq).repeat({1, 2});
+    tables = {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
+  } else {
+    const auto [cos, sin] = rotary_tables(max_seq, head_dim, theta, c10::kCPU, at::kFloat);
+    tables = {cos.to(device, dtype), sin.to(device, dtype)};
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  for (auto it = made.begin(); it != made.end();)  // what no model holds any more
+    it = it->second.first.expired() ? made.erase(it) : std::next(it);
+  made.insert_or_assign(key,
+                        std::make_pair(Weak(tables.first.getIntrusivePtr()), Weak(tables.second.getIntrusivePtr())));
+  return tables;
+}
+
+}  // namespace
+
 Attention::Attention(const LlamaConfig& c)
     : nn::Module("Attention"),
       q_proj(add_module("q_proj", std::make_shared<nn::Linear>(c.dim, c.heads * c.head_size(), false))),
@@ -57,16 +101,13 @@ Attention::Attention(const LlamaConfig& c)
       o_proj(add_module("o_proj", std::make_shared<nn::Linear>(c.heads * c.head_size(), c.dim, false))),
       core(add_module(
           "core", std::make_shared<nn::CoreAttention>(/*causal=*/true, /*scale=*/0.0, c.attention_dropout, c.heads))),
-      head_dim_(c.head_size()) {
+      head_dim_(c.head_size()),
+      rope_theta_(c.rope_theta) {
   if (c.qk_norm) {
     q_norm = add_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
     k_norm = add_module("k_norm", std::make_shared<nn::RMSNorm>(head_dim_, c.norm_eps));
   }
-  // Rotary tables [max_seq, head_dim]: angle t * theta^(-2i/head_dim), each frequency twice.
-  const at::Tensor inv_freq = at::pow(c.rope_theta, -at::arange(0, head_dim_, 2, at::kDouble) / head_dim_);
-  const at::Tensor angles = at::outer(at::arange(c.max_seq, at::kDouble), inv_freq).repeat({1, 2});
-  cos_ = angles.cos().to(at::kFloat);
-  sin_ = angles.sin().to(at::kFloat);
+  std::tie(cos_, sin_) = rotary_tables(c.max_seq, head_dim_, c.rope_theta, c10::kCPU, at::kFloat);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x) {
@@ -94,8 +135,8 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
     return {rows(cos_.index_select(0, positions).to(t.scalar_type())),
             rows(sin_.index_select(0, positions).to(t.scalar_type()))};
   if (!device_cos_.defined() || device_cos_.device() != t.device() || device_cos_.scalar_type() != t.scalar_type()) {
-    device_cos_ = cos_.to(t.device(), t.scalar_type());
-    device_sin_ = sin_.to(t.device(), t.scalar_type());
+    std::tie(device_cos_, device_sin_) =
+        rotary_tables(cos_.size(0), head_dim_, rope_theta_, t.device(), t.scalar_type());
   }
   if (nn::positions_in_order(positions)) return {rows(device_cos_.narrow(0, 0, s)), rows(device_sin_.narrow(0, 0, s))};
   const at::Tensor index = positions.to(t.device());  // a context-parallel shard's positions

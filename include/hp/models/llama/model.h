@@ -66,8 +66,9 @@ class Attention : public nn::Module {
   // The tables' rows for `positions` as [1, s, 1, head_dim], on t's device in t's dtype.
   std::pair<at::Tensor, at::Tensor> rotary_rows(const at::Tensor& t, const at::Tensor& positions) const;
   int64_t head_dim_;
-  at::Tensor cos_, sin_;  // on the host, fp32
-  // Off the host, the whole tables on t's device in t's dtype, made by the first forward there (a
+  double rope_theta_;
+  at::Tensor cos_, sin_;  // rotary tables on the host, fp32, shared by the layers
+  // Off the host, the whole tables on t's device in t's dtype, found by the first forward there (a
   // sequence's rows are then a slice or a gather on the device, not a copy from the host per call).
   mutable at::Tensor device_cos_, device_sin_;
 };
