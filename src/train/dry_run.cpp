@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
 #include "hp/core/error.h"
@@ -201,6 +203,28 @@ std::string DryRunReport::table() const {
   for (const auto& [op, n] : collectives) out << " " << op << " x" << n << " (" << mib(collective_bytes.at(op)) << ")";
   out << "\n";
   return out.str();
+}
+
+std::string DryRunReport::json() const {
+  return nlohmann::json{{"rank", rank},
+                        {"world_size", world_size},
+                        {"parameter_bytes", parameter_bytes},
+                        {"gradient_bytes", gradient_bytes},
+                        {"optimizer_state_bytes", optimizer_state_bytes},
+                        {"data_bytes", data_bytes},
+                        {"peak_bytes", peak_bytes},
+                        {"forward_backward_peak_bytes", forward_backward_peak_bytes},
+                        {"optimizer_peak_bytes", optimizer_peak_bytes},
+                        {"host_ops", host_ops},
+                        {"host_compute", host_compute},
+                        {"collectives", collectives},
+                        {"collective_bytes", collective_bytes}}
+      .dump();
+}
+
+bool DryRunReport::fits(int64_t limit_bytes, double allocator_slack) const {
+  HP_CHECK(allocator_slack >= 0.0, "DryRunReport::fits: allocator_slack must be >= 0, got ", allocator_slack);
+  return static_cast<double>(peak_bytes) * (1.0 + allocator_slack) <= static_cast<double>(limit_bytes);
 }
 
 }  // namespace hp::train

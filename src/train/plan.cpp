@@ -13,7 +13,7 @@
 namespace hp::train::detail {
 
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
-                const models::ModelParts& parts) {
+                const models::ModelParts& parts, double memory_limit_gib, double allocator_slack) {
   // Per rank: parameters (local elements), parameter bytes, and its training memory: the dry run's
   // peak (hp/train/dry_run.h) where it covers the layout, else an estimate: parameters + gradients +
   // AdamW's two moments, plus the activations the model family estimates one micro-batch keeps.
@@ -22,10 +22,13 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     const at::Tensor& piece = local_tensor(p);
     param_bytes += piece.numel() * static_cast<int64_t>(piece.element_size());
   }
-  double memory = 0.0;
+  double memory = 0.0, fits = 1.0;
   std::string not_covered;
+  const auto limit_bytes = static_cast<int64_t>(memory_limit_gib * static_cast<double>(int64_t{1} << 30));
   try {
-    memory = static_cast<double>(dry_run(c, world.size(), world.rank()).peak_bytes);
+    const DryRunReport report = dry_run(c, world.size(), world.rank());
+    memory = static_cast<double>(report.peak_bytes);
+    fits = report.fits(limit_bytes, allocator_slack) ? 1.0 : 0.0;
   } catch (const std::exception& e) {  // every rank goes on to the gather below, covered or not
     not_covered = e.what();
     not_covered = not_covered.substr(0, not_covered.find('\n'));
@@ -33,9 +36,10 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
                                c.model->activation_bytes_per_token(c.parallel);
     memory = 4.0 * param_bytes + activations;
+    fits = memory * (1.0 + allocator_slack) <= static_cast<double>(limit_bytes) ? 1.0 : 0.0;
   }
   at::Tensor mine =
-      at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory}, at::kDouble);
+      at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory, fits}, at::kDouble);
   const at::Tensor all = world.all_gather(mine);
   if (world.rank() != 0) return;
   std::cout << "plan: " << c.parallel.str() << " on " << world.size() << " ranks, " << mesh.str() << "\n"
@@ -50,13 +54,29 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   } else {
     std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)\n";
   }
+  if (memory_limit_gib > 0.0)
+    std::cout << "fits: each rank's memory plus " << 100.0 * allocator_slack << "% allocator slack against "
+              << memory_limit_gib << " GiB per rank\n";
   const char* what = not_covered.empty() ? "dry-run peak " : "estimated training memory ";
+  int over = 0;
   for (int r = 0; r < world.size(); ++r) {
-    const auto row = all.view({world.size(), 3})[r];
+    const auto row = all.view({world.size(), 4})[r];
     std::cout << "  rank " << r << ": " << static_cast<int64_t>(row[0].item<double>()) << " parameter elements ("
               << std::fixed << std::setprecision(2) << row[1].item<double>() / 1e6 << " MB), " << what
-              << row[2].item<double>() / 1e6 << " MB\n";
+              << row[2].item<double>() / 1e6 << " MB";
+    if (memory_limit_gib > 0.0) {
+      const bool fits_here = row[3].item<double>() > 0.0;
+      over += fits_here ? 0 : 1;
+      std::cout << std::setprecision(3) << "; with the slack "
+                << row[2].item<double>() * (1.0 + allocator_slack) / static_cast<double>(int64_t{1} << 30) << " GiB"
+                << (fits_here ? ": fits" : ": does not fit");
+    }
+    std::cout << "\n";
   }
+  if (memory_limit_gib > 0.0)
+    std::cout << (over == 0 ? "all ranks fit"
+                            : std::to_string(over) + " of " + std::to_string(world.size()) + " ranks do not fit")
+              << " in " << std::defaultfloat << memory_limit_gib << " GiB\n";
   std::cout << std::defaultfloat;
 }
 

@@ -9,8 +9,9 @@
 
 namespace hp::train::detail {
 
-// Collective over `world` (gathers every rank's numbers); rank 0 prints.
+// Collective over `world` (gathers every rank's numbers); rank 0 prints. `memory_limit_gib` > 0:
+// says which ranks fit in it, with `allocator_slack` (TrainOptions).
 void print_plan(const TrainConfig& config, const comm::ProcessGroup& world, const DeviceMesh& mesh,
-                const models::ModelParts& parts);
+                const models::ModelParts& parts, double memory_limit_gib = 0.0, double allocator_slack = 0.1);
 
 }  // namespace hp::train::detail

@@ -160,7 +160,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
               "2 threads (docs/performance.md)");
   if (options.dry_run) {
     const detail::Setup s = detail::build(c, world);
-    detail::print_plan(c, world, s.mesh, s.parts);
+    detail::print_plan(c, world, s.mesh, s.parts, options.memory_limit_gib, options.allocator_slack);
     return {};
   }
 

@@ -353,6 +353,18 @@ TEST(HpTrain, DryRunPrintsThePlan) {
               std::string::npos)
         << r.output;
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+  // Against a memory limit per rank: the ranks' peaks are about 62 MB.
+  const Result small = run_job(train_command(dir, "--dry-run --memory-limit 0.01"));
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_NE(small.output.find("against 0.01 GiB per rank"), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("dry-run peak"), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("4 of 4 ranks do not fit in 0.01 GiB"), std::string::npos) << small.output;
+  const Result large = run_job(train_command(dir, "--dry-run --memory-limit 1 --allocator-slack 0.5"));
+  ASSERT_EQ(large.exit_code, 0) << large.output;
+  EXPECT_NE(large.output.find("50% allocator slack against 1 GiB per rank"), std::string::npos) << large.output;
+  EXPECT_NE(large.output.find("all ranks fit in 1 GiB"), std::string::npos) << large.output;
+  EXPECT_NE(run_job(train_command(dir, "--memory-limit 1")).output.find("--memory-limit answers a --dry-run"),
+            std::string::npos);
 }
 
 // A config mistake stops every rank with the documented message before any work.

@@ -191,6 +191,22 @@ TEST(DryRun, HeldBytesAreExact) {
   }
 }
 
+// The report as JSON, and whether it fits a limit with the allocator's slack.
+TEST(DryRun, TheReportSaysWhetherItFits) {
+  const TrainConfig c = config_of(Layout{"one rank", dims(1, 1)}, test::scratch_dir("dry_run_fits"));
+  const DryRunReport report = dry_run(c, 1, 0);
+  const int64_t peak = report.peak_bytes;
+  EXPECT_TRUE(report.fits(peak, 0.0));
+  EXPECT_FALSE(report.fits(peak - 1, 0.0));
+  EXPECT_FALSE(report.fits(peak, 0.1));
+  EXPECT_TRUE(report.fits(peak + peak / 10 + 1, 0.1));
+  test::expect_error([&] { report.fits(peak, -0.1); }, "allocator_slack must be >= 0");
+  const std::string json = report.json();
+  EXPECT_NE(json.find("\"peak_bytes\":" + std::to_string(peak)), std::string::npos) << json;
+  EXPECT_NE(json.find("\"optimizer_state_bytes\":" + std::to_string(report.optimizer_state_bytes)), std::string::npos);
+  EXPECT_NE(json.find("\"host_compute\":{}"), std::string::npos) << json;
+}
+
 // Ops that read values and bad ranks are refused by name; so is training on a fake world.
 TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
   const std::string dir = test::scratch_dir("dry_run_refuses");

@@ -52,6 +52,22 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "",
        "print the plan (mesh, each rank's parameters, estimated memory) and exit",
        [](Args& a, const std::string&) { a.options.dry_run = true; }},
+      {{"--memory-limit"},
+       "GIB",
+       "with --dry-run: say whether each rank's memory, plus the allocator slack, fits in GIB GiB",
+       [](Args& a, const std::string& v) {
+         a.options.memory_limit_gib = hp::tools::parse_double("--memory-limit", v);
+         if (!(a.options.memory_limit_gib > 0.0))
+           throw hp::tools::UsageError("--memory-limit expects a positive number of GiB, got '" + v + "'");
+       }},
+      {{"--allocator-slack"},
+       "FRACTION",
+       "with --memory-limit: what the allocator holds beyond the tensors, as a fraction of their peak (default 0.1)",
+       [](Args& a, const std::string& v) {
+         a.options.allocator_slack = hp::tools::parse_double("--allocator-slack", v);
+         if (!(a.options.allocator_slack >= 0.0))
+           throw hp::tools::UsageError("--allocator-slack expects a fraction >= 0, got '" + v + "'");
+       }},
       {{"--no-progress"},
        "",
        "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
@@ -61,7 +77,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 }
 
 void usage(std::ostream& out) {
-  out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run] [--no-progress]\n\n"
+  out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run [--memory-limit GIB "
+         "[--allocator-slack FRACTION]]] [--no-progress]\n\n"
       << hp::tools::flag_help(flags())
       << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
 }
@@ -101,6 +118,8 @@ int main(int argc, char** argv) {
     }
     if (!positionals.empty()) throw hp::tools::UsageError("unexpected argument '" + positionals.front() + "'");
     if (args.config_path.empty()) throw hp::tools::UsageError("--config FILE is required");
+    if (args.options.memory_limit_gib > 0.0 && !args.options.dry_run)
+      throw hp::tools::UsageError("--memory-limit answers a --dry-run; add --dry-run");
   } catch (const hp::tools::UsageError& e) {
     std::cerr << "hp-train: " << e.what() << "\n\n";
     usage(std::cerr);

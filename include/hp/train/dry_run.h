@@ -47,6 +47,11 @@ struct DryRunReport {
 
   // A table of the above, in MiB.
   std::string table() const;
+  // The above as one JSON object (bytes), keys as the fields are named.
+  std::string json() const;
+  // Whether the peak, grown by `allocator_slack` (what the allocator holds beyond what tensors
+  // use: fragmentation, cached blocks; 0.1 is 10%), fits in `limit_bytes`.
+  bool fits(int64_t limit_bytes, double allocator_slack = 0.1) const;
 };
 
 // Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).

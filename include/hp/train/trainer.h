@@ -34,6 +34,10 @@ struct TrainOptions {
   // told to resume, whose run directory may still hold an earlier run's checkpoints.
   bool resume_only_this_job = false;
   bool dry_run = false;  // print the plan (mesh, each rank's parameters, estimated memory) and stop
+  // With dry_run, > 0: the plan also says whether each rank's peak, grown by the allocator slack
+  // (DryRunReport::fits), fits in this much memory per rank.
+  double memory_limit_gib = 0.0;
+  double allocator_slack = 0.1;
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
   // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
   std::vector<std::shared_ptr<Callback>> callbacks;
