@@ -2,8 +2,8 @@
 // it costs. For layouts of examples/tiny_llama.yaml on up to 4 ranks (threads of this process):
 // each rank's measured step peak (the trainer's peak_mem_bytes, the largest of steps 2 to 5)
 // against its dry-run peak, and the seconds one rank's dry run takes. With --scale: one rank of a
-// 256-rank job of a 70B-class Llama, its seconds and this process's peak resident memory (run it
-// alone, so that nothing else counts in that peak).
+// 256-rank job of a 70B-class Llama in two layouts, each one's seconds and this process's peak
+// resident memory after it (the peak so far: the second layout's includes the first's).
 //
 //   build/bin/bench_plan [--quick] [--scale]
 #include <ATen/ATen.h>

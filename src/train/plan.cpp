@@ -4,6 +4,7 @@
 
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "hp/core/error.h"
 #include "hp/dtensor/local.h"
@@ -22,13 +23,10 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     const at::Tensor& piece = local_tensor(p);
     param_bytes += piece.numel() * static_cast<int64_t>(piece.element_size());
   }
-  double memory = 0.0, fits = 1.0;
+  double memory = 0.0;
   std::string not_covered;
-  const auto limit_bytes = static_cast<int64_t>(memory_limit_gib * static_cast<double>(int64_t{1} << 30));
   try {
-    const DryRunReport report = dry_run(c, world.size(), world.rank());
-    memory = static_cast<double>(report.peak_bytes);
-    fits = report.fits(limit_bytes, allocator_slack) ? 1.0 : 0.0;
+    memory = static_cast<double>(dry_run(c, world.size(), world.rank()).peak_bytes);
   } catch (const std::exception& e) {  // every rank goes on to the gather below, covered or not
     not_covered = e.what();
     not_covered = not_covered.substr(0, not_covered.find('\n'));
@@ -36,8 +34,10 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
                                c.model->activation_bytes_per_token(c.parallel);
     memory = 4.0 * param_bytes + activations;
-    fits = memory * (1.0 + allocator_slack) <= static_cast<double>(limit_bytes) ? 1.0 : 0.0;
   }
+  // As DryRunReport::fits, in doubles (a limit of any size).
+  constexpr double kGiB = static_cast<double>(int64_t{1} << 30);
+  const double fits = memory * (1.0 + allocator_slack) <= memory_limit_gib * kGiB ? 1.0 : 0.0;
   at::Tensor mine =
       at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory, fits}, at::kDouble);
   const at::Tensor all = world.all_gather(mine);
@@ -54,9 +54,13 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   } else {
     std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)\n";
   }
+  std::ios saved_format(nullptr);
+  saved_format.copyfmt(std::cout);
+  std::ostringstream limit;  // as given
+  limit << memory_limit_gib << " GiB";
   if (memory_limit_gib > 0.0)
     std::cout << "fits: each rank's memory plus " << 100.0 * allocator_slack << "% allocator slack against "
-              << memory_limit_gib << " GiB per rank\n";
+              << limit.str() << " per rank\n";
   const char* what = not_covered.empty() ? "dry-run peak " : "estimated training memory ";
   int over = 0;
   for (int r = 0; r < world.size(); ++r) {
@@ -67,17 +71,16 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     if (memory_limit_gib > 0.0) {
       const bool fits_here = row[3].item<double>() > 0.0;
       over += fits_here ? 0 : 1;
-      std::cout << std::setprecision(3) << "; with the slack "
-                << row[2].item<double>() * (1.0 + allocator_slack) / static_cast<double>(int64_t{1} << 30) << " GiB"
-                << (fits_here ? ": fits" : ": does not fit");
+      std::cout << std::setprecision(3) << "; with the slack " << row[2].item<double>() * (1.0 + allocator_slack) / kGiB
+                << " GiB" << (fits_here ? ": fits" : ": does not fit");
     }
     std::cout << "\n";
   }
   if (memory_limit_gib > 0.0)
     std::cout << (over == 0 ? "all ranks fit"
                             : std::to_string(over) + " of " + std::to_string(world.size()) + " ranks do not fit")
-              << " in " << std::defaultfloat << memory_limit_gib << " GiB\n";
-  std::cout << std::defaultfloat;
+              << " in " << limit.str() << "\n";
+  std::cout.copyfmt(saved_format);
 }
 
 }  // namespace hp::train::detail

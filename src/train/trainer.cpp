@@ -158,6 +158,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     log::warn("fp32 on ", cpu_threads(), " threads per rank with OpenMP's default (spinning) wait: OpenBLAS's ",
               "threads wait for the cores; OMP_WAIT_POLICY=PASSIVE in the environment ran 3.5x faster on one rank of ",
               "2 threads (docs/performance.md)");
+  HP_CHECK(std::isfinite(options.memory_limit_gib) && options.memory_limit_gib >= 0.0 &&
+               std::isfinite(options.allocator_slack) && options.allocator_slack >= 0.0,
+           "train: TrainOptions::memory_limit_gib (", options.memory_limit_gib, ") and allocator_slack (",
+           options.allocator_slack, ") must be finite and >= 0");
   if (options.dry_run) {
     const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts, options.memory_limit_gib, options.allocator_slack);

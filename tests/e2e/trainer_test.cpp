@@ -363,8 +363,9 @@ TEST(HpTrain, DryRunPrintsThePlan) {
   ASSERT_EQ(large.exit_code, 0) << large.output;
   EXPECT_NE(large.output.find("50% allocator slack against 1 GiB per rank"), std::string::npos) << large.output;
   EXPECT_NE(large.output.find("all ranks fit in 1 GiB"), std::string::npos) << large.output;
-  EXPECT_NE(run_job(train_command(dir, "--memory-limit 1")).output.find("--memory-limit answers a --dry-run"),
-            std::string::npos);
+  const Result refused = run_job(train_command(dir, "--memory-limit 1"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--memory-limit answers a --dry-run"), std::string::npos) << refused.output;
 }
 
 // A config mistake stops every rank with the documented message before any work.

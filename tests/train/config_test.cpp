@@ -79,6 +79,8 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"train.micro_batch=3"}, 4, "train.micro_batch (3) must divide the per-rank batch global_batch / dp (4)");
   invalid({"data.seq_len=64"}, 4, "data.seq_len (64) must be in 1..model.max_seq (32)");
   invalid({"model.vocab=64"}, 4, "model.vocab (64) is smaller than the byte tokenizer's 256 tokens");
+  invalid({"model.rope_theta=0"}, 4, "model: rope_theta must be a positive number, got 0");
+  invalid({"model.rope_theta=.nan"}, 4, "model: rope_theta must be a positive number");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv"}, 4,
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
   invalid({"memory.checkpoint=some"}, 4, "memory.checkpoint 'some' is unknown (available: none, full, selective)");

@@ -7,6 +7,7 @@
 #include <hp/train/stop.h>
 #include <hp/train/trainer.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -57,7 +58,7 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "with --dry-run: say whether each rank's memory, plus the allocator slack, fits in GIB GiB",
        [](Args& a, const std::string& v) {
          a.options.memory_limit_gib = hp::tools::parse_double("--memory-limit", v);
-         if (!(a.options.memory_limit_gib > 0.0))
+         if (!(a.options.memory_limit_gib > 0.0) || !std::isfinite(a.options.memory_limit_gib))
            throw hp::tools::UsageError("--memory-limit expects a positive number of GiB, got '" + v + "'");
        }},
       {{"--allocator-slack"},
@@ -65,7 +66,7 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "with --memory-limit: what the allocator holds beyond the tensors, as a fraction of their peak (default 0.1)",
        [](Args& a, const std::string& v) {
          a.options.allocator_slack = hp::tools::parse_double("--allocator-slack", v);
-         if (!(a.options.allocator_slack >= 0.0))
+         if (!(a.options.allocator_slack >= 0.0) || !std::isfinite(a.options.allocator_slack))
            throw hp::tools::UsageError("--allocator-slack expects a fraction >= 0, got '" + v + "'");
        }},
       {{"--no-progress"},
@@ -120,6 +121,9 @@ int main(int argc, char** argv) {
     if (args.config_path.empty()) throw hp::tools::UsageError("--config FILE is required");
     if (args.options.memory_limit_gib > 0.0 && !args.options.dry_run)
       throw hp::tools::UsageError("--memory-limit answers a --dry-run; add --dry-run");
+    if (args.options.allocator_slack != hp::train::TrainOptions{}.allocator_slack &&
+        args.options.memory_limit_gib == 0.0)
+      throw hp::tools::UsageError("--allocator-slack goes with --memory-limit");
   } catch (const hp::tools::UsageError& e) {
     std::cerr << "hp-train: " << e.what() << "\n\n";
     usage(std::cerr);

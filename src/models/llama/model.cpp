@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -44,6 +45,8 @@ void LlamaConfig::validate() const {
     HP_CHECK(checked_product(term).value_or(limit) < limit, "model: sizes too large (vocab ", vocab, ", dim ", dim,
              ", layers ", layers, ", ffn_hidden ", ffn_hidden, ", max_seq ", max_seq, ", head_dim ", head_dim,
              "): the parameter count would overflow 64 bits");
+  HP_CHECK(std::isfinite(rope_theta) && rope_theta > 0.0, "model: rope_theta must be a positive number, got ",
+           rope_theta);
   HP_CHECK(head_dim > 0 || dim % heads == 0, "model: dim ", dim, " is not divisible by heads ", heads,
            " (or set model.head_dim)");
   for (const auto& [name, p] :
@@ -59,20 +62,25 @@ namespace {
 // twice; on `device` in `dtype`. Made once and shared by every layer (of every model) while any
 // holds them: a copy per layer kept layers x 2 x max_seq x head_dim floats (640 MB for 80 layers
 // of max_seq 8192, on the host and again on a device), and its temporaries made a dry run's build
-// of such a model take gigabytes.
+// of such a model take gigabytes. Off the host they are made from `host` (the host tables).
 std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t max_seq, int64_t head_dim, double theta, c10::Device device,
-                                                at::ScalarType dtype) {
+                                                at::ScalarType dtype,
+                                                const std::pair<at::Tensor, at::Tensor>& host = {}) {
   using Key = std::tuple<int64_t, int64_t, double, std::string, int>;
   using Weak = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   static std::mutex mu;
   static std::map<Key, std::pair<Weak, Weak>> made;
   const Key key{max_seq, head_dim, theta, device.str(), static_cast<int>(dtype)};
-  {
-    const std::lock_guard<std::mutex> lock(mu);
+  const auto live = [&]() -> std::optional<std::pair<at::Tensor, at::Tensor>> {  // under mu
     if (const auto it = made.find(key); it != made.end()) {
       auto cos = it->second.first.lock(), sin = it->second.second.lock();
-      if (cos && sin) return {at::Tensor(std::move(cos)), at::Tensor(std::move(sin))};
+      if (cos && sin) return std::make_pair(at::Tensor(std::move(cos)), at::Tensor(std::move(sin)));
     }
+    return std::nullopt;
+  };
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (auto found = live()) return *found;
   }
   std::pair<at::Tensor, at::Tensor> tables;
   if (device.is_cpu() && dtype == at::kFloat) {
@@ -80,10 +88,11 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t max_seq, int64_t head_di
     const at::Tensor angles = at::outer(at::arange(max_seq, at::kDouble), inv_freq).repeat({1, 2});
     tables = {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
   } else {
-    const auto [cos, sin] = rotary_tables(max_seq, head_dim, theta, c10::kCPU, at::kFloat);
-    tables = {cos.to(device, dtype), sin.to(device, dtype)};
+    HP_CHECK(host.first.defined(), "rotary tables off the host are made from the host's");
+    tables = {host.first.to(device, dtype), host.second.to(device, dtype)};
   }
   const std::lock_guard<std::mutex> lock(mu);
+  if (auto found = live()) return *found;          // another thread made them meanwhile
   for (auto it = made.begin(); it != made.end();)  // what no model holds any more
     it = it->second.first.expired() ? made.erase(it) : std::next(it);
   made.insert_or_assign(key,
@@ -136,7 +145,7 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
             rows(sin_.index_select(0, positions).to(t.scalar_type()))};
   if (!device_cos_.defined() || device_cos_.device() != t.device() || device_cos_.scalar_type() != t.scalar_type()) {
     std::tie(device_cos_, device_sin_) =
-        rotary_tables(cos_.size(0), head_dim_, rope_theta_, t.device(), t.scalar_type());
+        rotary_tables(cos_.size(0), head_dim_, rope_theta_, t.device(), t.scalar_type(), {cos_, sin_});
   }
   if (nn::positions_in_order(positions)) return {rows(device_cos_.narrow(0, 0, s)), rows(device_sin_.narrow(0, 0, s))};
   const at::Tensor index = positions.to(t.device());  // a context-parallel shard's positions
