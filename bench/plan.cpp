@@ -22,20 +22,13 @@
 #include "hp/train/dry_run.h"
 #include "hp/train/trainer.h"
 #include "hp_build_paths.h"
+#include "train/later_step_peak.h"
 
 namespace {
 
-// The largest peak_mem_bytes of one rank's steps after the first.
-struct LaterStepPeak : hp::train::Callback {
-  double bytes = 0.0;
-  void on_step_end(const hp::train::StepRecord& record) override {
-    if (record.step > 1) bytes = std::max(bytes, record.peak_mem_bytes);
-  }
-};
-
 std::vector<double> measured_peaks(const hp::train::TrainConfig& c, int world) {
-  std::vector<std::shared_ptr<LaterStepPeak>> peaks(world);
-  for (auto& p : peaks) p = std::make_shared<LaterStepPeak>();
+  std::vector<std::shared_ptr<hp::train::LaterStepPeak>> peaks(world);
+  for (auto& p : peaks) p = std::make_shared<hp::train::LaterStepPeak>();
   hp::testing::RunRanksOptions ranks;
   ranks.group = hp::train::world_options(c, ranks.group);
   hp::testing::run_ranks(

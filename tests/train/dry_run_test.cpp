@@ -14,6 +14,7 @@
 #include "hp/optim/optimizer_kind.h"
 #include "hp/train/dry_run.h"
 #include "hp/train/train_step.h"
+#include "later_step_peak.h"
 #include "scratch_dir.h"
 #include "test_util.h"
 #include "train/setup.h"
@@ -21,14 +22,6 @@
 
 namespace hp::train {
 namespace {
-
-// The largest peak_mem_bytes of the steps after the first on one rank.
-struct LaterStepPeak : Callback {
-  double bytes = 0.0;
-  void on_step_end(const StepRecord& record) override {
-    if (record.step > 1) bytes = std::max(bytes, record.peak_mem_bytes);
-  }
-};
 
 // Each rank's measured peak of `c`'s steps after the first, by world rank.
 std::vector<double> measured_peaks(const TrainConfig& c, int world) {
