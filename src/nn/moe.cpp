@@ -61,6 +61,10 @@ at::Tensor drop_over_capacity(at::Tensor slot_expert, const at::Tensor& slot_gat
   const int64_t experts = static_cast<int64_t>(counts.size());
   for (int64_t e = 0; e < experts; ++e) {
     if (counts[e] <= capacity) continue;
+    if (slot_expert.is_meta()) {  // modelled counts (a dry run): which slots go has no shape to change
+      counts[e] = capacity;
+      continue;
+    }
     const at::Tensor slots = at::nonzero(slot_expert == e).view({-1});  // in token order
     at::Tensor dropped;
     if (policy == CapacityPolicy::kDropLast) {
@@ -117,8 +121,11 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   Routing routing;
   // The choice is data-dependent: a recomputation (activation checkpointing) replays the first
   // pass's instead of choosing again, so that both route alike whatever the rounding.
-  routing.experts = replayed<at::Tensor>(
-      [&] { return choose_experts(o.expert_bias ? scores.detach() + expert_bias : scores.detach(), o); });
+  routing.experts = replayed<at::Tensor>([&] {
+    if (!o.expert_bias) return choose_experts(scores.detach(), o);
+    // A host buffer meets meta scores in a dry run, where the choice has a shape but no values.
+    return choose_experts(scores.detach() + (x.is_meta() ? expert_bias.to(at::kMeta) : expert_bias), o);
+  });
   // The gate values: from the unbiased scores, so the bias steers choices but not outputs.
   at::Tensor gates = scores.gather(1, routing.experts);
   if (o.norm_topk_prob) gates = gates / gates.sum(-1, /*keepdim=*/true);
@@ -126,9 +133,30 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   routing.gates = gates;
   routing.logits = logits;
   routing.scores = scores;
+  if (x.is_meta()) {
+    routing.counts = modelled_counts(x.size(0));
+    return routing;
+  }
   routing.counts = at::bincount(routing.experts.reshape({-1}), {}, o.experts);
   if (training_forward()) tokens_per_expert.add_(routing.counts);
   return routing;
+}
+
+at::Tensor TokenChoiceTopKRouter::modelled_counts(int64_t tokens) const {
+  const RouterOptions& o = options_;
+  HP_CHECK(routing_model_ != nullptr,
+           "MoE router: tokens on the meta device have no scores to route by; a dry run gives the router a "
+           "routing model (set_routing_model)");
+  const std::vector<int64_t> counts = routing_model_(tokens);
+  HP_CHECK(static_cast<int64_t>(counts.size()) == o.experts, "MoE router: the routing model gave ", counts.size(),
+           " counts for ", o.experts, " experts");
+  HP_CHECK(std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c >= 0 && c <= tokens; }),
+           "MoE router: the routing model gave an expert a count outside [0, ", tokens,
+           "] (one row per token at most)");
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  HP_CHECK(total == tokens * o.top_k, "MoE router: the routing model's counts add up to ", total, ", not ",
+           tokens * o.top_k, " (", tokens, " tokens x top_k ", o.top_k, ")");
+  return at::tensor(counts, at::kLong);
 }
 
 // ---- experts ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "hp/dtensor/local.h"
 #include "hp/models/model_spec.h"
 #include "hp/nn/module.h"
+#include "hp/nn/moe.h"
 #include "hp/nn/token_coordinates.h"
 #include "hp/optim/clip_grad.h"
 #include "hp/parallel/parallel_dims.h"
@@ -52,9 +53,21 @@ std::string mib(int64_t bytes) {
   return out.str();
 }
 
+// Every router of `model` routes by `routing` (its own FQN's counts). The recipe's balancing hook,
+// which runs before the optimizer, is left out with the counts it would sum: a few numbers per layer.
+void give_routers(nn::Module& model, const RoutingModel& routing) {
+  for (auto& [fqn, module] : model.named_modules_fqn())
+    if (auto* router = dynamic_cast<nn::TokenChoiceTopKRouter*>(module)) {
+      const int64_t top_k = router->options().top_k, experts = router->options().experts;
+      router->set_routing_model([routing, name = fqn, top_k, experts](int64_t tokens) {
+        return routing.counts(name, tokens, top_k, experts);
+      });
+    }
+}
+
 // The dry run after the checks: everything that may meet an op that needs values. `exchange`
 // carries messages with values between the fake worlds of a pipeline's ranks.
-DryRunReport run_dry(const TrainConfig& c, int world_size, int rank,
+DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing,
                      const std::shared_ptr<comm::FakeExchange>& exchange = nullptr) {
   DryRunReport report;
   report.rank = rank;
@@ -62,6 +75,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank,
   report.data_bytes = data_bytes(c);
   const comm::ProcessGroup world = comm::fake_world(world_size, rank, world_options(c), exchange);
   detail::Setup s = detail::build(c, world);
+  give_routers(*s.parts.model, routing);
   // Counted from here, as the trainer counts from before it gives the parameters their memory: meta
   // tensors, and the host's (positions, masks, metadata) as in a real run.
   MemoryTracker memory(MemoryTracker::kCpuAndMeta);
@@ -119,7 +133,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank,
 // positions in both orders (ZBV's second stage of position 0 follows the first of position 1): the
 // dry run of a pipeline rank plays all ranks of its pipeline (one per position, with its
 // coordinates on every other dim) together, on threads that exchange those messages.
-DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank) {
+DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing) {
   const std::vector<int> peers =
       build_mesh(comm::fake_world(world_size, rank, world_options(c)), c.parallel, c.train.device)
           .get_group("pp")
@@ -130,7 +144,7 @@ DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank) {
   std::string first_failure;  // the cause; the others' failures follow from the abort
   const auto play = [&](size_t i) {
     try {
-      reports[i] = run_dry(c, world_size, peers[i], exchange);
+      reports[i] = run_dry(c, world_size, peers[i], routing, exchange);
     } catch (const std::exception& e) {
       const std::string what = e.what();
       {
@@ -165,18 +179,18 @@ DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank) {
 }
 
 constexpr const char* kCovers =
-    ". The dry run covers models whose forward and backward need no values (dense families)";
+    ". The dry run covers models whose forward and backward need no values but a mixture of experts' routing counts";
 
 }  // namespace
 
-DryRunReport dry_run(const TrainConfig& c, int world_size, int rank) {
+DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing) {
   validate(c, world_size);
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");
   try {
-    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank) : run_dry(c, world_size, rank);
+    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank, routing) : run_dry(c, world_size, rank, routing);
   } catch (const c10::Error& e) {
-    // An op that reads values (a mixture of experts' routing counts) or has no meta kernel here.
+    // An op that reads values or has no meta kernel here.
     const std::string what = e.what_without_backtrace();
     HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(),
             ": an op failed on the meta device: ", what.substr(0, what.find('\n')), kCovers);

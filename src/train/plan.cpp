@@ -9,12 +9,23 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/local.h"
 #include "hp/models/model_spec.h"
+#include "hp/nn/moe.h"
 #include "hp/train/dry_run.h"
 
 namespace hp::train::detail {
+namespace {
+
+bool has_routers(nn::Module& model) {
+  for (auto& [fqn, module] : model.named_modules_fqn())
+    if (dynamic_cast<nn::TokenChoiceTopKRouter*>(module)) return true;
+  return false;
+}
+
+}  // namespace
 
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
-                const models::ModelParts& parts, double memory_limit_gib, double allocator_slack) {
+                const models::ModelParts& parts, const RoutingModel& routing, double memory_limit_gib,
+                double allocator_slack) {
   // Per rank: parameters (local elements), parameter bytes, and its training memory: the dry run's
   // peak (hp/train/dry_run.h) where it covers the layout, else an estimate: parameters + gradients +
   // AdamW's two moments, plus the activations the model family estimates one micro-batch keeps.
@@ -26,7 +37,7 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   double memory = 0.0;
   std::string not_covered;
   try {
-    memory = static_cast<double>(dry_run(c, world.size(), world.rank()).peak_bytes);
+    memory = static_cast<double>(dry_run(c, world.size(), world.rank(), routing).peak_bytes);
   } catch (const std::exception& e) {  // every rank goes on to the gather below, covered or not
     not_covered = e.what();
     not_covered = not_covered.substr(0, not_covered.find('\n'));
@@ -52,7 +63,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
       std::cout << "activations: estimated as without memory.checkpoint and memory.swap, which keep less in the "
                    "compute allocator (an upper bound)\n";
   } else {
-    std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)\n";
+    std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)";
+    if (has_routers(*parts.model)) std::cout << ", its routers choosing by a " << routing.str() << " routing model";
+    std::cout << "\n";
   }
   std::ios saved_format(nullptr);
   saved_format.copyfmt(std::cout);

@@ -1,5 +1,6 @@
 // hp-train as a user runs it: hprun starts 4 processes (dp_shard 2 x tp 2) on the fortunes corpus.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -366,6 +367,36 @@ TEST(HpTrain, DryRunPrintsThePlan) {
   const Result refused = run_job(train_command(dir, "--memory-limit 1"));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("--memory-limit answers a --dry-run"), std::string::npos) << refused.output;
+}
+
+// --dry-run of a mixture of experts: its routers choose by the routing model --routing names. A
+// skewed one makes the ranks holding the hot expert (one of each expert-parallel pair) the larger.
+TEST(HpTrain, DryRunOfAMixtureOfExpertsTakesARoutingModel) {
+  const std::string dir = scratch("dry_moe");
+  const Result r = run_job(train_command(dir, "--dry-run --routing skewed:0.5", "tiny_qwen3_moe.yaml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("its routers choosing by a skewed:0.5 routing model"), std::string::npos) << r.output;
+  std::vector<double> peaks;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string line = "rank " + std::to_string(rank) + ": ";
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t peak = r.output.find("dry-run peak ", at);
+    ASSERT_NE(peak, std::string::npos) << r.output;
+    peaks.push_back(std::stod(r.output.substr(peak + 13)));
+  }
+  std::vector<double> sorted = peaks;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted[0], sorted[1]) << r.output;
+  EXPECT_EQ(sorted[2], sorted[3]) << r.output;
+  EXPECT_LT(sorted[1], sorted[2]) << r.output;
+  const Result bad = run_job(train_command(dir, "--dry-run --routing skewed:2", "tiny_qwen3_moe.yaml"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--routing: routing model: skewed needs a hot share in (0, 1), got 2"), std::string::npos)
+      << bad.output;
+  const Result alone = run_job(train_command(dir, "--routing balanced", "tiny_qwen3_moe.yaml"));
+  EXPECT_EQ(alone.exit_code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("--routing goes with --dry-run"), std::string::npos) << alone.output;
 }
 
 // A config mistake stops every rank with the documented message before any work.

@@ -115,6 +115,34 @@ TEST(MoE, BadRouterOptionsAreErrors) {
   expect_error([&] { nn::TokenChoiceTopKRouter(8, o); }, "expert_groups (3)");
 }
 
+// On the meta device (a dry run) there are no scores: the router takes its counts from a routing
+// model, checked, chooses experts of the right shape, and counts nothing for balancing. (The whole
+// layer on meta runs in the dry run's tests, whose dispatch mode gives index_select a shape.)
+TEST(MoE, OnTheMetaDeviceARoutingModelGivesTheCounts) {
+  nn::RouterOptions o;
+  o.experts = 4;
+  o.top_k = 2;
+  o.expert_bias = true;
+  nn::TokenChoiceTopKRouter router(8, o);
+  const nn::MetaParametersAllowed meta;
+  nn::init_parameters(router, 1, at::kMeta);
+  const at::Tensor x = at::empty({6, 8}, at::TensorOptions().device(at::kMeta)).requires_grad_();
+  expect_error([&] { router.route(x); }, "tokens on the meta device have no scores to route by");
+  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens, 0, 1}; });
+  expect_error([&] { router.route(x); }, "the routing model's counts add up to 13, not 12 (6 tokens x top_k 2)");
+  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens + 1, tokens - 1, 0, 0}; });
+  expect_error([&] { router.route(x); }, "a count outside [0, 6]");
+  router.set_routing_model([](int64_t) { return std::vector<int64_t>{12}; });
+  expect_error([&] { router.route(x); }, "gave 1 counts for 4 experts");
+  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens / 2, tokens / 2, 0}; });
+  const nn::Routing r = router.route(x);
+  EXPECT_TRUE(r.experts.is_meta());
+  EXPECT_EQ(r.experts.sizes(), (std::vector<int64_t>{6, 2}));
+  EXPECT_TRUE(r.gates.is_meta());
+  EXPECT_EQ(to_host_int64s(r.counts), (std::vector<int64_t>{6, 3, 3, 0}));
+  EXPECT_EQ(router.tokens_per_expert.sum().item<double>(), 0.0);
+}
+
 // out_t = sum_j gate_tj * expert_{e_tj}(x_t) (+ shared(x_t)), one token and one expert at a time.
 at::Tensor per_token_moe(nn::MoE& moe, const at::Tensor& x) {
   const nn::Routing r = moe.router->route(x);

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <mutex>
 
 #include "hp/comm/init.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/dtensor/local.h"
+#include "hp/models/qwen3_moe/model.h"
 #include "hp/optim/optimizer_kind.h"
 #include "hp/train/dry_run.h"
 #include "hp/train/train_step.h"
@@ -93,61 +95,84 @@ ParallelDims pipeline(int64_t pp) {
   return d;
 }
 
-// Each rank's predicted step peak against the trainer's measured one, layout by layout.
-TEST(DryRun, PredictsEveryRanksStepPeak) {
-  const std::string dir = test::scratch_dir("dry_run_peaks");
-  for (const Layout& layout :
-       {Layout{"one rank", dims(1, 1)}, Layout{"tp 2 with sp", dims(1, 2), true},
-        Layout{"one rank, checkpointing, muon", dims(1, 1), false, "full", "muon"},
-        Layout{"dp_shard 2", dims(2, 1), false, "none", "adamw", 0.08},
-        Layout{"dp_shard 2 x tp 2 with sp", dims(2, 2), true, "none", "adamw", 0.08},
-        Layout{"dp_replicate 2", replicas(2), false, "none", "adamw", 0.08},
-        Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
-        Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
-        Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
-        Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"}}) {
-    const TrainConfig c = config_of(layout, dir);
-    const int world = static_cast<int>(c.parallel.world_size());
-    const std::vector<double> measured = measured_peaks(c, world);
-    std::vector<int64_t> predicted(world);
-    for (int rank = 0; rank < world; ++rank) {
-      const DryRunReport report = dry_run(c, world, rank);
-      predicted[rank] = report.peak_bytes;
-      EXPECT_TRUE(report.host_compute.empty()) << layout.name << ": ops computed on data";
-    }
-    for (int rank = 0; rank < world; ++rank) {
-      // Ranks at one pipeline position run the same step in these layouts; the largest of their
-      // measured peaks is the one where the worker threads' timing came closest to the worst case
-      // the dry run replays.
-      const int per_position = world / static_cast<int>(layout.dims.pp);
-      double worst = 0.0;
-      for (int other = 0; other < world; ++other)
-        if (other / per_position == rank / per_position) worst = std::max(worst, measured[other]);
-      const double error = (static_cast<double>(predicted[rank]) - worst) / worst;
-      std::cout << layout.name << ", rank " << rank << ": predicted " << predicted[rank] << " B, measured "
-                << measured[rank] << " B (" << 100.0 * error << "% against the largest of its peers)\n";
-      EXPECT_LE(std::abs(error), layout.tolerance) << layout.name << ", rank " << rank;
-      // Whatever the timing, no rank goes more than 3% above its prediction.
-      EXPECT_LE(measured[rank], 1.03 * static_cast<double>(predicted[rank])) << layout.name << ", rank " << rank;
-    }
-    if (layout.dims.pp > 1) {
-      // The first and the last pipeline position hold other layers and other micro-batches in
-      // flight: their predictions differ, the way their measured peaks do (where those are apart
-      // by more than 1%: 2-17% in these layouts).
-      const double gap = measured.front() / measured.back() - 1.0;
-      std::cout << layout.name << ": the first position's peak is " << 100.0 * gap << "% above the last's\n";
-      EXPECT_NE(predicted.front(), predicted.back()) << layout.name;
-      if (std::abs(gap) > 0.01) EXPECT_EQ(predicted.front() > predicted.back(), gap > 0) << layout.name;
-    }
+// The tiny Qwen3-MoE of `layout` (4 experts, top 2), trained like config_of's Llama.
+TrainConfig moe_config_of(const Layout& layout, const std::string& dir) {
+  TrainConfig c = config_of(layout, dir);
+  c.model = parse_config(
+                "model: {family: qwen3_moe, vocab: 256, dim: 64, layers: 2, heads: 4, kv_heads: 2, max_seq: 32, "
+                "experts: 4, top_k: 2, expert_hidden: 64}",
+                {})
+                .model;
+  return c;
+}
+
+ParallelDims experts(int64_t dp_shard, int64_t ep) {
+  ParallelDims d;
+  d.dp_shard = dp_shard;
+  d.ep = ep;
+  return d;
+}
+
+// Each rank's predicted step peak of `c` (laid out as `layout`) against the trainer's measured one.
+void expect_peaks_predicted(const Layout& layout, const TrainConfig& c) {
+  const int world = static_cast<int>(c.parallel.world_size());
+  const std::vector<double> measured = measured_peaks(c, world);
+  std::vector<int64_t> predicted(world);
+  for (int rank = 0; rank < world; ++rank) {
+    const DryRunReport report = dry_run(c, world, rank);
+    predicted[rank] = report.peak_bytes;
+    EXPECT_TRUE(report.host_compute.empty()) << layout.name << ": ops computed on data";
+    if (layout.dims.ep > 1) EXPECT_EQ(report.collectives.count("all_to_all"), 1u) << layout.name;
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    // Ranks at one pipeline position run the same step in these layouts; the largest of their
+    // measured peaks is the one where the worker threads' timing came closest to the worst case
+    // the dry run replays.
+    const int per_position = world / static_cast<int>(layout.dims.pp);
+    double worst = 0.0;
+    for (int other = 0; other < world; ++other)
+      if (other / per_position == rank / per_position) worst = std::max(worst, measured[other]);
+    const double error = (static_cast<double>(predicted[rank]) - worst) / worst;
+    std::cout << layout.name << ", rank " << rank << ": predicted " << predicted[rank] << " B, measured "
+              << measured[rank] << " B (" << 100.0 * error << "% against the largest of its peers)\n";
+    EXPECT_LE(std::abs(error), layout.tolerance) << layout.name << ", rank " << rank;
+    // Whatever the timing, no rank goes more than 3% above its prediction.
+    EXPECT_LE(measured[rank], 1.03 * static_cast<double>(predicted[rank])) << layout.name << ", rank " << rank;
+  }
+  if (layout.dims.pp > 1) {
+    // The first and the last pipeline position hold other layers and other micro-batches in
+    // flight: their predictions differ, the way their measured peaks do (where those are apart
+    // by more than 1%: 2-17% in these layouts).
+    const double gap = measured.front() / measured.back() - 1.0;
+    std::cout << layout.name << ": the first position's peak is " << 100.0 * gap << "% above the last's\n";
+    EXPECT_NE(predicted.front(), predicted.back()) << layout.name;
+    if (std::abs(gap) > 0.01) EXPECT_EQ(predicted.front() > predicted.back(), gap > 0) << layout.name;
   }
 }
 
-// Parameters, gradients and optimizer state: the dry run's bytes are what a real rank allocates.
+// Each rank's predicted step peak against the trainer's measured one, layout by layout.
+TEST(DryRun, PredictsEveryRanksStepPeak) {
+  const std::string dir = test::scratch_dir("dry_run_peaks");
+  for (const Layout& layout : {Layout{"one rank", dims(1, 1)}, Layout{"tp 2 with sp", dims(1, 2), true},
+                               Layout{"one rank, checkpointing, muon", dims(1, 1), false, "full", "muon"},
+                               Layout{"dp_shard 2", dims(2, 1), false, "none", "adamw", 0.08},
+                               Layout{"dp_shard 2 x tp 2 with sp", dims(2, 2), true, "none", "adamw", 0.08},
+                               Layout{"dp_replicate 2", replicas(2), false, "none", "adamw", 0.08},
+                               Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
+                               Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
+                               Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
+                               Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"}})
+    expect_peaks_predicted(layout, config_of(layout, dir));
+}
+
+// Parameters, gradients and optimizer state: the dry run's bytes are what a real rank allocates
+// (with a mixture of experts too: what a rank holds does not depend on the routing).
 TEST(DryRun, HeldBytesAreExact) {
   const std::string dir = test::scratch_dir("dry_run_held");
-  for (const Layout& layout :
-       {Layout{"dp_shard 2 x tp 2", dims(2, 2)}, Layout{"tp 2, muon", dims(1, 2), false, "none", "muon"}}) {
-    const TrainConfig c = config_of(layout, dir);
+  const Layout dense{"dp_shard 2 x tp 2", dims(2, 2)}, muon{"tp 2, muon", dims(1, 2), false, "none", "muon"},
+      moe{"moe, dp_shard 2 x ep 2", experts(2, 2)};
+  for (const auto& [layout, c] : std::vector<std::pair<Layout, TrainConfig>>{
+           {dense, config_of(dense, dir)}, {muon, config_of(muon, dir)}, {moe, moe_config_of(moe, dir)}}) {
     const int world = static_cast<int>(c.parallel.world_size());
     std::vector<DryRunReport> real(world);
     testing::run_ranks(
@@ -200,22 +225,121 @@ TEST(DryRun, TheReportSaysWhetherItFits) {
   EXPECT_NE(json.find("\"host_compute\":{}"), std::string::npos) << json;
 }
 
+// A mixture of experts' routers choose by a routing model: with balanced counts the dry run
+// predicts the real run (whose routing at initialization is near balanced) within the layouts'
+// tolerances.
+TEST(DryRun, PredictsAMixtureOfExpertsPeak) {
+  const std::string dir = test::scratch_dir("dry_run_moe");
+  for (const Layout& layout : {Layout{"moe, one rank", dims(1, 1)},
+                               Layout{"moe, dp_shard 2 x ep 2", experts(2, 2), false, "none", "adamw", 0.08},
+                               Layout{"moe, pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
+                               Layout{"moe, one rank, checkpointing", dims(1, 1), false, "full"}})
+    expect_peaks_predicted(layout, moe_config_of(layout, dir));
+}
+
+// Under expert parallelism the rank holding a hot expert receives its rows from every rank: a
+// skewed routing model makes that rank's peak the larger, by the rows it receives beyond the
+// other's times what the experts keep of each row; a balanced one keeps the ranks alike.
+TEST(DryRun, AHotExpertsRankHoldsMore) {
+  const TrainConfig c = moe_config_of(Layout{"ep 2", experts(2, 2)}, test::scratch_dir("dry_run_hot_expert"));
+  const auto& moe = c.model.as<models::Qwen3MoeConfig>();
+  const RoutingModel hot = RoutingModel::skewed(0.45);
+  const DryRunReport balanced0 = dry_run(c, 2, 0), balanced1 = dry_run(c, 2, 1);
+  const DryRunReport hot0 = dry_run(c, 2, 0, hot), hot1 = dry_run(c, 2, 1, hot);
+  EXPECT_EQ(balanced0.peak_bytes, balanced1.peak_bytes);
+  // Per forward of a layer: rank 0 holds experts 0 and 1, rank 1 experts 2 and 3, and each rank
+  // receives its experts' rows from both ranks.
+  const int64_t tokens = c.train.micro_batch * c.data.seq_len;
+  const std::vector<int64_t> counts = hot.counts("layers.0.mlp.router", tokens, moe.top_k, moe.experts);
+  const int64_t extra_rows = 2 * ((counts[0] + counts[1]) - (counts[2] + counts[3]));
+  ASSERT_GT(extra_rows, 0);
+  // What each layer keeps of a received row for backward, in fp32: the row, its two hidden-size
+  // projections and their SwiGLU product (the second projection's input). At the forward's end,
+  // both layers' are alive.
+  const int64_t kept_per_row = 4 * (moe.llama.dim + 3 * moe.expert_hidden);
+  const int64_t gap = hot0.peak_bytes - hot1.peak_bytes;
+  std::cout << "hot rank " << hot0.peak_bytes << " B, cold rank " << hot1.peak_bytes << " B: " << gap << " B apart, "
+            << extra_rows << " extra rows per layer x " << kept_per_row << " B kept per row x " << moe.llama.layers
+            << " layers = " << extra_rows * kept_per_row * moe.llama.layers << " B\n";
+  EXPECT_GE(gap, extra_rows * kept_per_row * moe.llama.layers);
+  EXPECT_LE(gap, 2 * extra_rows * kept_per_row * moe.llama.layers);
+  // The same loads as a histogram route alike.
+  std::map<std::string, std::vector<double>> loads;
+  for (const char* router : {"layers.0.mlp.router", "layers.1.mlp.router"})
+    loads[router] = {0.45, 0.55 / 3, 0.55 / 3, 0.55 / 3};
+  EXPECT_EQ(dry_run(c, 2, 0, RoutingModel::histogram(loads)).peak_bytes, hot0.peak_bytes);
+  loads.erase("layers.1.mlp.router");
+  test::expect_error([&] { dry_run(c, 2, 0, RoutingModel::histogram(loads)); },
+                     "the histogram has no loads for router 'layers.1.mlp.router'");
+  // With a capacity, the dry run drops what the run would drop (the hot expert keeps its capacity
+  // of rows, and the gap shrinks), or stops where the run would stop.
+  TrainConfig capped = c;
+  capped.model.as<models::Qwen3MoeConfig>().capacity_factor = 1.0;
+  capped.model.as<models::Qwen3MoeConfig>().capacity_policy = "drop_lowest";
+  const int64_t capped_gap = dry_run(capped, 2, 0, hot).peak_bytes - dry_run(capped, 2, 1, hot).peak_bytes;
+  std::cout << "with a capacity, " << capped_gap << " B apart\n";
+  EXPECT_LT(capped_gap, gap);
+  capped.model.as<models::Qwen3MoeConfig>().capacity_policy = "error";
+  const int64_t capacity = tokens * moe.top_k / moe.experts;
+  test::expect_error(
+      [&] { dry_run(capped, 2, 1, hot); },
+      "expert 0 got " + std::to_string(counts[0]) + " rows, over its capacity of " + std::to_string(capacity));
+}
+
+// A routing model shares a forward's rows out as it says, every count within one row per token.
+TEST(RoutingModel, SharesOutTheRowsAsItSays) {
+  using Counts = std::vector<int64_t>;
+  EXPECT_EQ(RoutingModel::balanced().counts("r", 10, 2, 3), (Counts{7, 7, 6}));
+  // The hot expert's 90% of 20 rows is over its 10 tokens: it takes 10, the others share the rest.
+  EXPECT_EQ(RoutingModel::skewed(0.9).counts("r", 10, 2, 4), (Counts{10, 4, 3, 3}));
+  EXPECT_EQ(RoutingModel::skewed(0.4).counts("r", 10, 2, 4), (Counts{8, 4, 4, 4}));
+  // A histogram at any scale; experts it gives no load take what the others cannot.
+  const RoutingModel h = RoutingModel::histogram({{"a", {0, 0, 1, 1}}, {"b", {30, 10, 0, 0}}});
+  EXPECT_EQ(h.counts("a", 10, 3, 4), (Counts{5, 5, 10, 10}));
+  EXPECT_EQ(h.counts("b", 10, 1, 4), (Counts{8, 2, 0, 0}));
+  EXPECT_EQ(h.str(), "histogram (2 routers)");
+  test::expect_error([&] { h.counts("c", 10, 1, 4); }, "the histogram has no loads for router 'c'");
+  for (const RoutingModel& m : {RoutingModel::balanced(), RoutingModel::skewed(0.3), RoutingModel::skewed(0.99)})
+    for (int64_t tokens : {0, 1, 7, 64, 1000})
+      for (int64_t experts : {2, 3, 8, 128})
+        for (int64_t top_k : {1, 2, 8}) {
+          if (top_k > experts) continue;
+          const Counts c = m.counts("r", tokens, top_k, experts);
+          int64_t total = 0;
+          for (int64_t n : c) {
+            EXPECT_GE(n, 0);
+            EXPECT_LE(n, tokens) << m.str();
+            total += n;
+          }
+          EXPECT_EQ(total, tokens * top_k) << m.str() << " " << tokens << " " << top_k << " " << experts;
+        }
+  EXPECT_EQ(RoutingModel::parse("skewed:0.25").str(), "skewed:0.25");
+  EXPECT_EQ(RoutingModel::parse("balanced").str(), "balanced");
+  for (const char* bad : {"skewed:1.5", "skewed:0"})
+    test::expect_error([&] { RoutingModel::parse(bad); }, "skewed needs a hot share in (0, 1)");
+  for (const char* bad : {"skewed:", "skewed:0.5x", "skewed:abc"})
+    test::expect_error([&] { RoutingModel::parse(bad); }, "skewed:S needs S");
+  test::expect_error([] { RoutingModel::parse("zipf"); }, "routing model 'zipf' is unknown");
+  test::expect_error([] { RoutingModel::parse("histogram:/no/such/file"); }, "cannot read the histogram file");
+  const std::string file = test::scratch_dir("routing_model") + "/loads.json";
+  std::ofstream(file) << R"({"layers.0.mlp.router": [1, "two"]})";
+  test::expect_error([&] { RoutingModel::parse("histogram:" + file); }, "must be an array of numbers");
+  std::ofstream(file) << R"({"layers.0.mlp.router": [3, 1]})";
+  EXPECT_EQ(RoutingModel::parse("histogram:" + file).counts("layers.0.mlp.router", 8, 1, 2), (Counts{6, 2}));
+  test::expect_error([] { RoutingModel::histogram({{"a", {1, -1}}}); }, "must be finite numbers >= 0");
+}
+
 // Ops that read values and bad ranks are refused by name; so is training on a fake world.
 TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
   const std::string dir = test::scratch_dir("dry_run_refuses");
   TrainConfig c = config_of(Layout{"one rank", dims(1, 1)}, dir);
   test::expect_error([&] { dry_run(c, 1, 1); }, "fake_world: rank 1 is not in [0, 1)");
-  // A mixture of experts reads its routing counts.
-  const TrainConfig moe = parse_config(
-      "model: {family: qwen3_moe, vocab: 256, dim: 32, layers: 2, heads: 4, kv_heads: 2, max_seq: 16, experts: 4}\n"
-      "data: {seq_len: 16}\ntrain: {global_batch: 2, micro_batch: 2}",
-      {});
-  test::expect_error([&] { dry_run(moe, 1, 0); }, "an op failed on the meta device: Could not run 'aten::bincount'");
-  // Also inside a pipeline stage, named by the rank that failed (the last stage's peer here).
-  TrainConfig moe_pipeline = moe;
-  moe_pipeline.parallel.pp = 2;
-  test::expect_error([&] { dry_run(moe_pipeline, 2, 1); },
-                     {"dry run of", "world rank 0 (a pipeline peer)", "Could not run 'aten::bincount'"});
+  // A routing model that does not fit the layer fails inside a pipeline stage, named by the rank
+  // that failed (the last stage's peer here).
+  TrainConfig moe_pipeline = moe_config_of(Layout{"pp 2", pipeline(2)}, dir);
+  std::map<std::string, std::vector<double>> three_experts{{"layers.0.mlp.router", {1, 1, 1}}};
+  test::expect_error([&] { dry_run(moe_pipeline, 2, 1, RoutingModel::histogram(three_experts)); },
+                     {"dry run of", "world rank 0 (a pipeline peer)", "gives router 'layers.0.mlp.router' 3 loads"});
   // And training on a fake world is refused before anything runs.
   test::expect_error([&] { train(c, comm::fake_world(1, 0, world_options(c))); },
                      "train: the world group is a fake world");

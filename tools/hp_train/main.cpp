@@ -4,6 +4,7 @@
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/core/job.h>
+#include <hp/train/routing_model.h>
 #include <hp/train/stop.h>
 #include <hp/train/trainer.h>
 
@@ -29,6 +30,7 @@ struct Args {
   std::string config_path;
   std::vector<std::string> overrides;
   hp::train::TrainOptions options;
+  bool routing_given = false;  // --routing answers a --dry-run, even when it names the default
 };
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
@@ -69,6 +71,19 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
          if (!(a.options.allocator_slack >= 0.0) || !std::isfinite(a.options.allocator_slack))
            throw hp::tools::UsageError("--allocator-slack expects a fraction >= 0, got '" + v + "'");
        }},
+      {{"--routing"},
+       "SPEC",
+       "with --dry-run: what a mixture of experts' routers choose: balanced (default), skewed:S (expert 0 of every "
+       "layer takes the share S of the rows), or histogram:FILE (JSON: router FQN -> relative loads)",
+       [](Args& a, const std::string& v) {
+         try {
+           hp::train::RoutingModel::parse(v);  // a mistake is the command line's, found before any rank waits
+         } catch (const hp::Error& e) {
+           throw hp::tools::UsageError(std::string("--routing: ") + e.what());
+         }
+         a.options.routing = v;
+         a.routing_given = true;
+       }},
       {{"--no-progress"},
        "",
        "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
@@ -78,8 +93,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 }
 
 void usage(std::ostream& out) {
-  out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run [--memory-limit GIB "
-         "[--allocator-slack FRACTION]]] [--no-progress]\n\n"
+  out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run [--routing SPEC] "
+         "[--memory-limit GIB [--allocator-slack FRACTION]]] [--no-progress]\n\n"
       << hp::tools::flag_help(flags())
       << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
 }
@@ -121,6 +136,7 @@ int main(int argc, char** argv) {
     if (args.config_path.empty()) throw hp::tools::UsageError("--config FILE is required");
     if (args.options.memory_limit_gib > 0.0 && !args.options.dry_run)
       throw hp::tools::UsageError("--memory-limit answers a --dry-run; add --dry-run");
+    if (args.routing_given && !args.options.dry_run) throw hp::tools::UsageError("--routing goes with --dry-run");
     if (args.options.allocator_slack != hp::train::TrainOptions{}.allocator_slack &&
         args.options.memory_limit_gib == 0.0)
       throw hp::tools::UsageError("--allocator-slack goes with --memory-limit");

@@ -45,7 +45,8 @@ struct RouterOptions {
 struct Routing {
   at::Tensor experts;         // [tokens, top_k] int64: the chosen experts, best first
   at::Tensor gates;           // [tokens, top_k]: their gate values (differentiable), routing dtype
-  at::Tensor counts;          // [experts] int64, on the tokens' device: the (token, choice) rows of each expert
+  at::Tensor counts;          // [experts] int64, on the tokens' device (the host for meta tokens): the
+                              // (token, choice) rows of each expert
   at::Tensor logits, scores;  // [tokens, experts], routing dtype, differentiable: the gate's output, its scores
 };
 
@@ -58,12 +59,24 @@ class TokenChoiceTopKRouter : public Module {
   // tokens_per_expert; evaluation under no_grad counts nothing.
   Routing route(const at::Tensor& x);
   const RouterOptions& options() const { return options_; }
+
+  // Where the routing cannot be computed, tokens on the meta device (a dry run, which has shapes
+  // but no scores): how many of the `tokens` tokens' (token, choice) rows each expert gets, a
+  // count per expert adding up to tokens * top_k, none above `tokens`. route() then returns these
+  // counts on the host, choices of the right shape on meta, and counts nothing for balancing.
+  using RoutingModel = std::function<std::vector<int64_t>(int64_t tokens)>;
+  void set_routing_model(RoutingModel model) { routing_model_ = std::move(model); }
+
   std::shared_ptr<Linear> gate;
   at::Tensor expert_bias;        // [experts] fp32, a buffer; undefined without options().expert_bias
   at::Tensor tokens_per_expert;  // [experts] fp64: rows routed since hp::nn::balance_experts last ran
 
  private:
+  // The routing model's counts for `tokens` tokens, checked, as a host tensor.
+  at::Tensor modelled_counts(int64_t tokens) const;
+
   RouterOptions options_;
+  RoutingModel routing_model_;
 };
 
 // For each group g, the next counts[g] rows of `rows` [N, in] times weights[g]^T ([groups, out, in]):

@@ -16,8 +16,9 @@
 // A pipeline rank is played together with the other ranks of its pipeline (one per stage position,
 // on threads of this process), as each stage learns the shape of its input from the stage before.
 //
-// What it covers today: models whose forward and backward need no values (dense families; a
-// mixture of experts' routing reads its counts and is refused).
+// A mixture of experts' routers choose by a routing model (hp/train/routing_model.h): balanced
+// unless told otherwise. What it covers: models whose forward and backward need no values but
+// those routing counts.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "hp/train/config.h"
+#include "hp/train/routing_model.h"
 
 namespace hp::train {
 
@@ -54,7 +56,9 @@ struct DryRunReport {
   bool fits(int64_t limit_bytes, double allocator_slack = 0.1) const;
 };
 
-// Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).
-DryRunReport dry_run(const TrainConfig& config, int world_size, int rank);
+// Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run),
+// its routers choosing by `routing`.
+DryRunReport dry_run(const TrainConfig& config, int world_size, int rank,
+                     const RoutingModel& routing = RoutingModel::balanced());
 
 }  // namespace hp::train

@@ -38,6 +38,9 @@ struct TrainOptions {
   // (DryRunReport::fits), fits in this much memory per rank.
   double memory_limit_gib = 0.0;
   double allocator_slack = 0.1;
+  // With dry_run: what a mixture of experts' routers choose in it, a spec of
+  // hp::train::RoutingModel::parse ("balanced", "skewed:S", "histogram:FILE").
+  std::string routing = "balanced";
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
   // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
   std::vector<std::shared_ptr<Callback>> callbacks;
