@@ -2,8 +2,9 @@
 // it costs. For layouts of examples/tiny_llama.yaml on up to 4 ranks (threads of this process):
 // each rank's measured step peak (the trainer's peak_mem_bytes, the largest of steps 2 to 5)
 // against its dry-run peak, and the seconds one rank's dry run takes. With --scale: one rank of a
-// 256-rank job of a 70B-class Llama in two layouts, each one's seconds and this process's peak
-// resident memory after it (the peak so far: the second layout's includes the first's).
+// 256-rank job of a 70B-class Llama and of Qwen3-235B-A22B, each in two layouts, each one's
+// seconds and this process's peak resident memory after it (the peak so far: each layout's
+// includes those before it).
 //
 //   build/bin/bench_plan [--quick] [--scale]
 #include <ATen/ATen.h>
@@ -101,25 +102,44 @@ int64_t peak_resident_mb() {
   return -1;
 }
 
-void scale() {
-  const std::string model =
-      "model: {family: llama, vocab: 128256, dim: 8192, layers: 80, heads: 64, kv_heads: 8, ffn_hidden: 28672, "
-      "max_seq: 8192}\n"
-      "data: {seq_len: 8192}\n"
-      "train: {global_batch: 32, micro_batch: 1, dtype: bf16, steps: 10}\n"
-      "schedule: {warmup_steps: 1}\n"
-      "memory: {checkpoint: full}\n";
-  for (const auto& [name, parallel] : std::vector<std::pair<std::string, std::string>>{
-           {"dp_shard 32 x tp 8, sp", "parallel: {dp_shard: 32, tp: 8, sequence_parallel: true}\n"},
-           {"pp 8 x dp_shard 4 x tp 8, sp, 1f1b",
-            "parallel: {pp: 8, dp_shard: 4, tp: 8, sequence_parallel: true, pp_schedule: 1f1b}\n"}}) {
+// Rank 0 of a 256-rank job of `model` (its YAML but the parallel dims) in each of `layouts`
+// (name, YAML of the parallel dims): the seconds its dry run takes, its peak, and this process's
+// peak resident memory so far.
+void time_rank0(const std::string& name, const std::string& model,
+                const std::vector<std::pair<std::string, std::string>>& layouts) {
+  for (const auto& [layout, parallel] : layouts) {
     const hp::train::TrainConfig c = hp::train::parse_config(model + parallel, {});
     const auto start = std::chrono::steady_clock::now();
     const hp::train::DryRunReport report = hp::train::dry_run(c, 256, 0);
-    std::cout << "70B-class Llama, rank 0 of 256, " << name << ": " << std::fixed << std::setprecision(1)
+    std::cout << name << ", rank 0 of 256, " << layout << ": " << std::fixed << std::setprecision(1)
               << seconds_since(start) << " s, step peak " << static_cast<double>(report.peak_bytes) / (1 << 30)
               << " GiB; this process's peak resident memory so far " << peak_resident_mb() << " MB\n";
   }
+}
+
+void scale() {
+  time_rank0("70B-class Llama",
+             "model: {family: llama, vocab: 128256, dim: 8192, layers: 80, heads: 64, kv_heads: 8, ffn_hidden: 28672, "
+             "max_seq: 8192}\n"
+             "data: {seq_len: 8192}\n"
+             "train: {global_batch: 32, micro_batch: 1, dtype: bf16, steps: 10}\n"
+             "schedule: {warmup_steps: 1}\n"
+             "memory: {checkpoint: full}\n",
+             {{"dp_shard 32 x tp 8, sp", "parallel: {dp_shard: 32, tp: 8, sequence_parallel: true}\n"},
+              {"pp 8 x dp_shard 4 x tp 8, sp, 1f1b",
+               "parallel: {pp: 8, dp_shard: 4, tp: 8, sequence_parallel: true, pp_schedule: 1f1b}\n"}});
+  // The shape of hp::models::qwen3_235b_a22b(); its routers choose by the balanced routing model.
+  time_rank0("Qwen3-235B-A22B",
+             "model: {family: qwen3_moe, vocab: 151936, dim: 4096, layers: 94, heads: 64, kv_heads: 4, head_dim: 128, "
+             "max_seq: 40960, experts: 128, top_k: 8, expert_hidden: 1536}\n"
+             "data: {seq_len: 4096}\n"
+             "train: {global_batch: 64, micro_batch: 1, dtype: bf16, steps: 10}\n"
+             "schedule: {warmup_steps: 1}\n"
+             "memory: {checkpoint: full}\n",
+             {{"dp_replicate 2 x dp_shard 32 x tp 4, sp, ep 32",
+               "parallel: {dp_replicate: 2, dp_shard: 32, tp: 4, sequence_parallel: true, ep: 32}\n"},
+              {"pp 2 x dp_shard 32 x tp 4, sp, ep 32, 1f1b",
+               "parallel: {pp: 2, dp_shard: 32, tp: 4, sequence_parallel: true, ep: 32, pp_schedule: 1f1b}\n"}});
 }
 
 }  // namespace

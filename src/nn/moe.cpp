@@ -121,10 +121,9 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
   Routing routing;
   // The choice is data-dependent: a recomputation (activation checkpointing) replays the first
   // pass's instead of choosing again, so that both route alike whatever the rounding.
+  // (On meta scores, a dry run's, the choice has a shape but no values: the bias changes nothing.)
   routing.experts = replayed<at::Tensor>([&] {
-    if (!o.expert_bias) return choose_experts(scores.detach(), o);
-    // A host buffer meets meta scores in a dry run, where the choice has a shape but no values.
-    return choose_experts(scores.detach() + (x.is_meta() ? expert_bias.to(at::kMeta) : expert_bias), o);
+    return choose_experts(o.expert_bias && !x.is_meta() ? scores.detach() + expert_bias : scores.detach(), o);
   });
   // The gate values: from the unbiased scores, so the bias steers choices but not outputs.
   at::Tensor gates = scores.gather(1, routing.experts);
@@ -144,10 +143,10 @@ Routing TokenChoiceTopKRouter::route(const at::Tensor& x) {
 
 at::Tensor TokenChoiceTopKRouter::modelled_counts(int64_t tokens) const {
   const RouterOptions& o = options_;
-  HP_CHECK(routing_model_ != nullptr,
+  HP_CHECK(modelled_counts_ != nullptr,
            "MoE router: tokens on the meta device have no scores to route by; a dry run gives the router a "
-           "routing model (set_routing_model)");
-  const std::vector<int64_t> counts = routing_model_(tokens);
+           "routing model (set_modelled_counts)");
+  const std::vector<int64_t> counts = modelled_counts_(tokens);
   HP_CHECK(static_cast<int64_t>(counts.size()) == o.experts, "MoE router: the routing model gave ", counts.size(),
            " counts for ", o.experts, " experts");
   HP_CHECK(std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c >= 0 && c <= tokens; }),
@@ -248,14 +247,15 @@ at::Tensor MoE::forward(const at::Tensor& x) {
   if (shared) out = out + shared_out;
   // [batch, seq, dim]: batch sequences; otherwise the tokens are one sequence.
   if (const at::Tensor aux = aux_loss(routing, x.dim() == 3 ? x.size(0) : 1); aux.defined()) {
-    if (training_forward()) {
+    if (training_forward() && !aux.is_meta()) {  // a dry run's (meta) losses count nothing for balancing
       aux_loss_since_balance.add_(aux.detach());
       ++forwards_since_balance;
     }
     // The output unchanged; backward also sends the scaled unit gradient into the losses.
     const double scale = AuxLossScale::current();
-    out = record_backward("moe_aux_loss", {out, aux}, out.detach(), [scale](const at::Tensor& grad) {
-      return std::vector<at::Tensor>{grad, at::full({}, scale, at::kFloat)};
+    const at::TensorOptions unit = aux.options();
+    out = record_backward("moe_aux_loss", {out, aux}, out.detach(), [scale, unit](const at::Tensor& grad) {
+      return std::vector<at::Tensor>{grad, at::full({}, scale, unit)};
     });
   }
   return out.view(x.sizes());
@@ -389,6 +389,13 @@ std::string CapacityOverflow::str() const {
 
 // ---- load balancing ----------------------------------------------------------------------------
 
+std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers_of(Module& model) {
+  std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers;
+  for (auto& [fqn, m] : model.named_modules_fqn())
+    if (auto* router = dynamic_cast<TokenChoiceTopKRouter*>(m)) routers.emplace_back(fqn, router);
+  return routers;
+}
+
 std::vector<ExpertLoad> balance_experts(Module& model, double rate,
                                         const std::function<void(at::Tensor& counts)>& sum_over_data_ranks) {
   HP_CHECK(rate >= 0.0, "balance_experts: the rate must be >= 0, got ", rate);
@@ -399,11 +406,10 @@ std::vector<ExpertLoad> balance_experts(Module& model, double rate,
     MoE* layer = nullptr;
   };
   std::vector<Entry> entries;
+  for (const auto& [fqn, router] : routers_of(model)) entries.push_back({fqn, router});
   std::map<const TokenChoiceTopKRouter*, MoE*> layer_of;
-  for (auto& [fqn, m] : model.named_modules_fqn()) {
-    if (auto* router = dynamic_cast<TokenChoiceTopKRouter*>(m)) entries.push_back({fqn, router});
+  for (auto& [fqn, m] : model.named_modules_fqn())
     if (auto* moe = dynamic_cast<MoE*>(m)) layer_of[moe->router.get()] = moe;
-  }
   std::vector<ExpertLoad> loads;
   if (entries.empty()) return loads;
   // One reduction for all routers: each one's counts, then its layer's dropped rows, auxiliary

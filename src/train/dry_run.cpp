@@ -53,21 +53,21 @@ std::string mib(int64_t bytes) {
   return out.str();
 }
 
-// Every router of `model` routes by `routing` (its own FQN's counts). The recipe's balancing hook,
-// which runs before the optimizer, is left out with the counts it would sum: a few numbers per layer.
-void give_routers(nn::Module& model, const RoutingModel& routing) {
-  for (auto& [fqn, module] : model.named_modules_fqn())
-    if (auto* router = dynamic_cast<nn::TokenChoiceTopKRouter*>(module)) {
-      const int64_t top_k = router->options().top_k, experts = router->options().experts;
-      router->set_routing_model([routing, name = fqn, top_k, experts](int64_t tokens) {
-        return routing.counts(name, tokens, top_k, experts);
-      });
-    }
+// Every router of `model` routes by `routing` (its own FQN's counts).
+void give_routers(nn::Module& model, const std::shared_ptr<const RoutingModel>& routing) {
+  for (const auto& [fqn, router] : nn::routers_of(model)) {
+    const int64_t top_k = router->options().top_k, experts = router->options().experts;
+    router->set_modelled_counts([routing, name = fqn, top_k, experts](int64_t tokens) {
+      return routing->counts(name, tokens, top_k, experts);
+    });
+  }
 }
 
 // The dry run after the checks: everything that may meet an op that needs values. `exchange`
-// carries messages with values between the fake worlds of a pipeline's ranks.
-DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing,
+// carries messages with values between the fake worlds of a pipeline's ranks. A mixture of experts'
+// routers choose by `routing`; the recipe's balancing hook, which the trainer runs before the
+// optimizer, is left out with the counts it would sum: a few numbers per layer.
+DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::shared_ptr<const RoutingModel>& routing,
                      const std::shared_ptr<comm::FakeExchange>& exchange = nullptr) {
   DryRunReport report;
   report.rank = rank;
@@ -133,7 +133,8 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const Routi
 // positions in both orders (ZBV's second stage of position 0 follows the first of position 1): the
 // dry run of a pipeline rank plays all ranks of its pipeline (one per position, with its
 // coordinates on every other dim) together, on threads that exchange those messages.
-DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing) {
+DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
+                              const std::shared_ptr<const RoutingModel>& routing) {
   const std::vector<int> peers =
       build_mesh(comm::fake_world(world_size, rank, world_options(c)), c.parallel, c.train.device)
           .get_group("pp")
@@ -183,7 +184,8 @@ constexpr const char* kCovers =
 
 }  // namespace
 
-DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const RoutingModel& routing) {
+DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const DryRunOptions& options) {
+  const auto routing = std::make_shared<const RoutingModel>(options.routing);
   validate(c, world_size);
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");

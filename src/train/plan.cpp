@@ -13,18 +13,9 @@
 #include "hp/train/dry_run.h"
 
 namespace hp::train::detail {
-namespace {
-
-bool has_routers(nn::Module& model) {
-  for (auto& [fqn, module] : model.named_modules_fqn())
-    if (dynamic_cast<nn::TokenChoiceTopKRouter*>(module)) return true;
-  return false;
-}
-
-}  // namespace
 
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
-                const models::ModelParts& parts, const RoutingModel& routing, double memory_limit_gib,
+                const models::ModelParts& parts, const DryRunOptions& dry, double memory_limit_gib,
                 double allocator_slack) {
   // Per rank: parameters (local elements), parameter bytes, and its training memory: the dry run's
   // peak (hp/train/dry_run.h) where it covers the layout, else an estimate: parameters + gradients +
@@ -35,12 +26,15 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     param_bytes += piece.numel() * static_cast<int64_t>(piece.element_size());
   }
   double memory = 0.0;
-  std::string not_covered;
+  std::string not_covered, failure;
   try {
-    memory = static_cast<double>(dry_run(c, world.size(), world.rank(), routing).peak_bytes);
-  } catch (const std::exception& e) {  // every rank goes on to the gather below, covered or not
-    not_covered = e.what();
-    not_covered = not_covered.substr(0, not_covered.find('\n'));
+    memory = static_cast<double>(dry_run(c, world.size(), world.rank(), dry).peak_bytes);
+  } catch (const std::exception& e) {  // every rank goes on to the gather below, whatever happened
+    const std::string what = e.what();
+    // A device the dry run does not predict gets an estimate; on the CPU it covers every layout,
+    // and its failure is the run's (a capacity overflow) or the command's (a routing model that
+    // does not fit the model).
+    (c.train.device == "cpu" ? failure : not_covered) = what.substr(0, what.find('\n'));
     // A context-parallel rank keeps its 1/cp of each sequence.
     const double activations = static_cast<double>(c.train.micro_batch * c.data.seq_len / c.parallel.cp) *
                                c.model->activation_bytes_per_token(c.parallel);
@@ -49,9 +43,13 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   // As DryRunReport::fits, in doubles (a limit of any size).
   constexpr double kGiB = static_cast<double>(int64_t{1} << 30);
   const double fits = memory * (1.0 + allocator_slack) <= memory_limit_gib * kGiB ? 1.0 : 0.0;
-  at::Tensor mine =
-      at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory, fits}, at::kDouble);
-  const at::Tensor all = world.all_gather(mine);
+  at::Tensor mine = at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory, fits,
+                                failure.empty() ? 0.0 : 1.0},
+                               at::kDouble);
+  const at::Tensor all = world.all_gather(mine).view({world.size(), 5});
+  HP_CHECK(failure.empty(), failure);
+  for (int r = 0; r < world.size(); ++r)
+    HP_CHECK(all[r][4].item<double>() == 0.0, "the dry run of rank ", r, " failed (its error is on its output)");
   if (world.rank() != 0) return;
   std::cout << "plan: " << c.parallel.str() << " on " << world.size() << " ranks, " << mesh.str() << "\n"
             << "model: " << c.model->describe() << ": " << c.model->parameter_count() << " parameters\n"
@@ -64,7 +62,8 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
                    "compute allocator (an upper bound)\n";
   } else {
     std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)";
-    if (has_routers(*parts.model)) std::cout << ", its routers choosing by a " << routing.str() << " routing model";
+    if (!nn::routers_of(*parts.model).empty())
+      std::cout << ", its routers choosing by a " << dry.routing.str() << " routing model";
     std::cout << "\n";
   }
   std::ios saved_format(nullptr);
@@ -77,7 +76,7 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   const char* what = not_covered.empty() ? "dry-run peak " : "estimated training memory ";
   int over = 0;
   for (int r = 0; r < world.size(); ++r) {
-    const auto row = all.view({world.size(), 4})[r];
+    const auto row = all[r];
     std::cout << "  rank " << r << ": " << static_cast<int64_t>(row[0].item<double>()) << " parameter elements ("
               << std::fixed << std::setprecision(2) << row[1].item<double>() / 1e6 << " MB), " << what
               << row[2].item<double>() / 1e6 << " MB";

@@ -63,7 +63,7 @@ std::map<std::string, std::vector<double>> read_histogram(const std::string& pat
   HP_CHECK(in.good(), "routing model: cannot read the histogram file '", path, "'");
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(in);  // strict: nothing may follow the object
   } catch (const nlohmann::json::exception& e) {
     HP_FAIL("routing model: '", path, "' is not JSON: ", e.what());
   }
@@ -93,10 +93,14 @@ RoutingModel RoutingModel::skewed(double hot_share) {
 
 RoutingModel RoutingModel::histogram(std::map<std::string, std::vector<double>> loads_by_router) {
   HP_CHECK(!loads_by_router.empty(), "routing model: a histogram with no routers");
-  for (const auto& [router, loads] : loads_by_router) {
+  for (auto& [router, loads] : loads_by_router) {
     HP_CHECK(
         !loads.empty() && std::all_of(loads.begin(), loads.end(), [](double v) { return std::isfinite(v) && v >= 0; }),
         "routing model: the loads of '", router, "' must be finite numbers >= 0, one per expert");
+    // Relative to the largest, so that their sum is finite whatever their scale.
+    const double largest = *std::max_element(loads.begin(), loads.end());
+    if (largest > 0)
+      for (double& v : loads) v /= largest;
   }
   RoutingModel m;
   m.kind_ = Kind::kHistogram;
@@ -110,16 +114,22 @@ RoutingModel RoutingModel::parse(const std::string& spec) {
     const std::string share = spec.substr(7);
     size_t used = 0;
     double value = 0.0;
-    try {
-      value = std::stod(share, &used);
-    } catch (const std::exception&) {
-      used = 0;
+    // A plain decimal number (std::stod would also take leading blanks, hex and "inf").
+    if (!share.empty() && share.find_first_not_of("0123456789.eE+-") == std::string::npos) {
+      try {
+        value = std::stod(share, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
     }
     HP_CHECK(!share.empty() && used == share.size(), "routing model '", spec,
              "': skewed:S needs S, the hot expert's share of the rows, a number in (0, 1)");
     return skewed(value);
   }
-  if (spec.rfind("histogram:", 0) == 0 && spec.size() > 10) return histogram(read_histogram(spec.substr(10)));
+  if (spec.rfind("histogram:", 0) == 0) {
+    HP_CHECK(spec.size() > 10, "routing model '", spec, "': histogram:FILE needs the file");
+    return histogram(read_histogram(spec.substr(10)));
+  }
   HP_FAIL("routing model '", spec, "' is unknown: balanced, skewed:S (S in (0, 1)), or histogram:FILE");
 }
 

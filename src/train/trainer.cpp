@@ -25,7 +25,7 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
-#include "hp/train/routing_model.h"
+#include "hp/train/dry_run.h"
 #include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
@@ -166,9 +166,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   HP_CHECK(options.dry_run || options.routing == TrainOptions{}.routing,
            "train: TrainOptions::routing (a routing model) is for a dry run; set dry_run");
   if (options.dry_run) {
-    const RoutingModel routing = RoutingModel::parse(options.routing);
+    DryRunOptions dry;
+    dry.routing = RoutingModel::parse(options.routing);
     const detail::Setup s = detail::build(c, world);
-    detail::print_plan(c, world, s.mesh, s.parts, routing, options.memory_limit_gib, options.allocator_slack);
+    detail::print_plan(c, world, s.mesh, s.parts, dry, options.memory_limit_gib, options.allocator_slack);
     return {};
   }
 

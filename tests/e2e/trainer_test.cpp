@@ -394,6 +394,13 @@ TEST(HpTrain, DryRunOfAMixtureOfExpertsTakesARoutingModel) {
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--routing: routing model: skewed needs a hot share in (0, 1), got 2"), std::string::npos)
       << bad.output;
+  // A capacity the hot expert's rows overflow stops the dry run as it would stop the run: 4 sequences
+  // of 128 tokens choose 2 of 8 experts, a capacity of 128 rows each, and expert 0 gets all 512.
+  const Result overflow = run_job(
+      train_command(dir, "--dry-run --routing skewed:0.5 --set model.capacity_factor=1", "tiny_qwen3_moe.yaml"));
+  EXPECT_EQ(overflow.exit_code, 1) << overflow.output;
+  EXPECT_NE(overflow.output.find("expert 0 got 512 rows, over its capacity of 128"), std::string::npos)
+      << overflow.output;
   const Result alone = run_job(train_command(dir, "--routing balanced", "tiny_qwen3_moe.yaml"));
   EXPECT_EQ(alone.exit_code, 2) << alone.output;
   EXPECT_NE(alone.output.find("--routing goes with --dry-run"), std::string::npos) << alone.output;

@@ -128,13 +128,13 @@ TEST(MoE, OnTheMetaDeviceARoutingModelGivesTheCounts) {
   nn::init_parameters(router, 1, at::kMeta);
   const at::Tensor x = at::empty({6, 8}, at::TensorOptions().device(at::kMeta)).requires_grad_();
   expect_error([&] { router.route(x); }, "tokens on the meta device have no scores to route by");
-  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens, 0, 1}; });
+  router.set_modelled_counts([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens, 0, 1}; });
   expect_error([&] { router.route(x); }, "the routing model's counts add up to 13, not 12 (6 tokens x top_k 2)");
-  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens + 1, tokens - 1, 0, 0}; });
+  router.set_modelled_counts([](int64_t tokens) { return std::vector<int64_t>{tokens + 1, tokens - 1, 0, 0}; });
   expect_error([&] { router.route(x); }, "a count outside [0, 6]");
-  router.set_routing_model([](int64_t) { return std::vector<int64_t>{12}; });
+  router.set_modelled_counts([](int64_t) { return std::vector<int64_t>{12}; });
   expect_error([&] { router.route(x); }, "gave 1 counts for 4 experts");
-  router.set_routing_model([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens / 2, tokens / 2, 0}; });
+  router.set_modelled_counts([](int64_t tokens) { return std::vector<int64_t>{tokens, tokens / 2, tokens / 2, 0}; });
   const nn::Routing r = router.route(x);
   EXPECT_TRUE(r.experts.is_meta());
   EXPECT_EQ(r.experts.sizes(), (std::vector<int64_t>{6, 2}));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -235,6 +236,13 @@ TEST(DryRun, PredictsAMixtureOfExpertsPeak) {
                                Layout{"moe, pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
                                Layout{"moe, one rank, checkpointing", dims(1, 1), false, "full"}})
     expect_peaks_predicted(layout, moe_config_of(layout, dir));
+  // With the auxiliary losses, whose statistics are summed over the expert-parallel ranks' tokens.
+  const Layout aux{"moe with auxiliary losses, dp_shard 2 x ep 2", experts(2, 2), false, "none", "adamw", 0.08};
+  TrainConfig c = moe_config_of(aux, dir);
+  auto& moe = c.model.as<models::Qwen3MoeConfig>();
+  moe.aux_loss_coeff = moe.seq_aux_loss_coeff = 0.01;
+  moe.z_loss_coeff = 0.001;
+  expect_peaks_predicted(aux, c);
 }
 
 // Under expert parallelism the rank holding a hot expert receives its rows from every rank: a
@@ -245,7 +253,7 @@ TEST(DryRun, AHotExpertsRankHoldsMore) {
   const auto& moe = c.model.as<models::Qwen3MoeConfig>();
   const RoutingModel hot = RoutingModel::skewed(0.45);
   const DryRunReport balanced0 = dry_run(c, 2, 0), balanced1 = dry_run(c, 2, 1);
-  const DryRunReport hot0 = dry_run(c, 2, 0, hot), hot1 = dry_run(c, 2, 1, hot);
+  const DryRunReport hot0 = dry_run(c, 2, 0, {hot}), hot1 = dry_run(c, 2, 1, {hot});
   EXPECT_EQ(balanced0.peak_bytes, balanced1.peak_bytes);
   // Per forward of a layer: rank 0 holds experts 0 and 1, rank 1 experts 2 and 3, and each rank
   // receives its experts' rows from both ranks.
@@ -267,66 +275,60 @@ TEST(DryRun, AHotExpertsRankHoldsMore) {
   std::map<std::string, std::vector<double>> loads;
   for (const char* router : {"layers.0.mlp.router", "layers.1.mlp.router"})
     loads[router] = {0.45, 0.55 / 3, 0.55 / 3, 0.55 / 3};
-  EXPECT_EQ(dry_run(c, 2, 0, RoutingModel::histogram(loads)).peak_bytes, hot0.peak_bytes);
+  EXPECT_EQ(dry_run(c, 2, 0, {RoutingModel::histogram(loads)}).peak_bytes, hot0.peak_bytes);
   loads.erase("layers.1.mlp.router");
-  test::expect_error([&] { dry_run(c, 2, 0, RoutingModel::histogram(loads)); },
+  test::expect_error([&] { dry_run(c, 2, 0, {RoutingModel::histogram(loads)}); },
                      "the histogram has no loads for router 'layers.1.mlp.router'");
   // With a capacity, the dry run drops what the run would drop (the hot expert keeps its capacity
   // of rows, and the gap shrinks), or stops where the run would stop.
   TrainConfig capped = c;
   capped.model.as<models::Qwen3MoeConfig>().capacity_factor = 1.0;
   capped.model.as<models::Qwen3MoeConfig>().capacity_policy = "drop_lowest";
-  const int64_t capped_gap = dry_run(capped, 2, 0, hot).peak_bytes - dry_run(capped, 2, 1, hot).peak_bytes;
+  const int64_t capped_gap = dry_run(capped, 2, 0, {hot}).peak_bytes - dry_run(capped, 2, 1, {hot}).peak_bytes;
   std::cout << "with a capacity, " << capped_gap << " B apart\n";
   EXPECT_LT(capped_gap, gap);
   capped.model.as<models::Qwen3MoeConfig>().capacity_policy = "error";
   const int64_t capacity = tokens * moe.top_k / moe.experts;
   test::expect_error(
-      [&] { dry_run(capped, 2, 1, hot); },
+      [&] { dry_run(capped, 2, 1, {hot}); },
       "expert 0 got " + std::to_string(counts[0]) + " rows, over its capacity of " + std::to_string(capacity));
 }
 
-// A routing model shares a forward's rows out as it says, every count within one row per token.
-TEST(RoutingModel, SharesOutTheRowsAsItSays) {
-  using Counts = std::vector<int64_t>;
-  EXPECT_EQ(RoutingModel::balanced().counts("r", 10, 2, 3), (Counts{7, 7, 6}));
-  // The hot expert's 90% of 20 rows is over its 10 tokens: it takes 10, the others share the rest.
-  EXPECT_EQ(RoutingModel::skewed(0.9).counts("r", 10, 2, 4), (Counts{10, 4, 3, 3}));
-  EXPECT_EQ(RoutingModel::skewed(0.4).counts("r", 10, 2, 4), (Counts{8, 4, 4, 4}));
-  // A histogram at any scale; experts it gives no load take what the others cannot.
-  const RoutingModel h = RoutingModel::histogram({{"a", {0, 0, 1, 1}}, {"b", {30, 10, 0, 0}}});
-  EXPECT_EQ(h.counts("a", 10, 3, 4), (Counts{5, 5, 10, 10}));
-  EXPECT_EQ(h.counts("b", 10, 1, 4), (Counts{8, 2, 0, 0}));
-  EXPECT_EQ(h.str(), "histogram (2 routers)");
-  test::expect_error([&] { h.counts("c", 10, 1, 4); }, "the histogram has no loads for router 'c'");
-  for (const RoutingModel& m : {RoutingModel::balanced(), RoutingModel::skewed(0.3), RoutingModel::skewed(0.99)})
-    for (int64_t tokens : {0, 1, 7, 64, 1000})
-      for (int64_t experts : {2, 3, 8, 128})
-        for (int64_t top_k : {1, 2, 8}) {
-          if (top_k > experts) continue;
-          const Counts c = m.counts("r", tokens, top_k, experts);
-          int64_t total = 0;
-          for (int64_t n : c) {
-            EXPECT_GE(n, 0);
-            EXPECT_LE(n, tokens) << m.str();
-            total += n;
-          }
-          EXPECT_EQ(total, tokens * top_k) << m.str() << " " << tokens << " " << top_k << " " << experts;
-        }
-  EXPECT_EQ(RoutingModel::parse("skewed:0.25").str(), "skewed:0.25");
-  EXPECT_EQ(RoutingModel::parse("balanced").str(), "balanced");
-  for (const char* bad : {"skewed:1.5", "skewed:0"})
-    test::expect_error([&] { RoutingModel::parse(bad); }, "skewed needs a hot share in (0, 1)");
-  for (const char* bad : {"skewed:", "skewed:0.5x", "skewed:abc"})
-    test::expect_error([&] { RoutingModel::parse(bad); }, "skewed:S needs S");
-  test::expect_error([] { RoutingModel::parse("zipf"); }, "routing model 'zipf' is unknown");
-  test::expect_error([] { RoutingModel::parse("histogram:/no/such/file"); }, "cannot read the histogram file");
-  const std::string file = test::scratch_dir("routing_model") + "/loads.json";
-  std::ofstream(file) << R"({"layers.0.mlp.router": [1, "two"]})";
-  test::expect_error([&] { RoutingModel::parse("histogram:" + file); }, "must be an array of numbers");
-  std::ofstream(file) << R"({"layers.0.mlp.router": [3, 1]})";
-  EXPECT_EQ(RoutingModel::parse("histogram:" + file).counts("layers.0.mlp.router", 8, 1, 2), (Counts{6, 2}));
-  test::expect_error([] { RoutingModel::histogram({{"a", {1, -1}}}); }, "must be finite numbers >= 0");
+// This process's peak resident memory since the last reset_peak_resident(), in bytes.
+int64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+void reset_peak_resident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// At scale: one rank of a 256-rank job of Qwen3-235B-A22B (94 layers of 128 experts, top 8; 4096
+// tokens a sequence, bf16, full checkpointing) as dp_replicate 2 x dp_shard 32 x tp 4 with
+// sequence parallelism and ep 32, in at most 60 s and 2 GB of resident memory.
+TEST(DryRun, OneRankOfA235BMixtureOfExpertsJobOf256Ranks) {
+  TrainConfig c = parse_config(
+      "model: {family: qwen3_moe}\n"
+      "parallel: {dp_replicate: 2, dp_shard: 32, tp: 4, sequence_parallel: true, ep: 32}\n"
+      "data: {seq_len: 4096}\n"
+      "train: {global_batch: 64, micro_batch: 1, dtype: bf16}\n"
+      "memory: {checkpoint: full}\n",
+      {});
+  c.model.as<models::Qwen3MoeConfig>() = models::qwen3_235b_a22b();
+  reset_peak_resident();
+  const int64_t resident_before = peak_resident_bytes();
+  const auto start = std::chrono::steady_clock::now();
+  const DryRunReport report = dry_run(c, 256, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t resident = peak_resident_bytes();
+  std::cout << "rank 0 of 256: " << seconds << " s, peak resident " << resident / (1 << 20) << " MB (from "
+            << resident_before / (1 << 20) << " MB)\n"
+            << report.table();
+  EXPECT_LE(seconds, 60.0);
+  EXPECT_LE(resident, int64_t{2} << 30);
+  EXPECT_TRUE(report.host_compute.empty());
+  EXPECT_EQ(report.collectives.count("all_to_all"), 1u);
 }
 
 // Ops that read values and bad ranks are refused by name; so is training on a fake world.
@@ -338,8 +340,18 @@ TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
   // that failed (the last stage's peer here).
   TrainConfig moe_pipeline = moe_config_of(Layout{"pp 2", pipeline(2)}, dir);
   std::map<std::string, std::vector<double>> three_experts{{"layers.0.mlp.router", {1, 1, 1}}};
-  test::expect_error([&] { dry_run(moe_pipeline, 2, 1, RoutingModel::histogram(three_experts)); },
+  test::expect_error([&] { dry_run(moe_pipeline, 2, 1, {RoutingModel::histogram(three_experts)}); },
                      {"dry run of", "world rank 0 (a pipeline peer)", "gives router 'layers.0.mlp.router' 3 loads"});
+  // A routing model is for a dry run.
+  testing::run_ranks(
+      1,
+      [&](const comm::ProcessGroup& world) {
+        TrainOptions options;
+        options.routing = "skewed:0.5";
+        test::expect_error([&] { train(c, world, options); },
+                           "TrainOptions::routing (a routing model) is for a dry run");
+      },
+      ranks_for(c));
   // And training on a fake world is refused before anything runs.
   test::expect_error([&] { train(c, comm::fake_world(1, 0, world_options(c))); },
                      "train: the world group is a fake world");

@@ -74,7 +74,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
       {{"--routing"},
        "SPEC",
        "with --dry-run: what a mixture of experts' routers choose: balanced (default), skewed:S (expert 0 of every "
-       "layer takes the share S of the rows), or histogram:FILE (JSON: router FQN -> relative loads)",
+       "layer takes the share S of the rows, at most one row per token), or histogram:FILE (JSON: router FQN -> "
+       "relative loads)",
        [](Args& a, const std::string& v) {
          try {
            hp::train::RoutingModel::parse(v);  // a mistake is the command line's, found before any rank waits

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/nn/layers.h"
@@ -64,19 +65,20 @@ class TokenChoiceTopKRouter : public Module {
   // but no scores): how many of the `tokens` tokens' (token, choice) rows each expert gets, a
   // count per expert adding up to tokens * top_k, none above `tokens`. route() then returns these
   // counts on the host, choices of the right shape on meta, and counts nothing for balancing.
-  using RoutingModel = std::function<std::vector<int64_t>(int64_t tokens)>;
-  void set_routing_model(RoutingModel model) { routing_model_ = std::move(model); }
+  // (hp::train::RoutingModel makes them for a dry run.)
+  using ModelledCounts = std::function<std::vector<int64_t>(int64_t tokens)>;
+  void set_modelled_counts(ModelledCounts counts) { modelled_counts_ = std::move(counts); }
 
   std::shared_ptr<Linear> gate;
   at::Tensor expert_bias;        // [experts] fp32, a buffer; undefined without options().expert_bias
   at::Tensor tokens_per_expert;  // [experts] fp64: rows routed since hp::nn::balance_experts last ran
 
  private:
-  // The routing model's counts for `tokens` tokens, checked, as a host tensor.
+  // The modelled counts for `tokens` tokens, checked, as a host tensor.
   at::Tensor modelled_counts(int64_t tokens) const;
 
   RouterOptions options_;
-  RoutingModel routing_model_;
+  ModelledCounts modelled_counts_;
 };
 
 // For each group g, the next counts[g] rows of `rows` [N, in] times weights[g]^T ([groups, out, in]):
@@ -246,6 +248,9 @@ struct ExpertLoad {
   double dropped = 0.0;        // rows its MoE layer dropped over capacity, summed like the counts
   double aux_loss = 0.0;       // its MoE layer's auxiliary losses, the mean over forwards and ranks
 };
+
+// Every router of `model` with its FQN, in model order.
+std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers_of(Module& model);
 
 // Auxiliary-loss-free load balancing (DeepSeek-V3), run once per step before the optimizer steps.
 // For every router of `model`, in model order: its tokens_per_expert (and its MoE layer's dropped

@@ -56,9 +56,12 @@ struct DryRunReport {
   bool fits(int64_t limit_bytes, double allocator_slack = 0.1) const;
 };
 
-// Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run),
-// its routers choosing by `routing`.
-DryRunReport dry_run(const TrainConfig& config, int world_size, int rank,
-                     const RoutingModel& routing = RoutingModel::balanced());
+struct DryRunOptions {
+  // What a mixture of experts' routers choose in the dry run.
+  RoutingModel routing = RoutingModel::balanced();
+};
+
+// Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).
+DryRunReport dry_run(const TrainConfig& config, int world_size, int rank, const DryRunOptions& options = {});
 
 }  // namespace hp::train

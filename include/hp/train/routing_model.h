@@ -20,9 +20,9 @@ class RoutingModel {
  public:
   // The rows spread evenly over the experts (what load balancing aims for).
   static RoutingModel balanced();
-  // Expert 0 of every layer takes `hot_share` (in (0, 1)) of the rows, at most one per token (the
-  // rest goes to the others), and the other experts share what is left evenly. Under expert
-  // parallelism the rank holding expert 0 is the hot rank.
+  // Expert 0 of every layer takes `hot_share` (in (0, 1)) of the rows, but at most one row per
+  // token (so a share above 1 / top_k gives it every token), and the other experts share what is
+  // left evenly. Under expert parallelism the rank holding expert 0 is the hot rank.
   static RoutingModel skewed(double hot_share);
   // Each router's relative loads (any scale, e.g. rows counted in a real run), by its FQN
   // ("layers.0.mlp.router"): counts in proportion, at most one row per token.
