@@ -100,7 +100,9 @@ class Problem {
       if (causal_) {
         block.keys = std::upper_bound(kp, kp + sk_, qp[begin + rows - 1]) - kp;
         const int64_t all_see = std::upper_bound(kp, kp + sk_, qp[begin]) - kp;
-        if (block.keys > all_see)
+        if (block.keys > all_see && device_.is_meta())  // a dry run's: the mask's shape is all it has
+          block.mask = at::empty({rows, block.keys}, at::TensorOptions().dtype(at::kBool).device(device_));
+        else if (block.keys > all_see)
           block.mask = at::gt(kp_->positions.narrow(0, 0, block.keys).unsqueeze(0),
                               qp_->positions.narrow(0, begin, rows).unsqueeze(1))
                            .to(device_);  // from the positions, which stay on the host
