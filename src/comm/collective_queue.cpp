@@ -42,6 +42,7 @@ std::shared_future<at::Tensor> CollectiveQueue::enqueue(std::function<at::Tensor
   std::packaged_task<at::Tensor()> packaged(
       [owners = MemoryTracker::owners_of_this_thread(), task = std::move(task)]() mutable {
         const MemoryTracker::ChargeTo charge(owners);
+        const MemoryLabel communication(MemoryLabel::kCommunication);
         std::function<at::Tensor()> run = std::move(task);
         at::Tensor result = run();
         // What the task holds (the collective's buffers) goes before its caller sees the result,

@@ -29,6 +29,7 @@
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
+#include "hp/core/memory_tracker.h"
 
 namespace hp::comm {
 
@@ -312,6 +313,7 @@ at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0,
 
 Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, AllReduceOptions opts,
                      Wait wait) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   check_tensor("all_reduce", tensor, g);
   check_reducible("all_reduce", tensor, opts.op);
@@ -354,6 +356,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
 
 Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, ReduceScatterOptions opts,
                          Wait wait, const at::Tensor& out = {}) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   check_tensor("reduce_scatter", input, g);
   check_reducible("reduce_scatter", input, opts.op);
@@ -392,6 +395,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
 
 Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts, Wait wait,
                      const at::Tensor& out = {}) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   check_tensor("all_gather", input, g);
   const int64_t dim = normalize_dim("all_gather", opts.dim, input);
@@ -440,6 +444,7 @@ Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
 }
 
 Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllToAllOptions opts, Wait wait) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   check_tensor("all_to_all", input, g);
   HP_CHECK(input.dim() > 0, "all_to_all: needs a tensor with at least one dim, got a scalar");
@@ -479,6 +484,7 @@ Work all_to_all_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& i
 }
 
 Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& tensor, int root, Wait wait) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   check_tensor("broadcast", tensor, g);
   HP_CHECK(root >= 0 && root < g.size(), "broadcast: root ", root, " is not a rank of ", g.describe());
@@ -503,6 +509,7 @@ Work broadcast_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& te
 }
 
 Work barrier_impl(const std::shared_ptr<GroupImpl>& impl, Wait wait) {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = *impl;
   if (g.size() == 1) return ready(at::Tensor());
   if (g.fake) return fake_result(g, "barrier", 0, at::Tensor());
@@ -616,6 +623,7 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
 }
 
 Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = impl();
   check_tensor("send", tensor, g);
   check_peer("send", g, peer);
@@ -633,6 +641,7 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
 }
 
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int peer, int tag) const {
+  const MemoryLabel communication(MemoryLabel::kCommunication);  // its buffers, for a dry run's report
   GroupImpl& g = impl();
   check_tensor("recv", tensor, g);
   check_peer("recv", g, peer);

@@ -34,9 +34,14 @@ struct Charged {
   c10::DataPtr inner;  // owns the memory; destroying it frees through the inner allocator
   int64_t bytes;
   std::vector<std::shared_ptr<MemoryTracker::Counter>> counters;
+  // Its id in each timeline of those counters, and the context that finds it there.
+  std::vector<std::pair<std::shared_ptr<MemoryTimeline>, int64_t>> records;
+  const void* context = nullptr;
 
   // Charges `size` bytes to this thread's trackers of `device`; none when no such tracker lives.
-  Charged(c10::DataPtr data, int64_t size, MemoryTracker::Device device) : inner(std::move(data)), bytes(size) {
+  // `context` will be the allocation's DataPtr context.
+  Charged(c10::DataPtr data, int64_t size, MemoryTracker::Device device, const void* context_)
+      : inner(std::move(data)), bytes(size), context(context_) {
     for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t))
       if (counts(MemoryTrackerAccess::device(*t), device)) charge(MemoryTrackerAccess::counter(*t));
     if (charged_for)
@@ -46,18 +51,27 @@ struct Charged {
   // Recorded before it is added, so that whatever was added is credited back.
   void charge(const std::shared_ptr<MemoryTracker::Counter>& counter) {
     counters.push_back(counter);
+    if (counter->timeline) records.emplace_back(counter->timeline, counter->timeline->allocate(bytes, context));
     counter->add(bytes);
   }
   ~Charged() {
     for (const auto& counter : counters) counter->current -= bytes;
+    for (const auto& [timeline, id] : records) timeline->free(id, context);
   }
   // The moved-from record credits nothing.
   Charged(Charged&& other) noexcept
-      : inner(std::move(other.inner)), bytes(std::exchange(other.bytes, 0)), counters(std::move(other.counters)) {
+      : inner(std::move(other.inner)),
+        bytes(std::exchange(other.bytes, 0)),
+        counters(std::move(other.counters)),
+        records(std::move(other.records)),
+        context(other.context) {
     other.counters.clear();
+    other.records.clear();
   }
   Charged& operator=(Charged&&) = delete;
 };
+
+thread_local const MemoryLabel* innermost_label = nullptr;
 
 // Wraps LibTorch's CPU allocator and charges allocations to the trackers of the allocating thread.
 //
@@ -91,7 +105,8 @@ class CountingAllocator final : public c10::Allocator {
     const CountingAllocator& self = instance();
     c10::DataPtr data = self.inner_->allocate(n);
     if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
-    Charged charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kCpu);
+    void* context = data.get();  // a charged CPU allocation's context is its data
+    Charged charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kCpu, context);
     if (charged.counters.empty()) return std::move(charged.inner);
     void* ptr = charged.inner.get();
     const c10::Device device = charged.inner.device();
@@ -152,7 +167,11 @@ class MetaCountingAllocator final : public c10::Allocator {
   c10::DataPtr charge(size_t n) const {
     c10::DataPtr data = instance().inner_->allocate(n);
     if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
-    auto charged = std::make_unique<Charged>(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta);
+    // A charged meta allocation's context is its record, which is made here: its address is known
+    // before it is.
+    void* record = ::operator new(sizeof(Charged));
+    std::unique_ptr<Charged> charged(
+        new (record) Charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta, record));
     if (charged->counters.empty()) return std::move(charged->inner);
     void* data_ptr = charged->inner.get();
     const c10::Device device = charged->inner.device();
@@ -180,6 +199,49 @@ void install_counting_allocator(MemoryTracker::Device device) {
 }
 
 }  // namespace
+
+MemoryLabel::MemoryLabel(Kind kind, const void* module) : kind_(kind), module_(module), outer_(innermost_label) {
+  innermost_label = this;
+}
+MemoryLabel::~MemoryLabel() { innermost_label = outer_; }
+const MemoryLabel* MemoryLabel::innermost() { return innermost_label; }
+
+std::vector<MemoryTimeline::Allocation> MemoryTimeline::allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
+}
+
+int64_t MemoryTimeline::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+int64_t MemoryTimeline::live_allocation(const void* context) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = live_.find(context);
+  return it == live_.end() ? -1 : it->second;
+}
+
+int64_t MemoryTimeline::allocate(int64_t bytes, const void* context) {
+  const MemoryLabel* label = MemoryLabel::innermost();
+  Allocation a;
+  a.bytes = bytes;
+  if (label) a.kind = label->kind(), a.module = label->module();
+  std::lock_guard<std::mutex> lock(mu_);
+  a.allocated_at = events_++;
+  allocations_.push_back(a);
+  const auto id = static_cast<int64_t>(allocations_.size()) - 1;
+  live_[context] = id;
+  return id;
+}
+
+void MemoryTimeline::free(int64_t id, const void* context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  allocations_[static_cast<size_t>(id)].freed_at = events_++;
+  if (const auto it = live_.find(context); it != live_.end() && it->second == id) live_.erase(it);
+}
+
+void MemoryTracker::record(std::shared_ptr<MemoryTimeline> timeline) { counter_->timeline = std::move(timeline); }
 
 void MemoryTracker::Counter::add(int64_t bytes) {
   const int64_t now = current += bytes;

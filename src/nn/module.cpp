@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "hp/core/error.h"
+#include "hp/core/memory_tracker.h"
 
 namespace hp::nn {
 
@@ -35,6 +36,7 @@ Module::Module(std::string type_name) : torch::nn::Module(std::move(type_name)) 
 
 at::Tensor Module::call(Inputs inputs) {
   check_initialized();
+  const MemoryLabel running(MemoryLabel::kModule, this);  // what it allocates, for a dry run's report
   if (!call_wrapper_) return call_unwrapped(std::move(inputs));
   return call_wrapper_(*this, std::move(inputs), [this](Inputs in) { return call_unwrapped(std::move(in)); });
 }

@@ -22,10 +22,12 @@
 #include "hp/nn/moe.h"
 #include "hp/nn/token_coordinates.h"
 #include "hp/optim/clip_grad.h"
+#include "hp/optim/optimizer_kind.h"
 #include "hp/parallel/parallel_dims.h"
 #include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
 #include "train/dry_run_mode.h"
+#include "train/peak_breakdown.h"
 #include "train/setup.h"
 
 namespace hp::train {
@@ -63,12 +65,35 @@ void give_routers(nn::Module& model, const std::shared_ptr<const RoutingModel>& 
   }
 }
 
+// What the timeline's allocations that live now are (parameters, their gradients, the optimizer's
+// state), and the model's modules by name.
+detail::TimelineNames timeline_names(const MemoryTimeline& timeline, const models::ModelParts& parts,
+                                     torch::optim::Optimizer& optimizer) {
+  detail::TimelineNames names;
+  const auto name = [&](const at::Tensor& t, const char* category) {
+    if (!t.defined()) return;
+    const at::Tensor& local = local_tensor(t);
+    if (!local.has_storage()) return;
+    const int64_t id = timeline.live_allocation(local.storage().data_ptr().get_context());
+    if (id >= 0) names.held.emplace(id, category);
+  };
+  for (const at::Tensor& p : parts.parameters()) {
+    name(p, "parameters");
+    name(p.grad(), "gradients");
+  }
+  visit_state(optimizer, [&](const at::Tensor&, ParamStateFields& fields) {
+    for (const auto& [field, state] : fields.tensors) name(state, "optimizer state");
+  });
+  for (auto& [fqn, module] : parts.model->named_modules_fqn()) names.modules.emplace(module, fqn);
+  return names;
+}
+
 // The dry run after the checks: everything that may meet an op that needs values. `exchange`
 // carries messages with values between the fake worlds of a pipeline's ranks. A mixture of experts'
 // routers choose by `routing`; the recipe's balancing hook, which the trainer runs before the
 // optimizer, is left out with the counts it would sum: a few numbers per layer.
 DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::shared_ptr<const RoutingModel>& routing,
-                     const std::shared_ptr<comm::FakeExchange>& exchange = nullptr) {
+                     bool lifetimes, const std::shared_ptr<comm::FakeExchange>& exchange = nullptr) {
   DryRunReport report;
   report.rank = rank;
   report.world_size = world_size;
@@ -79,6 +104,9 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
   // Counted from here, as the trainer counts from before it gives the parameters their memory: meta
   // tensors, and the host's (positions, masks, metadata) as in a real run.
   MemoryTracker memory(MemoryTracker::kCpuAndMeta);
+  const auto timeline = std::make_shared<MemoryTimeline>();
+  memory.record(timeline);
+  int64_t step_begins = 0, step_ends = 0;  // the reported step's events
   const nn::MetaParametersAllowed meta_parameters;
   detail::DryRunMode mode;
   const DispatchModeGuard on(mode);
@@ -94,6 +122,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
 
   // Two steps as the trainer runs them; the second, with the optimizer's state, is the one reported.
   for (int64_t step = 0; step < 2; ++step) {
+    step_begins = timeline->events();
     comm::CommDebugMode comm;
     memory.reset_peak();
     optimizer->zero_grad();
@@ -119,6 +148,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
       report.collectives[op] = comm.count(op);
       report.collective_bytes[op] = comm.bytes(op);
     }
+    step_ends = timeline->events();
   }
   for (const at::Tensor& p : s.parts.parameters()) {
     report.parameter_bytes += bytes_of(p);
@@ -126,6 +156,13 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
   }
   report.host_ops = mode.host_ops();
   report.host_compute = mode.host_compute();
+  const detail::TimelineNames names = timeline_names(*timeline, s.parts, *optimizer);
+  const std::vector<MemoryTimeline::Allocation> allocations = timeline->allocations();
+  const detail::PeakBreakdown peak =
+      detail::break_down_peak(allocations, timeline->events(), step_begins, step_ends, names, 10);
+  report.peak_by_category = peak.by_category;
+  report.top_at_peak = peak.top;
+  if (lifetimes) report.lifetimes_csv = detail::lifetimes_csv(allocations, step_begins, step_ends, names);
   return report;
 }
 
@@ -134,7 +171,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
 // dry run of a pipeline rank plays all ranks of its pipeline (one per position, with its
 // coordinates on every other dim) together, on threads that exchange those messages.
 DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
-                              const std::shared_ptr<const RoutingModel>& routing) {
+                              const std::shared_ptr<const RoutingModel>& routing, bool lifetimes) {
   const std::vector<int> peers =
       build_mesh(comm::fake_world(world_size, rank, world_options(c)), c.parallel, c.train.device)
           .get_group("pp")
@@ -145,7 +182,7 @@ DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
   std::string first_failure;  // the cause; the others' failures follow from the abort
   const auto play = [&](size_t i) {
     try {
-      reports[i] = run_dry(c, world_size, peers[i], routing, exchange);
+      reports[i] = run_dry(c, world_size, peers[i], routing, lifetimes, exchange);
     } catch (const std::exception& e) {
       const std::string what = e.what();
       {
@@ -190,7 +227,8 @@ DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const DryRu
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");
   try {
-    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank, routing) : run_dry(c, world_size, rank, routing);
+    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank, routing, options.lifetimes)
+                             : run_dry(c, world_size, rank, routing, options.lifetimes);
   } catch (const c10::Error& e) {
     // An op that reads values or has no meta kernel here.
     const std::string what = e.what_without_backtrace();
@@ -217,7 +255,11 @@ std::string DryRunReport::table() const {
       << ", clipping+optimizer " << mib(optimizer_peak_bytes) << ")\n"
       << "  collectives/step ";
   for (const auto& [op, n] : collectives) out << " " << op << " x" << n << " (" << mib(collective_bytes.at(op)) << ")";
-  out << "\n";
+  out << "\n  at the peak      ";
+  for (const auto& [category, bytes] : peak_by_category) out << " " << category << " " << mib(bytes) << ";";
+  out << "\n  largest at the peak:\n";
+  for (const auto& [what, bytes] : top_at_peak)
+    out << "    " << std::left << std::setw(36) << what << mib(bytes) << "\n";
   return out.str();
 }
 
@@ -234,7 +276,9 @@ std::string DryRunReport::json() const {
                         {"host_ops", host_ops},
                         {"host_compute", host_compute},
                         {"collectives", collectives},
-                        {"collective_bytes", collective_bytes}}
+                        {"collective_bytes", collective_bytes},
+                        {"peak_by_category", peak_by_category},
+                        {"top_at_peak", top_at_peak}}
       .dump();
 }
 

@@ -7,8 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "hp/comm/init.h"
 #include "hp/core/memory_tracker.h"
@@ -208,6 +212,69 @@ TEST(DryRun, HeldBytesAreExact) {
       EXPECT_GT(predicted.optimizer_state_bytes, 0);
     }
   }
+}
+
+// The replay of a lifetimes CSV: the largest total its allocations reach during the step.
+int64_t largest_total(const std::string& csv) {
+  std::istringstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "id,bytes,category,block,allocated_at,freed_at");
+  int64_t total = 0;
+  std::map<int64_t, int64_t> delta;  // event -> bytes
+  while (std::getline(in, line)) {
+    std::vector<std::string> field;
+    std::istringstream row(line);
+    for (std::string f; std::getline(row, f, ',');) field.push_back(f);
+    if (field.size() == 5) field.emplace_back();  // alive at the end
+    EXPECT_EQ(field.size(), 6u) << line;
+    const int64_t bytes = std::stoll(field[1]), made = std::stoll(field[4]);
+    if (made < 0)
+      total += bytes;
+    else
+      delta[made] += bytes;
+    if (!field[5].empty()) delta[std::stoll(field[5])] -= bytes;
+  }
+  int64_t largest = total;
+  for (const auto& [event, bytes] : delta) largest = std::max(largest, total += bytes);
+  return largest;
+}
+
+// The peak by what it holds: categories that add up to it, this rank's parameters and optimizer
+// state whole, activations by the block that made them, and the step's allocations as CSV.
+TEST(DryRun, ThePeakIsBrokenDownByWhatItHolds) {
+  const std::string dir = test::scratch_dir("dry_run_breakdown");
+  DryRunOptions options;
+  options.lifetimes = true;
+  const TrainConfig one = config_of(Layout{"one rank", dims(1, 1)}, dir);
+  const DryRunReport report = dry_run(one, 1, 0, options);
+  std::cout << report.table();
+  int64_t sum = 0;
+  for (const auto& [category, bytes] : report.peak_by_category) sum += bytes;
+  EXPECT_EQ(sum, report.peak_bytes);
+  EXPECT_EQ(report.peak_by_category.at("parameters"), report.parameter_bytes);
+  EXPECT_EQ(report.peak_by_category.at("optimizer state"), report.optimizer_state_bytes);
+  EXPECT_LE(report.peak_by_category.at("gradients"), report.gradient_bytes);
+  EXPECT_GT(report.peak_by_category.at("activations"), 0);
+  ASSERT_FALSE(report.top_at_peak.empty());
+  EXPECT_LE(report.top_at_peak.size(), 10u);
+  for (size_t i = 1; i < report.top_at_peak.size(); ++i)
+    EXPECT_GE(report.top_at_peak[i - 1].second, report.top_at_peak[i].second);
+  int64_t layers = 0;
+  for (const auto& [what, bytes] : report.top_at_peak) layers += what.rfind("activations layers.", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(layers, 2) << "both layers' activations";
+  EXPECT_EQ(largest_total(report.lifetimes_csv), report.peak_bytes);
+  EXPECT_NE(report.json().find("\"peak_by_category\":{"), std::string::npos);
+  // FSDP gathers parameters for the layers: communication buffers during the step.
+  const DryRunReport sharded = dry_run(config_of(Layout{"dp_shard 2", dims(2, 1)}, dir), 2, 0, options);
+  EXPECT_NE(sharded.lifetimes_csv.find(",communication buffers,"), std::string::npos);
+  EXPECT_EQ(sharded.peak_by_category.at("parameters"), sharded.parameter_bytes);
+  // Pipeline stage 0 holds more micro-batches' activations in flight than the last stage.
+  const TrainConfig pp = config_of(Layout{"pp 2", pipeline(2)}, dir);
+  const DryRunReport first = dry_run(pp, 2, 0), last = dry_run(pp, 2, 1);
+  std::cout << first.table() << last.table();
+  EXPECT_GT(first.peak_by_category.at("activations"), last.peak_by_category.at("activations"));
+  EXPECT_TRUE(first.lifetimes_csv.empty()) << "only when asked";
 }
 
 // The report as JSON, and whether it fits a limit with the allocator's slack.

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hp/train/config.h"
 #include "hp/train/routing_model.h"
@@ -46,6 +48,20 @@ struct DryRunReport {
   std::map<std::string, int64_t> host_ops, host_compute;
   // Collectives issued in the second step (CommDebugMode's names), and the bytes this rank puts in.
   std::map<std::string, int64_t> collectives, collective_bytes;
+  // What the peak is made of, by category: "parameters", "gradients" and "optimizer state" (this
+  // rank's, as far as they live at the peak), "activations" (made inside a module's call, kept for
+  // backward or on the way), "communication buffers" (made inside a collective: gathered
+  // parameters, received pieces) and "temporaries" (the rest: the loss, backward's and the
+  // optimizer's work), each present (0 where none). They add up to the peak the step's allocations reach, which is
+  // peak_bytes where no other thread allocated for this rank at the same moment (a collective's worker).
+  std::map<std::string, int64_t> peak_by_category;
+  // The largest contributors at the peak, largest first (at most 10): a category, activations by
+  // the block that made them ("activations layers.3": its FQN up to the first number).
+  std::vector<std::pair<std::string, int64_t>> top_at_peak;
+  // With DryRunOptions::lifetimes: every allocation alive during the second step, one CSV row each:
+  // id, bytes, category, block, and the event (an allocation or a free, counted from the step's
+  // start) it was made and freed at (empty: alive at the step's end).
+  std::string lifetimes_csv;
 
   // A table of the above, in MiB.
   std::string table() const;
@@ -59,6 +75,8 @@ struct DryRunReport {
 struct DryRunOptions {
   // What a mixture of experts' routers choose in the dry run.
   RoutingModel routing = RoutingModel::balanced();
+  // Fill DryRunReport::lifetimes_csv.
+  bool lifetimes = false;
 };
 
 // Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).
