@@ -2,9 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "hp/core/error.h"
 #include "hp/dtensor/local.h"
@@ -14,9 +18,29 @@
 
 namespace hp::train::detail {
 
+namespace {
+
+// Rank `report.rank`'s files in `dir`: the table, the JSON and the lifetimes.
+void write_report(const DryRunReport& report, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string base = dir + "/rank_" + std::to_string(report.rank);
+  for (const auto& [path, text] : {std::pair<std::string, std::string>{base + ".txt", report.table()},
+                                   {base + ".json", report.json() + "\n"},
+                                   {base + "_lifetimes.csv", report.lifetimes_csv}}) {
+    std::ofstream out(path);
+    out << text;
+    HP_CHECK(out.good(), "hp-train --dry-run: cannot write ", path);
+  }
+}
+
+}  // namespace
+
 void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const DeviceMesh& mesh,
-                const models::ModelParts& parts, const DryRunOptions& dry, double memory_limit_gib,
-                double allocator_slack) {
+                const models::ModelParts& parts, const TrainOptions& options) {
+  DryRunOptions dry;
+  dry.routing = RoutingModel::parse(options.routing);
+  dry.lifetimes = !options.report_dir.empty();
+  const double memory_limit_gib = options.memory_limit_gib, allocator_slack = options.allocator_slack;
   // Per rank: parameters (local elements), parameter bytes, and its training memory: the dry run's
   // peak (hp/train/dry_run.h) where it covers the layout, else an estimate: parameters + gradients +
   // AdamW's two moments, plus the activations the model family estimates one micro-batch keeps.
@@ -28,7 +52,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   double memory = 0.0;
   std::string not_covered, failure;
   try {
-    memory = static_cast<double>(dry_run(c, world.size(), world.rank(), dry).peak_bytes);
+    const DryRunReport report = dry_run(c, world.size(), world.rank(), dry);
+    memory = static_cast<double>(report.peak_bytes);
+    if (!options.report_dir.empty()) write_report(report, options.report_dir);
   } catch (const std::exception& e) {  // every rank goes on to the gather below, whatever happened
     const std::string what = e.what();
     // A device the dry run does not predict gets an estimate; on the CPU it covers every layout,

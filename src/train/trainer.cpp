@@ -25,7 +25,7 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
-#include "hp/train/dry_run.h"
+#include "hp/train/routing_model.h"
 #include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
@@ -163,13 +163,12 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
                std::isfinite(options.allocator_slack) && options.allocator_slack >= 0.0,
            "train: TrainOptions::memory_limit_gib (", options.memory_limit_gib, ") and allocator_slack (",
            options.allocator_slack, ") must be finite and >= 0");
-  HP_CHECK(options.dry_run || options.routing == TrainOptions{}.routing,
-           "train: TrainOptions::routing (a routing model) is for a dry run; set dry_run");
+  HP_CHECK(options.dry_run || (options.routing == TrainOptions{}.routing && options.report_dir.empty()),
+           "train: TrainOptions::routing and report_dir are for a dry run; set dry_run");
   if (options.dry_run) {
-    DryRunOptions dry;
-    dry.routing = RoutingModel::parse(options.routing);
+    RoutingModel::parse(options.routing);  // a bad one fails every rank alike, before any work
     const detail::Setup s = detail::build(c, world);
-    detail::print_plan(c, world, s.mesh, s.parts, dry, options.memory_limit_gib, options.allocator_slack);
+    detail::print_plan(c, world, s.mesh, s.parts, options);
     return {};
   }
 

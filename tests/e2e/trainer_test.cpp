@@ -355,8 +355,24 @@ TEST(HpTrain, DryRunPrintsThePlan) {
         << r.output;
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
   // Against a memory limit per rank: the ranks' peaks are about 62 MB.
-  const Result small = run_job(train_command(dir, "--dry-run --memory-limit 0.01"));
+  const Result small = run_job(train_command(dir, "--dry-run --memory-limit 0.01 --report-dir " + dir + "/report"));
   ASSERT_EQ(small.exit_code, 0) << small.output;
+  // Each rank's report: the table, the JSON with the peak by category, the step's allocations.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string base = dir + "/report/rank_" + std::to_string(rank);
+    std::ifstream table(base + ".txt"), json(base + ".json"), csv(base + "_lifetimes.csv");
+    const std::string text{std::istreambuf_iterator<char>(table), {}};
+    EXPECT_NE(text.find("largest at the peak:"), std::string::npos) << text;
+    const nlohmann::json report = nlohmann::json::parse(json);
+    EXPECT_EQ(report.at("rank"), rank);
+    int64_t sum = 0;
+    for (const auto& [category, bytes] : report.at("peak_by_category").items()) sum += bytes.get<int64_t>();
+    EXPECT_GT(sum, 0);
+    std::string header;
+    std::getline(csv, header);
+    EXPECT_EQ(header, "id,bytes,category,block,allocated_at,freed_at");
+  }
+  EXPECT_EQ(run_job(train_command(dir, "--report-dir " + dir + "/report")).exit_code, 2);
   EXPECT_NE(small.output.find("against 0.01 GiB per rank"), std::string::npos) << small.output;
   EXPECT_NE(small.output.find("dry-run peak"), std::string::npos) << small.output;
   EXPECT_NE(small.output.find("4 of 4 ranks do not fit in 0.01 GiB"), std::string::npos) << small.output;

@@ -85,6 +85,14 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
          a.options.routing = v;
          a.routing_given = true;
        }},
+      {{"--report-dir"},
+       "DIR",
+       "with --dry-run: each rank also writes its report to DIR: rank_N.txt, rank_N.json (the peak by category and "
+       "its largest contributors included) and rank_N_lifetimes.csv (every allocation of the step)",
+       [](Args& a, const std::string& v) {
+         if (v.empty()) throw hp::tools::UsageError("--report-dir needs a directory");
+         a.options.report_dir = v;
+       }},
       {{"--no-progress"},
        "",
        "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
@@ -95,7 +103,7 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 
 void usage(std::ostream& out) {
   out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run [--routing SPEC] "
-         "[--memory-limit GIB [--allocator-slack FRACTION]]] [--no-progress]\n\n"
+         "[--report-dir DIR] [--memory-limit GIB [--allocator-slack FRACTION]]] [--no-progress]\n\n"
       << hp::tools::flag_help(flags())
       << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
 }
@@ -138,6 +146,8 @@ int main(int argc, char** argv) {
     if (args.options.memory_limit_gib > 0.0 && !args.options.dry_run)
       throw hp::tools::UsageError("--memory-limit answers a --dry-run; add --dry-run");
     if (args.routing_given && !args.options.dry_run) throw hp::tools::UsageError("--routing goes with --dry-run");
+    if (!args.options.report_dir.empty() && !args.options.dry_run)
+      throw hp::tools::UsageError("--report-dir goes with --dry-run");
     if (args.options.allocator_slack != hp::train::TrainOptions{}.allocator_slack &&
         args.options.memory_limit_gib == 0.0)
       throw hp::tools::UsageError("--allocator-slack goes with --memory-limit");
