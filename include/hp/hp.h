@@ -11,6 +11,7 @@
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
+#include "hp/core/memory_timeline.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/dtensor/custom.h"
 #include "hp/dtensor/dtensor.h"

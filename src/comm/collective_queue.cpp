@@ -1,5 +1,6 @@
 #include "comm/collective_queue.h"
 
+#include "hp/core/memory_timeline.h"
 #include "hp/core/memory_tracker.h"
 
 namespace hp::comm::detail {

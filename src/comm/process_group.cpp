@@ -29,7 +29,7 @@
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
-#include "hp/core/memory_tracker.h"
+#include "hp/core/memory_timeline.h"
 
 namespace hp::comm {
 

@@ -1,5 +1,7 @@
 #include "hp/core/memory_tracker.h"
 
+#include "hp/core/memory_timeline.h"
+
 #include "hp/core/libtorch_version.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -34,31 +36,38 @@ struct Charged {
   c10::DataPtr inner;  // owns the memory; destroying it frees through the inner allocator
   int64_t bytes;
   std::vector<std::shared_ptr<MemoryTracker::Counter>> counters;
-  // Its id in each timeline of those counters, and the context that finds it there.
-  std::vector<std::pair<std::shared_ptr<MemoryTimeline>, int64_t>> records;
+  // The counters with a timeline, each with the allocation's id in it, and the context that finds
+  // it there.
+  std::vector<std::pair<std::shared_ptr<MemoryTracker::Counter>, int64_t>> records;
   const void* context = nullptr;
 
   // Charges `size` bytes to this thread's trackers of `device`; none when no such tracker lives.
-  // `context` will be the allocation's DataPtr context.
+  // `context` will be the allocation's DataPtr context (null: this record, which must not move).
   Charged(c10::DataPtr data, int64_t size, MemoryTracker::Device device, const void* context_)
-      : inner(std::move(data)), bytes(size), context(context_) {
+      : inner(std::move(data)), bytes(size), context(context_ != nullptr ? context_ : this) {
     for (MemoryTracker* t = innermost; t != nullptr; t = MemoryTrackerAccess::outer(*t))
       if (counts(MemoryTrackerAccess::device(*t), device)) charge(MemoryTrackerAccess::counter(*t));
     if (charged_for)
       for (const auto& [counter, its_device] : *charged_for)
         if (counts(its_device, device)) charge(counter);
   }
-  // Recorded before it is added, so that whatever was added is credited back.
+  // Recorded before it is added, so that whatever was added is credited back. A counter with a
+  // timeline moves under the timeline's lock (and is credited in its free).
   void charge(const std::shared_ptr<MemoryTracker::Counter>& counter) {
+    if (counter->timeline) {
+      records.emplace_back(counter, counter->timeline->allocate(bytes, context, [&] { counter->add(bytes); }));
+      return;
+    }
     counters.push_back(counter);
-    if (counter->timeline) records.emplace_back(counter->timeline, counter->timeline->allocate(bytes, context));
     counter->add(bytes);
   }
   ~Charged() {
     for (const auto& counter : counters) counter->current -= bytes;
-    for (const auto& [timeline, id] : records) timeline->free(id, context);
+    for (const auto& [counter, id] : records)
+      counter->timeline->free(id, context, [&, c = counter.get()] { c->current -= bytes; });
   }
   // The moved-from record credits nothing.
+  bool charged_none() const { return counters.empty() && records.empty(); }
   Charged(Charged&& other) noexcept
       : inner(std::move(other.inner)),
         bytes(std::exchange(other.bytes, 0)),
@@ -107,7 +116,7 @@ class CountingAllocator final : public c10::Allocator {
     if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
     void* context = data.get();  // a charged CPU allocation's context is its data
     Charged charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kCpu, context);
-    if (charged.counters.empty()) return std::move(charged.inner);
+    if (charged.charged_none()) return std::move(charged.inner);
     void* ptr = charged.inner.get();
     const c10::Device device = charged.inner.device();
     {
@@ -167,12 +176,9 @@ class MetaCountingAllocator final : public c10::Allocator {
   c10::DataPtr charge(size_t n) const {
     c10::DataPtr data = instance().inner_->allocate(n);
     if ((innermost == nullptr && charged_for == nullptr) || n == 0) return data;
-    // A charged meta allocation's context is its record, which is made here: its address is known
-    // before it is.
-    void* record = ::operator new(sizeof(Charged));
-    std::unique_ptr<Charged> charged(
-        new (record) Charged(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta, record));
-    if (charged->counters.empty()) return std::move(charged->inner);
+    // A charged meta allocation's context is its record (null: the record's own address).
+    auto charged = std::make_unique<Charged>(std::move(data), static_cast<int64_t>(n), MemoryTracker::kMeta, nullptr);
+    if (charged->charged_none()) return std::move(charged->inner);
     void* data_ptr = charged->inner.get();
     const c10::Device device = charged->inner.device();
     return {data_ptr, charged.release(), &release, device};
@@ -222,7 +228,7 @@ int64_t MemoryTimeline::live_allocation(const void* context) const {
   return it == live_.end() ? -1 : it->second;
 }
 
-int64_t MemoryTimeline::allocate(int64_t bytes, const void* context) {
+int64_t MemoryTimeline::allocate(int64_t bytes, const void* context, const std::function<void()>& count) {
   const MemoryLabel* label = MemoryLabel::innermost();
   Allocation a;
   a.bytes = bytes;
@@ -232,11 +238,13 @@ int64_t MemoryTimeline::allocate(int64_t bytes, const void* context) {
   allocations_.push_back(a);
   const auto id = static_cast<int64_t>(allocations_.size()) - 1;
   live_[context] = id;
+  count();
   return id;
 }
 
-void MemoryTimeline::free(int64_t id, const void* context) {
+void MemoryTimeline::free(int64_t id, const void* context, const std::function<void()>& count) {
   std::lock_guard<std::mutex> lock(mu_);
+  count();
   allocations_[static_cast<size_t>(id)].freed_at = events_++;
   if (const auto it = live_.find(context); it != live_.end() && it->second == id) live_.erase(it);
 }

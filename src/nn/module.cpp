@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "hp/core/error.h"
-#include "hp/core/memory_tracker.h"
+#include "hp/core/memory_timeline.h"
 
 namespace hp::nn {
 

@@ -15,6 +15,7 @@
 #include "hp/core/dispatch_mode.h"
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/core/memory_timeline.h"
 #include "hp/core/recompute.h"
 #include "hp/nn/moe.h"
 #include "parallel/swap_region.h"
@@ -317,6 +318,7 @@ class InstalledParameters {
 // What one call of a region keeps for its recomputation.
 struct Call {
   explicit Call(const std::string& region) : record(region) {}
+  const void* module = nullptr;  // the region's, to label what its recomputation allocates
   RecomputeRecord record;
   SavedOps saved;
   CpuGeneratorState::Bytes cpu_generator_state;
@@ -395,6 +397,7 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   at::Tensor out;
   {
     const InstalledParameters installed(call.params, param_leaves);
+    const MemoryLabel recomputing(MemoryLabel::kModule, call.module);  // the region's activations again
     out = run_pass(run, leaves, ForwardPass::kRecompute, call, replay ? &*replay : nullptr);
   }
   call.record.check_all_taken();
@@ -439,6 +442,7 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
                              const nn::Module::Run& run) {
   if (forward_pass() != ForwardPass::kPlain || !at::GradMode::is_enabled()) return run(std::move(inputs));
   auto call = std::make_shared<Call>(region->name);
+  call->module = &module;
   call->cpu_generator_state = CpuGeneratorState::now();
   call->aux_loss_scale = nn::AuxLossScale::current();
   call->params = RegionParameters::of(module);

@@ -28,6 +28,7 @@
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/core/memory_timeline.h"
 #include "hp/core/recompute.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
@@ -194,6 +195,7 @@ struct FsdpUnit {
   // The inverse of unpack for gradients: each parameter's full gradient into its slots of an [n, L]
   // buffer (zeros where a parameter got no gradient, and in the padding).
   at::Tensor pack_gradients(std::vector<at::Tensor> grads) const {
+    const MemoryLabel communication(MemoryLabel::kCommunication);  // the reduction's buffers
     at::Tensor buffer;
     for (size_t i = 0; i < params.size(); ++i) {
       if (!grads[i].defined()) continue;
@@ -239,7 +241,8 @@ struct FsdpUnit {
   // Waits for a reduction started by start_reduction and adds each shard of it to the sharded
   // parameter's .grad (FSDP2 sets gradients itself rather than through autograd's accumulation).
   void finish_reduction(comm::Work& work) {
-    at::Tensor mine = work.wait();  // [1, L], or [n, L] for ZeRO-1
+    const MemoryLabel communication(MemoryLabel::kCommunication);  // the reduction's buffers
+    at::Tensor mine = work.wait();                                 // [1, L], or [n, L] for ZeRO-1
     if (options.level == ShardingLevel::kOptimizer) {
       whole_gradient = mine;  // ZeRO-1: every rank keeps the whole reduced gradient
       mine = whole_gradient.narrow(0, rank, 1);
@@ -389,6 +392,8 @@ thread_local int unit_depth = 0;
 
 // Forward pre-hook: gather, recording the reduce-scatter as the gather's backward.
 std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& unit) {
+  // The gathered parameters are communication buffers in a dry run's report, not the block's activations.
+  const MemoryLabel communication(MemoryLabel::kCommunication);
   auto call = std::make_shared<Gathered>();
   std::vector<at::Tensor> full;
   {
@@ -596,6 +601,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     output.register_hook([weak, call](const at::Tensor& grad) {
       auto unit = weak.lock();
       if (unit && call->released) {
+        const MemoryLabel communication(MemoryLabel::kCommunication);  // gathered again for backward
         at::Tensor gathered;
         if (call->block_rows.defined()) {
           gathered = unit->gather_block_rows(call->block_rows);

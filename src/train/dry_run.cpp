@@ -14,6 +14,7 @@
 #include "hp/comm/init.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
+#include "hp/core/memory_timeline.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
 #include "hp/dtensor/local.h"

@@ -28,8 +28,8 @@ std::pair<std::string, std::string> category_of(int64_t id, const MemoryTimeline
   if (a.kind == MemoryLabel::kCommunication) return {"communication buffers", ""};
   if (a.kind == MemoryLabel::kModule) {
     const auto it = names.modules.find(a.module);
-    return {"activations",
-            it == names.modules.end() ? std::string("(a module outside the model)") : block_of(it->second)};
+    if (it == names.modules.end()) return {"activations", "(a module outside the model)"};
+    return {"activations", it->second.empty() ? std::string("(model)") : block_of(it->second)};
   }
   return {"temporaries", ""};
 }
@@ -47,9 +47,11 @@ PeakBreakdown break_down_peak(const std::vector<MemoryTimeline::Allocation>& all
     delta[static_cast<size_t>(a.allocated_at)] += a.bytes;
     if (a.freed_at >= 0) delta[static_cast<size_t>(a.freed_at)] -= a.bytes;
   }
-  // The total after each event; the step's largest (ties: the first).
-  int64_t total = 0, peak = -1, peak_event = from;
+  // The total after each event; the step's largest (ties: the first), from the total it starts
+  // with (after event from - 1), where a tracker's reset_peak at the step's start begins.
+  int64_t total = 0, peak = -1, peak_event = from - 1;
   for (int64_t e = 0; e < std::min(to, events); ++e) {
+    if (e == from) peak = total;
     total += delta[static_cast<size_t>(e)];
     if (e >= from && total > peak) peak = total, peak_event = e;
   }

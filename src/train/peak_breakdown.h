@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "hp/core/memory_tracker.h"
+#include "hp/core/memory_timeline.h"
 
 namespace hp::train::detail {
 

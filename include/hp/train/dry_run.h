@@ -48,12 +48,12 @@ struct DryRunReport {
   std::map<std::string, int64_t> host_ops, host_compute;
   // Collectives issued in the second step (CommDebugMode's names), and the bytes this rank puts in.
   std::map<std::string, int64_t> collectives, collective_bytes;
-  // What the peak is made of, by category: "parameters", "gradients" and "optimizer state" (this
-  // rank's, as far as they live at the peak), "activations" (made inside a module's call, kept for
-  // backward or on the way), "communication buffers" (made inside a collective: gathered
-  // parameters, received pieces) and "temporaries" (the rest: the loss, backward's and the
-  // optimizer's work), each present (0 where none). They add up to the peak the step's allocations reach, which is
-  // peak_bytes where no other thread allocated for this rank at the same moment (a collective's worker).
+  // What the peak is made of, by category, each present (0 where none): "parameters", "gradients"
+  // and "optimizer state" (this rank's, as far as they live at the peak; gradients are those the
+  // step's end holds), "activations" (made inside a module's call, kept for backward or on the way;
+  // a checkpointed block's recomputation included), "communication buffers" (made inside a
+  // collective: FSDP's gathered parameters, received pieces, reductions' buffers) and "temporaries"
+  // (the rest: the loss, backward's and the optimizer's work). They add up to peak_bytes.
   std::map<std::string, int64_t> peak_by_category;
   // The largest contributors at the peak, largest first (at most 10): a category, activations by
   // the block that made them ("activations layers.3": its FQN up to the first number).
