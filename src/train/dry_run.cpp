@@ -79,11 +79,11 @@ detail::TimelineNames timeline_names(const MemoryTimeline& timeline, const model
     if (id >= 0) names.held.emplace(id, category);
   };
   for (const at::Tensor& p : parts.parameters()) {
-    name(p, "parameters");
-    name(p.grad(), "gradients");
+    name(p, detail::kParameters);
+    name(p.grad(), detail::kGradients);
   }
   visit_state(optimizer, [&](const at::Tensor&, ParamStateFields& fields) {
-    for (const auto& [field, state] : fields.tensors) name(state, "optimizer state");
+    for (const auto& [field, state] : fields.tensors) name(state, detail::kOptimizerState);
   });
   for (auto& [fqn, module] : parts.model->named_modules_fqn()) names.modules.emplace(module, fqn);
   return names;

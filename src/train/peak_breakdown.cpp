@@ -25,13 +25,13 @@ std::string block_of(const std::string& fqn) {
 std::pair<std::string, std::string> category_of(int64_t id, const MemoryTimeline::Allocation& a,
                                                 const TimelineNames& names) {
   if (const auto it = names.held.find(id); it != names.held.end()) return {it->second, ""};
-  if (a.kind == MemoryLabel::kCommunication) return {"communication buffers", ""};
+  if (a.kind == MemoryLabel::kCommunication) return {kCommunicationBuffers, ""};
   if (a.kind == MemoryLabel::kModule) {
     const auto it = names.modules.find(a.module);
-    if (it == names.modules.end()) return {"activations", "(a module outside the model)"};
-    return {"activations", it->second.empty() ? std::string("(model)") : block_of(it->second)};
+    if (it == names.modules.end()) return {kActivations, "(a module outside the model)"};
+    return {kActivations, it->second.empty() ? std::string("(model)") : block_of(it->second)};
   }
-  return {"temporaries", ""};
+  return {kTemporaries, ""};
 }
 
 bool lives_at(const MemoryTimeline::Allocation& a, int64_t event) {
@@ -57,7 +57,7 @@ PeakBreakdown break_down_peak(const std::vector<MemoryTimeline::Allocation>& all
   }
   PeakBreakdown out;
   for (const char* category :
-       {"parameters", "gradients", "optimizer state", "activations", "communication buffers", "temporaries"})
+       {kParameters, kGradients, kOptimizerState, kActivations, kCommunicationBuffers, kTemporaries})
     out.by_category[category] = 0;
   std::map<std::string, int64_t> contributors;
   for (size_t id = 0; id < allocations.size(); ++id) {

@@ -13,6 +13,14 @@
 
 namespace hp::train::detail {
 
+// The categories a peak is split into, in the order of DryRunReport::peak_by_category's docs.
+inline constexpr const char* kParameters = "parameters";
+inline constexpr const char* kGradients = "gradients";
+inline constexpr const char* kOptimizerState = "optimizer state";
+inline constexpr const char* kActivations = "activations";
+inline constexpr const char* kCommunicationBuffers = "communication buffers";
+inline constexpr const char* kTemporaries = "temporaries";
+
 struct PeakBreakdown {
   int64_t bytes = 0;                           // the largest total during the step (what the categories add up to)
   std::map<std::string, int64_t> by_category;  // every category, 0 where none
@@ -20,7 +28,7 @@ struct PeakBreakdown {
 };
 
 struct TimelineNames {
-  // Allocations that are a parameter, a gradient or optimizer state ("parameters", ...), by id.
+  // Allocations that are a parameter, a gradient or optimizer state (kParameters, ...), by id.
   std::unordered_map<int64_t, std::string> held;
   // Modules by address, named by FQN.
   std::unordered_map<const void*, std::string> modules;

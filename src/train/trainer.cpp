@@ -25,7 +25,6 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
-#include "hp/train/routing_model.h"
 #include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
@@ -166,7 +165,6 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   HP_CHECK(options.dry_run || (options.routing == TrainOptions{}.routing && options.report_dir.empty()),
            "train: TrainOptions::routing and report_dir are for a dry run; set dry_run");
   if (options.dry_run) {
-    RoutingModel::parse(options.routing);  // a bad one fails every rank alike, before any work
     const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts, options);
     return {};

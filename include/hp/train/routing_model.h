@@ -2,7 +2,9 @@
 // but a MoE layer's memory and its expert-parallel exchange depend on how many (token, choice) rows
 // each expert gets: a routing model says, per router and forward.
 //
-//   hp::train::dry_run(config, 8, 0, hp::train::RoutingModel::parse("skewed:0.4"));
+//   hp::train::DryRunOptions options;
+//   options.routing = hp::train::RoutingModel::parse("skewed:0.4");
+//   hp::train::dry_run(config, 8, 0, options);
 //
 // Every forward of a layer, on every rank, gets the same counts: under expert parallelism each
 // rank then sends every expert's rank the same rows, and the rank that holds a hot expert receives
