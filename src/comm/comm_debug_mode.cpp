@@ -40,11 +40,12 @@ std::string CommDebugMode::str() const {
   return out.str();
 }
 
-void note_collective(const char* op, int64_t bytes) {
+void note_collective(const char* op, int64_t bytes, int group_size) {
   for (CommDebugMode* mode = innermost; mode != nullptr; mode = mode->outer_) {
     CommDebugMode::Tally& t = mode->tallies_[op];
     ++t.count;
     t.bytes += bytes;
+    if (mode->listener_) mode->listener_(op, bytes, group_size);
   }
 }
 

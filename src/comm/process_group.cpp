@@ -202,14 +202,14 @@ at::Tensor exchange_rows(const CollectiveSite& site, const at::Tensor& input, co
 // Every collective takes the group's next sequence number (failure reports match ranks by it)
 // and is counted by the caller's CommDebugMode, with the bytes this rank puts in.
 CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes) {
-  note_collective(op, bytes);
+  note_collective(op, bytes, g.size());
   return CollectiveSite{&g, op, g.next_seq++};
 }
 
 // Point-to-point messages involve two ranks only, so they stay out of the group's collective
 // sequence (which must be equal on all members).
 CollectiveSite new_p2p_site(GroupImpl& g, const char* op, int64_t bytes, int peer, int tag) {
-  note_collective(op, bytes);
+  note_collective(op, bytes, g.size());
   return CollectiveSite{&g, op, 0, peer, tag};
 }
 

@@ -2,15 +2,11 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <optional>
-
 namespace hp {
-namespace {
 
-// The FLOPs of a matrix product given its arguments, or nullopt for other ops. The two factors
-// are the last two tensor arguments of mm/bmm (self, mat2) and the two after the addend of
-// addmm/baddbmm (self, mat1, mat2).
-std::optional<int64_t> matmul_flops_of(const std::string& name, const c10::IValue* args) {
+// The two factors are the first two tensor arguments of mm/bmm (self, mat2) and the two after the
+// addend of addmm/baddbmm (self, mat1, mat2).
+int64_t matmul_flops_of(const std::string& name, const c10::IValue* args) {
   const std::string base = name.substr(0, name.find('.'));
   size_t first;
   if (base == "aten::mm" || base == "aten::bmm")
@@ -18,22 +14,20 @@ std::optional<int64_t> matmul_flops_of(const std::string& name, const c10::IValu
   else if (base == "aten::addmm" || base == "aten::baddbmm")
     first = 1;
   else
-    return std::nullopt;
+    return -1;
   const at::Tensor& a = args[first].toTensor();
   const at::Tensor& b = args[first + 1].toTensor();
   const int64_t batch = a.dim() == 3 ? a.size(0) : 1;
   return 2 * batch * a.size(-2) * a.size(-1) * b.size(-1);
 }
 
-}  // namespace
-
 void OpCounter::dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) {
   const std::string name = op_name(op);
   ++counts_[name];
   const size_t nargs = op.schema().arguments().size();
-  if (const auto flops = matmul_flops_of(name, stack->data() + stack->size() - nargs)) {
+  if (const int64_t flops = matmul_flops_of(name, stack->data() + stack->size() - nargs); flops >= 0) {
     ++matmuls_;
-    matmul_flops_ += *flops;
+    matmul_flops_ += flops;
   }
   run_below(op, keys, stack);
 }

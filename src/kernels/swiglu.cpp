@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hp/core/error.h"
+#include "hp/core/kernel_observer.h"
 #include "hp/dtensor/dtensor.h"
 #include "kernels/per_capability/swiglu_loops.h"
 
@@ -52,7 +53,10 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-    if (!g.is_meta()) loops().forward(g, u, out);  // a dry run keeps the fused kernel's memory, not its values
+    // A dry run keeps the fused kernel's memory and bytes, not its values.
+    run_kernel("swiglu_forward", 3 * g.nbytes(), [&] {
+      if (!g.is_meta()) loops().forward(g, u, out);
+    });
     ctx->save_for_backward({g, u});
     return out;
   }
@@ -68,7 +72,9 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
     const at::Tensor& u = saved[1];
     const at::Tensor dh = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
-    if (!g.is_meta()) loops().backward(dh, g, u, dgate, dup);
+    run_kernel("swiglu_backward", 5 * g.nbytes(), [&] {
+      if (!g.is_meta()) loops().backward(dh, g, u, dgate, dup);
+    });
     return {dgate, dup};
   }
 };

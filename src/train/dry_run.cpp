@@ -30,6 +30,7 @@
 #include "train/dry_run_mode.h"
 #include "train/peak_breakdown.h"
 #include "train/setup.h"
+#include "train/work_recorder.h"
 
 namespace hp::train {
 namespace {
@@ -125,6 +126,13 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
   for (int64_t step = 0; step < 2; ++step) {
     step_begins = timeline->events();
     comm::CommDebugMode comm;
+    // The reported step's work, for the cost model (its ops on meta tensors, hp's kernels, its
+    // collectives).
+    report.work = StepWork{};
+    report.work.micro_batches = c.micro_batches();
+    detail::WorkRecorder recorder(&report.work, /*timed=*/false);
+    const DispatchModeGuard recording(recorder);
+    const KernelObserverGuard kernels(&recorder);
     memory.reset_peak();
     optimizer->zero_grad();
     const auto tokens = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
@@ -136,6 +144,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
     report.forward_backward_peak_bytes = memory.peak();
     memory.reset_peak();
     const int64_t before_optimizer = memory.current();
+    recorder.set_optimizer_phase(true);
     clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0, copies);
     optimizer->step();
     if (step == 0) report.optimizer_state_bytes = memory.current() - before_optimizer;
@@ -171,8 +180,8 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
 // positions in both orders (ZBV's second stage of position 0 follows the first of position 1): the
 // dry run of a pipeline rank plays all ranks of its pipeline (one per position, with its
 // coordinates on every other dim) together, on threads that exchange those messages.
-DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
-                              const std::shared_ptr<const RoutingModel>& routing, bool lifetimes) {
+std::vector<DryRunReport> run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
+                                           const std::shared_ptr<const RoutingModel>& routing, bool lifetimes) {
   const std::vector<int> peers =
       build_mesh(comm::fake_world(world_size, rank, world_options(c)), c.parallel, c.train.device)
           .get_group("pp")
@@ -214,7 +223,7 @@ DryRunReport run_pipeline_dry(const TrainConfig& c, int world_size, int rank,
       if (peers[i] == rank) play(i);
   }
   HP_CHECK(first_failure.empty(), first_failure);
-  return reports[static_cast<size_t>(std::find(peers.begin(), peers.end(), rank) - peers.begin())];
+  return reports;
 }
 
 constexpr const char* kCovers =
@@ -222,14 +231,15 @@ constexpr const char* kCovers =
 
 }  // namespace
 
-DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const DryRunOptions& options) {
+std::vector<DryRunReport> dry_run_pipeline(const TrainConfig& c, int world_size, int rank,
+                                           const DryRunOptions& options) {
   const auto routing = std::make_shared<const RoutingModel>(options.routing);
   validate(c, world_size);
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");
   try {
-    return c.parallel.pp > 1 ? run_pipeline_dry(c, world_size, rank, routing, options.lifetimes)
-                             : run_dry(c, world_size, rank, routing, options.lifetimes);
+    if (c.parallel.pp > 1) return run_pipeline_dry(c, world_size, rank, routing, options.lifetimes);
+    return {run_dry(c, world_size, rank, routing, options.lifetimes)};
   } catch (const c10::Error& e) {
     // An op that reads values or has no meta kernel here.
     const std::string what = e.what_without_backtrace();
@@ -240,6 +250,12 @@ DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const DryRu
     HP_FAIL("dry run of ", c.model->describe(), " on ", c.parallel.str(), " failed: ", what.substr(0, what.find('\n')),
             kCovers);
   }
+}
+
+DryRunReport dry_run(const TrainConfig& c, int world_size, int rank, const DryRunOptions& options) {
+  for (DryRunReport& report : dry_run_pipeline(c, world_size, rank, options))
+    if (report.rank == rank) return std::move(report);
+  HP_FAIL("dry run: rank ", rank, " is not in its own pipeline");  // unreachable
 }
 
 std::string DryRunReport::table() const {

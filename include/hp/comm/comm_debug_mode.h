@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -32,16 +33,22 @@ class CommDebugMode {
   int64_t total_bytes() const;
   std::string str() const;  // e.g. "all_gather x2 (4096 B), all_reduce x1 (512 B)"
 
+  // Also tells `listener` of each collective as it is issued: its name, the bytes this rank puts
+  // in, and the size of its group (a cost model's recorder sorts them by phase).
+  using Listener = std::function<void(const char* op, int64_t bytes, int group_size)>;
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
+
  private:
   struct Tally {
     int64_t count = 0, bytes = 0;
   };
-  friend void note_collective(const char* op, int64_t bytes);
+  friend void note_collective(const char* op, int64_t bytes, int group_size);
   std::map<std::string, Tally> tallies_;
+  Listener listener_;
   CommDebugMode* outer_;
 };
 
-// Called by the process group for every collective it issues.
-void note_collective(const char* op, int64_t bytes);
+// Called by the process group for every collective it issues, on a group of `group_size` ranks.
+void note_collective(const char* op, int64_t bytes, int group_size);
 
 }  // namespace hp::comm

@@ -18,6 +18,11 @@
 
 namespace hp {
 
+// The FLOPs of a call of matrix product `op_name` (mm, addmm, bmm, baddbmm and their out= forms),
+// whose arguments start at `args`: 2 * m * n * k per product of [m, k] by [k, n], per batch entry.
+// -1 for other ops.
+int64_t matmul_flops_of(const std::string& op_name, const c10::IValue* args);
+
 class OpCounter : public DispatchMode {
  public:
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override;

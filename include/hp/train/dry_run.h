@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "hp/train/config.h"
+#include "hp/train/cost_model.h"
 #include "hp/train/routing_model.h"
 
 namespace hp::train {
@@ -62,6 +63,9 @@ struct DryRunReport {
   // id, bytes, category, block, and the event (an allocation or a free, counted from the step's
   // start) it was made and freed at (empty: alive at the step's end).
   std::string lifetimes_csv;
+  // What the second step did, for the cost model (hp/train/cost_model.h): its ops' classes and work,
+  // its collectives by group size, by phase.
+  StepWork work;
 
   // A table of the above, in MiB.
   std::string table() const;
@@ -81,5 +85,10 @@ struct DryRunOptions {
 
 // Runs the dry run of rank `rank` of a job of `world_size` ranks (validated like a training run).
 DryRunReport dry_run(const TrainConfig& config, int world_size, int rank, const DryRunOptions& options = {});
+
+// The dry runs of the ranks of `rank`'s pipeline, one per position in position order (played
+// together, as dry_run does); without pp, `rank`'s alone.
+std::vector<DryRunReport> dry_run_pipeline(const TrainConfig& config, int world_size, int rank,
+                                           const DryRunOptions& options = {});
 
 }  // namespace hp::train

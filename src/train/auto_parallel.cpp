@@ -1,0 +1,113 @@
+// hp-plan's search over layouts (hp/train/auto_parallel.h).
+#include "hp/train/auto_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "hp/core/error.h"
+
+namespace hp::train {
+namespace {
+
+// Every way to write `n` as an ordered product of `parts` factors.
+void factorizations(int64_t n, int parts, std::vector<int64_t>& prefix, std::vector<std::vector<int64_t>>& out) {
+  if (parts == 1) {
+    prefix.push_back(n);
+    out.push_back(prefix);
+    prefix.pop_back();
+    return;
+  }
+  for (int64_t f = 1; f <= n; ++f) {
+    if (n % f != 0) continue;
+    prefix.push_back(f);
+    factorizations(n / f, parts - 1, prefix, out);
+    prefix.pop_back();
+  }
+}
+
+}  // namespace
+
+std::string PlannedLayout::describe() const {
+  std::ostringstream out;
+  out << config.parallel.str();
+  if (config.sequence_parallel) out << ", sp";
+  if (config.parallel.pp > 1) out << ", " << config.pp_schedule;
+  out << ", micro_batch " << config.train.micro_batch;
+  if (config.memory.checkpoint != "none") out << ", checkpoint " << config.memory.checkpoint;
+  return out.str();
+}
+
+std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, const PlanOptions& o) {
+  HP_CHECK(o.world_size >= 1, "hp-plan: the world size must be >= 1, got ", o.world_size);
+  HP_CHECK(o.micro_batch_choices >= 1, "hp-plan: micro_batch_choices must be >= 1");
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<int64_t> prefix;
+  factorizations(o.world_size, 5, prefix, dims);  // dp_replicate, dp_shard, tp, pp, cp
+  std::vector<std::vector<std::string>> out;
+  for (const auto& d : dims) {
+    const int64_t dp = d[0] * d[1], pp = d[3];
+    if (c.train.global_batch % dp != 0) continue;
+    const int64_t per_rank = c.train.global_batch / dp;
+    std::vector<int64_t> micro;
+    for (int64_t m = per_rank; m >= 1 && static_cast<int>(micro.size()) < o.micro_batch_choices; --m)
+      if (per_rank % m == 0) micro.push_back(m);
+    // Expert parallelism over the ranks that shard each layer's tokens (1 for a dense model:
+    // a config whose model has no experts refuses ep > 1).
+    std::vector<int64_t> eps;
+    for (int64_t ep = 1; ep <= d[1] * d[2] * d[4]; ++ep)
+      if ((d[1] * d[2] * d[4]) % ep == 0) eps.push_back(ep);
+    const std::vector<std::string> schedules = pp > 1 ? o.schedules : std::vector<std::string>{c.pp_schedule};
+    for (int64_t ep : eps)
+      for (const std::string& schedule : schedules)
+        for (int64_t m : micro)
+          for (const std::string& checkpoint : o.checkpointing)
+            out.push_back({"parallel.dp_replicate=" + std::to_string(d[0]), "parallel.dp_shard=" + std::to_string(d[1]),
+                           "parallel.tp=" + std::to_string(d[2]), "parallel.pp=" + std::to_string(pp),
+                           "parallel.cp=" + std::to_string(d[4]), "parallel.ep=" + std::to_string(ep),
+                           std::string("parallel.sequence_parallel=") + (d[2] > 1 ? "true" : "false"),
+                           "parallel.pp_schedule=" + schedule, "train.micro_batch=" + std::to_string(m),
+                           "memory.checkpoint=" + checkpoint});
+  }
+  return out;
+}
+
+std::vector<PlannedLayout> plan_layouts(const TrainConfig& c, const Calibration& cal, const PlanOptions& o) {
+  const std::string base = to_json(c);
+  std::vector<PlannedLayout> planned;
+  for (const std::vector<std::string>& overrides : candidate_layouts(c, o)) {
+    PlannedLayout layout;
+    layout.overrides = overrides;
+    try {
+      layout.config = parse_config(base, overrides, "hp-plan");
+      validate(layout.config, o.world_size);
+    } catch (const Error&) {
+      continue;  // a layout the config does not allow (divisibility, a dense model's ep)
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<DryRunReport> positions;
+    try {
+      positions = dry_run_pipeline(layout.config, o.world_size, 0, o.dry_run);
+    } catch (const Error& e) {
+      if (o.progress) o.progress(layout.describe() + ": the dry run failed: " + e.what());
+      continue;
+    }
+    layout.dry_run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<StepWork> work;
+    for (const DryRunReport& r : positions) {
+      layout.peak_bytes = std::max(layout.peak_bytes, r.peak_bytes);
+      layout.fits = layout.fits && (o.memory_limit_bytes <= 0 || r.fits(o.memory_limit_bytes, o.allocator_slack));
+      work.push_back(r.work);
+    }
+    layout.estimate = estimate_step_time(layout.config, work, cal);
+    if (o.progress) o.progress(layout.describe() + ": " + layout.estimate.str());
+    planned.push_back(std::move(layout));
+  }
+  std::stable_sort(planned.begin(), planned.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.estimate.seconds < b.estimate.seconds : a.peak_bytes < b.peak_bytes;
+  });
+  return planned;
+}
+
+}  // namespace hp::train
