@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "hp/core/error.h"
+#include "hp/core/step_phase.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 #include "hp/nn/token_coordinates.h"
@@ -272,6 +273,8 @@ double PipelineExecutor::run(const at::Tensor& inputs, const at::Tensor& targets
       const int s = a.stage, mb = a.micro_batch;
       Slot& slot = slots[{s, mb}];
       const double started = record_ ? now() : 0.0;
+      std::optional<StepPhaseScope> phase;  // for the cost model's recorders
+      if (a.is_compute()) phase.emplace(a.kind == ActionKind::kForward ? StepPhase::kForward : StepPhase::kBackward);
       on_stage(
           notice, s, [&] { return a.str() + " of schedule '" + schedule_.name + "'"; },
           [&] {

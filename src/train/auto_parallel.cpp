@@ -2,7 +2,6 @@
 #include "hp/train/auto_parallel.h"
 
 #include <algorithm>
-#include <chrono>
 #include <sstream>
 
 #include "hp/core/error.h"
@@ -72,7 +71,10 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
   return out;
 }
 
-std::vector<PlannedLayout> plan_layouts(const TrainConfig& c, const Calibration& cal, const PlanOptions& o) {
+namespace {
+
+// Without a calibration (nullptr): by memory alone.
+std::vector<PlannedLayout> plan(const TrainConfig& c, const Calibration* cal, const PlanOptions& o) {
   const std::string base = to_json(c);
   std::vector<PlannedLayout> planned;
   for (const std::vector<std::string>& overrides : candidate_layouts(c, o)) {
@@ -84,7 +86,6 @@ std::vector<PlannedLayout> plan_layouts(const TrainConfig& c, const Calibration&
     } catch (const Error&) {
       continue;  // a layout the config does not allow (divisibility, a dense model's ep)
     }
-    const auto start = std::chrono::steady_clock::now();
     std::vector<DryRunReport> positions;
     try {
       positions = dry_run_pipeline(layout.config, o.world_size, 0, o.dry_run);
@@ -92,22 +93,35 @@ std::vector<PlannedLayout> plan_layouts(const TrainConfig& c, const Calibration&
       if (o.progress) o.progress(layout.describe() + ": the dry run failed: " + e.what());
       continue;
     }
-    layout.dry_run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::vector<StepWork> work;
     for (const DryRunReport& r : positions) {
       layout.peak_bytes = std::max(layout.peak_bytes, r.peak_bytes);
       layout.fits = layout.fits && (o.memory_limit_bytes <= 0 || r.fits(o.memory_limit_bytes, o.allocator_slack));
       work.push_back(r.work);
     }
-    layout.estimate = estimate_step_time(layout.config, work, cal);
-    if (o.progress) o.progress(layout.describe() + ": " + layout.estimate.str());
+    if (cal != nullptr) layout.estimate = estimate_step_time(layout.config, work, *cal);
+    if (o.progress)
+      o.progress(layout.describe() + ": " +
+                 (cal != nullptr ? layout.estimate.str() : "peak " + std::to_string(layout.peak_bytes) + " B"));
     planned.push_back(std::move(layout));
   }
   std::stable_sort(planned.begin(), planned.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.estimate.seconds < b.estimate.seconds : a.peak_bytes < b.peak_bytes;
+    if (a.fits && a.estimate.seconds != b.estimate.seconds) return a.estimate.seconds < b.estimate.seconds;
+    return a.peak_bytes < b.peak_bytes;
   });
   return planned;
+}
+
+}  // namespace
+
+std::vector<PlannedLayout> plan_layouts(const TrainConfig& config, const Calibration& calibration,
+                                        const PlanOptions& options) {
+  return plan(config, &calibration, options);
+}
+
+std::vector<PlannedLayout> plan_layouts(const TrainConfig& config, const PlanOptions& options) {
+  return plan(config, nullptr, options);
 }
 
 }  // namespace hp::train

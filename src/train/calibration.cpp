@@ -1,32 +1,30 @@
 // Measuring a machine for the cost model (hp/train/cost_model.h): the model's own step on one rank,
 // run on every rank at once, and the collectives on groups of each size.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
+#include <sched.h>
 
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
-#include <tuple>
 #include <vector>
 
 #include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
+#include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
-#include "hp/models/model_spec.h"
-#include "hp/nn/token_coordinates.h"
-#include "hp/optim/clip_grad.h"
 #include "hp/train/callbacks.h"
 #include "hp/train/cost_model.h"
 #include "hp/train/dry_run.h"
-#include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
 #include "train/layout_step.h"
+#include "train/least_squares.h"
 #include "train/work_recorder.h"
 
 namespace hp::train {
@@ -76,74 +74,34 @@ std::optional<TrainConfig> laid_out(TrainConfig c, const ParallelDims& dims, int
 // the collectives it waits for.
 struct Observation {
   std::string layout;
+  bool trained = false;  // by the trainer, whose own time per step it includes
   double seconds = 0, compute = 0, communication = 0, ops = 0, collectives = 0;
 };
-
-// Least squares of y = X c with every c >= 0 (and c[0], the compute scale, > 0), over the few
-// columns given: the best of the unconstrained fits on each subset of columns that is feasible.
-std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& X, const std::vector<double>& y) {
-  const size_t cols = X.front().size();
-  std::vector<double> best(cols, 0.0);
-  double best_error = std::numeric_limits<double>::infinity();
-  for (unsigned subset = 1; subset < (1u << cols); ++subset) {
-    if (!(subset & 1u)) continue;  // the scale is always fitted
-    std::vector<size_t> used;
-    for (size_t j = 0; j < cols; ++j)
-      if (subset & (1u << j)) used.push_back(j);
-    const size_t k = used.size();
-    // The normal equations (k x k), by Gaussian elimination with partial pivoting.
-    std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
-    for (size_t r = 0; r < X.size(); ++r)
-      for (size_t i = 0; i < k; ++i) {
-        for (size_t j = 0; j < k; ++j) a[i][j] += X[r][used[i]] * X[r][used[j]];
-        a[i][k] += X[r][used[i]] * y[r];
-      }
-    bool singular = false;
-    for (size_t i = 0; i < k && !singular; ++i) {
-      size_t pivot = i;
-      for (size_t r = i + 1; r < k; ++r)
-        if (std::abs(a[r][i]) > std::abs(a[pivot][i])) pivot = r;
-      std::swap(a[i], a[pivot]);
-      if (std::abs(a[i][i]) < 1e-300) singular = true;
-      for (size_t r = 0; r < k && !singular; ++r) {
-        if (r == i) continue;
-        const double f = a[r][i] / a[i][i];
-        for (size_t j = i; j <= k; ++j) a[r][j] -= f * a[i][j];
-      }
-    }
-    if (singular) continue;
-    std::vector<double> c(cols, 0.0);
-    bool feasible = true;
-    for (size_t i = 0; i < k; ++i) {
-      c[used[i]] = a[i][k] / a[i][i];
-      feasible = feasible && c[used[i]] >= 0 && std::isfinite(c[used[i]]);
-    }
-    if (!feasible || c[0] <= 0) continue;
-    double error = 0;
-    for (size_t r = 0; r < X.size(); ++r) {
-      double fit = 0;
-      for (size_t j = 0; j < cols; ++j) fit += X[r][j] * c[j];
-      error += (y[r] - fit) * (y[r] - fit);
-    }
-    if (error < best_error) best_error = error, best = c;
-  }
-  HP_CHECK(best[0] > 0, "calibrate: the profiled steps fit no positive compute scale");
-  return best;
-}
 
 // The terms no single measurement gives, fitted over every profiled step at once: the scale on the
 // ops' timed seconds (timing costs time of its own), the framework's time per op, the trainer's
 // per step, and a collective's wait inside a step: seconds - communication = scale x compute +
-// between_ops x ops + step_overhead (trained steps only) + collective_wait x collectives.
+// between_ops x ops + step_overhead (trained steps only) + collective_wait x collectives, the scale
+// > 0 (1 when no fit has one) and the rest >= 0.
 void fit_step_terms(const std::vector<Observation>& observations, Calibration& cal) {
   std::vector<std::vector<double>> X;
   std::vector<double> y;
   for (const Observation& o : observations) {
-    const bool trained = o.layout.find("(trained)") != std::string::npos;
-    X.push_back({o.compute, o.ops, trained ? 1.0 : 0.0, o.collectives});
+    X.push_back({o.compute, o.ops, o.trained ? 1.0 : 0.0, o.collectives});
     y.push_back(o.seconds - o.communication);
   }
-  const std::vector<double> c = nonnegative_least_squares(X, y);
+  std::vector<double> c = detail::nonnegative_least_squares(X, y, /*positive=*/1u);
+  if (c.empty()) {
+    // No fit with a positive scale: the ops' times as timed, the rest fitted to what they leave.
+    std::vector<std::vector<double>> rest;
+    std::vector<double> left;
+    for (size_t i = 0; i < X.size(); ++i) {
+      rest.push_back({X[i][1], X[i][2], X[i][3]});
+      left.push_back(y[i] - X[i][0]);
+    }
+    const std::vector<double> r = detail::nonnegative_least_squares(rest, left);
+    c = {1.0, r[0], r[1], r[2]};
+  }
   cal.compute_scale = c[0];
   cal.between_ops = c[1];
   cal.step_overhead = c[2];
@@ -200,10 +158,14 @@ void calibrate_compute(const TrainConfig& config, const comm::ProcessGroup& worl
     }
     wall[r] = median(untimed_steps[r]);
   }
-  // Pooled over the ranks (every rank ran the same ops, so the keys agree).
-  std::vector<double> keys = {static_cast<double>(points.size())};
-  sum_over(world, keys);
-  HP_CHECK(keys[0] == static_cast<double>(points.size()) * world.size(),
+  // Pooled over the ranks: every rank ran the same ops, so the keys agree (their hash, the same
+  // on every rank, checks it before the sums are matched key by key).
+  std::string joined;
+  for (const auto& [key, p] : points) joined += key.first + "@" + std::to_string(key.second) + ";";
+  const double hash = static_cast<double>(std::hash<std::string>{}(joined) % (1ULL << 50));
+  std::vector<double> hashes = {hash, -hash};
+  sum_over(world, hashes);  // the sum of the hashes and of their negatives: n x hash each when all agree
+  HP_CHECK(hashes[0] == hash * world.size() && hashes[1] == -hash * world.size(),
            "calibrate: the ranks ran different ops in the same steps");
   std::vector<double> sums(wall);
   sums.insert(sums.end(), calls.begin(), calls.end());
@@ -217,7 +179,7 @@ void calibrate_compute(const TrainConfig& config, const comm::ProcessGroup& worl
   }
   const double ranks = static_cast<double>(world.size());
   for (size_t r = 0; r < rows.size(); ++r) {
-    Observation step{"one rank, " + std::to_string(rows[r]) + " rows", sums[r] / ranks};
+    Observation step{"one rank, " + std::to_string(rows[r]) + " rows", /*trained=*/false, sums[r] / ranks};
     step.ops = sums[rows.size() + r] / ranks;
     for (const PhaseWork* phase : {&work[r].forward, &work[r].backward, &work[r].optimizer})
       step.compute += cal.phase_seconds(*phase);  // scale 1, nothing between ops yet; no collectives
@@ -252,7 +214,8 @@ void calibrate_in_training(const TrainConfig& config, const comm::ProcessGroup& 
     c->eval.interval = c->checkpoint.interval = c->sample.tokens = 0;
     c->run_dir = run_dir;
     Observation step{std::string(name) + " " + std::to_string(n) + ", micro_batch " +
-                     std::to_string(c->train.micro_batch) + " (trained)"};
+                         std::to_string(c->train.micro_batch) + " (trained)",
+                     /*trained=*/true};
     const StepWork work = dry_run_pipeline(*c, n, 0).front().work;  // rank 0's; the ranks are alike
     const StepTimeEstimate lines = estimate_step_time(*c, {work}, cal);
     step.compute = lines.compute;
@@ -338,15 +301,17 @@ void calibrate_collectives(const comm::ProcessGroup& world, const CalibrateOptio
                       {measured ? static_cast<double>(put) : 0.0, measured ? each : 0.0, measured ? 1.0 : 0.0});
       }
       sum_over(world, points);
-      // Through the smallest and the largest message: latency and seconds per byte, both >= 0.
-      const auto point = [&](size_t i) {
-        return std::pair<double, double>{points[3 * i] / points[3 * i + 2], points[3 * i + 1] / points[3 * i + 2]};
-      };
-      const auto [w0, t0] = point(0);
-      const auto [w1, t1] = point(o.collective_bytes.size() - 1);
-      Calibration::Line line;
-      line.per_byte = w1 > w0 ? std::max(0.0, (t1 - t0) / (w1 - w0)) : 0.0;
-      line.latency = std::max(0.0, t0 - line.per_byte * w0);
+      // seconds = latency + per_byte x bytes through every size, both >= 0, each size's error
+      // relative to its time (the small messages' latency counts as much as the large ones' bytes).
+      std::vector<std::vector<double>> X;
+      std::vector<double> y;
+      for (size_t i = 0; i < o.collective_bytes.size(); ++i) {
+        const double seconds = points[3 * i + 1] / points[3 * i + 2];
+        X.push_back({1.0 / seconds, points[3 * i] / points[3 * i + 2] / seconds});
+        y.push_back(1.0);
+      }
+      const std::vector<double> c = detail::nonnegative_least_squares(X, y);
+      const Calibration::Line line{c[0], c[1]};
       cal.collectives[name][g] = line;
       if (name == "send") cal.collectives["recv"][g] = Calibration::Line{};  // the send's time is the pair's
     }
@@ -362,6 +327,9 @@ Calibration calibrate(const TrainConfig& config, const comm::ProcessGroup& world
   for (int64_t r : options.rows) HP_CHECK(r >= 1, "calibrate: rows must be >= 1, got ", r);
   Calibration cal;
   cal.ranks = world.size();
+  cal.threads_per_rank = cpu_threads();
+  cpu_set_t cpus;
+  cal.cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   std::vector<Observation> observations;
   calibrate_compute(config, world, options, cal, observations);
   calibrate_collectives(world, options, cal);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <optional>
@@ -91,7 +92,10 @@ StepTimeEstimate pipeline_step(const TrainConfig& c, const std::vector<StepWork>
   }
   const pp::Simulation sim = pp::simulate(schedule, costs);
   estimate.bubble = sim.bubble;
-  estimate.seconds = sim.makespan + slowest_optimizer + cal.step_overhead;
+  // Ranks idle in the bubble leave their share of the cores to the busy ones.
+  const double contention = cal.contention(cal.ranks * (1.0 - sim.bubble));
+  estimate.seconds = (sim.makespan + slowest_optimizer) * contention + cal.step_overhead;
+  estimate.compute *= contention;
   return estimate;
 }
 
@@ -125,8 +129,14 @@ double Calibration::compute_seconds(const std::string& cost_class, int size, con
 
 double Calibration::collective_seconds(const std::string& name, int group_size, const CollectiveWork& work) const {
   const auto it = collectives.find(name);
-  HP_CHECK(it != collectives.end() && !it->second.empty(), "cost model: the calibration has no line for collective ",
-           name);
+  if (it == collectives.end() || it->second.empty()) {
+    std::string have;
+    for (const auto& [n, sizes] : collectives)
+      for (const auto& [size, line] : sizes) have += (have.empty() ? "" : ", ") + n + " on " + std::to_string(size);
+    HP_FAIL("cost model: the calibration has no line for collective ", name, " (it has ",
+            have.empty() ? std::string("none: it was measured on one rank") : have,
+            "); calibrate on as many ranks as the job's groups have");
+  }
   // The nearest calibrated group size (the larger of two as near).
   auto nearest = it->second.begin();
   for (auto g = it->second.begin(); g != it->second.end(); ++g)
@@ -136,9 +146,16 @@ double Calibration::collective_seconds(const std::string& name, int group_size, 
 
 double Calibration::phase_seconds(const PhaseWork& phase) const { return seconds_of(*this, phase, true, nullptr); }
 
+double Calibration::contention(double busy) const {
+  const double threads = static_cast<double>(threads_per_rank);
+  return std::max(1.0, busy * threads / cores) / std::max(1.0, ranks * threads / cores);
+}
+
 std::string Calibration::json() const {
-  nlohmann::json j;
+  nlohmann::json j = {{"compute", nlohmann::json::object()}, {"collectives", nlohmann::json::object()}};
   j["ranks"] = ranks;
+  j["cores"] = cores;
+  j["threads_per_rank"] = threads_per_rank;
   j["collective_wait"] = collective_wait;
   j["step_overhead"] = step_overhead;
   j["compute_scale"] = compute_scale;
@@ -161,8 +178,8 @@ Calibration Calibration::from_json(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     HP_FAIL("calibration: not JSON: ", e.what());
   }
-  for (const char* key :
-       {"ranks", "compute_scale", "between_ops", "collective_wait", "step_overhead", "compute", "collectives"})
+  for (const char* key : {"ranks", "cores", "threads_per_rank", "compute_scale", "between_ops", "collective_wait",
+                          "step_overhead", "compute", "collectives"})
     HP_CHECK(j.is_object() && j.contains(key), "calibration: no '", key,
              "' (hp-plan --calibrate writes a calibration)");
   Calibration cal;
@@ -179,6 +196,8 @@ Calibration Calibration::from_json(const std::string& text) {
   };
   try {
     cal.ranks = j.at("ranks").get<int>();
+    cal.cores = j.at("cores").get<int>();
+    cal.threads_per_rank = j.at("threads_per_rank").get<int>();
     cal.collective_wait = j.at("collective_wait").get<double>();
     cal.step_overhead = j.at("step_overhead").get<double>();
     cal.compute_scale = j.at("compute_scale").get<double>();
@@ -200,12 +219,25 @@ Calibration Calibration::from_json(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     HP_FAIL("calibration: ", e.what());
   }
-  HP_CHECK(cal.ranks >= 1 && cal.compute_scale > 0 && std::isfinite(cal.compute_scale) && cal.between_ops >= 0 &&
-               std::isfinite(cal.between_ops) && cal.collective_wait >= 0 && std::isfinite(cal.collective_wait) &&
-               cal.step_overhead >= 0 && std::isfinite(cal.step_overhead),
-           "calibration: ranks must be >= 1, compute_scale > 0, between_ops, "
+  HP_CHECK(cal.ranks >= 1 && cal.cores >= 1 && cal.threads_per_rank >= 1 && cal.compute_scale > 0 &&
+               std::isfinite(cal.compute_scale) && cal.between_ops >= 0 && std::isfinite(cal.between_ops) &&
+               cal.collective_wait >= 0 && std::isfinite(cal.collective_wait) && cal.step_overhead >= 0 &&
+               std::isfinite(cal.step_overhead),
+           "calibration: ranks, cores and threads_per_rank must be >= 1, compute_scale > 0, between_ops, "
            "collective_wait and step_overhead >= 0");
   return cal;
+}
+
+Calibration Calibration::read(const std::string& path) {
+  std::ifstream in(path);
+  HP_CHECK(in.good(), "cannot read the calibration ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return from_json(text.str());
+  } catch (const Error& e) {
+    HP_FAIL(path, ": ", e.what());
+  }
 }
 
 std::string StepTimeEstimate::str() const {

@@ -129,7 +129,6 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
     // The reported step's work, for the cost model (its ops on meta tensors, hp's kernels, its
     // collectives).
     report.work = StepWork{};
-    report.work.micro_batches = c.micro_batches();
     detail::WorkRecorder recorder(&report.work, /*timed=*/false);
     const DispatchModeGuard recording(recorder);
     const KernelObserverGuard kernels(&recorder);

@@ -1,3 +1,4 @@
+// A layout's training step on random tokens, without the trainer (train/layout_step.h).
 #include "train/layout_step.h"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -23,6 +23,8 @@ class LayoutStep {
  public:
   // `micro_batches` per step (0: the config's).
   LayoutStep(const TrainConfig& config, const comm::ProcessGroup& world, int64_t micro_batches = 0);
+  LayoutStep(const LayoutStep&) = delete;
+  LayoutStep& operator=(const LayoutStep&) = delete;
 
   // A step of `rows` sequences, split into its micro-batches: zero_grad, forward and backward,
   // gradient clipping, the optimizer step; from the clipping on, `recorder`'s optimizer phase.

@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "hp/dtensor/local.h"
 #include "hp/models/model_spec.h"
 #include "hp/nn/moe.h"
+#include "hp/train/cost_model.h"
 #include "hp/train/dry_run.h"
 
 namespace hp::train::detail {
@@ -50,11 +53,19 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     param_bytes += piece.numel() * static_cast<int64_t>(piece.element_size());
   }
   double memory = 0.0;
+  std::optional<StepTimeEstimate> step_time;  // with a calibration
   std::string not_covered, failure;
   try {
-    const DryRunReport report = dry_run(c, world.size(), world.rank(), dry);
+    const std::vector<DryRunReport> pipeline = dry_run_pipeline(c, world.size(), world.rank(), dry);
+    const DryRunReport& report =
+        *std::find_if(pipeline.begin(), pipeline.end(), [&](const DryRunReport& r) { return r.rank == world.rank(); });
     memory = static_cast<double>(report.peak_bytes);
     if (!options.report_dir.empty()) write_report(report, options.report_dir);
+    if (!options.calibration.empty()) {
+      std::vector<StepWork> work;
+      for (const DryRunReport& r : pipeline) work.push_back(r.work);
+      step_time = estimate_step_time(c, work, Calibration::read(options.calibration));
+    }
   } catch (const std::exception& e) {  // every rank goes on to the gather below, whatever happened
     const std::string what = e.what();
     // A device the dry run does not predict gets an estimate; on the CPU it covers every layout,
@@ -70,9 +81,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
   constexpr double kGiB = static_cast<double>(int64_t{1} << 30);
   const double fits = memory * (1.0 + allocator_slack) <= memory_limit_gib * kGiB ? 1.0 : 0.0;
   at::Tensor mine = at::tensor({static_cast<double>(param_bytes / 4), static_cast<double>(param_bytes), memory, fits,
-                                failure.empty() ? 0.0 : 1.0},
+                                failure.empty() ? 0.0 : 1.0, step_time ? step_time->seconds : 0.0},
                                at::kDouble);
-  const at::Tensor all = world.all_gather(mine).view({world.size(), 5});
+  const at::Tensor all = world.all_gather(mine).view({world.size(), 6});
   HP_CHECK(failure.empty(), failure);
   for (int r = 0; r < world.size(); ++r)
     HP_CHECK(all[r][4].item<double>() == 0.0, "the dry run of rank ", r, " failed (its error is on its output)");
@@ -118,6 +129,13 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     std::cout << (over == 0 ? "all ranks fit"
                             : std::to_string(over) + " of " + std::to_string(world.size()) + " ranks do not fit")
               << " in " << limit.str() << "\n";
+  if (step_time) {
+    // The step waits for its slowest rank.
+    double slowest = 0.0;
+    for (int r = 0; r < world.size(); ++r) slowest = std::max(slowest, all[r][5].item<double>());
+    std::cout << std::setprecision(1) << "step time: " << slowest * 1e3 << " ms predicted from " << options.calibration
+              << " (rank 0: " << step_time->str() << "; docs/planning.md#the-cost-model)\n";
+  }
   std::cout.copyfmt(saved_format);
 }
 

@@ -13,6 +13,7 @@
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
+#include "hp/core/step_phase.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/moe.h"
 #include "hp/nn/token_coordinates.h"
@@ -92,10 +93,16 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   for (int64_t m = 0; m < micro; ++m) {
     for (FSDPModule& unit : units) unit.set_requires_gradient_sync(m == micro - 1);
     const nn::MicroBatchRows where(m * rows);  // for draws by global position (dropout)
-    const at::Tensor loss =
-        parts_.loss((*parts_.model)(inputs.narrow(0, m * rows, rows)), targets.narrow(0, m * rows, rows));
+    at::Tensor loss;
+    {
+      const StepPhaseScope forward(StepPhase::kForward);
+      loss = parts_.loss((*parts_.model)(inputs.narrow(0, m * rows, rows)), targets.narrow(0, m * rows, rows));
+    }
     losses[m].fill_(scalar(loss));
-    (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+    {
+      const StepPhaseScope backward(StepPhase::kBackward);
+      (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+    }
     for (size_t i = 0; i < params.size(); ++i)
       if (at::Tensor& grad = params[i].mutable_grad(); grad.defined()) grads[i].add(std::exchange(grad, at::Tensor()));
   }

@@ -162,8 +162,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
                std::isfinite(options.allocator_slack) && options.allocator_slack >= 0.0,
            "train: TrainOptions::memory_limit_gib (", options.memory_limit_gib, ") and allocator_slack (",
            options.allocator_slack, ") must be finite and >= 0");
-  HP_CHECK(options.dry_run || (options.routing == TrainOptions{}.routing && options.report_dir.empty()),
-           "train: TrainOptions::routing and report_dir are for a dry run; set dry_run");
+  HP_CHECK(options.dry_run ||
+               (options.routing == TrainOptions{}.routing && options.report_dir.empty() && options.calibration.empty()),
+           "train: TrainOptions::routing, report_dir and calibration are for a dry run; set dry_run");
   if (options.dry_run) {
     const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts, options);

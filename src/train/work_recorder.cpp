@@ -1,3 +1,4 @@
+// The cost model's recorder: each op's cost class, size and work (and time), by phase.
 #include "train/work_recorder.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include "hp/core/op_counter.h"
 #include "hp/core/op_timer.h"
 #include "hp/core/recompute.h"
+#include "hp/core/step_phase.h"
 
 namespace hp::train::detail {
 namespace {
@@ -40,6 +42,14 @@ WorkRecorder::WorkRecorder(StepWork* work, bool timed) : work_(work), timed_(tim
 
 PhaseWork& WorkRecorder::phase() {
   if (optimizer_phase_) return work_->optimizer;
+  switch (step_phase()) {
+    case StepPhase::kForward:
+      return work_->forward;
+    case StepPhase::kBackward:
+      return work_->backward;
+    case StepPhase::kUnknown:
+      break;
+  }
   return at::GradMode::is_enabled() && !recomputing() ? work_->forward : work_->backward;
 }
 

@@ -21,13 +21,17 @@ class WorkRecorder : public DispatchMode, public KernelObserver {
     double work = 0.0, seconds = 0.0;
   };
 
-  // Records into `work` while the recorder is a dispatch mode (DispatchModeGuard) and the kernel
-  // observer (KernelObserverGuard) of the thread; with `timed`, every op's and kernel's time too.
+  // Records into `work` the ops of the thread while the recorder is its dispatch mode
+  // (DispatchModeGuard), the kernels while it is its kernel observer (KernelObserverGuard), and
+  // the collectives the thread issues while the recorder lives; with `timed`, every op's and
+  // kernel's time too.
   WorkRecorder(StepWork* work, bool timed);
+  WorkRecorder(const WorkRecorder&) = delete;
+  WorkRecorder& operator=(const WorkRecorder&) = delete;
 
   // Ops and collectives from now on are the optimizer's (gradient clipping and its step) until
-  // set back; otherwise an op made while autograd records (and not recomputing) is forward's, any
-  // other backward's.
+  // set back; otherwise they go to the pass the step's driver says (hp/core/step_phase.h), or
+  // outside one, to forward while autograd records (and nothing is recomputed), else backward.
   void set_optimizer_phase(bool on) { optimizer_phase_ = on; }
 
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override;

@@ -36,7 +36,7 @@ TEST(HpPlan, CalibratesPlansAndWritesAConfigHpTrainRuns) {
                                 dir + "/plan.yaml --json " + dir + "/ranked.json --quiet"));
   ASSERT_EQ(planned.exit_code, 0) << planned.output;
   EXPECT_NE(planned.output.find("step ms"), std::string::npos) << planned.output;
-  EXPECT_NE(planned.output.find("the best, "), std::string::npos) << planned.output;
+  EXPECT_NE(planned.output.find("the fastest that fits, "), std::string::npos) << planned.output;
   std::stringstream ranked;
   ranked << std::ifstream(dir + "/ranked.json").rdbuf();
   EXPECT_NE(ranked.str().find("\"step_seconds\""), std::string::npos);
@@ -46,11 +46,24 @@ TEST(HpPlan, CalibratesPlansAndWritesAConfigHpTrainRuns) {
                        "/plan.yaml --set train.steps=2 --set schedule.warmup_steps=1 --set eval.interval=0 "
                        "--set checkpoint.interval=0 --set sample.tokens=0 --no-progress");
   EXPECT_EQ(trained.exit_code, 0) << trained.output;
+  // hp-train --dry-run predicts a layout's step time from the same calibration.
+  const std::string train = "--nproc-per-node 2 -- " + hp::e2e::bin_dir() + "/hp-train " + small_model(dir) +
+                            " --set parallel.dp_shard=2 --set parallel.tp=1 --dry-run";
+  const hp::e2e::Result dry = hp::e2e::run_job(train + " --calibration " + dir + "/calibration.json");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("step time: "), std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find(" ms predicted from " + dir + "/calibration.json"), std::string::npos) << dry.output;
+  std::ofstream(dir + "/not_one.json") << "[1, 2]";
+  const hp::e2e::Result refused = hp::e2e::run_job(train + " --calibration " + dir + "/not_one.json");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--calibration: " + dir + "/not_one.json: calibration: no 'ranks'"), std::string::npos)
+      << refused.output;
   // Without a calibration: memory only. A limit nothing fits in: exit 1, nothing written.
   const hp::e2e::Result memory_only =
       hp::e2e::run_command(plan(small_model(dir) + " --world 2 --quiet --out " + dir + "/memory.yaml"));
   EXPECT_EQ(memory_only.exit_code, 0) << memory_only.output;
   EXPECT_NE(memory_only.output.find("checked for memory only"), std::string::npos) << memory_only.output;
+  EXPECT_NE(memory_only.output.find("the one of the smallest peak, "), std::string::npos) << memory_only.output;
   const hp::e2e::Result nothing_fits = hp::e2e::run_command(
       plan(small_model(dir) + " --world 2 --quiet --memory-limit 0.0001 --out " + dir + "/none.yaml"));
   EXPECT_EQ(nothing_fits.exit_code, 1) << nothing_fits.output;

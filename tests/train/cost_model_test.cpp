@@ -4,6 +4,8 @@
 // did not; the search covers every layout the config allows and ranks them as it says.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -19,6 +21,7 @@
 #include "hp/train/dry_run.h"
 #include "scratch_dir.h"
 #include "train/layout_step.h"
+#include "train/least_squares.h"
 #include "train/work_recorder.h"
 #include "train_helpers.h"
 
@@ -39,7 +42,6 @@ StepWork real_step_work(const TrainConfig& c, const comm::ProcessGroup& world) {
   detail::LayoutStep step(c, world);
   step.run(c.per_rank_batch());  // the first step makes the optimizer's state
   StepWork work;
-  work.micro_batches = c.micro_batches();
   detail::WorkRecorder recorder(&work, /*timed=*/false);
   {
     const DispatchModeGuard on(recorder);
@@ -122,10 +124,38 @@ TEST(CostModel, ADryRunRecordsTheWorkOfTheRealStep) {
   }
 }
 
+// The fit a calibration makes: exact coefficients back from exact data; one the data want negative
+// held at 0 and the others refitted; two columns that say the same do not make coefficients up; a
+// column required positive.
+TEST(CostModel, NonnegativeLeastSquaresFindsTheCoefficients) {
+  const std::vector<std::vector<double>> X = {{1, 2, 0.5}, {2, 1, 1}, {3, 5, 2}, {4, 3, 0}, {1, 1, 1}};
+  const auto times = [&](const std::vector<double>& c) {
+    std::vector<double> y;
+    for (const auto& row : X) y.push_back(row[0] * c[0] + row[1] * c[1] + row[2] * c[2]);
+    return y;
+  };
+  const std::vector<double> exact = detail::nonnegative_least_squares(X, times({0.5, 2e-6, 3e3}));
+  EXPECT_NEAR(exact[0], 0.5, 1e-9);
+  EXPECT_NEAR(exact[1], 2e-6, 1e-12);
+  EXPECT_NEAR(exact[2], 3e3, 1e-6);
+  const std::vector<double> held = detail::nonnegative_least_squares(X, times({1, -1, 0.25}));
+  EXPECT_EQ(held[1], 0.0);
+  EXPECT_GE(held[0], 0.0);
+  EXPECT_GE(held[2], 0.0);
+  const std::vector<double> same = detail::nonnegative_least_squares({{1, 1}, {2, 2}, {3, 3}}, {2, 4, 6});
+  EXPECT_NEAR(same[0] + same[1], 2.0, 1e-9);
+  EXPECT_GE(same[0], 0.0);
+  EXPECT_GE(same[1], 0.0);
+  // A column that must be positive: kept in every fit, and no fit when the data want it below 0.
+  EXPECT_NEAR(detail::nonnegative_least_squares(X, times({0.5, 0, 0}), /*positive=*/1u)[0], 0.5, 1e-9);
+  EXPECT_TRUE(detail::nonnegative_least_squares({{1.0}, {2.0}}, {-1.0, -2.0}, /*positive=*/1u).empty());
+}
+
 // A calibration whose every number is known.
 Calibration known_calibration() {
   Calibration cal;
   cal.ranks = 2;
+  cal.cores = 2;                                     // no contention: the threads fit the cores
   cal.compute["matmul Float"][10] = {1024.0, 2e-3};  // 2 ms per 1024 FLOPs at size 2^10
   cal.compute["matmul Float"][12] = {4096.0, 4e-3};
   cal.compute["elementwise"][8] = {256.0, 1e-4};
@@ -174,7 +204,7 @@ TEST(CostModel, AStepsTimeIsTheSumOfItsLines) {
 
 // A pipeline's step is its schedule simulated with each position's F and B per micro-batch (its
 // forward and backward over the micro-batches, sends aside) and a send's cost, plus the slowest
-// optimizer and the trainer's time.
+// optimizer, scaled for the cores its idle ranks leave to the busy ones, plus the trainer's time.
 TEST(CostModel, APipelinesStepIsItsSimulatedSchedule) {
   const Calibration cal = known_calibration();
   TrainConfig c;
@@ -198,6 +228,15 @@ TEST(CostModel, APipelinesStepIsItsSimulatedSchedule) {
   const StepTimeEstimate e = estimate_step_time(c, positions, cal);
   EXPECT_NEAR(e.seconds, sim.makespan + 1.5 * 1e-4 + op + 3e-3, 1e-12);
   EXPECT_NEAR(e.bubble, sim.bubble, 1e-12);
+  // The 2 ranks measured sharing 1 core: the pipeline's busy ranks, 2 (1 - bubble) on average,
+  // share it less.
+  Calibration shared = cal;
+  shared.cores = 1;
+  EXPECT_NEAR(shared.contention(2.0), 1.0, 1e-15);
+  EXPECT_NEAR(shared.contention(1.0), 0.5, 1e-15);
+  EXPECT_NEAR(shared.contention(0.5), 0.5, 1e-15);  // one busy rank has the core to itself at most
+  EXPECT_NEAR(estimate_step_time(c, positions, shared).seconds,
+              (sim.makespan + 1.5 * 1e-4 + op) * shared.contention(2 * (1 - sim.bubble)) + 3e-3, 1e-12);
   EXPECT_THROW(estimate_step_time(c, {positions[0]}, cal), Error);  // one position's work for pp 2
 }
 
@@ -282,6 +321,12 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   for (const PlannedLayout& l : all) {
     EXPECT_EQ(l.config.parallel.world_size(), 2);
     EXPECT_TRUE(layouts.insert(l.describe()).second) << l.describe();
+    const nlohmann::json keys = nlohmann::json::parse(to_json(l.config));  // every key's value
+    for (const std::string& o : l.overrides) {
+      const std::string key = o.substr(0, o.find('=')), value = o.substr(o.find('=') + 1);
+      const std::string got = keys.at(key).is_string() ? keys.at(key).get<std::string>() : keys.at(key).dump();
+      EXPECT_EQ(got, value) << l.describe() << ": " << key;
+    }
   }
   // A pipeline's peak is its largest position's.
   const auto pipeline = std::find_if(all.begin(), all.end(), [](const auto& l) { return l.config.parallel.pp == 2; });
@@ -306,6 +351,11 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   }
   EXPECT_TRUE(all.front().fits);
   EXPECT_FALSE(all.back().fits);
+  // Without a calibration (hp-plan without one): by peak.
+  options.memory_limit_bytes = 0;
+  all = plan_layouts(c, options);
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_LE(all[i - 1].peak_bytes, all[i].peak_bytes);
+  EXPECT_EQ(all.front().estimate.seconds, 0.0);
 }
 
 }  // namespace

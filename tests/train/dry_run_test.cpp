@@ -428,7 +428,8 @@ TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
       [&](const comm::ProcessGroup& world) {
         TrainOptions options;
         options.routing = "skewed:0.5";
-        test::expect_error([&] { train(c, world, options); }, "TrainOptions::routing and report_dir are for a dry run");
+        test::expect_error([&] { train(c, world, options); },
+                           "TrainOptions::routing, report_dir and calibration are for a dry run");
       },
       ranks_for(c));
   // And training on a fake world is refused before anything runs.

@@ -132,6 +132,14 @@ std::string mib(int64_t bytes) {
   return out.str();
 }
 
+// Writes `text` to `path`, or throws naming the path.
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  HP_CHECK(out.good(), "cannot write ", path);
+}
+
 int calibrate(const hp::train::TrainConfig& config, const std::string& path) {
   hp::comm::InitOptions init;
   init.group = hp::train::world_options(config);
@@ -141,7 +149,7 @@ int calibrate(const hp::train::TrainConfig& config, const std::string& path) {
               << " on one rank, " << config.data.seq_len << " tokens per row\n";
   const hp::train::Calibration cal = hp::train::calibrate(config, world);
   if (world.rank() == 0) {
-    std::ofstream(path) << cal.json() << "\n";
+    write_file(path, cal.json() + "\n");
     std::cout << "hp-plan: the profiled steps, measured and as the calibration gives them:\n"
               << std::fixed << std::setprecision(1);
     for (const auto& p : cal.profile)
@@ -156,18 +164,11 @@ int plan(const hp::train::TrainConfig& config, const Args& args) {
   hp::train::Calibration cal;
   const bool timed = !args.calibration_path.empty();
   if (timed) {
-    std::ifstream in(args.calibration_path);
-    HP_CHECK(in.good(), "cannot read the calibration ", args.calibration_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    cal = hp::train::Calibration::from_json(text.str());
+    cal = hp::train::Calibration::read(args.calibration_path);
     if (cal.ranks != args.world)
       std::cout << "hp-plan: note: the calibration was measured on " << cal.ranks
                 << " rank(s) at once; this plan is for " << args.world << "\n";
   } else {
-    cal.collectives = {{"all_reduce", {{2, {}}}}, {"all_gather", {{2, {}}}}, {"reduce_scatter", {{2, {}}}},
-                       {"all_to_all", {{2, {}}}}, {"broadcast", {{2, {}}}},  {"barrier", {{2, {}}}},
-                       {"send", {{2, {}}}},       {"recv", {{2, {}}}}};  // no times: layouts by memory alone
     std::cout << "hp-plan: no --calibration: layouts are checked for memory only, not timed\n";
   }
   hp::train::PlanOptions options;
@@ -176,7 +177,8 @@ int plan(const hp::train::TrainConfig& config, const Args& args) {
   options.allocator_slack = args.allocator_slack;
   options.dry_run.routing = hp::train::RoutingModel::parse(args.routing);
   if (!args.quiet) options.progress = [](const std::string& line) { std::cout << "  " << line << "\n" << std::flush; };
-  const std::vector<hp::train::PlannedLayout> ranked = hp::train::plan_layouts(config, cal, options);
+  const std::vector<hp::train::PlannedLayout> ranked =
+      timed ? hp::train::plan_layouts(config, cal, options) : hp::train::plan_layouts(config, options);
   HP_CHECK(!ranked.empty(), "no layout of ", config.model->describe(), " on ", args.world,
            " ranks is allowed by the config (batch, heads and layers must divide)");
   std::cout << "\n  #  layout" << std::string(52, ' ') << (timed ? "step ms   " : "") << "peak MiB  fits\n";
@@ -194,16 +196,17 @@ int plan(const hp::train::TrainConfig& config, const Args& args) {
                      {"step_seconds", timed ? nlohmann::json(l.estimate.seconds) : nlohmann::json(nullptr)},
                      {"peak_bytes", l.peak_bytes},
                      {"fits", l.fits}});
-    std::ofstream(args.json_path) << all.dump(1) << "\n";
+    write_file(args.json_path, all.dump(1) + "\n");
   }
   const auto& best = ranked.front();
   if (!best.fits) {
     std::cout << "\nhp-plan: no layout fits in " << args.memory_limit_gib << " GiB; nothing written\n";
     return kFailed;
   }
-  std::ofstream(args.out) << hp::train::to_json(best.config) << "\n";
-  std::cout << "\nhp-plan: " << ranked.size() << " layouts; the best, " << best.describe() << (timed ? ", " : "")
-            << (timed ? best.estimate.str() : std::string()) << ", is in " << args.out << "\n";
+  write_file(args.out, hp::train::to_json(best.config) + "\n");
+  std::cout << "\nhp-plan: " << ranked.size() << " layouts; "
+            << (timed ? "the fastest that fits, " : "the one of the smallest peak, ") << best.describe() << ", "
+            << (timed ? best.estimate.str() : mib(best.peak_bytes) + " MiB") << ", is in " << args.out << "\n";
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/core/job.h>
+#include <hp/train/cost_model.h>
 #include <hp/train/routing_model.h>
 #include <hp/train/stop.h>
 #include <hp/train/trainer.h>
@@ -93,6 +94,17 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
          if (v.empty()) throw hp::tools::UsageError("--report-dir needs a directory");
          a.options.report_dir = v;
        }},
+      {{"--calibration"},
+       "FILE",
+       "with --dry-run: also predict the step time from this calibration (hp-plan --calibrate writes one)",
+       [](Args& a, const std::string& v) {
+         try {
+           hp::train::Calibration::read(v);  // a mistake is the command line's, found before any rank waits
+         } catch (const hp::Error& e) {
+           throw hp::tools::UsageError(std::string("--calibration: ") + e.what());
+         }
+         a.options.calibration = v;
+       }},
       {{"--no-progress"},
        "",
        "no progress lines (metrics still go to RUN_DIR/metrics.jsonl)",
@@ -103,7 +115,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 
 void usage(std::ostream& out) {
   out << "usage: hp-train --config FILE [--set KEY=VALUE]... [--resume auto|never] [--dry-run [--routing SPEC] "
-         "[--report-dir DIR] [--memory-limit GIB [--allocator-slack FRACTION]]] [--no-progress]\n\n"
+         "[--report-dir DIR] [--calibration FILE] [--memory-limit GIB [--allocator-slack FRACTION]]] "
+         "[--no-progress]\n\n"
       << hp::tools::flag_help(flags())
       << "\nStart several ranks with hprun: hprun --nproc-per-node 4 hp-train --config examples/tiny_llama.yaml\n";
 }
@@ -148,6 +161,8 @@ int main(int argc, char** argv) {
     if (args.routing_given && !args.options.dry_run) throw hp::tools::UsageError("--routing goes with --dry-run");
     if (!args.options.report_dir.empty() && !args.options.dry_run)
       throw hp::tools::UsageError("--report-dir goes with --dry-run");
+    if (!args.options.calibration.empty() && !args.options.dry_run)
+      throw hp::tools::UsageError("--calibration goes with --dry-run");
     if (args.options.allocator_slack != hp::train::TrainOptions{}.allocator_slack &&
         args.options.memory_limit_gib == 0.0)
       throw hp::tools::UsageError("--allocator-slack goes with --memory-limit");

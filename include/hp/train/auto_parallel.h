@@ -41,16 +41,17 @@ struct PlannedLayout {
   int64_t peak_bytes = 0;  // the largest of its pipeline positions'
   bool fits = true;
   StepTimeEstimate estimate;
-  double dry_run_seconds = 0.0;
   std::string describe() const;  // "dp_shard 2 x tp 2, sp, micro_batch 4, checkpoint full"
 };
 
 // The candidates' overrides for `config` on `world_size` ranks, in search order (not yet validated).
 std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& config, const PlanOptions& options);
 
-// The candidates the config accepts, fitting ones first by predicted step time, then the others by
-// peak.
+// The candidates the config accepts, fitting ones first by predicted step time (equal times: by
+// peak), then the others by peak.
 std::vector<PlannedLayout> plan_layouts(const TrainConfig& config, const Calibration& calibration,
                                         const PlanOptions& options);
+// The same by memory alone: no estimates, fitting ones first, each group by peak.
+std::vector<PlannedLayout> plan_layouts(const TrainConfig& config, const PlanOptions& options);
 
 }  // namespace hp::train

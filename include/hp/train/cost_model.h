@@ -23,7 +23,9 @@
 //
 // The step: forward, backward and the optimizer, in that order, with their collectives waited for
 // where they are issued; a pipeline's forward and backward are its micro-batches' F and B actions,
-// played by the schedule simulator (hp/pp/schedule.h) with the send cost of one activation.
+// played by the schedule simulator (hp/pp/schedule.h) with the send cost of one activation; where
+// the ranks share cores, ranks idle in the bubble leave theirs to the busy ones: the step is scaled
+// by Calibration::contention of its mean busy ranks (1 - bubble of them).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +69,6 @@ struct PhaseWork {
 // and the optimizer's step).
 struct StepWork {
   PhaseWork forward, backward, optimizer;
-  int64_t micro_batches = 1;
 };
 
 struct Calibration {
@@ -80,6 +81,8 @@ struct Calibration {
     double work = 0.0, seconds = 0.0;
   };
   int ranks = 1;                                        // ranks that ran at once on the machine while it was measured
+  int cores = 1;                                        // the CPUs they shared (the calibrating process's affinity)
+  int threads_per_rank = 1;                             // each rank's intra-op threads
   std::map<std::string, std::map<int, Point>> compute;  // by cost class, then size
   double compute_scale = 1.0;                           // what the profiled ops' times are multiplied by
   double between_ops = 0.0;                             // seconds of framework time per op
@@ -102,9 +105,14 @@ struct Calibration {
   double compute_seconds(const std::string& cost_class, int size, const OpWork& work) const;
   double collective_seconds(const std::string& name, int group_size, const CollectiveWork& work) const;
   double phase_seconds(const PhaseWork& phase) const;
+  // How long compute takes when `busy` of the calibration's ranks compute at once, relative to all
+  // of them (as they did while it was measured): ranks whose threads outnumber the cores share
+  // them, so fewer busy ranks go faster; 1 where the threads fit the cores.
+  double contention(double busy) const;
 
   std::string json() const;
   static Calibration from_json(const std::string& text);  // an error names what is missing or wrong
+  static Calibration read(const std::string& path);       // from_json of the file; an error names it
 };
 
 struct CalibrateOptions {

@@ -44,6 +44,9 @@ struct TrainOptions {
   // With dry_run, not empty: each rank also writes its dry-run report to this directory (made if
   // missing): rank_N.txt (DryRunReport::table), rank_N.json and rank_N_lifetimes.csv.
   std::string report_dir;
+  // With dry_run, not empty: a calibration (hp-plan --calibrate's JSON, hp/train/cost_model.h) from
+  // which the plan also predicts the step time.
+  std::string calibration;
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
   // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
   std::vector<std::shared_ptr<Callback>> callbacks;
