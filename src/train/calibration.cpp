@@ -223,7 +223,7 @@ void calibrate_in_training(const TrainConfig& config, const comm::ProcessGroup& 
     for (const PhaseWork* phase : {&work.forward, &work.backward, &work.optimizer}) {
       step.ops += static_cast<double>(phase->op_calls());
       for (const auto& [key, w] : phase->collectives)
-        if (key.first != "send" && key.first != "recv") step.collectives += static_cast<double>(w.calls);
+        if (!is_point_to_point(key.first)) step.collectives += static_cast<double>(w.calls);
     }
     auto seconds = std::make_shared<StepSeconds>();
     TrainOptions options;
@@ -232,9 +232,9 @@ void calibrate_in_training(const TrainConfig& config, const comm::ProcessGroup& 
     train(*c, world, options);
     std::vector<double> measured(seconds->seconds.begin() + std::min<size_t>(o.warmup_steps, seconds->seconds.size()),
                                  seconds->seconds.end());
-    std::vector<double> mean = {median(measured)};
-    sum_over(world, mean);
-    step.seconds = mean[0] / n;
+    std::vector<double> medians = {median(measured)};
+    sum_over(world, medians);
+    step.seconds = medians[0] / n;  // the ranks' mean
     observations.push_back(step);
   }
   std::error_code ignored;

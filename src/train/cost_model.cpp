@@ -18,7 +18,15 @@
 namespace hp::train {
 namespace {
 
-bool point_to_point(const std::string& name) { return name == "send" || name == "recv"; }
+// The entry of `by_size` whose key is nearest to `size` (the larger of two as near); `by_size` is
+// not empty.
+template <typename Value>
+typename std::map<int, Value>::const_iterator nearest(const std::map<int, Value>& by_size, int size) {
+  auto best = by_size.begin();
+  for (auto it = by_size.begin(); it != by_size.end(); ++it)
+    if (std::abs(it->first - size) <= std::abs(best->first - size)) best = it;
+  return best;
+}
 
 // A phase's cost, without (pipelines) its sends and receives, which the schedule simulator plays.
 double seconds_of(const Calibration& cal, const PhaseWork& phase, bool with_point_to_point, double* communication) {
@@ -26,7 +34,7 @@ double seconds_of(const Calibration& cal, const PhaseWork& phase, bool with_poin
   for (const auto& [key, work] : phase.ops) seconds += cal.compute_seconds(key.first, key.second, work);
   double comm = 0.0;
   for (const auto& [key, work] : phase.collectives) {
-    if (point_to_point(key.first)) {
+    if (is_point_to_point(key.first)) {
       if (with_point_to_point) comm += cal.collective_seconds(key.first, key.second, work);
     } else {
       comm +=
@@ -101,6 +109,8 @@ StepTimeEstimate pipeline_step(const TrainConfig& c, const std::vector<StepWork>
 
 }  // namespace
 
+bool is_point_to_point(const std::string& collective) { return collective == "send" || collective == "recv"; }
+
 int work_size(double work) { return work >= 1.0 ? static_cast<int>(std::floor(std::log2(work))) : -1; }
 
 int64_t PhaseWork::op_calls() const {
@@ -113,17 +123,15 @@ double Calibration::compute_seconds(const std::string& cost_class, int size, con
   const auto it = compute.find(cost_class);
   if (it == compute.end() || it->second.empty() || work.calls == 0) return 0.0;
   const std::map<int, Point>& sizes = it->second;
-  const auto exact = sizes.find(size);
-  // The nearest profiled size (the larger of two as near).
-  auto nearest = sizes.begin();
-  for (auto s = sizes.begin(); s != sizes.end(); ++s)
-    if (std::abs(s->first - size) <= std::abs(nearest->first - size)) nearest = s;
-  const Point& p = exact != sizes.end() ? exact->second : nearest->second;
-  double quickest = std::numeric_limits<double>::infinity();
-  for (const auto& [s, point] : sizes) quickest = std::min(quickest, point.seconds);
+  const auto profiled = nearest(sizes, size);
+  const Point& p = profiled->second;
   const double calls = static_cast<double>(work.calls), per_call = work.work / calls;
   double each = p.work > 0 ? p.seconds * per_call / p.work : p.seconds;
-  if (exact == sizes.end()) each = std::max(each, quickest);
+  if (profiled->first != size) {  // a size the profile did not see: no quicker than its quickest call
+    double quickest = std::numeric_limits<double>::infinity();
+    for (const auto& [s, point] : sizes) quickest = std::min(quickest, point.seconds);
+    each = std::max(each, quickest);
+  }
   return compute_scale * calls * each;
 }
 
@@ -137,11 +145,8 @@ double Calibration::collective_seconds(const std::string& name, int group_size, 
             have.empty() ? std::string("none: it was measured on one rank") : have,
             "); calibrate on as many ranks as the job's groups have");
   }
-  // The nearest calibrated group size (the larger of two as near).
-  auto nearest = it->second.begin();
-  for (auto g = it->second.begin(); g != it->second.end(); ++g)
-    if (std::abs(g->first - group_size) <= std::abs(nearest->first - group_size)) nearest = g;
-  return nearest->second.latency * static_cast<double>(work.calls) + nearest->second.per_byte * work.bytes;
+  const Line& line = nearest(it->second, group_size)->second;
+  return line.latency * static_cast<double>(work.calls) + line.per_byte * work.bytes;
 }
 
 double Calibration::phase_seconds(const PhaseWork& phase) const { return seconds_of(*this, phase, true, nullptr); }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/plan_flags.h"
 
 namespace {
 
@@ -72,30 +73,15 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
       {{"--memory-limit"},
        "GIB",
        "only layouts whose every rank fits in GIB GiB (with the allocator slack) rank first",
-       [](Args& a, const std::string& v) {
-         a.memory_limit_gib = hp::tools::parse_double("--memory-limit", v);
-         if (!(a.memory_limit_gib > 0.0) || !std::isfinite(a.memory_limit_gib))
-           throw hp::tools::UsageError("--memory-limit expects a positive number of GiB, got '" + v + "'");
-       }},
+       [](Args& a, const std::string& v) { a.memory_limit_gib = hp::tools::memory_limit_gib(v); }},
       {{"--allocator-slack"},
        "FRACTION",
        "what the allocator holds beyond the tensors (default 0.1)",
-       [](Args& a, const std::string& v) {
-         a.allocator_slack = hp::tools::parse_double("--allocator-slack", v);
-         if (!(a.allocator_slack >= 0.0) || !std::isfinite(a.allocator_slack))
-           throw hp::tools::UsageError("--allocator-slack expects a fraction >= 0, got '" + v + "'");
-       }},
+       [](Args& a, const std::string& v) { a.allocator_slack = hp::tools::allocator_slack(v); }},
       {{"--routing"},
        "SPEC",
        "a mixture of experts' routing model in the dry runs (as hp-train --dry-run --routing)",
-       [](Args& a, const std::string& v) {
-         try {
-           hp::train::RoutingModel::parse(v);
-         } catch (const hp::Error& e) {
-           throw hp::tools::UsageError(std::string("--routing: ") + e.what());
-         }
-         a.routing = v;
-       }},
+       [](Args& a, const std::string& v) { a.routing = hp::tools::routing_spec(v); }},
       {{"--top"},
        "K",
        "print the K best layouts (default 10)",

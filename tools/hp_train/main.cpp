@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/plan_flags.h"
 
 namespace {
 
@@ -59,31 +60,18 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
       {{"--memory-limit"},
        "GIB",
        "with --dry-run: say whether each rank's memory, plus the allocator slack, fits in GIB GiB",
-       [](Args& a, const std::string& v) {
-         a.options.memory_limit_gib = hp::tools::parse_double("--memory-limit", v);
-         if (!(a.options.memory_limit_gib > 0.0) || !std::isfinite(a.options.memory_limit_gib))
-           throw hp::tools::UsageError("--memory-limit expects a positive number of GiB, got '" + v + "'");
-       }},
+       [](Args& a, const std::string& v) { a.options.memory_limit_gib = hp::tools::memory_limit_gib(v); }},
       {{"--allocator-slack"},
        "FRACTION",
        "with --memory-limit: what the allocator holds beyond the tensors, as a fraction of their peak (default 0.1)",
-       [](Args& a, const std::string& v) {
-         a.options.allocator_slack = hp::tools::parse_double("--allocator-slack", v);
-         if (!(a.options.allocator_slack >= 0.0) || !std::isfinite(a.options.allocator_slack))
-           throw hp::tools::UsageError("--allocator-slack expects a fraction >= 0, got '" + v + "'");
-       }},
+       [](Args& a, const std::string& v) { a.options.allocator_slack = hp::tools::allocator_slack(v); }},
       {{"--routing"},
        "SPEC",
        "with --dry-run: what a mixture of experts' routers choose: balanced (default), skewed:S (expert 0 of every "
        "layer takes the share S of the rows, at most one row per token), or histogram:FILE (JSON: router FQN -> "
        "relative loads)",
        [](Args& a, const std::string& v) {
-         try {
-           hp::train::RoutingModel::parse(v);  // a mistake is the command line's, found before any rank waits
-         } catch (const hp::Error& e) {
-           throw hp::tools::UsageError(std::string("--routing: ") + e.what());
-         }
-         a.options.routing = v;
+         a.options.routing = hp::tools::routing_spec(v);
          a.routing_given = true;
        }},
       {{"--report-dir"},

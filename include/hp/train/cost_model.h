@@ -55,6 +55,10 @@ struct CollectiveWork {
 // The size of an op's work: log2 of it, rounded down; -1 for none.
 int work_size(double work);
 
+// Whether a collective is a send or a receive: a pipeline's, which its schedule waits for (the
+// others cost Calibration::collective_wait each beyond their lines).
+bool is_point_to_point(const std::string& collective);
+
 // What one phase of a step does on one rank: ops by (cost class, size), collectives by (name,
 // group size).
 struct PhaseWork {
