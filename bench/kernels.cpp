@@ -1,25 +1,51 @@
-// bench/kernels: the fused SwiGLU (hp::kernels::swiglu) against ATen's at::silu(gate) * up, forward
-// and backward, on the main job's MLP activations (16 x 128 tokens, hidden 768), fp32 and bf16,
-// alternating in one run; median of the rounds, at the process's thread count.
+// bench/kernels: hp's fused CPU kernels against the ATen compositions they replace, forward and
+// backward, on the main job's activations (16 x 128 tokens), fp32 and bf16, alternating in one run;
+// median of the rounds, at the process's thread count.
+//   - SwiGLU (hp::kernels::swiglu) against at::silu(gate) * up, hidden 768;
+//   - RMSNorm (hp::kernels::rms_norm) against kernels::rms_norm_composed, dim 256;
+//   - the attention softmax (hp::kernels::masked_softmax, causal) against scale, mask, logsumexp
+//     and exp, on 16 rows x 8 heads of 128 x 128 scores (forward only: its backward is one
+//     elementwise pass either way).
 //
 //   build/bin/bench_kernels [--quick]
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "bench/timing.h"
 #include "hp/core/cpu_threads.h"
+#include "hp/kernels/rms_norm.h"
+#include "hp/kernels/softmax.h"
 #include "hp/kernels/swiglu.h"
 
 namespace {
 
-// Seconds of one forward and backward of f on fresh leaves.
+using Case = std::function<void()>;
+
+// The median seconds of `fused` and `composed`, alternating, and their ratio.
+void compare(const std::string& name, const std::string& dtype, int rounds, const Case& fused, const Case& composed) {
+  std::vector<double> f, c;
+  for (int i = 0; i < rounds; ++i) {
+    f.push_back(hp::bench::seconds(fused));
+    c.push_back(hp::bench::seconds(composed));
+  }
+  const double mf = hp::bench::median(f), mc = hp::bench::median(c);
+  std::cout << std::fixed << std::setprecision(3) << "  " << name << " " << dtype << ": fused " << 1e3 * mf
+            << " ms, composed " << 1e3 * mc << " ms, ratio " << mf / mc << "\n";
+}
+
+// One forward and backward of f(a, b) on fresh leaves.
 template <typename F>
-double step_seconds(const F& f, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& grad) {
-  const at::Tensor g = gate.detach().requires_grad_(true), u = up.detach().requires_grad_(true);
-  return hp::bench::seconds([&] { f(g, u).backward(grad); });
+Case step(F f, const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad) {
+  return [=] {
+    const at::Tensor x = a.detach().requires_grad_(true), y = b.detach().requires_grad_(true);
+    f(x, y).backward(grad);
+  };
 }
 
 }  // namespace
@@ -27,21 +53,39 @@ double step_seconds(const F& f, const at::Tensor& gate, const at::Tensor& up, co
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int rounds = quick ? 3 : 30;
-  const auto composed = [](const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; };
-  std::cout << "bench_kernels: SwiGLU forward + backward on [2048, 768], " << hp::cpu_threads()
-            << " threads, capability " << hp::kernels::kernel_capability() << ", median of " << rounds << " rounds\n";
+  std::cout << "bench_kernels: forward + backward, " << hp::cpu_threads() << " threads, capability "
+            << hp::kernels::kernel_capability() << ", median of " << rounds << " rounds\n";
+  const auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-    const auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    const at::Tensor gate = at::randn({2048, 768}, gen).to(dtype), up = at::randn({2048, 768}, gen).to(dtype),
-                     grad = at::randn({2048, 768}, gen).to(dtype);
-    std::vector<double> fused, aten;
-    for (int i = 0; i < rounds; ++i) {
-      fused.push_back(step_seconds(hp::kernels::swiglu, gate, up, grad));
-      aten.push_back(step_seconds(composed, gate, up, grad));
+    const std::string name = dtype == at::kFloat ? "fp32" : "bf16";
+    const auto sample = [&](std::vector<int64_t> shape) { return at::randn(shape, gen).to(dtype); };
+    {
+      const at::Tensor gate = sample({2048, 768}), up = sample({2048, 768}), grad = sample({2048, 768});
+      compare("swiglu [2048, 768]", name, rounds, step(hp::kernels::swiglu, gate, up, grad),
+              step([](const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }, gate, up, grad));
     }
-    const double f = hp::bench::median(fused), a = hp::bench::median(aten);
-    std::cout << std::fixed << std::setprecision(3) << "  " << (dtype == at::kFloat ? "fp32" : "bf16") << ": fused "
-              << 1e3 * f << " ms, silu * up " << 1e3 * a << " ms, ratio " << f / a << "\n";
+    {
+      const at::Tensor x = sample({2048, 256}), w = sample({256}), grad = sample({2048, 256});
+      const auto with = [](auto f) { return [f](const at::Tensor& a, const at::Tensor& b) { return f(a, b, 1e-6); }; };
+      compare("rms_norm [2048, 256]", name, rounds, step(with(hp::kernels::rms_norm), x, w, grad),
+              step(with(hp::kernels::rms_norm_composed), x, w, grad));
+    }
+    {
+      const at::Tensor scores = sample({128, 128, 128}), visible = at::arange(1, 129, at::kLong);
+      const double scale = 0.17677669529663687;
+      compare(
+          "attention softmax [128, 128, 128]", name, rounds,
+          [&] {
+            at::Tensor lse;
+            hp::kernels::masked_softmax(scores, visible, scale, lse);
+          },
+          [&] {
+            at::Tensor s = scores.to(at::kFloat).mul_(scale);
+            s.masked_fill_(at::arange(128, at::kLong).unsqueeze(0) >= visible.unsqueeze(1), -INFINITY);
+            const at::Tensor lse = at::logsumexp(s, -1);
+            s.sub_(lse.masked_fill(at::isinf(lse), 0.0).unsqueeze(-1)).exp_();
+          });
+    }
   }
   return 0;
 }

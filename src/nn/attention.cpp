@@ -11,6 +11,7 @@
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
 #include "hp/dtensor/random.h"
+#include "hp/kernels/softmax.h"
 
 namespace hp::nn {
 namespace {
@@ -88,7 +89,7 @@ class Problem {
 
   struct Block {
     int64_t begin, rows, keys;  // query rows [begin, begin + rows) see at most the first `keys` keys
-    at::Tensor mask;            // [rows, keys], true where masked; undefined when nothing is
+    at::Tensor visible;         // int64 [rows] on the host: how many of the first keys each row sees
   };
   std::vector<Block> blocks() const {
     std::vector<Block> out;
@@ -96,16 +97,11 @@ class Problem {
     const int64_t* kp = kp_->positions.data_ptr<int64_t>();
     for (int64_t begin = 0; begin < sq_; begin += query_block_) {
       const int64_t rows = std::min(query_block_, sq_ - begin);
-      Block block{begin, rows, sk_, {}};
+      Block block{begin, rows, sk_, at::full({rows}, sk_, at::kLong)};
       if (causal_) {
-        block.keys = std::upper_bound(kp, kp + sk_, qp[begin + rows - 1]) - kp;
-        const int64_t all_see = std::upper_bound(kp, kp + sk_, qp[begin]) - kp;
-        if (block.keys > all_see && device_.is_meta())  // a dry run's: the mask's shape is all it has
-          block.mask = at::empty({rows, block.keys}, at::TensorOptions().dtype(at::kBool).device(device_));
-        else if (block.keys > all_see)
-          block.mask = at::gt(kp_->positions.narrow(0, 0, block.keys).unsqueeze(0),
-                              qp_->positions.narrow(0, begin, rows).unsqueeze(1))
-                           .to(device_);  // from the positions, which stay on the host
+        int64_t* visible = block.visible.data_ptr<int64_t>();
+        for (int64_t r = 0; r < rows; ++r) visible[r] = std::upper_bound(kp, kp + sk_, qp[begin + r]) - kp;
+        block.keys = visible[rows - 1];  // positions are sorted: the last row sees the most
       }
       if (block.keys > 0) out.push_back(std::move(block));
     }
@@ -152,13 +148,12 @@ class Problem {
   // exp(scores - lse) of a block, [b, hkv, rep * rows, keys]; masked scores give 0, and so do rows
   // whose lse is -inf (they see no key). With `lse` undefined, computes and returns it instead.
   at::Tensor probabilities(const Block& block, at::Tensor& lse) const {
-    at::Tensor scores = product(block_rows(q_, block), keys(block).transpose(-2, -1))
-                            .mul_(scale_)
-                            .view({b_, hkv_, rep_, block.rows, block.keys});
-    if (block.mask.defined()) scores.masked_fill_(block.mask, -INFINITY);
-    if (!lse.defined()) lse = at::logsumexp(scores, -1);
-    const at::Tensor finite = lse.masked_fill(at::isinf(lse), 0.0);
-    return scores.sub_(finite.unsqueeze(-1)).exp_().view({b_, hkv_, rep_ * block.rows, block.keys});
+    const at::Tensor scores =  // in the product dtype: the kernel widens it
+        at::matmul(block_rows(q_, block), keys(block).transpose(-2, -1)).view({-1, block.rows, block.keys});
+    at::Tensor row_lse = lse.defined() ? lse.reshape({-1, block.rows}) : at::Tensor();
+    const at::Tensor probs = kernels::masked_softmax(scores, block.visible, scale_, row_lse);
+    if (!lse.defined()) lse = row_lse.view({b_, hkv_, rep_, block.rows});
+    return probs.view({b_, hkv_, rep_ * block.rows, block.keys});
   }
 
   int64_t b_, hkv_, rep_, sq_, sk_;
@@ -245,7 +240,7 @@ class CpuAttentionKernel final : public AttentionKernel {
       at::Tensor dprobs = at::matmul(p.block_rows(dout_g, block), v_acc.narrow(2, 0, block.keys).transpose(-2, -1));
       if (keep.defined()) dprobs.mul_(keep);
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
-      const at::Tensor dscores = probs.mul(dprobs.sub_(row)).mul_(scale);
+      const at::Tensor dscores = kernels::softmax_scores_grad(probs, dprobs, row, scale);
       dq.narrow(3, block.begin, block.rows)
           .copy_(p.product(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
       dk.narrow(2, 0, block.keys).add_(p.product(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));

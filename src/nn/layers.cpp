@@ -6,6 +6,7 @@
 
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/kernels/rms_norm.h"
 
 namespace hp::nn {
 
@@ -33,12 +34,7 @@ RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
   add_param("weight", {d}, Init::constant(1.0));
 }
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  // In fp32 at least (bf16 inputs), in fp64 for fp64 inputs.
-  const at::Tensor x32 = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
-  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return normed.to(x.scalar_type()) * param("weight");
-}
+at::Tensor RMSNorm::forward(const at::Tensor& x) { return kernels::rms_norm(x, param("weight"), eps); }
 
 LayerNorm::LayerNorm(int64_t d, double e) : Module("LayerNorm"), dim(d), eps(e) {
   add_param("weight", {d}, Init::constant(1.0));

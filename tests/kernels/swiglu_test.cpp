@@ -12,7 +12,7 @@
 
 #include "hp/core/cpu_threads.h"
 #include "hp/kernels/swiglu.h"
-#include "kernels/per_capability/swiglu_loops.h"
+#include "kernels/per_capability/loops.h"
 #include "test_util.h"
 
 namespace hp::test {
@@ -107,11 +107,11 @@ TEST(SwiGLU, MatchesSiluTimesUp) {
 TEST(SwiGLU, EveryCapabilityThisCpuRunsAgrees) {
   const at::Tensor gate = sample(4), up = sample(5), dh = sample(6);
   const Result want = run(composed, gate, up, dh);
-  for (const kernels::SwigluLoops& loops : kernels::runnable_swiglu_loops()) {
+  for (const kernels::Loops& loops : kernels::runnable_loops()) {
     std::cout << "capability " << loops.capability << "\n";
     Result got{at::empty_like(gate), at::empty_like(gate), at::empty_like(gate)};
-    loops.forward(gate, up, got.out);
-    loops.backward(dh, gate, up, got.dgate, got.dup);
+    loops.swiglu_forward(gate, up, got.out);
+    loops.swiglu_backward(dh, gate, up, got.dgate, got.dup);
     expect_close(got, want, gate, up, dh, 1e-6, loops.capability);
   }
 }

@@ -16,14 +16,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "hp/kernels/capability.h"
+
 namespace hp::kernels {
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // Whether swiglu takes the fused kernel for these inputs.
 bool swiglu_is_fused(const at::Tensor& gate, const at::Tensor& up);
-
-// The capability the kernels run at: "default", "avx2" or "avx512".
-const char* kernel_capability();
 
 }  // namespace hp::kernels

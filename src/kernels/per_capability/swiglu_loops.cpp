@@ -7,30 +7,17 @@
 // values are widened once and rounded once.
 // The last partial vector is loaded and stored partially but computed like the rest, so an
 // element's value does not depend on where a thread's chunk or the tensor ends.
-#include <ATen/Parallel.h>
+#include "kernels/per_capability/vec_helpers.h"
+
 #include <ATen/core/Tensor.h>
-#include <ATen/cpu/vec/vec.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <tuple>
 #include <utility>
 
-// No include of swiglu_loops.h: it declares every capability's namespace, and this one must be
-// opened inline first, as at::vec opens its own.
-
 namespace hp::kernels {
 inline namespace CPU_CAPABILITY {
 namespace {
-
-// The entry points stay visible; everything else this copy compiles (inline functions of the
-// ATen and c10 headers, built here with this capability's -m flags) is hidden, so no other object or
-// library can bind to a copy that uses instructions the CPU may lack.
-#define HP_KERNEL_ENTRY __attribute__((visibility("default")))
-
-using Vec = at::vec::Vectorized<float>;
-using BVec = at::vec::Vectorized<c10::BFloat16>;
-constexpr int64_t kGrain = 16384;  // elements per task: small enough to split a layer's activations
 
 struct Forward {
   Vec operator()(Vec g, Vec u) const {
@@ -50,16 +37,6 @@ struct Backward {
     return {dsilu * sigmoid * (one + g * (one - sigmoid)), dh * (g / denominator)};  // mul's: grad * silu
   }
 };
-
-// The first `count` values at `data` in a vector, the rest zero (a partial load leaves them
-// undefined; their results are never stored, but nothing should compute on undefined values).
-template <typename V, typename T>
-V load(const T* data, int count) {
-  if (count == V::size()) return V::loadu(data);
-  __at_align__ T buffer[V::size()] = {};
-  std::copy(data, data + count, buffer);
-  return V::loadu(buffer);
-}
 
 // n elements of fp32 arrays: out[i] = f(in[0][i], in[1][i], ...), vector by vector.
 template <int kIn, int kOut, typename F>

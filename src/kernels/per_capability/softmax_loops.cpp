@@ -1,0 +1,98 @@
+// The attention softmax's loops for one capability (see swiglu_loops.cpp for how the copies are
+// built). Row by row in fp32, as the composition the blockwise attention kernel used computes it:
+//   s = scores * scale (rounded to fp32),
+//   lse = log(sum(exp(s - max))) + max over the row's visible keys (-inf where it sees none),
+//   probs = exp(s - lse) over the visible keys (exp(s) where lse is infinite), 0 past them;
+// backward, in place: dscores = probs * (dprobs - row) * scale. A row is computed in one order
+// whatever the thread count.
+#include "kernels/per_capability/vec_helpers.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cmath>
+#include <limits>
+
+// Shapes come from numel(): Tensor::size() would compile an inline c10 function here (see loops.h).
+
+namespace hp::kernels {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+template <typename T>
+void forward(const at::Tensor& scores_t, const at::Tensor& visible_t, double scale, bool compute_lse,
+             const at::Tensor& lse_t, const at::Tensor& probs_t) {
+  const int64_t rows = visible_t.numel(), keys = scores_t.numel() / lse_t.numel();
+  const T* scores = scores_t.data_ptr<T>();
+  const int64_t* visible = visible_t.data_ptr<int64_t>();
+  float* lse = lse_t.data_ptr<float>();
+  float* probs = probs_t.data_ptr<float>();
+  const Vec2 scale_v = Vec2::all(static_cast<float>(scale));
+  const float infinity = std::numeric_limits<float>::infinity();
+  const int64_t rows_per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(keys, 1));
+  at::parallel_for(0, lse_t.numel(), rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* s = scores + i * keys;
+      float* p = probs + i * keys;
+      const int64_t seen = visible[i % rows];
+      if (compute_lse) {
+        if (seen == 0) {
+          lse[i] = -infinity;
+        } else {
+          // Lanes past the row's visible keys count as -inf for the maximum and 0 for the sum.
+          Vec2 top = Vec2::all(-infinity);
+          for (int64_t j = 0; j < seen; j += Vec2::kSize) {
+            const int count = lanes_at(j, seen);
+            top = maximum(top, Vec2::set(Vec2::all(-infinity), load2(s + j, count) * scale_v, count));
+          }
+          float max = top.reduce([](float a, float b) { return std::max(a, b); });
+          if (std::isinf(max)) max = 0.0f;
+          Vec2 sum = Vec2::all(0.0f);
+          for (int64_t j = 0; j < seen; j += Vec2::kSize) {
+            const int count = lanes_at(j, seen);
+            sum = sum + Vec2::set(Vec2::all(0.0f), (load2(s + j, count) * scale_v - Vec2::all(max)).exp(), count);
+          }
+          lse[i] = std::log(sum.reduce([](float a, float b) { return a + b; })) + max;
+        }
+      }
+      const Vec2 shift = Vec2::all(std::isinf(lse[i]) ? 0.0f : lse[i]);
+      for (int64_t j = 0; j < seen; j += Vec2::kSize) {
+        const int count = lanes_at(j, seen);
+        store2((load2(s + j, count) * scale_v - shift).exp(), p + j, count);
+      }
+      std::fill(p + seen, p + keys, 0.0f);
+    }
+  });
+}
+
+}  // namespace
+
+HP_KERNEL_ENTRY void softmax_forward(const at::Tensor& scores, const at::Tensor& visible, double scale,
+                                     bool compute_lse, const at::Tensor& lse, const at::Tensor& probs) {
+  if (scores.scalar_type() == at::kFloat)
+    forward<float>(scores, visible, scale, compute_lse, lse, probs);
+  else
+    forward<c10::BFloat16>(scores, visible, scale, compute_lse, lse, probs);
+}
+
+HP_KERNEL_ENTRY void softmax_backward(const at::Tensor& probs_t, const at::Tensor& row_t, double scale,
+                                      const at::Tensor& dprobs_t) {
+  const int64_t keys = probs_t.numel() / row_t.numel();
+  const float* probs = probs_t.data_ptr<float>();
+  const float* row = row_t.data_ptr<float>();
+  float* dprobs = dprobs_t.data_ptr<float>();
+  const Vec2 scale_v = Vec2::all(static_cast<float>(scale));
+  const int64_t rows_per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(keys, 1));
+  at::parallel_for(0, row_t.numel(), rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Vec2 r = Vec2::all(row[i]);
+      for (int64_t j = 0; j < keys; j += Vec2::kSize) {
+        const int count = lanes_at(j, keys);
+        float* d = dprobs + i * keys + j;
+        store2(load2(probs + i * keys + j, count) * (load2(d, count) - r) * scale_v, d, count);
+      }
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace hp::kernels

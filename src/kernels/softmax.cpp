@@ -1,0 +1,70 @@
+#include "hp/kernels/softmax.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "hp/core/error.h"
+#include "hp/core/kernel_observer.h"
+#include "kernels/fusable.h"
+#include "kernels/per_capability/loops.h"
+
+namespace hp::kernels {
+namespace {
+
+at::ScalarType accumulation_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The same by ATen ops, for devices the loops do not serve (a GPU build's).
+at::Tensor composed_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse) {
+  at::Tensor s = scores.to(accumulation_type(scores)).mul(scale);  // a new tensor: .to may return scores itself
+  const at::Tensor key = at::arange(s.size(2), visible.options()).unsqueeze(0);
+  s.masked_fill_((key >= visible.unsqueeze(1)).to(s.device()), -INFINITY);
+  if (!lse.defined()) lse = at::logsumexp(s, -1);
+  const at::Tensor finite = lse.masked_fill(at::isinf(lse), 0.0);
+  return s.sub_(finite.unsqueeze(-1)).exp_();
+}
+
+}  // namespace
+
+at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse) {
+  HP_CHECK(scores.dim() == 3 && visible.dim() == 1 && visible.size(0) == scores.size(1) &&
+               visible.scalar_type() == at::kLong && visible.device().is_cpu(),
+           "masked_softmax: scores must be [n, rows, keys] and visible int64 [rows] on the host; got ", scores.sizes(),
+           " and ", visible.sizes(), " ", visible.scalar_type());
+  HP_CHECK(
+      !lse.defined() || (lse.sizes() == scores.sizes().slice(0, 2) && lse.scalar_type() == accumulation_type(scores)),
+      "masked_softmax: lse must be [n, rows] in ", accumulation_type(scores), "; got ", lse.sizes(), " ",
+      lse.scalar_type());
+  if (!fusable(scores)) return composed_softmax(scores, visible, scale, lse);
+  const at::Tensor s = scores.contiguous();
+  const bool compute_lse = !lse.defined();
+  const at::Tensor v = visible.contiguous();
+  at::Tensor out_lse = compute_lse ? at::empty(s.sizes().slice(0, 2), s.options().dtype(at::kFloat)) : lse.contiguous();
+  at::Tensor probs = at::empty(s.sizes(), s.options().dtype(at::kFloat));
+  run_kernel("softmax_forward", s.nbytes() + probs.nbytes(), [&] {
+    if (!s.is_meta()) loops().softmax_forward(s, v, scale, compute_lse, out_lse, probs);
+  });
+  if (compute_lse) lse = out_lse;
+  return probs;
+}
+
+at::Tensor softmax_scores_grad(const at::Tensor& probs, at::Tensor dprobs, const at::Tensor& row, double scale) {
+  const auto dtype = probs.scalar_type();
+  HP_CHECK(probs.sizes() == dprobs.sizes() && probs.dim() >= 1 && row.numel() * probs.size(-1) == probs.numel() &&
+               dprobs.scalar_type() == dtype && row.scalar_type() == dtype,
+           "softmax_scores_grad: probs and dprobs must be [..., keys] and row [...], of one dtype; got ", probs.sizes(),
+           " ", dtype, ", ", dprobs.sizes(), " ", dprobs.scalar_type(), ", ", row.sizes(), " ", row.scalar_type());
+  if (dtype != at::kFloat || !fusable(probs) || !dprobs.is_contiguous()) {
+    const at::Tensor per_row = row.reshape(probs.sizes().slice(0, probs.dim() - 1)).unsqueeze(-1);
+    return probs.mul(dprobs.sub_(per_row)).mul_(scale);
+  }
+  const at::Tensor p = probs.contiguous(), r = row.contiguous();
+  run_kernel("softmax_backward", 3 * p.nbytes(), [&] {
+    if (!p.is_meta()) loops().softmax_backward(p, r, scale, dprobs);
+  });
+  return dprobs;
+}
+
+}  // namespace hp::kernels
