@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <optional>
 
 #include "hp/core/error.h"
 #include "hp/core/kernel_observer.h"
@@ -17,18 +18,21 @@ at::ScalarType accumulation_type(const at::Tensor& t) {
 }
 
 // The same by ATen ops, for devices the loops do not serve (a GPU build's).
-at::Tensor composed_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse) {
+at::Tensor composed_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse,
+                            at::ScalarType dtype) {
   at::Tensor s = scores.to(accumulation_type(scores)).mul(scale);  // a new tensor: .to may return scores itself
   const at::Tensor key = at::arange(s.size(2), visible.options()).unsqueeze(0);
   s.masked_fill_((key >= visible.unsqueeze(1)).to(s.device()), -INFINITY);
   if (!lse.defined()) lse = at::logsumexp(s, -1);
   const at::Tensor finite = lse.masked_fill(at::isinf(lse), 0.0);
-  return s.sub_(finite.unsqueeze(-1)).exp_();
+  return s.sub_(finite.unsqueeze(-1)).exp_().to(dtype);
 }
 
 }  // namespace
 
-at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse) {
+at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse,
+                          std::optional<at::ScalarType> dtype) {
+  const at::ScalarType out_dtype = dtype.value_or(accumulation_type(scores));
   HP_CHECK(scores.dim() == 3 && visible.dim() == 1 && visible.size(0) == scores.size(1) &&
                visible.scalar_type() == at::kLong && visible.device().is_cpu(),
            "masked_softmax: scores must be [n, rows, keys] and visible int64 [rows] on the host; got ", scores.sizes(),
@@ -37,12 +41,13 @@ at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, d
       !lse.defined() || (lse.sizes() == scores.sizes().slice(0, 2) && lse.scalar_type() == accumulation_type(scores)),
       "masked_softmax: lse must be [n, rows] in ", accumulation_type(scores), "; got ", lse.sizes(), " ",
       lse.scalar_type());
-  if (!fusable(scores)) return composed_softmax(scores, visible, scale, lse);
+  if (!fusable(scores) || (out_dtype != at::kFloat && out_dtype != at::kBFloat16))
+    return composed_softmax(scores, visible, scale, lse, out_dtype);
   const at::Tensor s = scores.contiguous();
   const bool compute_lse = !lse.defined();
   const at::Tensor v = visible.contiguous();
   at::Tensor out_lse = compute_lse ? at::empty(s.sizes().slice(0, 2), s.options().dtype(at::kFloat)) : lse.contiguous();
-  at::Tensor probs = at::empty(s.sizes(), s.options().dtype(at::kFloat));
+  at::Tensor probs = at::empty(s.sizes(), s.options().dtype(out_dtype));
   run_kernel("softmax_forward", s.nbytes() + probs.nbytes(), [&] {
     if (!s.is_meta()) loops().softmax_forward(s, v, scale, compute_lse, out_lse, probs);
   });
@@ -50,21 +55,25 @@ at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, d
   return probs;
 }
 
-at::Tensor softmax_scores_grad(const at::Tensor& probs, at::Tensor dprobs, const at::Tensor& row, double scale) {
-  const auto dtype = probs.scalar_type();
+at::Tensor softmax_scores_grad(const at::Tensor& probs, at::Tensor dprobs, const at::Tensor& row, double scale,
+                               std::optional<at::ScalarType> dtype) {
+  const auto acc = probs.scalar_type();
+  const at::ScalarType out_dtype = dtype.value_or(acc);
   HP_CHECK(probs.sizes() == dprobs.sizes() && probs.dim() >= 1 && row.numel() * probs.size(-1) == probs.numel() &&
-               dprobs.scalar_type() == dtype && row.scalar_type() == dtype,
+               dprobs.scalar_type() == acc && row.scalar_type() == acc,
            "softmax_scores_grad: probs and dprobs must be [..., keys] and row [...], of one dtype; got ", probs.sizes(),
-           " ", dtype, ", ", dprobs.sizes(), " ", dprobs.scalar_type(), ", ", row.sizes(), " ", row.scalar_type());
-  if (dtype != at::kFloat || !fusable(probs) || !dprobs.is_contiguous()) {
+           " ", acc, ", ", dprobs.sizes(), " ", dprobs.scalar_type(), ", ", row.sizes(), " ", row.scalar_type());
+  if (acc != at::kFloat || !fusable(probs) || !dprobs.is_contiguous() ||
+      (out_dtype != at::kFloat && out_dtype != at::kBFloat16)) {
     const at::Tensor per_row = row.reshape(probs.sizes().slice(0, probs.dim() - 1)).unsqueeze(-1);
-    return probs.mul(dprobs.sub_(per_row)).mul_(scale);
+    return probs.mul(dprobs.sub_(per_row)).mul_(scale).to(out_dtype);
   }
   const at::Tensor p = probs.contiguous(), r = row.contiguous();
-  run_kernel("softmax_backward", 3 * p.nbytes(), [&] {
-    if (!p.is_meta()) loops().softmax_backward(p, r, scale, dprobs);
+  at::Tensor out = out_dtype == at::kFloat ? dprobs : at::empty(p.sizes(), p.options().dtype(out_dtype));
+  run_kernel("softmax_backward", 2 * p.nbytes() + out.nbytes(), [&] {
+    if (!p.is_meta()) loops().softmax_backward(p, r, scale, dprobs, out);
   });
-  return dprobs;
+  return out;
 }
 
 }  // namespace hp::kernels

@@ -145,13 +145,14 @@ class Problem {
   at::Tensor keys(const Block& block) const { return k_.narrow(2, 0, block.keys); }
   at::Tensor values(const Block& block) const { return v_.narrow(2, 0, block.keys); }
 
-  // exp(scores - lse) of a block, [b, hkv, rep * rows, keys]; masked scores give 0, and so do rows
-  // whose lse is -inf (they see no key). With `lse` undefined, computes and returns it instead.
-  at::Tensor probabilities(const Block& block, at::Tensor& lse) const {
+  // exp(scores - lse) of a block, [b, hkv, rep * rows, keys], in `dtype`; masked scores give 0,
+  // and so do rows whose lse is -inf (they see no key). With `lse` undefined, computes and returns
+  // it instead.
+  at::Tensor probabilities(const Block& block, at::Tensor& lse, at::ScalarType dtype) const {
     const at::Tensor scores =  // in the product dtype: the kernel widens it
         at::matmul(block_rows(q_, block), keys(block).transpose(-2, -1)).view({-1, block.rows, block.keys});
     at::Tensor row_lse = lse.defined() ? lse.reshape({-1, block.rows}) : at::Tensor();
-    const at::Tensor probs = kernels::masked_softmax(scores, block.visible, scale_, row_lse);
+    const at::Tensor probs = kernels::masked_softmax(scores, block.visible, scale_, row_lse, dtype);
     if (!lse.defined()) lse = row_lse.view({b_, hkv_, rep_, block.rows});
     return probs.view({b_, hkv_, rep_ * block.rows, block.keys});
   }
@@ -204,8 +205,10 @@ class CpuAttentionKernel final : public AttentionKernel {
     at::Tensor lse = at::full({p.b_, p.hkv_, p.rep_, p.sq_}, -INFINITY, options);
     for (const Problem::Block& block : p.blocks()) {
       at::Tensor block_lse;
-      at::Tensor probs = p.probabilities(block, block_lse);
-      if (const at::Tensor keep = p.keep(block); keep.defined()) probs.mul_(keep);
+      // Without dropout the probabilities come in the product dtype, as the product takes them.
+      const at::Tensor keep = p.keep(block);
+      at::Tensor probs = p.probabilities(block, block_lse, keep.defined() ? p.acc_ : p.mm_);
+      if (keep.defined()) probs.mul_(keep);
       out.narrow(3, block.begin, block.rows)
           .copy_(p.product(probs, p.values(block)).view({p.b_, p.hkv_, p.rep_, block.rows, v.size(3)}));
       lse.narrow(3, block.begin, block.rows).copy_(block_lse);
@@ -229,7 +232,7 @@ class CpuAttentionKernel final : public AttentionKernel {
     at::Tensor dv = at::zeros(p.v_.sizes(), acc);
     for (const Problem::Block& block : p.blocks()) {
       at::Tensor block_lse = lse_g.narrow(3, block.begin, block.rows);
-      const at::Tensor probs = p.probabilities(block, block_lse);
+      const at::Tensor probs = p.probabilities(block, block_lse, p.acc_);
       const at::Tensor dout_b = p.block_rows(dout_factor, block);
       // With dropout Z: out = (P Z) v, so dv = (P Z)^T dout and the probabilities' gradient is
       // Z (dout v^T); the softmax's row term sum(dout * out) is unchanged.
@@ -240,7 +243,7 @@ class CpuAttentionKernel final : public AttentionKernel {
       at::Tensor dprobs = at::matmul(p.block_rows(dout_g, block), v_acc.narrow(2, 0, block.keys).transpose(-2, -1));
       if (keep.defined()) dprobs.mul_(keep);
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
-      const at::Tensor dscores = kernels::softmax_scores_grad(probs, dprobs, row, scale);
+      const at::Tensor dscores = kernels::softmax_scores_grad(probs, dprobs, row, scale, p.mm_);  // for products
       dq.narrow(3, block.begin, block.rows)
           .copy_(p.product(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
       dk.narrow(2, 0, block.keys).add_(p.product(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));

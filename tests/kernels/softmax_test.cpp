@@ -71,6 +71,10 @@ TEST(MaskedSoftmax, MatchesTheCompositionComputingOrGivenTheLse) {
     const at::Tensor again = kernels::masked_softmax(scores, visible, kScale, given);
     expect_close(again, given, scores, visible, what + " given the lse");
     EXPECT_TRUE(at::equal(again.narrow(1, 1, 1), at::zeros_like(again.narrow(1, 1, 1)))) << "a row that sees nothing";
+    // In bf16: the fp32 probabilities rounded once, bit for bit.
+    at::Tensor lse_again = lse;
+    EXPECT_TRUE(
+        at::equal(kernels::masked_softmax(scores, visible, kScale, lse_again, at::kBFloat16), probs.to(at::kBFloat16)));
   }
 }
 
@@ -83,17 +87,20 @@ TEST(MaskedSoftmax, EveryCapabilityThisCpuRunsAgrees) {
   }
 }
 
-// The scores' gradient computes the composition's three ops in their order: bitwise.
+// The scores' gradient computes the composition's three ops in their order: bitwise; in bf16, the
+// fp32 result rounded once.
 TEST(MaskedSoftmax, ScoresGradIsTheCompositionBitwise) {
   const at::Tensor probs = composed(scores_sample(3), visible_sample()).first;
   const at::Tensor dprobs = scores_sample(4), row = at::randn({6, 19, 1});
   const at::Tensor want = probs.mul(dprobs.clone().sub_(row)).mul_(kScale);
   for (const kernels::Loops& loops : kernels::runnable_loops()) {
     at::Tensor got = dprobs.clone();
-    loops.softmax_backward(probs, row, kScale, got);
+    loops.softmax_backward(probs, row, kScale, got, got);
     EXPECT_TRUE(at::equal(got, want)) << loops.capability;
   }
   EXPECT_TRUE(at::equal(kernels::softmax_scores_grad(probs, dprobs.clone(), row, kScale), want));
+  EXPECT_TRUE(at::equal(kernels::softmax_scores_grad(probs, dprobs.clone(), row, kScale, at::kBFloat16),
+                        want.to(at::kBFloat16)));
   // fp64 takes the composition.
   const at::Tensor p64 = probs.to(at::kDouble), d64 = dprobs.to(at::kDouble), r64 = row.to(at::kDouble);
   EXPECT_TRUE(at::equal(kernels::softmax_scores_grad(p64, d64.clone(), r64, kScale),

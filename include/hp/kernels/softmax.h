@@ -17,15 +17,22 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "hp/kernels/capability.h"
 
 namespace hp::kernels {
 
-at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse);
+// The probabilities come in `dtype` (default: fp32, fp64 for fp64 scores), rounded once from fp32
+// for bf16: what casting the fp32 ones gives, without a second pass.
+at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse,
+                          std::optional<at::ScalarType> dtype = std::nullopt);
 
-// The scores' gradient from the probabilities' (dprobs, overwritten and returned):
+// The scores' gradient from the probabilities' (dprobs, which it may overwrite):
 // probs * (dprobs - row) * scale, probs and dprobs [..., keys], row [...] (the softmax's
-// sum(dout * out) term), all fp32 (fp64 takes the composition). Bitwise the composition's.
-at::Tensor softmax_scores_grad(const at::Tensor& probs, at::Tensor dprobs, const at::Tensor& row, double scale);
+// sum(dout * out) term), all fp32 (fp64 takes the composition). Bitwise the composition's, and
+// in `dtype` (default: probs'; bf16 rounded once from the fp32 result, as a cast of it would be).
+at::Tensor softmax_scores_grad(const at::Tensor& probs, at::Tensor dprobs, const at::Tensor& row, double scale,
+                               std::optional<at::ScalarType> dtype = std::nullopt);
 
 }  // namespace hp::kernels

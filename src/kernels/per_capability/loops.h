@@ -22,12 +22,15 @@
   /* dx [rows, d] and dweight [d] from the output's gradient. */                                                      \
   void rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,                       \
                          const at::Tensor& rstd, const at::Tensor& dx, const at::Tensor& dweight);                    \
-  /* scores [n, rows, keys] (fp32 or bf16) -> probs (fp32, same shape): exp(scores * scale - lse) over each row's */  \
-  /* first visible[row] (int64 [rows]) keys, 0 past them; lse (fp32 [n, rows]) computed first if compute_lse. */      \
+  /* scores [n, rows, keys] (fp32 or bf16) -> probs (fp32 or bf16, same shape): exp(scores * scale - lse) over */     \
+  /* each row's first visible[row] (int64 [rows]) keys, 0 past them; lse (fp32 [n, rows]) computed first if */        \
+  /* compute_lse. */                                                                                                  \
   void softmax_forward(const at::Tensor& scores, const at::Tensor& visible, double scale, bool compute_lse,           \
                        const at::Tensor& lse, const at::Tensor& probs);                                               \
-  /* In place of dprobs (fp32 [n, rows, keys]): probs * (dprobs - row) * scale, row fp32 [n, rows]. */                \
-  void softmax_backward(const at::Tensor& probs, const at::Tensor& row, double scale, const at::Tensor& dprobs);      \
+  /* out (fp32, may be dprobs itself, or bf16) = probs * (dprobs - row) * scale; probs and dprobs fp32 */             \
+  /* [n, rows, keys], row fp32 [n, rows]. */                                                                          \
+  void softmax_backward(const at::Tensor& probs, const at::Tensor& row, double scale, const at::Tensor& dprobs,       \
+                        const at::Tensor& out);                                                                       \
   }
 
 HP_DECLARE_LOOPS(DEFAULT)
