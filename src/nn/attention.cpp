@@ -149,10 +149,15 @@ class Problem {
   // and so do rows whose lse is -inf (they see no key). With `lse` undefined, computes and returns
   // it instead.
   at::Tensor probabilities(const Block& block, at::Tensor& lse, at::ScalarType dtype) const {
-    const at::Tensor scores =  // in the product dtype: the kernel widens it
+    at::Tensor scores =  // in the product dtype: the kernel widens it
         at::matmul(block_rows(q_, block), keys(block).transpose(-2, -1)).view({-1, block.rows, block.keys});
+    // Scores in the accumulation dtype are scaled by an ATen op in place, then become the
+    // probabilities in place: activation checkpointing sees the product change and drops what it
+    // saved of it (attention's scores must not pile up), and one buffer serves the block.
+    double scale = scale_;
+    if (scores.scalar_type() == acc_) scores.mul_(std::exchange(scale, 1.0));
     at::Tensor row_lse = lse.defined() ? lse.reshape({-1, block.rows}) : at::Tensor();
-    const at::Tensor probs = kernels::masked_softmax(scores, block.visible, scale_, row_lse, dtype);
+    const at::Tensor probs = kernels::masked_softmax(scores, block.visible, scale, row_lse, dtype);
     if (!lse.defined()) lse = row_lse.view({b_, hkv_, rep_, block.rows});
     return probs.view({b_, hkv_, rep_ * block.rows, block.keys});
   }

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "hp/core/cpu_threads.h"
 #include "hp/kernels/rms_norm.h"
@@ -19,8 +20,7 @@ namespace {
 
 constexpr double kEps = 1e-6;
 
-// 37 rows of 300 (a partial last vector at every width; several tasks of the parallel loop) with
-// rows of very different scales.
+// 37 rows of 300 (a partial last vector at every width) with rows of very different scales.
 at::Tensor sample(int seed, at::ScalarType dtype = at::kFloat) {
   const auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const at::Tensor scale = at::exp(at::randn({37, 1}, gen) * 2.0);
@@ -96,21 +96,33 @@ TEST(RMSNormKernel, MatchesTheComposition) {
   }
 }
 
+// Each capability's loops this CPU can run, called directly: fp32 within 1e-6 of the terms, bf16
+// bit for bit the picked capability's (the same fp32 operations, rounded alike).
 TEST(RMSNormKernel, EveryCapabilityThisCpuRunsAgrees) {
-  const at::Tensor x = sample(4), w = weight_sample(5), grad = sample(6);
-  const Result want = run(kernels::rms_norm_composed, x, w, grad);
-  for (const kernels::Loops& loops : kernels::runnable_loops()) {
-    Result got{at::empty_like(x), at::empty_like(x), at::empty_like(w)};
-    const at::Tensor rstd = at::empty({x.size(0)});
-    loops.rms_norm_forward(x, w, kEps, got.out, rstd);
-    loops.rms_norm_backward(grad, x, w, rstd, got.dx, got.dw);
-    expect_close(got, want, terms(x, w, grad), 1e-6, loops.capability);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor x = sample(4, dtype), w = weight_sample(5, dtype), grad = sample(6, dtype);
+    const Result want =
+        dtype == at::kFloat ? run(kernels::rms_norm_composed, x, w, grad) : run(kernels::rms_norm, x, w, grad);
+    for (const kernels::Loops& loops : kernels::runnable_loops()) {
+      Result got{at::empty_like(x), at::empty_like(x), at::empty_like(w)};
+      const at::Tensor rstd = at::empty({x.size(0)});
+      loops.rms_norm_forward(x, w, kEps, got.out, rstd);
+      loops.rms_norm_backward(grad, x, w, rstd, got.dx, got.dw);
+      if (dtype == at::kFloat) {
+        expect_close(got, want, terms(x, w, grad), 1e-6, loops.capability);
+      } else {
+        // Lanes sum in another order at another width: within one bf16 rounding of the terms.
+        expect_close(got, want, terms(x, w, grad), std::ldexp(1.0, -8), std::string("bf16 ") + loops.capability);
+      }
+    }
   }
 }
 
+// 370 rows: 54 rows per task, so every loop splits over the threads.
 TEST(RMSNormKernel, ThreadCountsDoNotChangeABit) {
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-    const at::Tensor x = sample(7, dtype), w = weight_sample(8, dtype), grad = sample(9, dtype);
+    const at::Tensor x = at::cat(std::vector<at::Tensor>(10, sample(7, dtype))), w = weight_sample(8, dtype),
+                     grad = at::cat(std::vector<at::Tensor>(10, sample(9, dtype)));
     const Result one = [&] {
       CpuThreadsGuard guard(1);
       return run(kernels::rms_norm, x, w, grad);
@@ -129,7 +141,8 @@ TEST(RMSNormKernel, ThreadCountsDoNotChangeABit) {
 // Leading dims of any shape, strided inputs; fp64 and mixed dtypes take the composition.
 TEST(RMSNormKernel, OtherInputs) {
   const at::Tensor x = sample(10).view({37, 3, 100}).transpose(0, 1).contiguous().transpose(0, 1);
-  const at::Tensor w = weight_sample(11).narrow(0, 0, 100), grad = at::randn({37, 3, 100});
+  const at::Tensor w = weight_sample(11).narrow(0, 0, 100),
+                   grad = at::randn({37, 3, 100}, at::make_generator<at::CPUGeneratorImpl>(12));
   ASSERT_FALSE(x.is_contiguous());
   const Result a = run(kernels::rms_norm, x, w, grad);
   expect_close(a, run(kernels::rms_norm_composed, x, w, grad), terms(x, w, grad), 1e-6, "strided 3-d");

@@ -64,17 +64,19 @@ TEST(MaskedSoftmax, MatchesTheCompositionComputingOrGivenTheLse) {
     const at::Tensor scores = scores_sample(1, dtype);
     const std::string what = std::string(c10::toString(dtype)) + " at capability " + kernels::kernel_capability();
     at::Tensor lse;
-    const at::Tensor probs = kernels::masked_softmax(scores, visible, kScale, lse);
+    const at::Tensor probs = kernels::masked_softmax(scores.clone(), visible, kScale, lse);
     expect_close(probs, lse, scores, visible, what);
-    // Given the composition's lse, the probabilities are exp(s - lse) of it.
-    at::Tensor given = composed(scores, visible).second;
-    const at::Tensor again = kernels::masked_softmax(scores, visible, kScale, given);
-    expect_close(again, given, scores, visible, what + " given the lse");
+    // Given another lse (a ring's global one), the probabilities are exp(s - lse) of that one.
+    const at::Tensor local = composed(scores, visible).second;
+    at::Tensor given = local.masked_fill(at::isinf(local), 0.0) + 0.5;
+    const at::Tensor again = kernels::masked_softmax(scores.clone(), visible, kScale, given);
+    // Within 1e-5 relative: both exponents (of magnitude up to 10 here) are rounded in fp32.
+    EXPECT_TRUE(at::allclose(again, probs * std::exp(-0.5), 1e-5, 0.0)) << what << " given the lse";
     EXPECT_TRUE(at::equal(again.narrow(1, 1, 1), at::zeros_like(again.narrow(1, 1, 1)))) << "a row that sees nothing";
     // In bf16: the fp32 probabilities rounded once, bit for bit.
     at::Tensor lse_again = lse;
-    EXPECT_TRUE(
-        at::equal(kernels::masked_softmax(scores, visible, kScale, lse_again, at::kBFloat16), probs.to(at::kBFloat16)));
+    EXPECT_TRUE(at::equal(kernels::masked_softmax(scores.clone(), visible, kScale, lse_again, at::kBFloat16),
+                          probs.to(at::kBFloat16)));
   }
 }
 
@@ -84,6 +86,14 @@ TEST(MaskedSoftmax, EveryCapabilityThisCpuRunsAgrees) {
     at::Tensor lse = at::empty({6, 19}), probs = at::empty({6, 19, 45});
     loops.softmax_forward(scores, visible, kScale, /*compute_lse=*/true, lse, probs);
     expect_close(probs, lse, scores, visible, loops.capability);
+    // From bf16 scores, to bf16 probabilities.
+    const at::Tensor scores16 = scores.to(at::kBFloat16);
+    at::Tensor probs16 = at::empty({6, 19, 45}, at::kBFloat16);
+    loops.softmax_forward(scores16, visible, kScale, /*compute_lse=*/true, lse, probs16);
+    at::Tensor probs32 = at::empty({6, 19, 45});
+    loops.softmax_forward(scores16, visible, kScale, /*compute_lse=*/true, lse, probs32);
+    expect_close(probs32, lse, scores16, visible, std::string("bf16 ") + loops.capability);
+    EXPECT_TRUE(at::equal(probs16, probs32.to(at::kBFloat16))) << "bf16 " << loops.capability << ": rounded once";
   }
 }
 
@@ -113,7 +123,7 @@ TEST(MaskedSoftmax, ThreadCountsDoNotChangeABit) {
   const auto run = [&](int threads) {
     CpuThreadsGuard guard(threads);
     at::Tensor lse;
-    at::Tensor probs = kernels::masked_softmax(scores, visible, kScale, lse);
+    at::Tensor probs = kernels::masked_softmax(scores.clone(), visible, kScale, lse);
     return std::pair{probs, lse};
   };
   const auto one = run(1);
@@ -127,13 +137,15 @@ TEST(MaskedSoftmax, ThreadCountsDoNotChangeABit) {
 TEST(MaskedSoftmax, Fp64AndBadShapes) {
   const at::Tensor scores = scores_sample(6, at::kDouble), visible = visible_sample();
   at::Tensor lse;
-  const at::Tensor probs = kernels::masked_softmax(scores, visible, kScale, lse);
+  const at::Tensor probs = kernels::masked_softmax(scores.clone(), visible, kScale, lse);
   EXPECT_EQ(probs.scalar_type(), at::kDouble);
   const auto want = composed(scores, visible, at::kDouble);
   EXPECT_TRUE(at::equal(probs, want.first));
   EXPECT_TRUE(at::equal(lse, want.second));
   at::Tensor none;
   expect_error([&] { kernels::masked_softmax(scores, visible.narrow(0, 0, 3), kScale, none); }, "visible int64 [rows]");
+  expect_error([&] { kernels::masked_softmax(scores, visible + 1, kScale, none); }, "row 18 sees 46 keys of 45");
+  expect_error([&] { kernels::masked_softmax(scores, visible - 1, kScale, none); }, "row 0 sees -1 keys");
   at::Tensor wrong = at::zeros({6, 3}, at::kDouble);
   expect_error([&] { kernels::masked_softmax(scores, visible, kScale, wrong); }, "lse must be [n, rows]");
 }

@@ -2,7 +2,7 @@
 // dispatch modes do not see their work. They announce it to the thread's kernel observer instead,
 // which the cost model's recorders set: a profile times them, a dry run counts their bytes.
 //
-//   hp::run_kernel("swiglu_forward", bytes, [&] { loops.forward(g, u, out); });
+//   hp::run_kernel("swiglu_forward", bytes, [&] { loops().swiglu_forward(g, u, out); });
 //
 // With no observer set, run_kernel runs the body and nothing else.
 #pragma once

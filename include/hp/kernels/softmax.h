@@ -24,7 +24,10 @@
 namespace hp::kernels {
 
 // The probabilities come in `dtype` (default: fp32, fp64 for fp64 scores), rounded once from fp32
-// for bf16: what casting the fp32 ones gives, without a second pass.
+// for bf16: what casting the fp32 ones gives, without a second pass. Contiguous fp32 scores with
+// fp32 probabilities are overwritten with them (no second score-sized buffer; fp64 scores too, by
+// the composition); bf16 scores are only read.
+// Every visible[r] must be in [0, keys].
 at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse,
                           std::optional<at::ScalarType> dtype = std::nullopt);
 
