@@ -38,6 +38,12 @@ void OpTimer::dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   ++t.calls;
 }
 
+void OpTimer::kernel_ran(const char* name, int64_t /*bytes*/, double seconds) {
+  Time& t = ops_[std::string("hp::") + name];
+  t.seconds += seconds;
+  ++t.calls;
+}
+
 std::map<std::string, OpTimer::Time> OpTimer::by_class() const {
   std::map<std::string, Time> classes;
   for (const auto& [name, t] : ops_) {
@@ -55,6 +61,7 @@ double OpTimer::total_seconds() const {
 }
 
 std::string op_class(const std::string& op_name) {
+  if (op_name.rfind("hp::", 0) == 0) return "hp kernel";
   // By the op's base name: "aten::add_.Tensor" -> "add"; in-place and out= forms share a class.
   std::string base = op_name.substr(0, op_name.find('.'));
   if (base.rfind("aten::", 0) == 0) base = base.substr(6);

@@ -22,7 +22,7 @@ bool cpu_has_avx512() {
 #define HP_LOOPS_OF(cap, name)                                                                      \
   Loops {                                                                                           \
     name, cap::swiglu_forward, cap::swiglu_backward, cap::rms_norm_forward, cap::rms_norm_backward, \
-        cap::softmax_forward, cap::softmax_backward                                                 \
+        cap::softmax_forward, cap::softmax_backward, cap::rope                                      \
   }
 
 // LibTorch 1.13's rule (aten/src/ATen/native/DispatchStub.cpp): ATEN_CPU_CAPABILITY if set, else

@@ -36,16 +36,18 @@ StepProfile::StepProfile(bool profiled) {
   if (!profiled) return;
   timer_ = std::make_unique<OpTimer>();
   timing_ = std::make_unique<DispatchModeGuard>(*timer_);
+  timing_kernels_ = std::make_unique<KernelObserverGuard>(timer_.get());
 }
 
 StepProfile::~StepProfile() = default;
 
 void StepProfile::finish(const TrainConfig& c, int64_t step, double seconds) {
   if (!timer_) return;
+  timing_kernels_.reset();
   timing_.reset();
   std::vector<Row> classes = slowest_first(timer_->by_class());
   const double outside = std::max(0.0, seconds - timer_->total_seconds());
-  classes.push_back({"outside ATen ops (autograd, collectives, hp code)", {outside, 0}});
+  classes.push_back({"outside ops and kernels (autograd, collectives, hp code)", {outside, 0}});
   const std::string path = (std::filesystem::path(c.run_dir) / "profile.txt").string();
   std::ofstream out(path);
   out << std::fixed << "step " << step << " on rank 0: " << std::setprecision(4) << seconds

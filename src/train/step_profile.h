@@ -1,5 +1,6 @@
-// log.profile_step: where rank 0's time in one training step goes, by class of ATen op and by op
-// (hp/core/op_timer.h), written to run_dir/profile.txt and summarised in the log.
+// log.profile_step: where rank 0's time in one training step goes, by class of ATen op and by op,
+// hp's own kernels included (hp/core/op_timer.h), written to run_dir/profile.txt and summarised in
+// the log.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ class StepProfile {
  private:
   std::unique_ptr<OpTimer> timer_;
   std::unique_ptr<DispatchModeGuard> timing_;
+  std::unique_ptr<KernelObserverGuard> timing_kernels_;
 };
 
 }  // namespace hp::train::detail

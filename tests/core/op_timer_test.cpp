@@ -1,5 +1,5 @@
 // OpTimer: every op a region runs, timed once (an op's inner ops are part of it), by op and by
-// class; forward and backward alike.
+// class; forward and backward alike; hp's kernels as their own class.
 #include <ATen/ATen.h>
 #include <hp/core/op_timer.h>
 
@@ -33,6 +33,20 @@ TEST(OpTimer, TimesEveryOpOnceByOpAndClass) {
   EXPECT_LE(timer.total_seconds(), region);  // nothing counted twice
   EXPECT_EQ(classes.at("matmul").calls, 2);
   EXPECT_GT(classes.at("elementwise").calls, 0);
+}
+
+// Set as the thread's kernel observer, it times hp's kernels as ops of their own class.
+TEST(OpTimer, TimesHpKernelsAsTheirOwnClass) {
+  OpTimer timer;
+  {
+    KernelObserverGuard observe(&timer);
+    for (int i = 0; i < 2; ++i) run_kernel("test_kernel", 64, [] {});
+  }
+  run_kernel("test_kernel", 64, [] {});  // no observer: not seen
+  ASSERT_TRUE(timer.by_op().count("hp::test_kernel"));
+  EXPECT_EQ(timer.by_op().at("hp::test_kernel").calls, 2);
+  EXPECT_EQ(timer.by_class().at("hp kernel").calls, 2);
+  EXPECT_EQ(op_class("hp::swiglu_forward"), "hp kernel");
 }
 
 TEST(OpTimer, ClassesByBaseName) {

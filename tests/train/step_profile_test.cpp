@@ -27,7 +27,8 @@ TEST(StepProfile, TheProfiledStepsOpsAreInRunDir) {
   std::stringstream text;
   text << in.rdbuf();
   const std::string profile = text.str();
-  for (const char* want : {"step 2 on rank 0", "\nmatmul ", "\nelementwise ", "outside ATen ops", "aten::mm"})
+  for (const char* want :
+       {"step 2 on rank 0", "\nmatmul ", "\nelementwise ", "\nhp kernel ", "outside ops and kernels", "aten::mm"})
     EXPECT_NE(profile.find(want), std::string::npos) << want << " not in\n" << profile;
   c.log.profile_step = 4;
   test::expect_error([&] { validate(c, 2); }, "log.profile_step (4) must be a step of the run");

@@ -12,8 +12,10 @@
 // twice and their sum is the thread's time inside ATen ops; intra-op worker threads are part of
 // the op that started them. An op that returns a CUDA tensor waits for the device before its clock
 // stops (device build), so its time is what it took on the GPU, and the timed region runs
-// synchronously. Time outside ops (autograd bookkeeping, collectives, the caller's own
-// code) is the wall time of the region minus that sum.
+// synchronously. It is also a kernel observer (hp/core/kernel_observer.h): set as the thread's
+// observer, it times hp's own kernels too, as ops named "hp::<kernel>" of the class "hp kernel".
+// Time outside both (autograd bookkeeping, collectives, the caller's own code) is the wall time of
+// the region minus their sum.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,11 @@
 #include <vector>
 
 #include "hp/core/dispatch_mode.h"
+#include "hp/core/kernel_observer.h"
 
 namespace hp {
 
-class OpTimer : public DispatchMode {
+class OpTimer : public DispatchMode, public KernelObserver {
  public:
   struct Time {
     double seconds = 0.0;
@@ -33,6 +36,7 @@ class OpTimer : public DispatchMode {
   };
 
   void dispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, OpStack* stack) override;
+  void kernel_ran(const char* name, int64_t bytes, double seconds) override;
 
   const std::map<std::string, Time>& by_op() const { return ops_; }
   // The ops summed by op_class.
@@ -44,7 +48,7 @@ class OpTimer : public DispatchMode {
 };
 
 // The class of an ATen op by its name ("aten::mm" -> "matmul"): matmul, elementwise, reduction,
-// copy and cast, indexing, allocation and fill, view, other.
+// copy and cast, indexing, allocation and fill, view, other; "hp kernel" for hp's own ("hp::...").
 std::string op_class(const std::string& op_name);
 
 }  // namespace hp

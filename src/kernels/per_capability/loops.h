@@ -31,6 +31,10 @@
   /* [n, rows, keys], row fp32 [n, rows]. */                                                                          \
   void softmax_backward(const at::Tensor& probs, const at::Tensor& row, double scale, const at::Tensor& dprobs,       \
                         const at::Tensor& out);                                                                       \
+  /* x and out [batch, seq, heads, d] (fp32 or bf16), cos and sin fp32 [seq, d]: out = x * cos + cat(-x_hi, x_lo) */  \
+  /* * sin, or its transpose (the backward). */                                                                       \
+  void rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t seq, int64_t heads,            \
+            bool transpose, const at::Tensor& out);                                                                   \
   }
 
 HP_DECLARE_LOOPS(DEFAULT)
@@ -48,6 +52,7 @@ struct Loops {
   decltype(&DEFAULT::rms_norm_backward) rms_norm_backward;
   decltype(&DEFAULT::softmax_forward) softmax_forward;
   decltype(&DEFAULT::softmax_backward) softmax_backward;
+  decltype(&DEFAULT::rope) rope;
 };
 
 // The loops of every capability this CPU can run, portable first (src/kernels/loops.cpp).

@@ -12,6 +12,7 @@
 
 #include "hp/core/checked_size.h"
 #include "hp/core/error.h"
+#include "hp/kernels/rope.h"
 #include "hp/kernels/swiglu.h"
 
 namespace hp::models {
@@ -140,9 +141,6 @@ at::Tensor Attention::forward(const at::Tensor& x) {
 std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, const at::Tensor& positions) const {
   const int64_t s = t.size(1);
   const auto rows = [&](const at::Tensor& table) { return table.view({1, s, 1, head_dim_}); };
-  if (t.device().is_cpu())  // in t's dtype, so that bf16 activations stay bf16
-    return {rows(cos_.index_select(0, positions).to(t.scalar_type())),
-            rows(sin_.index_select(0, positions).to(t.scalar_type()))};
   if (!device_cos_.defined() || device_cos_.device() != t.device() || device_cos_.scalar_type() != t.scalar_type()) {
     std::tie(device_cos_, device_sin_) =
         rotary_tables(cos_.size(0), head_dim_, rope_theta_, t.device(), t.scalar_type(), {cos_, sin_});
@@ -153,10 +151,22 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
 }
 
 at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
-  const int64_t half = head_dim_ / 2;
+  // On the host, the fused kernel, given the fp32 rows of the tokens' positions (a slice of the
+  // shared tables where the positions are 0..s-1).
+  if (t.device().is_cpu()) {
+    const auto rows = [&](const at::Tensor& table) {
+      return nn::positions_in_order(positions) ? table.narrow(0, 0, t.size(1)) : table.index_select(0, positions);
+    };
+    return kernels::rope(t, rows(cos_), rows(sin_));
+  }
+  // A dry run takes the host's path with rows that hold no memory, as the host's slice holds none
+  // of its own (made here: a table shared between concurrent dry runs would be counted by one).
+  if (t.is_meta()) {
+    const at::Tensor rows = at::empty({}, t.options().dtype(at::kFloat)).expand({t.size(1), head_dim_});
+    return kernels::rope(t, rows, rows);
+  }
   const auto [cos, sin] = rotary_rows(t, positions);
-  const at::Tensor rotated = at::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
-  return t * cos + rotated * sin;
+  return kernels::rope_composed(t, cos, sin);
 }
 
 Mlp::Mlp(const LlamaConfig& c)
