@@ -22,11 +22,13 @@ at::Tensor sample(int seed, at::ScalarType dtype = at::kFloat) {
   return (at::randn({3, 37, 5, 70}, at::make_generator<at::CPUGeneratorImpl>(seed)) * 4.0).to(dtype);
 }
 
-// Rows of a Llama table for positions out of order (a context-parallel shard's), fp32 [37, 70].
+// Table rows for positions out of order (a context-parallel shard's), fp32 [37, 70], with a
+// frequency per column: a Llama table repeats its frequencies in both halves, which would hide a
+// kernel that took one half's sine for the other's.
 std::pair<at::Tensor, at::Tensor> tables() {
   const at::Tensor positions = at::randperm(100, at::make_generator<at::CPUGeneratorImpl>(7)).narrow(0, 0, 37);
-  const at::Tensor inv_freq = at::pow(10000.0, -at::arange(0, 70, 2, at::kDouble) / 70);
-  const at::Tensor angles = at::outer(positions.to(at::kDouble), inv_freq).repeat({1, 2});
+  const at::Tensor inv_freq = at::pow(10000.0, -at::arange(0, 70, at::kDouble) / 70);
+  const at::Tensor angles = at::outer(positions.to(at::kDouble), inv_freq);
   return {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
 }
 
