@@ -3,6 +3,7 @@
 // median of the rounds, at the process's thread count.
 //   - SwiGLU (hp::kernels::swiglu) against at::silu(gate) * up, hidden 768;
 //   - RMSNorm (hp::kernels::rms_norm) against kernels::rms_norm_composed, dim 256;
+//   - RoPE (hp::kernels::rope) against kernels::rope_composed, 8 heads of 32;
 //   - the attention softmax (hp::kernels::masked_softmax, causal) against scale, mask, logsumexp
 //     and exp, on 16 rows x 8 heads of 128 x 128 scores (forward only: its backward is one
 //     elementwise pass either way).
@@ -20,6 +21,7 @@
 #include "bench/timing.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/kernels/rms_norm.h"
+#include "hp/kernels/rope.h"
 #include "hp/kernels/softmax.h"
 #include "hp/kernels/swiglu.h"
 
@@ -69,6 +71,18 @@ int main(int argc, char** argv) {
       const auto with = [](auto f) { return [f](const at::Tensor& a, const at::Tensor& b) { return f(a, b, 1e-6); }; };
       compare("rms_norm [2048, 256]", name, rounds, step(with(hp::kernels::rms_norm), x, w, grad),
               step(with(hp::kernels::rms_norm_composed), x, w, grad));
+    }
+    {
+      const at::Tensor x = sample({16, 128, 8, 32}), grad = sample({16, 128, 8, 32});
+      const at::Tensor angles =
+          at::outer(at::arange(128, at::kDouble), at::pow(10000.0, -at::arange(0, 32, 2, at::kDouble) / 32))
+              .repeat({1, 2});
+      const at::Tensor cos = angles.cos().to(at::kFloat), sin = angles.sin().to(at::kFloat);
+      const auto with = [&](auto f) {
+        return [f, cos, sin](const at::Tensor& a, const at::Tensor&) { return f(a, cos, sin); };
+      };
+      compare("rope [16, 128, 8, 32]", name, rounds, step(with(hp::kernels::rope), x, x, grad),
+              step(with(hp::kernels::rope_composed), x, x, grad));
     }
     {
       const at::Tensor scores = sample({128, 128, 128}), visible = at::arange(1, 129, at::kLong);

@@ -54,6 +54,9 @@ at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& visible, d
   // fp32 scores become the probabilities in place (row by row, each read before it is written).
   const bool in_place = s.scalar_type() == at::kFloat && out_dtype == at::kFloat && s.is_same(scores);
   at::Tensor probs = in_place ? s : at::empty(s.sizes(), s.options().dtype(out_dtype));
+  // Written through its data, so say so: whoever kept the scores (a checkpoint's saved product)
+  // finds them changed, loudly, rather than replaying probabilities as scores.
+  if (in_place) s.unsafeGetTensorImpl()->bump_version();
   run_kernel("softmax_forward", s.nbytes() + probs.nbytes(), [&] {
     if (!s.is_meta()) loops().softmax_forward(s, v, scale, compute_lse, out_lse, probs);
   });

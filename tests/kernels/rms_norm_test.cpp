@@ -97,7 +97,7 @@ TEST(RMSNormKernel, MatchesTheComposition) {
 }
 
 // Each capability's loops this CPU can run, called directly: fp32 within 1e-6 of the terms, bf16
-// bit for bit the picked capability's (the same fp32 operations, rounded alike).
+// within 2^-8 of the terms of the picked capability's (lanes summed in another order).
 TEST(RMSNormKernel, EveryCapabilityThisCpuRunsAgrees) {
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     const at::Tensor x = sample(4, dtype), w = weight_sample(5, dtype), grad = sample(6, dtype);

@@ -84,6 +84,11 @@ inline Vec2 load2(const float* data, int count) {
   return {Vec::loadu(data), load<Vec>(data + Vec::size(), count - Vec::size())};
 }
 inline Vec2 load2(const c10::BFloat16* data, int count) {
+  if (count == Vec::size()) {  // half a bf16 vector (a head of 32 halved, at AVX512): no buffer
+    Vec lo;
+    at::vec::load_fp32_from_bf16(data, lo);
+    return {lo, Vec(0.0f)};
+  }
   const auto [lo, hi] = at::vec::convert_bfloat16_float(load<BVec>(data, count));
   return {lo, hi};
 }

@@ -159,11 +159,16 @@ at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) c
     };
     return kernels::rope(t, rows(cos_), rows(sin_));
   }
-  // A dry run takes the host's path with rows that hold no memory, as the host's slice holds none
-  // of its own (made here: a table shared between concurrent dry runs would be counted by one).
+  // A dry run takes the host's path with the rows' memory: none where the host's are a slice of
+  // the shared tables, their own where it gathers them (made here: a table shared between
+  // concurrent dry runs would be counted by one of them).
   if (t.is_meta()) {
-    const at::Tensor rows = at::empty({}, t.options().dtype(at::kFloat)).expand({t.size(1), head_dim_});
-    return kernels::rope(t, rows, rows);
+    const auto rows = [&] {
+      const auto options = t.options().dtype(at::kFloat);
+      return nn::positions_in_order(positions) ? at::empty({}, options).expand({t.size(1), head_dim_})
+                                               : at::empty({t.size(1), head_dim_}, options);
+    };
+    return kernels::rope(t, rows(), rows());
   }
   const auto [cos, sin] = rotary_rows(t, positions);
   return kernels::rope_composed(t, cos, sin);
