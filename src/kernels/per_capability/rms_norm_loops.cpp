@@ -28,8 +28,6 @@ float row_sum(int64_t d, const F& f) {
   return acc.reduce([](float a, float b) { return a + b; });
 }
 
-int64_t rows_per_task(int64_t d) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(d, 1)); }
-
 // normed = x * rstd, as a tensor of T holds it (bf16: rounded).
 template <typename T>
 Vec2 normed(const Vec2& x, const Vec2& rstd) {

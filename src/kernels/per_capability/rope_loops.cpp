@@ -22,7 +22,7 @@ void rotate(const at::Tensor& x_t, const at::Tensor& cos_t, const at::Tensor& si
   const float* cos = cos_t.data_ptr<float>();
   const float* sin = sin_t.data_ptr<float>();
   T* out = out_t.data_ptr<T>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_per_task(d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * d;
       T* o = out + r * d;

@@ -29,8 +29,7 @@ void forward(const at::Tensor& scores_t, const at::Tensor& visible_t, double sca
   Out* probs = probs_t.data_ptr<Out>();
   const Vec2 scale_v = Vec2::all(static_cast<float>(scale));
   const float infinity = std::numeric_limits<float>::infinity();
-  const int64_t rows_per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(keys, 1));
-  at::parallel_for(0, lse_t.numel(), rows_per_task, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, lse_t.numel(), rows_per_task(keys), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* s = scores + i * keys;
       Out* p = probs + i * keys;
@@ -74,8 +73,7 @@ void backward(const at::Tensor& probs_t, const at::Tensor& row_t, double scale, 
   const float* dprobs = dprobs_t.data_ptr<float>();
   Out* out = out_t.data_ptr<Out>();
   const Vec2 scale_v = Vec2::all(static_cast<float>(scale));
-  const int64_t rows_per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(keys, 1));
-  at::parallel_for(0, row_t.numel(), rows_per_task, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, row_t.numel(), rows_per_task(keys), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Vec2 r = Vec2::all(row[i]);
       for (int64_t j = 0; j < keys; j += Vec2::kSize) {

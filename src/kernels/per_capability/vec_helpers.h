@@ -24,6 +24,10 @@ using Vec = at::vec::Vectorized<float>;
 using BVec = at::vec::Vectorized<c10::BFloat16>;
 constexpr int64_t kGrain = 16384;  // elements per task: small enough to split a layer's activations
 
+// Rows of `length` elements per task of a parallel loop over rows: about kGrain elements, at least
+// one row.
+inline int64_t rows_per_task(int64_t length) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(length, 1)); }
+
 // The first `count` values at `data` in a vector, the rest zero (a partial load leaves them
 // undefined; their results are never stored, but nothing should compute on undefined values).
 template <typename V, typename T>

@@ -151,27 +151,28 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
 }
 
 at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
+  if (!t.device().is_cpu() && !t.is_meta()) {  // a device's: the composition on its own tables
+    const auto [cos, sin] = rotary_rows(t, positions);
+    return kernels::rope_composed(t, cos, sin);
+  }
+  const bool in_order = nn::positions_in_order(positions);
   // On the host, the fused kernel, given the fp32 rows of the tokens' positions (a slice of the
   // shared tables where the positions are 0..s-1).
   if (t.device().is_cpu()) {
     const auto rows = [&](const at::Tensor& table) {
-      return nn::positions_in_order(positions) ? table.narrow(0, 0, t.size(1)) : table.index_select(0, positions);
+      return in_order ? table.narrow(0, 0, t.size(1)) : table.index_select(0, positions);
     };
     return kernels::rope(t, rows(cos_), rows(sin_));
   }
   // A dry run takes the host's path with the rows' memory: none where the host's are a slice of
   // the shared tables, their own where it gathers them (made here: a table shared between
   // concurrent dry runs would be counted by one of them).
-  if (t.is_meta()) {
-    const auto rows = [&] {
-      const auto options = t.options().dtype(at::kFloat);
-      return nn::positions_in_order(positions) ? at::empty({}, options).expand({t.size(1), head_dim_})
-                                               : at::empty({t.size(1), head_dim_}, options);
-    };
-    return kernels::rope(t, rows(), rows());
-  }
-  const auto [cos, sin] = rotary_rows(t, positions);
-  return kernels::rope_composed(t, cos, sin);
+  const auto rows = [&] {
+    const auto options = t.options().dtype(at::kFloat);
+    return in_order ? at::empty({}, options).expand({t.size(1), head_dim_})
+                    : at::empty({t.size(1), head_dim_}, options);
+  };
+  return kernels::rope(t, rows(), rows());
 }
 
 Mlp::Mlp(const LlamaConfig& c)
