@@ -1,5 +1,6 @@
 #include "kernels/per_capability/loops.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -22,7 +23,8 @@ bool cpu_has_avx512() {
 #define HP_LOOPS_OF(cap, name)                                                                      \
   Loops {                                                                                           \
     name, cap::swiglu_forward, cap::swiglu_backward, cap::rms_norm_forward, cap::rms_norm_backward, \
-        cap::softmax_forward, cap::softmax_backward, cap::rope                                      \
+        cap::softmax_forward, cap::softmax_backward, cap::rope, cap::cross_entropy_forward,         \
+        cap::cross_entropy_backward                                                                 \
   }
 
 // LibTorch 1.13's rule (aten/src/ATen/native/DispatchStub.cpp): ATEN_CPU_CAPABILITY if set, else
@@ -57,5 +59,14 @@ const Loops& loops() {
 }
 
 const char* kernel_capability() { return loops().capability; }
+
+namespace {
+std::atomic<bool> fused_enabled{true};
+}  // namespace
+
+bool fused_kernels_enabled() { return fused_enabled.load(std::memory_order_relaxed); }
+
+ComposedKernelsScope::ComposedKernelsScope() : previous_(fused_enabled.exchange(false)) {}
+ComposedKernelsScope::~ComposedKernelsScope() { fused_enabled.store(previous_); }
 
 }  // namespace hp::kernels

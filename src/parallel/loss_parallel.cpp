@@ -7,6 +7,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/custom.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/kernels/cross_entropy.h"
 
 namespace hp {
 namespace {
@@ -79,8 +80,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {
   HP_CHECK(logits.dim() >= 1, "cross_entropy: logits need a class dim");
   if (vocab_sharded(logits)) return vocab_parallel_cross_entropy(logits, targets, ignore_index);
-  const at::Tensor flat = logits.reshape({-1, logits.size(-1)});
-  return at::cross_entropy_loss(flat, targets.reshape({-1}), {}, at::Reduction::Mean, ignore_index);
+  return kernels::cross_entropy(logits, targets, ignore_index);
 }
 
 }  // namespace hp

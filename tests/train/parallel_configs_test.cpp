@@ -11,6 +11,7 @@
 #include <mutex>
 #include <utility>
 
+#include "hp/kernels/capability.h"
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
@@ -134,6 +135,32 @@ TEST(Trainer, ParallelConfigsAgreeWithOneRank) {
   agree_with(run_config(muon({1, {}, false, false, "1 rank"}), dir),
              {muon({2, dp2, false, false, "dp_shard 2"}), muon({2, pp2, false, false, "pp 2 (1F1B)"}),
               muon({4, pp2dp2, false, false, "pp 2 (1F1B) x dp_shard 2"})});
+  fs::remove_all(dir);
+}
+
+// The fused kernels (hp/kernels: SwiGLU, RMSNorm, RoPE, the attention softmax, cross-entropy)
+// against one rank without them (kernels::ComposedKernelsScope): one rank with them, and FSDP, TP
+// and PP with them (each rank runs them on its local pieces), within the tolerance above.
+TEST(Trainer, FusedKernelsAgreeWithOneRankComposed) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_fused_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::vector<double> composed = [&] {
+    const kernels::ComposedKernelsScope composed_kernels;
+    return run_config({1, {}, false, false, "1 rank, composed"}, dir);
+  }();
+  ASSERT_EQ(composed.size(), 20u);
+  EXPECT_NE(run_config({1, {}, false, false, "1 rank"}, dir), composed) << "the scope changed nothing";
+  ParallelDims dp2, tp2, pp2, pp2tp2;
+  dp2.dp_shard = 2;
+  tp2.tp = 2;
+  pp2.pp = 2;
+  pp2tp2.pp = 2;
+  pp2tp2.tp = 2;
+  expect_agreement(composed,
+                   {Parallel{1, {}, false, false, "1 rank, fused"}, Parallel{2, dp2, false, false, "dp_shard 2, fused"},
+                    Parallel{2, tp2, false, false, "tp 2, fused"}, Parallel{2, pp2, false, false, "pp 2 (1F1B), fused"},
+                    Parallel{4, pp2tp2, true, true, "pp 2 (GPipe) x tp 2 (SP, LP), fused", "gpipe"}},
+                   dir);
   fs::remove_all(dir);
 }
 

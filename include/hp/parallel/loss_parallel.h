@@ -14,7 +14,8 @@ namespace hp {
 
 // Mean cross-entropy over targets != ignore_index. `logits` [..., vocab], `targets` [...] (int64).
 // Logits that are a DTensor sharded on the last dim on a 1-D mesh take the loss-parallel path and
-// give a replicated scalar DTensor; any other logits get at::cross_entropy_loss as usual.
+// give a replicated scalar DTensor; any other logits get hp::kernels::cross_entropy (the fused
+// kernel for plain CPU logits, at::cross_entropy_loss otherwise).
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index = -100);
 
 }  // namespace hp

@@ -35,6 +35,13 @@
   /* * sin, or its transpose (the backward). */                                                                       \
   void rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t seq, int64_t heads,            \
             bool transpose, const at::Tensor& out);                                                                   \
+  /* logits [rows, vocab] (fp32 or bf16), targets int64 [rows] in [0, vocab) or ignore_index: lse (fp32 [rows]) */    \
+  /* and losses (fp32 [rows]) = lse - logits[target], 0 where the target is ignored. */                               \
+  void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,               \
+                             const at::Tensor& lse, const at::Tensor& losses);                                        \
+  /* dlogits (the logits' dtype) = (exp(logits - lse) - onehot(target)) * scale, 0 on ignored rows. */                \
+  void cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,              \
+                              const at::Tensor& lse, double scale, const at::Tensor& dlogits);                        \
   }
 
 HP_DECLARE_LOOPS(DEFAULT)
@@ -53,6 +60,8 @@ struct Loops {
   decltype(&DEFAULT::softmax_forward) softmax_forward;
   decltype(&DEFAULT::softmax_backward) softmax_backward;
   decltype(&DEFAULT::rope) rope;
+  decltype(&DEFAULT::cross_entropy_forward) cross_entropy_forward;
+  decltype(&DEFAULT::cross_entropy_backward) cross_entropy_backward;
 };
 
 // The loops of every capability this CPU can run, portable first (src/kernels/loops.cpp).
