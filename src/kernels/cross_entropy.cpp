@@ -31,19 +31,17 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const int64_t vocab = logits.size(-1);
     const at::Tensor rows = logits.contiguous().view({-1, vocab}), flat = targets.contiguous().view({-1});
     at::Tensor lse = at::empty({rows.size(0)}, rows.options().dtype(at::kFloat));
-    at::Tensor loss = at::empty({}, logits.options());
-    int64_t count = 0;
-    if (!rows.is_meta()) {  // a dry run keeps the kernel's memory and bytes, not its values
-      count = counted_targets(flat, vocab, ignore_index);
-      at::Tensor losses = at::empty_like(lse);
+    at::Tensor loss = at::empty({}, logits.options()), losses = at::empty_like(lse);
+    // A dry run keeps the kernel's memory and bytes, not its values.
+    const int64_t count = rows.is_meta() ? 0 : counted_targets(flat, vocab, ignore_index);
+    run_kernel("cross_entropy_forward", rows.nbytes(), [&] {
+      if (rows.is_meta()) return;
+      loops().cross_entropy_forward(rows, flat, ignore_index, lse, losses);
+      const float* l = losses.data_ptr<float>();
       double total = 0.0;
-      run_kernel("cross_entropy_forward", rows.nbytes(), [&] {
-        loops().cross_entropy_forward(rows, flat, ignore_index, lse, losses);
-        const float* l = losses.data_ptr<float>();
-        for (int64_t r = 0; r < losses.numel(); ++r) total += l[r];  // row order
-      });
-      loss.fill_(total / static_cast<double>(count));  // NaN when every target is ignored, as ATen's
-    }
+      for (int64_t r = 0; r < losses.numel(); ++r) total += l[r];  // row order
+      loss.fill_(total / static_cast<double>(count));              // NaN when every target is ignored, as ATen's
+    });
     ctx->save_for_backward({rows, flat, lse});
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["count"] = count;
@@ -58,12 +56,11 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &rows = saved[0], &targets = saved[1], &lse = saved[2];
     at::Tensor dlogits = at::empty_like(rows);
-    if (!rows.is_meta()) {
+    run_kernel("cross_entropy_backward", 2 * rows.nbytes(), [&] {
+      if (rows.is_meta()) return;
       const double scale = grads[0].item<double>() / static_cast<double>(ctx->saved_data["count"].toInt());
-      run_kernel("cross_entropy_backward", 2 * rows.nbytes(), [&] {
-        loops().cross_entropy_backward(rows, targets, ctx->saved_data["ignore_index"].toInt(), lse, scale, dlogits);
-      });
-    }
+      loops().cross_entropy_backward(rows, targets, ctx->saved_data["ignore_index"].toInt(), lse, scale, dlogits);
+    });
     return {dlogits.view(ctx->saved_data["sizes"].toIntVector()), at::Tensor(), at::Tensor()};
   }
 };

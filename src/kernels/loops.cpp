@@ -4,21 +4,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "hp/core/cpu_capabilities.h"
 #include "hp/kernels/capability.h"
 
 namespace hp::kernels {
 namespace {
-
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
 
 #define HP_LOOPS_OF(cap, name)                                                                      \
   Loops {                                                                                           \
@@ -47,9 +37,12 @@ Loops pick_loops() {
 }  // namespace
 
 std::vector<Loops> runnable_loops() {
-  std::vector<Loops> out = {HP_LOOPS_OF(DEFAULT, "default")};
-  if (cpu_has_avx2()) out.push_back(HP_LOOPS_OF(AVX2, "avx2"));
-  if (cpu_has_avx512()) out.push_back(HP_LOOPS_OF(AVX512, "avx512"));
+  std::vector<Loops> out;
+  for (const std::string& capability : runnable_cpu_capabilities()) {
+    if (capability == "default") out.push_back(HP_LOOPS_OF(DEFAULT, "default"));
+    if (capability == "avx2") out.push_back(HP_LOOPS_OF(AVX2, "avx2"));
+    if (capability == "avx512") out.push_back(HP_LOOPS_OF(AVX512, "avx512"));
+  }
   return out;
 }
 
@@ -61,12 +54,12 @@ const Loops& loops() {
 const char* kernel_capability() { return loops().capability; }
 
 namespace {
-std::atomic<bool> fused_enabled{true};
+std::atomic<int> composed_scopes{0};  // a count, so that scopes of several threads may close in any order
 }  // namespace
 
-bool fused_kernels_enabled() { return fused_enabled.load(std::memory_order_relaxed); }
+bool fused_kernels_enabled() { return composed_scopes.load() == 0; }
 
-ComposedKernelsScope::ComposedKernelsScope() : previous_(fused_enabled.exchange(false)) {}
-ComposedKernelsScope::~ComposedKernelsScope() { fused_enabled.store(previous_); }
+ComposedKernelsScope::ComposedKernelsScope() { composed_scopes.fetch_add(1); }
+ComposedKernelsScope::~ComposedKernelsScope() { composed_scopes.fetch_sub(1); }
 
 }  // namespace hp::kernels

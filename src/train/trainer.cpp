@@ -180,7 +180,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   detail::Setup s = detail::build(c, world);
   s.parts.init_parameters(c.seed, s.mesh.device());  // a pipeline rank: only its stages
   double peak = 0.0;
-  detail::lead_first(world, "measuring the peak FLOP/s", [&] { peak = report_peak(c, s.parts, world.size()); });
+  if (options.measure_peak)
+    detail::lead_first(world, "measuring the peak FLOP/s", [&] { peak = report_peak(c, s.parts, world.size()); });
   const std::unique_ptr<torch::optim::Optimizer> optimizer = detail::make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.mesh, s.parts, *optimizer, world);

@@ -10,14 +10,19 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <string>
+#include <vector>
 
 #include "e2e/e2e_util.h"
+#include "hp/core/cpu_capabilities.h"
+#include "scratch_dir.h"
 
 namespace {
 
@@ -206,12 +211,75 @@ TEST(Hprun, RestartsAFailedJobInAFreshRendezvous) {
   EXPECT_EQ(interrupted.output.find("restart 3 of at most 3"), std::string::npos) << interrupted.output;
 }
 
+// --cpu-layout auto times the job under each candidate (threads per rank, ATEN_CPU_CAPABILITY) and
+// runs it with the fastest, here a script whose throughput is known: one thread beats more, avx2
+// beats avx512 beats default. The choice is remembered per command line and the contents of the
+// files it names; a setting the environment fixes is the only one tried.
+TEST(Hprun, CpuLayoutAutoRunsTheJobInTheFastestLayoutMeasured) {
+  const std::string dir = hp::test::scratch_dir("hprun_cpu_layout");
+  const std::string script = dir + "/job.sh", config = dir + "/config.txt";
+  std::ofstream(script)
+      << "case \"$ATEN_CPU_CAPABILITY\" in avx2) c=30;; avx512) c=20;; *) c=10;; esac\n"
+         "if [ -n \"$HP_LAYOUT_PROBE\" ]; then\n"
+         "  [ -n \"$HP_FAULT\" ] && exit 5\n"
+         "  [ \"$LOCAL_RANK\" = 0 ] && echo $((c * (100 - OMP_NUM_THREADS))) > \"$HP_LAYOUT_PROBE\"\n"
+         "  exit 0\n"
+         "fi\n"
+         "echo \"ran with $OMP_NUM_THREADS threads, $ATEN_CPU_CAPABILITY, fault ${HP_FAULT:-none}.\"\n";
+  std::ofstream(config) << "first\n";
+  // HP_FAULT reaches the job but not the runs timing it.
+  const auto hprun = [&](const std::string& settings = "") {
+    return "env -u OMP_NUM_THREADS -u ATEN_CPU_CAPABILITY HOME=" + dir + " HP_FAULT=drill " + settings + " " +
+           bin_dir() + "/hprun --cpu-layout auto ";
+  };
+  const std::string job = "sh " + script + " " + config;
+  const std::vector<std::string> capabilities = hp::runnable_cpu_capabilities();
+  const bool avx2 = std::find(capabilities.begin(), capabilities.end(), "avx2") != capabilities.end();
+  const std::string fastest = std::string("1 thread per rank, ") + (avx2 ? "avx2" : "default");
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  size_t thread_counts = 1;  // cores, and every power of two below
+  for (long t = 1; t < cores; t *= 2) ++thread_counts;
+
+  const Result first = run_command(hprun() + job);
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("timing " + std::to_string(thread_counts * capabilities.size()) + " layouts of 1 ranks"),
+            std::string::npos)
+      << first.output;
+  for (const std::string& capability : capabilities)
+    EXPECT_NE(first.output.find("1 thread per rank, " + capability + ": "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find(fastest + ", the fastest"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("ran with 1 threads, " + std::string(avx2 ? "avx2" : "default") + ", fault drill."),
+            std::string::npos)
+      << first.output;
+
+  const Result second = run_command(hprun() + job);
+  EXPECT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.output.find("timing"), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find(fastest + " (" + std::to_string((avx2 ? 30 : 10) * 99) + "/s, measured"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("ran with 1 threads"), std::string::npos) << second.output;
+
+  std::ofstream(config) << "second\n";  // another config: measured again
+  const Result changed = run_command(hprun() + job);
+  EXPECT_NE(changed.output.find("timing"), std::string::npos) << changed.output;
+
+  const Result fixed = run_command(hprun("ATEN_CPU_CAPABILITY=default") + job);
+  EXPECT_NE(fixed.output.find("timing " + std::to_string(thread_counts) + " layouts"), std::string::npos)
+      << fixed.output;
+  EXPECT_NE(fixed.output.find("ran with 1 threads, default,"), std::string::npos) << fixed.output;
+
+  const Result silent = run_command(hprun() + "true");
+  EXPECT_EQ(silent.exit_code, 2) << silent.output;
+  EXPECT_NE(silent.output.find("true wrote no throughput to HP_LAYOUT_PROBE"), std::string::npos) << silent.output;
+}
+
 // Usage errors and --help.
 TEST(Hprun, HelpAndUsageErrors) {
   Result help = run_job("--help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* flag :
-       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts"})
+  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                           "--max-restarts", "--cpu-layout"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
   Result bad = run_job("--nproc-per-node zero true");
   EXPECT_EQ(bad.exit_code, 2);
@@ -220,6 +288,13 @@ TEST(Hprun, HelpAndUsageErrors) {
   EXPECT_EQ(restarts_across_nodes.exit_code, 2);
   EXPECT_NE(restarts_across_nodes.output.find("--max-restarts works on one node only"), std::string::npos)
       << restarts_across_nodes.output;
+  Result layout = run_job("--cpu-layout fast true");
+  EXPECT_EQ(layout.exit_code, 2);
+  EXPECT_NE(layout.output.find("--cpu-layout takes even or auto, got 'fast'"), std::string::npos) << layout.output;
+  Result layout_across_nodes = run_job("--nnodes 2 --cpu-layout auto true");
+  EXPECT_EQ(layout_across_nodes.exit_code, 2);
+  EXPECT_NE(layout_across_nodes.output.find("--cpu-layout auto works on one node only"), std::string::npos)
+      << layout_across_nodes.output;
   Result missing = run_job("--nproc-per-node 2 /nonexistent/program");
   EXPECT_EQ(missing.exit_code, 127) << missing.output;
   EXPECT_NE(missing.output.find("could not start '/nonexistent/program'"), std::string::npos) << missing.output;

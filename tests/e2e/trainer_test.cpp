@@ -18,6 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using hp::e2e::bin_dir;
 using hp::e2e::Result;
+using hp::e2e::run_command;
 using hp::e2e::run_job;
 using hp::e2e::train_losses;
 
@@ -447,6 +448,22 @@ TEST(HpTrain, ANonFiniteStepFailsWithExitCode1) {
   EXPECT_NE(r.output.find("embed.weight on rank 0"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000001/metadata.json")) << r.output;
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000002")) << r.output;
+}
+
+// hprun --cpu-layout auto with hp-train: the run timing a layout trains a few steps in the job
+// directory and writes its tokens/s; the job itself then runs as configured, its run directory
+// holding only its own steps. One candidate (the environment fixes the capability) keeps it short.
+TEST(HpTrain, CpuLayoutAutoTimesTheJobWithoutTouchingItsRun) {
+  const std::string dir = scratch("cpu_layout");
+  const Result r = run_command("env HOME=" + dir + " ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 " + bin_dir() +
+                               "/hprun --cpu-layout auto " + train_command(dir));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("timing 1 layouts of 4 ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 thread per rank, avx2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 thread per rank, avx2, the fastest"), std::string::npos) << r.output;
+  EXPECT_EQ(train_losses(dir).size(), 10u) << "the job's own 10 steps, none of the probe's";
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json")) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/layout-probe-run"));
 }
 
 }  // namespace

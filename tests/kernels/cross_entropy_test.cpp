@@ -7,10 +7,12 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "hp/core/cpu_threads.h"
+#include "hp/core/kernel_observer.h"
 #include "hp/kernels/cross_entropy.h"
 #include "kernels/closeness.h"
 #include "kernels/per_capability/loops.h"
@@ -163,17 +165,45 @@ TEST(CrossEntropyKernel, BadTargetsAreNamed) {
   EXPECT_TRUE(std::isnan(kernels::cross_entropy_composed(logits, ignored).item<double>()));
 }
 
-// A dry run's meta logits: the loss and the gradient are meta tensors of the right shapes.
-TEST(CrossEntropyKernel, MetaLogitsComputeNothing) {
-  const at::Tensor logits = at::empty({8, 5, kVocab}, at::device(at::kMeta)).requires_grad_(true);
-  const at::Tensor targets = at::empty({8, 5}, at::device(at::kMeta).dtype(at::kLong));
-  ASSERT_TRUE(kernels::cross_entropy_is_fused(logits, targets));
-  const at::Tensor loss = kernels::cross_entropy(logits, targets);
-  EXPECT_TRUE(loss.is_meta());
-  EXPECT_EQ(loss.dim(), 0);
-  loss.backward();
-  EXPECT_TRUE(logits.grad().is_meta());
-  EXPECT_EQ(logits.grad().sizes(), logits.sizes());
+// A dry run's meta logits: the loss and the gradient are meta tensors of the right shapes, and the
+// kernels announce their bytes to the observer (the cost model counts them) as a real run's do.
+TEST(CrossEntropyKernel, MetaLogitsComputeNothingButAreCounted) {
+  struct Seen : KernelObserver {
+    std::map<std::string, int64_t> bytes;
+    void kernel_ran(const char* name, int64_t b, double) override { bytes[name] += b; }
+  };
+  for (const bool meta : {true, false}) {
+    const auto device = meta ? at::device(at::kMeta) : at::device(at::kCPU);
+    const at::Tensor logits = at::zeros({8, 5, kVocab}, device).requires_grad_(true);
+    const at::Tensor targets = at::zeros({8, 5}, device.dtype(at::kLong));
+    ASSERT_TRUE(kernels::cross_entropy_is_fused(logits, targets));
+    Seen seen;
+    {
+      const KernelObserverGuard observe(&seen);
+      const at::Tensor loss = kernels::cross_entropy(logits, targets);
+      EXPECT_EQ(loss.is_meta(), meta);
+      EXPECT_EQ(loss.dim(), 0);
+      loss.backward();
+    }
+    EXPECT_EQ(logits.grad().is_meta(), meta);
+    EXPECT_EQ(logits.grad().sizes(), logits.sizes());
+    const int64_t bytes = 8 * 5 * kVocab * 4;
+    EXPECT_EQ(seen.bytes,
+              (std::map<std::string, int64_t>{{"cross_entropy_forward", bytes}, {"cross_entropy_backward", 2 * bytes}}))
+        << (meta ? "meta" : "cpu");
+  }
+}
+
+// ignore_index may be any value, a class among them: that class's targets are not counted.
+TEST(CrossEntropyKernel, AnyIgnoreIndex) {
+  const at::Tensor logits = logits_sample(13);
+  at::Tensor targets = targets_sample(14).clamp_min(0);
+  targets.index_put_({at::arange(37) % 3 == 0}, 7);
+  for (const int64_t ignore : {int64_t{7}, int64_t{0}, int64_t{-1}}) {
+    const at::Tensor fused = kernels::cross_entropy(logits, targets, ignore);
+    const at::Tensor composed = kernels::cross_entropy_composed(logits, targets, ignore);
+    EXPECT_NEAR(fused.item<double>(), composed.item<double>(), 1e-6 * std::abs(composed.item<double>())) << ignore;
+  }
 }
 
 TEST(CrossEntropyKernel, DoubleBackwardIsRefused) {

@@ -10,12 +10,15 @@
 #include <hp/train/trainer.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -132,6 +135,38 @@ void print_summary(const hp::train::TrainConfig& config, const hp::train::TrainR
   if (!result.sample.empty()) std::cout << "\nsample:\n" << result.sample << "\n";
 }
 
+// hprun --cpu-layout auto times the job under each layout it considers by a short run of it
+// (hp/core/job.h, kLayoutProbeEnv): the config's first steps (the first one untimed), stopped as a
+// stop request stops a run (without its final evaluation), in a run directory inside the job
+// directory, with no checkpoints, evaluation, sample, profile, injected faults or matmul peak
+// measurement.
+constexpr int64_t kProbeSteps = 8;
+
+std::optional<std::string> layout_probe_file() {
+  const char* file = std::getenv(hp::job::kLayoutProbeEnv);
+  if (file == nullptr || *file == '\0') return std::nullopt;
+  return std::string(file);
+}
+
+void prepare_layout_probe(hp::train::TrainConfig& config, hp::train::TrainOptions& options) {
+  const std::optional<std::string> job_dir = hp::job::dir();
+  if (!job_dir) throw std::runtime_error(std::string(hp::job::kLayoutProbeEnv) + " is set outside an hprun job");
+  config.run_dir = *job_dir + "/layout-probe-run";
+  config.checkpoint.interval = 0;
+  config.eval.interval = 0;
+  config.sample.tokens = 0;
+  config.log.profile_step = 0;
+  config.pp_timeline_step = 0;
+  config.resilience.faults.clear();
+  options.resume = false;
+  options.progress = false;
+  options.measure_peak = false;
+  options.stop_request = [steps = int64_t{0}]() mutable {
+    if (const int signal = hp::train::stop_requested()) return signal;  // hprun's own, forwarded
+    return ++steps >= kProbeSteps ? SIGTERM : 0;
+  };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,11 +195,14 @@ int main(int argc, char** argv) {
     return kConfigError;
   }
   hp::train::TrainOptions& options = args.options;
+  const std::optional<std::string> probe = layout_probe_file();
   // A mistake a restart would repeat (the config, its fit to the world) exits 2; a failure 1.
   hp::train::TrainConfig config;
   try {
     // The config is read and checked before the rendezvous, so a mistake costs no waiting.
     config = hp::train::load_config(args.config_path, args.overrides);
+    if (probe && options.dry_run) throw std::runtime_error("a dry run is not a job hprun --cpu-layout auto can time");
+    if (probe) prepare_layout_probe(config, options);
   } catch (const std::exception& e) {
     std::cerr << "hp-train: error: " << e.what() << "\n";
     return kConfigError;
@@ -189,6 +227,11 @@ int main(int argc, char** argv) {
     // A preemption notice or Ctrl-C: every rank saves the step it is in, then exits 128 + signal.
     hp::train::stop_on_signals();
     const hp::train::TrainResult result = hp::train::train(config, world, options);
+    if (probe) {
+      if (world.rank() == 0 && !hp::job::write_atomically(*probe, std::to_string(result.tokens_per_s) + "\n"))
+        throw std::runtime_error("could not write the layout probe's result to " + *probe);
+      return 0;
+    }
     if (result.stop_signal != 0) {
       if (world.rank() == 0)
         std::cout << "hp-train: stopped early after step " << result.first_step + result.losses.size()

@@ -16,19 +16,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/flags.h"
 #include "hp/core/job.h"
+#include "hprun/cpu_layout.h"
 
 namespace {
 
@@ -48,6 +53,7 @@ struct Config {
   int master_port = 0;  // 0: pick a free port (single node) or 29500 (several nodes)
   int max_restarts = 0;
   std::chrono::seconds stop_timeout{30};  // after forwarding a signal, until SIGKILL
+  bool cpu_layout_auto = false;           // --cpu-layout auto
   std::vector<std::string> command;
 };
 
@@ -85,6 +91,16 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        [](Config& c, const std::string& v) {
          c.stop_timeout = std::chrono::seconds(parse_int("--stop-timeout", v, 0, 86400));
        }},
+      {{"--cpu-layout"},
+       "even|auto",
+       "even (default): each rank gets cores / ranks threads and the environment's ATEN_CPU_CAPABILITY; auto: "
+       "threads per rank and ATEN_CPU_CAPABILITY chosen by timing a few steps of the job under each (the program "
+       "must answer HP_LAYOUT_PROBE, as hp-train does), remembered in ~/.cache/hyperparallel/cpu_layout.json",
+       [](Config& c, const std::string& v) {
+         if (v != "even" && v != "auto")
+           throw hp::tools::UsageError("--cpu-layout takes even or auto, got '" + v + "'");
+         c.cpu_layout_auto = v == "auto";
+       }},
   };
   return table;
 }
@@ -119,6 +135,10 @@ std::optional<Config> parse(int argc, char** argv) {
   // agent spanning the nodes, which hprun is not yet.
   if (config.max_restarts > 0 && config.nnodes > 1)
     throw hp::tools::UsageError("--max-restarts works on one node only (--nnodes " + std::to_string(config.nnodes) +
+                                ")");
+  // Each node would time and choose on its own, and the ranks of one job could differ.
+  if (config.cpu_layout_auto && config.nnodes > 1)
+    throw hp::tools::UsageError("--cpu-layout auto works on one node only (--nnodes " + std::to_string(config.nnodes) +
                                 ")");
   return config;
 }
@@ -169,11 +189,16 @@ void drain(const Rank& rank, Stream& s) {  // at EOF: print an unterminated last
   s.fd = -1;
 }
 
-// What differs between two attempts of one job.
+// What differs between two runs of the job's ranks: its attempts, and the short runs that time a
+// CPU layout.
 struct Attempt {
   int index = 0;  // restarts before this one
   int port = 0;
   std::string job_dir;
+  std::vector<std::pair<std::string, std::string>> env;  // set in each rank, over everything else
+  std::vector<std::string> unset_env;
+  FILE* out = stdout;  // where the ranks' prefixed lines go
+  FILE* err = stderr;
 };
 
 pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_rank, Rank& rank) {
@@ -216,6 +241,8 @@ pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     const std::string per_rank = std::to_string(std::max(1L, cores / c.nproc_per_node));
     for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) setenv(var, per_rank.c_str(), /*overwrite=*/0);
+    for (const auto& [name, value] : attempt.env) setenv(name.c_str(), value.c_str(), 1);
+    for (const std::string& name : attempt.unset_env) unsetenv(name.c_str());
     std::vector<char*> args;
     for (const std::string& a : c.command) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -228,8 +255,8 @@ pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_
   close(err[1]);
   rank.global = global_rank;
   rank.pid = pid;
-  rank.out = {out[0], stdout, {}};
-  rank.err = {err[0], stderr, {}};
+  rank.out = {out[0], attempt.out, {}};
+  rank.err = {err[0], attempt.err, {}};
   return pid;
 }
 
@@ -476,11 +503,89 @@ bool wait_unless_signalled(std::chrono::seconds delay) {
   return g_forward_signal == 0;
 }
 
+std::vector<std::pair<std::string, std::string>> layout_env(const hp::hprun::CpuLayout& layout) {
+  const std::string threads = std::to_string(layout.threads);
+  return {{"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads}, {"ATEN_CPU_CAPABILITY", layout.capability}};
+}
+
+std::optional<double> read_throughput(const std::string& path) {
+  std::ifstream in(path);
+  double value = 0.0;
+  if (!(in >> value) || !std::isfinite(value) || value <= 0.0) return std::nullopt;
+  return value;
+}
+
+// The layout the job runs in, or the exit code that ends hprun: --cpu-layout auto's choice, from
+// the cache or timed now (each candidate by a short run of the job in its own rendezvous).
+struct LayoutChoice {
+  std::optional<hp::hprun::CpuLayout> layout;
+  int exit_code = 0;
+};
+
+LayoutChoice choose_cpu_layout(const Config& config) {
+  namespace hl = hp::hprun;
+  const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const std::string key = hl::layout_cache_key(cores, config.nproc_per_node, config.command);
+  const std::filesystem::path cache = hl::layout_cache_path();
+  if (const std::optional<hl::CachedLayout> hit = hl::cached_layout(cache, key)) {
+    std::fprintf(stderr, "hprun: --cpu-layout auto: %s (%.0f/s, measured %s; cached in %s)\n",
+                 hit->layout.text().c_str(), hit->throughput, hit->measured.c_str(), cache.c_str());
+    return {hit->layout};
+  }
+  const std::vector<hl::CpuLayout> candidates = hl::layout_candidates(cores, config.nproc_per_node);
+  std::fprintf(stderr,
+               "hprun: --cpu-layout auto: timing %zu layouts of %d ranks on %d cores, a short run of the job each\n",
+               candidates.size(), config.nproc_per_node, cores);
+  std::optional<hl::CpuLayout> best;
+  double best_throughput = 0.0;
+  for (const hl::CpuLayout& candidate : candidates) {
+    const JobDir dir;  // a fresh rendezvous; the probe's run directory goes with it
+    Attempt probe{0, config.master_port == 0 ? pick_free_port() : config.master_port, dir.path()};
+    const std::string result = dir.path() + "/layout-probe";
+    probe.env = layout_env(candidate);
+    probe.env.emplace_back(hp::job::kLayoutProbeEnv, result);
+    probe.unset_env = {"HP_FAULT"};  // a drill's faults are for the job itself
+    std::unique_ptr<FILE, int (*)(FILE*)> log(std::tmpfile(), &std::fclose);
+    if (!log) throw std::runtime_error(std::string("tmpfile: ") + std::strerror(errno));
+    probe.out = probe.err = log.get();
+    const Outcome outcome = Job(config, probe).run();
+    if (outcome.interrupted) return {std::nullopt, kInterrupted};
+    const std::optional<double> throughput = read_throughput(result);
+    if (outcome.exit_code != 0 || !throughput) {
+      std::fprintf(stderr, "hprun: --cpu-layout auto: the run timing %s %s; its output:\n", candidate.text().c_str(),
+                   outcome.exit_code != 0 ? ("failed (exit code " + std::to_string(outcome.exit_code) + ")").c_str()
+                                          : "wrote no result");
+      std::rewind(log.get());
+      char buffer[4096];
+      for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), log.get())) > 0;) std::fwrite(buffer, 1, n, stderr);
+      if (outcome.exit_code == 0)
+        std::fprintf(stderr,
+                     "hprun: %s wrote no throughput to %s: --cpu-layout auto needs a program that answers it "
+                     "(hp-train does); run without it\n",
+                     config.command.front().c_str(), hp::job::kLayoutProbeEnv);
+      return {std::nullopt, outcome.exit_code != 0 ? outcome.exit_code : kUsageError};
+    }
+    std::fprintf(stderr, "hprun:   %s: %.0f/s\n", candidate.text().c_str(), *throughput);
+    if (*throughput > best_throughput) best = candidate, best_throughput = *throughput;
+  }
+  hl::cache_layout(cache, key, *best, best_throughput);
+  std::fprintf(stderr, "hprun: --cpu-layout auto: %s, the fastest (cached in %s)\n", best->text().c_str(),
+               cache.c_str());
+  return {best};
+}
+
 int run_attempts(const Config& config) {
+  std::vector<std::pair<std::string, std::string>> chosen_env;
+  if (config.cpu_layout_auto) {
+    const LayoutChoice choice = choose_cpu_layout(config);
+    if (!choice.layout) return choice.exit_code;
+    chosen_env = layout_env(*choice.layout);
+  }
   const JobDir dir;
   std::vector<Outcome> attempts;
   for (int index = 0;; ++index) {
     Attempt attempt{index, config.master_port, dir.path()};
+    attempt.env = chosen_env;
     if (attempt.port == 0) attempt.port = config.nnodes == 1 ? pick_free_port() : 29500;
     attempts.push_back(Job(config, attempt).run());
     Outcome& outcome = attempts.back();

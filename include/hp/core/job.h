@@ -28,6 +28,10 @@ namespace hp::job {
 inline constexpr char kDirEnv[] = "HP_JOB_DIR";                     // the job directory
 inline constexpr char kRestartEnv[] = "HP_RESTART_COUNT";           // 0 for the first attempt
 inline constexpr char kRendezvousFileEnv[] = "HP_RENDEZVOUS_FILE";  // the attempt's store file
+// Set by hprun --cpu-layout auto for the short runs that measure a layout: the program runs a few
+// steps of its job, leaves no results behind, and its rank 0 writes its throughput (a positive
+// number, higher is faster; hp-train's tokens/s) to this file.
+inline constexpr char kLayoutProbeEnv[] = "HP_LAYOUT_PROBE";
 
 // The job directory, when the process runs under hprun.
 inline std::optional<std::string> dir() {

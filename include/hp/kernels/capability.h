@@ -8,7 +8,7 @@ namespace hp::kernels {
 // The capability the kernels run at: "default", "avx2" or "avx512".
 const char* kernel_capability();
 
-// Whether the kernels run fused (the default). While a ComposedKernelsScope lives, every kernel
+// Whether the kernels run fused (the default). While any ComposedKernelsScope lives, every kernel
 // takes its ATen composition instead, in every thread: for comparing a model with the kernels
 // against the same model without them (tests, benchmarks). Open it while no kernel runs.
 bool fused_kernels_enabled();
@@ -19,9 +19,6 @@ class ComposedKernelsScope {
   ~ComposedKernelsScope();
   ComposedKernelsScope(const ComposedKernelsScope&) = delete;
   ComposedKernelsScope& operator=(const ComposedKernelsScope&) = delete;
-
- private:
-  bool previous_;
 };
 
 }  // namespace hp::kernels

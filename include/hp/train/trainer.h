@@ -48,6 +48,9 @@ struct TrainOptions {
   // which the plan also predicts the step time.
   std::string calibration;
   bool progress = true;  // a progress line on rank 0 (on a terminal; plain log lines otherwise)
+  // false: no matmul peak is measured (or read from the cache) and the MFU is 0; for runs that only
+  // time the job (hprun --cpu-layout auto's probes), which a peak measurement would slow.
+  bool measure_peak = true;
   // Run after the built-in metrics log, on every rank (hp/train/callbacks.h).
   std::vector<std::shared_ptr<Callback>> callbacks;
   // Called, from the watchdog's thread, with its message when this rank made no progress for
