@@ -222,7 +222,7 @@ TEST(Hprun, CpuLayoutAutoRunsTheJobInTheFastestLayoutMeasured) {
       << "case \"$ATEN_CPU_CAPABILITY\" in avx2) c=30;; avx512) c=20;; *) c=10;; esac\n"
          "if [ -n \"$HP_LAYOUT_PROBE\" ]; then\n"
          "  [ -n \"$HP_FAULT\" ] && exit 5\n"
-         "  [ \"$LOCAL_RANK\" = 0 ] && echo $((c * (100 - OMP_NUM_THREADS))) > \"$HP_LAYOUT_PROBE\"\n"
+         "  [ \"$LOCAL_RANK\" = 0 ] && echo $((c * 1000 / OMP_NUM_THREADS)) > \"$HP_LAYOUT_PROBE\"\n"
          "  exit 0\n"
          "fi\n"
          "echo \"ran with $OMP_NUM_THREADS threads, $ATEN_CPU_CAPABILITY, fault ${HP_FAULT:-none}.\"\n";
@@ -255,7 +255,7 @@ TEST(Hprun, CpuLayoutAutoRunsTheJobInTheFastestLayoutMeasured) {
   const Result second = run_command(hprun() + job);
   EXPECT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.output.find("timing"), std::string::npos) << second.output;
-  EXPECT_NE(second.output.find(fastest + " (" + std::to_string((avx2 ? 30 : 10) * 99) + "/s, measured"),
+  EXPECT_NE(second.output.find(fastest + " (" + std::to_string((avx2 ? 30 : 10) * 1000) + "/s, measured"),
             std::string::npos)
       << second.output;
   EXPECT_NE(second.output.find("ran with 1 threads"), std::string::npos) << second.output;
@@ -263,6 +263,11 @@ TEST(Hprun, CpuLayoutAutoRunsTheJobInTheFastestLayoutMeasured) {
   std::ofstream(config) << "second\n";  // another config: measured again
   const Result changed = run_command(hprun() + job);
   EXPECT_NE(changed.output.find("timing"), std::string::npos) << changed.output;
+  const Result named = run_command(hprun() + job + " --config=" + config);  // a file as an option's value
+  std::ofstream(config) << "third\n";
+  const Result renamed = run_command(hprun() + job + " --config=" + config);
+  EXPECT_NE(named.output.find("timing"), std::string::npos) << named.output;
+  EXPECT_NE(renamed.output.find("timing"), std::string::npos) << renamed.output;
 
   const Result fixed = run_command(hprun("ATEN_CPU_CAPABILITY=default") + job);
   EXPECT_NE(fixed.output.find("timing " + std::to_string(thread_counts) + " layouts"), std::string::npos)

@@ -450,10 +450,37 @@ TEST(HpTrain, ANonFiniteStepFailsWithExitCode1) {
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step-000002")) << r.output;
 }
 
-// hprun --cpu-layout auto with hp-train: the run timing a layout trains a few steps in the job
-// directory and writes its tokens/s; the job itself then runs as configured, its run directory
-// holding only its own steps. One candidate (the environment fixes the capability) keeps it short.
-TEST(HpTrain, CpuLayoutAutoTimesTheJobWithoutTouchingItsRun) {
+// hp-train timing a layout for hprun --cpu-layout auto (HP_LAYOUT_PROBE set): it trains the
+// config's first 8 steps and stops, writes its tokens/s, and leaves nothing in the run directory
+// (no metrics, no checkpoint, though the config saves every 5 steps). A dry run, or a run with no
+// step after the first to time, answers "skip".
+TEST(HpTrain, TimingALayoutLeavesTheRunAlone) {
+  const std::string dir = scratch("layout_probe"), answer = dir + "/answer";
+  const std::string probe = "env HP_LAYOUT_PROBE=" + answer + " " + bin_dir() + "/hprun ";
+  const std::string run_dir = dir + "/run", data = " --set data.cache_dir=" + dir + "/data";
+  const Result r = run_command(probe + train_command(run_dir, data));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stopped after step 8 of 10"), std::string::npos) << r.output;
+  std::ifstream in(answer);
+  double tokens_per_s = 0.0;
+  EXPECT_TRUE(in >> tokens_per_s);
+  EXPECT_GT(tokens_per_s, 0.0);
+  EXPECT_FALSE(fs::exists(run_dir)) << r.output;
+  for (const std::string extra : {"--dry-run", "--set train.steps=1 --set schedule.warmup_steps=0"}) {
+    fs::remove(answer);
+    const Result skip = run_command(probe + train_command(run_dir, extra + data));
+    EXPECT_EQ(skip.exit_code, 0) << skip.output;
+    std::ifstream said(answer);
+    std::string word;
+    EXPECT_TRUE(said >> word) << extra;
+    EXPECT_EQ(word, "skip") << extra;
+    EXPECT_FALSE(fs::exists(run_dir)) << extra;
+  }
+}
+
+// hprun --cpu-layout auto with hp-train: one candidate (the environment fixes the capability and
+// the threads) keeps it short; the job then runs as configured.
+TEST(HpTrain, CpuLayoutAutoTimesTheJobThenRunsIt) {
   const std::string dir = scratch("cpu_layout");
   const Result r = run_command("env HOME=" + dir + " ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 " + bin_dir() +
                                "/hprun --cpu-layout auto " + train_command(dir));
@@ -461,9 +488,8 @@ TEST(HpTrain, CpuLayoutAutoTimesTheJobWithoutTouchingItsRun) {
   EXPECT_NE(r.output.find("timing 1 layouts of 4 ranks"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 thread per rank, avx2: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 thread per rank, avx2, the fastest"), std::string::npos) << r.output;
-  EXPECT_EQ(train_losses(dir).size(), 10u) << "the job's own 10 steps, none of the probe's";
+  EXPECT_EQ(train_losses(dir).size(), 10u);
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000010/metadata.json")) << r.output;
-  EXPECT_FALSE(fs::exists(dir + "/layout-probe-run"));
 }
 
 }  // namespace

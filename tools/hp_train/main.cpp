@@ -139,7 +139,8 @@ void print_summary(const hp::train::TrainConfig& config, const hp::train::TrainR
 // (hp/core/job.h, kLayoutProbeEnv): the config's first steps (the first one untimed), stopped as a
 // stop request stops a run (without its final evaluation), in a run directory inside the job
 // directory, with no checkpoints, evaluation, sample, profile, injected faults or matmul peak
-// measurement.
+// measurement. A run with no step to time (a dry run, one step) answers that it has nothing to
+// time.
 constexpr int64_t kProbeSteps = 8;
 
 std::optional<std::string> layout_probe_file() {
@@ -161,9 +162,10 @@ void prepare_layout_probe(hp::train::TrainConfig& config, hp::train::TrainOption
   options.resume = false;
   options.progress = false;
   options.measure_peak = false;
-  options.stop_request = [steps = int64_t{0}]() mutable {
+  // Stopped after its last step too when the config has fewer: no final evaluation either way.
+  options.stop_request = [steps = int64_t{0}, last = std::min(kProbeSteps, config.train.steps)]() mutable {
     if (const int signal = hp::train::stop_requested()) return signal;  // hprun's own, forwarded
-    return ++steps >= kProbeSteps ? SIGTERM : 0;
+    return ++steps >= last ? SIGTERM : 0;
   };
 }
 
@@ -201,7 +203,13 @@ int main(int argc, char** argv) {
   try {
     // The config is read and checked before the rendezvous, so a mistake costs no waiting.
     config = hp::train::load_config(args.config_path, args.overrides);
-    if (probe && options.dry_run) throw std::runtime_error("a dry run is not a job hprun --cpu-layout auto can time");
+    if (probe && options.dry_run) {  // nothing to time: every rank ends at once, rank 0 says so
+      const char* rank = std::getenv("RANK");
+      if ((rank == nullptr || std::string(rank) == "0") &&
+          !hp::job::write_atomically(*probe, std::string(hp::job::kLayoutProbeSkip) + "\n"))
+        throw std::runtime_error("could not write the layout probe's answer to " + *probe);
+      return 0;
+    }
     if (probe) prepare_layout_probe(config, options);
   } catch (const std::exception& e) {
     std::cerr << "hp-train: error: " << e.what() << "\n";
@@ -227,8 +235,10 @@ int main(int argc, char** argv) {
     // A preemption notice or Ctrl-C: every rank saves the step it is in, then exits 128 + signal.
     hp::train::stop_on_signals();
     const hp::train::TrainResult result = hp::train::train(config, world, options);
-    if (probe) {
-      if (world.rank() == 0 && !hp::job::write_atomically(*probe, std::to_string(result.tokens_per_s) + "\n"))
+    if (probe) {  // no step was timed (too few steps): nothing to choose by
+      const std::string answer =
+          result.tokens_per_s > 0 ? std::to_string(result.tokens_per_s) : std::string(hp::job::kLayoutProbeSkip);
+      if (world.rank() == 0 && !hp::job::write_atomically(*probe, answer + "\n"))
         throw std::runtime_error("could not write the layout probe's result to " + *probe);
       return 0;
     }

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -78,14 +77,23 @@ std::vector<CpuLayout> layout_candidates(int cores, int ranks) {
 
 std::string layout_cache_key(int cores, int ranks, const std::vector<std::string>& command) {
   std::string text = cpu_model() + "|cores " + std::to_string(cores) + "|ranks " + std::to_string(ranks);
-  for (const char* fixed : {"OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "OMP_WAIT_POLICY"})
+  for (const char* fixed :
+       {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "OMP_WAIT_POLICY", "OMP_PROC_BIND"})
     text += std::string("|") + fixed + "=" + env(fixed).value_or("");
   for (const std::string& arg : command) {
     text += "|" + arg;
-    std::error_code error;
-    if (!fs::is_regular_file(arg, error)) continue;
-    std::ifstream in(arg, std::ios::binary);
-    text += "|" + std::to_string(fnv1a(std::string(std::istreambuf_iterator<char>(in), {})));
+    // A file named by the argument, or by its value (--config=FILE).
+    const size_t equals = arg.find('=');
+    for (const std::string& path : {arg, equals == std::string::npos ? std::string() : arg.substr(equals + 1)}) {
+      std::error_code error;
+      if (path.empty() || !fs::is_regular_file(path, error)) continue;
+      std::ifstream in(path, std::ios::binary);
+      uint64_t hash = fnv1a("");
+      char buffer[65536];
+      while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0)
+        hash = fnv1a(std::string(buffer, static_cast<size_t>(in.gcount())), hash);
+      text += "|" + std::to_string(hash);
+    }
   }
   std::ostringstream key;
   key << std::hex << fnv1a(text);
@@ -103,8 +111,9 @@ std::optional<CachedLayout> cached_layout(const fs::path& cache, const std::stri
   if (hit == cached.end() || !hit->is_object()) return std::nullopt;
   const nlohmann::json& e = *hit;
   if (!e.contains("threads") || !e["threads"].is_number_integer() || e["threads"].get<int>() < 1 ||
-      !e.contains("capability") || !e["capability"].is_string() || !e.contains("throughput") ||
-      !e["throughput"].is_number() || !e.contains("measured") || !e["measured"].is_string())
+      e["threads"].get<int>() > 4096 || !e.contains("capability") || !e["capability"].is_string() ||
+      !e.contains("throughput") || !e["throughput"].is_number() || !e.contains("measured") ||
+      !e["measured"].is_string())
     return std::nullopt;
   return CachedLayout{{e["threads"].get<int>(), e["capability"].get<std::string>()},
                       e["throughput"].get<double>(),
@@ -120,11 +129,13 @@ void cache_layout(const fs::path& cache, const std::string& key, const CpuLayout
   std::error_code ignored;
   fs::create_directories(cache.parent_path(), ignored);
   const fs::path aside = cache.string() + "." + std::to_string(::getpid()) + ".tmp";
-  {
-    std::ofstream out(aside, std::ios::trunc);
-    if (!(out << cached.dump(2) << "\n")) return;
-  }
-  fs::rename(aside, cache, ignored);
+  std::ofstream out(aside, std::ios::trunc);
+  out << cached.dump(2) << "\n";
+  out.close();
+  // A file not written whole must not replace the cache (it would read back as empty).
+  std::error_code renamed;
+  if (out) fs::rename(aside, cache, renamed);
+  if (!out || renamed) fs::remove(aside, ignored);
 }
 
 }  // namespace hp::hprun

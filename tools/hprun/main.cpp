@@ -93,7 +93,8 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        }},
       {{"--cpu-layout"},
        "even|auto",
-       "even (default): each rank gets cores / ranks threads and the environment's ATEN_CPU_CAPABILITY; auto: "
+       "even (default): each rank gets cores / ranks threads unless OMP_NUM_THREADS is set, and the environment's "
+       "ATEN_CPU_CAPABILITY; auto: "
        "threads per rank and ATEN_CPU_CAPABILITY chosen by timing a few steps of the job under each (the program "
        "must answer HP_LAYOUT_PROBE, as hp-train does), remembered in ~/.cache/hyperparallel/cpu_layout.json",
        [](Config& c, const std::string& v) {
@@ -503,20 +504,36 @@ bool wait_unless_signalled(std::chrono::seconds delay) {
   return g_forward_signal == 0;
 }
 
+// OPENBLAS_NUM_THREADS follows the layout's threads unless the user set it (their settings win).
 std::vector<std::pair<std::string, std::string>> layout_env(const hp::hprun::CpuLayout& layout) {
   const std::string threads = std::to_string(layout.threads);
-  return {{"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads}, {"ATEN_CPU_CAPABILITY", layout.capability}};
+  std::vector<std::pair<std::string, std::string>> env = {{"OMP_NUM_THREADS", threads},
+                                                          {"ATEN_CPU_CAPABILITY", layout.capability}};
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) env.emplace_back("OPENBLAS_NUM_THREADS", threads);
+  return env;
 }
 
-std::optional<double> read_throughput(const std::string& path) {
+// What a run timing a layout answered (hp/core/job.h): its throughput, that the job does nothing
+// to time, or nothing usable.
+struct ProbeAnswer {
+  std::optional<double> throughput;
+  bool skip = false;
+};
+
+ProbeAnswer read_probe_answer(const std::string& path) {
   std::ifstream in(path);
-  double value = 0.0;
-  if (!(in >> value) || !std::isfinite(value) || value <= 0.0) return std::nullopt;
-  return value;
+  std::string word;
+  if (!(in >> word)) return {};
+  if (word == hp::job::kLayoutProbeSkip) return {std::nullopt, true};
+  char* end = nullptr;
+  const double value = std::strtod(word.c_str(), &end);
+  if (end != word.c_str() + word.size() || !std::isfinite(value) || value <= 0.0) return {};
+  return {value};
 }
 
-// The layout the job runs in, or the exit code that ends hprun: --cpu-layout auto's choice, from
-// the cache or timed now (each candidate by a short run of the job in its own rendezvous).
+// --cpu-layout auto's choice, from the cache or timed now (each candidate by a short run of the job
+// in its own rendezvous): the layout, none (the job has nothing to time: cores / ranks threads, as
+// --cpu-layout even), or an exit code that ends hprun.
 struct LayoutChoice {
   std::optional<hp::hprun::CpuLayout> layout;
   int exit_code = 0;
@@ -539,6 +556,7 @@ LayoutChoice choose_cpu_layout(const Config& config) {
   std::optional<hl::CpuLayout> best;
   double best_throughput = 0.0;
   for (const hl::CpuLayout& candidate : candidates) {
+    if (g_forward_signal != 0) return {std::nullopt, kInterrupted};  // between two runs: start no other
     const JobDir dir;  // a fresh rendezvous; the probe's run directory goes with it
     Attempt probe{0, config.master_port == 0 ? pick_free_port() : config.master_port, dir.path()};
     const std::string result = dir.path() + "/layout-probe";
@@ -550,7 +568,13 @@ LayoutChoice choose_cpu_layout(const Config& config) {
     probe.out = probe.err = log.get();
     const Outcome outcome = Job(config, probe).run();
     if (outcome.interrupted) return {std::nullopt, kInterrupted};
-    const std::optional<double> throughput = read_throughput(result);
+    const ProbeAnswer answer = read_probe_answer(result);
+    if (outcome.exit_code == 0 && answer.skip) {
+      std::fprintf(stderr, "hprun: --cpu-layout auto: %s has nothing to time; it runs with cores / ranks threads\n",
+                   config.command.front().c_str());
+      return {};
+    }
+    const std::optional<double> throughput = answer.throughput;
     if (outcome.exit_code != 0 || !throughput) {
       std::fprintf(stderr, "hprun: --cpu-layout auto: the run timing %s %s; its output:\n", candidate.text().c_str(),
                    outcome.exit_code != 0 ? ("failed (exit code " + std::to_string(outcome.exit_code) + ")").c_str()
@@ -578,8 +602,9 @@ int run_attempts(const Config& config) {
   std::vector<std::pair<std::string, std::string>> chosen_env;
   if (config.cpu_layout_auto) {
     const LayoutChoice choice = choose_cpu_layout(config);
-    if (!choice.layout) return choice.exit_code;
-    chosen_env = layout_env(*choice.layout);
+    if (choice.exit_code != 0) return choice.exit_code;
+    if (g_forward_signal != 0) return kInterrupted;  // got during the last timing run's end
+    if (choice.layout) chosen_env = layout_env(*choice.layout);
   }
   const JobDir dir;
   std::vector<Outcome> attempts;

@@ -30,8 +30,10 @@ inline constexpr char kRestartEnv[] = "HP_RESTART_COUNT";           // 0 for the
 inline constexpr char kRendezvousFileEnv[] = "HP_RENDEZVOUS_FILE";  // the attempt's store file
 // Set by hprun --cpu-layout auto for the short runs that measure a layout: the program runs a few
 // steps of its job, leaves no results behind, and its rank 0 writes its throughput (a positive
-// number, higher is faster; hp-train's tokens/s) to this file.
+// number, higher is faster; hp-train's tokens/s) to this file, or kLayoutProbeSkip when the job
+// does no work worth timing (hp-train --dry-run): hprun then runs it without choosing.
 inline constexpr char kLayoutProbeEnv[] = "HP_LAYOUT_PROBE";
+inline constexpr char kLayoutProbeSkip[] = "skip";
 
 // The job directory, when the process runs under hprun.
 inline std::optional<std::string> dir() {
