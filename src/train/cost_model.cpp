@@ -29,9 +29,16 @@ typename std::map<int, Value>::const_iterator nearest(const std::map<int, Value>
 }
 
 // A phase's cost, without (pipelines) its sends and receives, which the schedule simulator plays.
-double seconds_of(const Calibration& cal, const PhaseWork& phase, bool with_point_to_point, double* communication) {
+// The classes of its work that the calibration has no timing for go into `unpriced`.
+double seconds_of(const Calibration& cal, const PhaseWork& phase, bool with_point_to_point, double* communication,
+                  std::set<std::string>* unpriced = nullptr) {
   double seconds = cal.between_ops * static_cast<double>(phase.op_calls());
-  for (const auto& [key, work] : phase.ops) seconds += cal.compute_seconds(key.first, key.second, work);
+  for (const auto& [key, work] : phase.ops) {
+    seconds += cal.compute_seconds(key.first, key.second, work);
+    const auto profiled = cal.compute.find(key.first);
+    if (unpriced != nullptr && work.work > 0 && (profiled == cal.compute.end() || profiled->second.empty()))
+      unpriced->insert(key.first);
+  }
   double comm = 0.0;
   for (const auto& [key, work] : phase.collectives) {
     if (is_point_to_point(key.first)) {
@@ -65,9 +72,9 @@ StepTimeEstimate pipeline_step(const TrainConfig& c, const std::vector<StepWork>
   for (int r = 0; r < ranks; ++r) {
     const StepWork& w = positions[r];
     double comm = 0.0;
-    forward[r] = seconds_of(cal, w.forward, false, &comm) / m;
-    backward[r] = seconds_of(cal, w.backward, false, &comm) / m;
-    const double optimizer = seconds_of(cal, w.optimizer, true, &comm);
+    forward[r] = seconds_of(cal, w.forward, false, &comm, &estimate.unpriced) / m;
+    backward[r] = seconds_of(cal, w.backward, false, &comm, &estimate.unpriced) / m;
+    const double optimizer = seconds_of(cal, w.optimizer, true, &comm, &estimate.unpriced);
     slowest_optimizer = std::max(slowest_optimizer, optimizer);
     estimate.communication = std::max(estimate.communication, comm);
     estimate.compute = std::max(estimate.compute, (forward[r] + backward[r]) * m + optimizer - comm);
@@ -254,6 +261,13 @@ std::string StepTimeEstimate::str() const {
   return out.str();
 }
 
+std::string unpriced_warning(const std::set<std::string>& unpriced) {
+  if (unpriced.empty()) return "";
+  std::string out = "the calibration has no timing for ";
+  for (const std::string& name : unpriced) out += (name == *unpriced.begin() ? "" : ", ") + name;
+  return out + ", so the estimates price that work at the time per op only; calibrate again with this build";
+}
+
 StepTimeEstimate estimate_step_time(const TrainConfig& c, const std::vector<StepWork>& positions,
                                     const Calibration& cal) {
   HP_CHECK(!positions.empty(), "estimate_step_time: no ranks' work");
@@ -266,7 +280,7 @@ StepTimeEstimate estimate_step_time(const TrainConfig& c, const std::vector<Step
   double comm = 0.0;
   const StepWork& w = positions.front();
   for (const PhaseWork* phase : {&w.forward, &w.backward, &w.optimizer})
-    estimate.seconds += seconds_of(cal, *phase, true, &comm);
+    estimate.seconds += seconds_of(cal, *phase, true, &comm, &estimate.unpriced);
   estimate.communication = comm;
   estimate.compute = estimate.seconds - comm;
   estimate.seconds += cal.step_overhead;

@@ -135,6 +135,8 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
     for (int r = 0; r < world.size(); ++r) slowest = std::max(slowest, all[r][5].item<double>());
     std::cout << std::setprecision(1) << "step time: " << slowest * 1e3 << " ms predicted from " << options.calibration
               << " (rank 0: " << step_time->str() << "; docs/planning.md#the-cost-model)\n";
+    if (const std::string warning = unpriced_warning(step_time->unpriced); !warning.empty())
+      std::cout << "step time: warning: " << warning << "\n";
   }
   std::cout.copyfmt(saved_format);
 }

@@ -168,6 +168,27 @@ Calibration known_calibration() {
   return cal;
 }
 
+// Work of a class the calibration has no timing for (a kernel newer than the calibration) is
+// priced at the time per op only, and the estimate names it; work-free classes (views) are not
+// named.
+TEST(CostModel, AnEstimateNamesTheWorkItCouldNotPrice) {
+  Calibration cal = known_calibration();
+  StepWork w;
+  w.forward.ops[{"matmul Float", 12}] = {1, 4096.0};
+  w.backward.ops[{"kernel cross_entropy_backward", 20}] = {2, 1e6};
+  w.backward.ops[{"view", -1}] = {10, 0.0};
+  const StepTimeEstimate unpriced = estimate_step_time(TrainConfig{}, {w}, cal);
+  EXPECT_EQ(unpriced.unpriced, std::set<std::string>{"kernel cross_entropy_backward"});
+  EXPECT_EQ(unpriced_warning(unpriced.unpriced),
+            "the calibration has no timing for kernel cross_entropy_backward, so the estimates price that work at the "
+            "time per op only; calibrate again with this build");
+  cal.compute["kernel cross_entropy_backward"][20] = {1e6, 1e-3};
+  const StepTimeEstimate priced = estimate_step_time(TrainConfig{}, {w}, cal);
+  EXPECT_TRUE(priced.unpriced.empty());
+  EXPECT_EQ(unpriced_warning(priced.unpriced), "");
+  EXPECT_NEAR(priced.seconds - unpriced.seconds, 1.5 * 2 * 5e-4, 1e-12);  // 2 calls of 5e5 work at 1e-3 per 1e6
+}
+
 // A step's estimate is its lines added up: each op its size's time in proportion to its work (an
 // unprofiled size the nearest one's, no quicker than the class's quickest call), scaled; the time
 // between ops; each collective its nearest group size's latency and bytes, and the wait; the

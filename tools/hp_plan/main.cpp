@@ -20,6 +20,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -190,6 +191,10 @@ int plan(const hp::train::TrainConfig& config, const Args& args) {
     return kFailed;
   }
   write_file(args.out, hp::train::to_json(best.config) + "\n");
+  std::set<std::string> unpriced;
+  for (const auto& l : ranked) unpriced.insert(l.estimate.unpriced.begin(), l.estimate.unpriced.end());
+  if (const std::string warning = hp::train::unpriced_warning(unpriced); timed && !warning.empty())
+    std::cout << "\nhp-plan: warning: " << warning << "\n";
   std::cout << "\nhp-plan: " << ranked.size() << " layouts; "
             << (timed ? "the fastest that fits, " : "the one of the smallest peak, ") << best.describe() << ", "
             << (timed ? best.estimate.str() : mib(best.peak_bytes) + " MiB") << ", is in " << args.out << "\n";

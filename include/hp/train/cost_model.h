@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -140,8 +141,14 @@ struct StepTimeEstimate {
   double seconds = 0.0;                       // the step
   double compute = 0.0, communication = 0.0;  // of the slowest rank's phases (pipeline: summed per rank)
   double bubble = 0.0;                        // a pipeline's simulated bubble (0 without pp)
+  // Classes of work (with work > 0) the calibration has no timing for, priced at its time per op
+  // only: it was measured on other code (an older build, before a kernel existed) or another layout.
+  std::set<std::string> unpriced;
   std::string str() const;
 };
+
+// What an estimate could not price, for the user: "" when it priced everything.
+std::string unpriced_warning(const std::set<std::string>& unpriced);
 
 // The step time of `config`'s layout from the work of its ranks: one rank's without pp, each pipeline
 // position's (dry_run_pipeline's order) with.
