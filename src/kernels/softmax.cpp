@@ -13,10 +13,6 @@
 namespace hp::kernels {
 namespace {
 
-at::ScalarType accumulation_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // The same by ATen ops, for devices the loops do not serve (a GPU build's).
 at::Tensor composed_softmax(const at::Tensor& scores, const at::Tensor& visible, double scale, at::Tensor& lse,
                             at::ScalarType dtype) {

@@ -18,15 +18,11 @@ namespace {
 
 thread_local AttentionWorkCounter* current_counter = nullptr;
 
-at::ScalarType accumulation_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // The dtype the matrix products take their factors in: bf16 for bf16 inputs (the CPU's bf16 units,
 // fp32 accumulation inside, the result rounded to bf16), else the accumulation dtype (LibTorch
 // 1.13 has no CPU fp16 matmul).
 at::ScalarType product_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? at::kBFloat16 : accumulation_type(t);
+  return t.scalar_type() == at::kBFloat16 ? at::kBFloat16 : kernels::accumulation_type(t);
 }
 
 at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char* what) {
@@ -61,7 +57,7 @@ class Problem {
              " are not a multiple of key/value heads ", hkv_);
     rep_ = q.size(1) / hkv_;
     device_ = q.device();
-    acc_ = accumulation_type(q);
+    acc_ = kernels::accumulation_type(q);
     mm_ = product_type(q);
     qp_.emplace(positions_or_iota(mask.q_positions, sq_, "q_positions"));
     kp_.emplace(positions_or_iota(mask.k_positions, sk_, "k_positions"));

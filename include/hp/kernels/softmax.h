@@ -23,6 +23,12 @@
 
 namespace hp::kernels {
 
+// The dtype the softmax's sums and statistics (and the attention kernel's) accumulate in: fp64 for
+// fp64 inputs, else fp32.
+inline at::ScalarType accumulation_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // The probabilities come in `dtype` (default: fp32, fp64 for fp64 scores), rounded once from fp32
 // for bf16: what casting the fp32 ones gives, without a second pass. Contiguous fp32 scores with
 // fp32 probabilities are overwritten with them (no second score-sized buffer; fp64 scores too, by
