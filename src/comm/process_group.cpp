@@ -18,7 +18,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstring>
+#include <memory>
 #include <numeric>
+#include <vector>
 
 #include "comm/fake_collectives.h"
 #include "comm/fake_exchange.h"
@@ -617,6 +621,21 @@ Work ProcessGroup::all_to_all_async(const at::Tensor& input, AllToAllOptions opt
   return all_to_all_impl(impl_, input, std::move(opts), Wait::kAsync);
 }
 
+namespace {
+
+// The copy of a sent tensor that a fake exchange holds until the peer takes it. A real send holds
+// no such buffer, so it is made outside the memory trackers (a plain vector): were it charged to the
+// sender until the receiving thread freed it, a dry run's peak would depend on when its peer ran.
+at::Tensor exchange_copy(const at::Tensor& tensor) {
+  const at::Tensor source = tensor.contiguous();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(source.nbytes());
+  if (source.nbytes() > 0) std::memcpy(bytes->data(), source.data_ptr(), source.nbytes());
+  return at::from_blob(
+      bytes->data(), source.sizes(), [bytes](void*) {}, source.options());
+}
+
+}  // namespace
+
 Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) const {
   impl();  // the empty-handle error
   return broadcast_impl(impl_, tensor, root, Wait::kAsync);
@@ -630,7 +649,7 @@ Work ProcessGroup::send_async(const at::Tensor& tensor, int peer, int tag) const
   if (g.fake) {
     new_p2p_site(g, "send", tensor.nbytes(), peer, tag);
     if (g.exchange && !tensor.is_meta())
-      g.exchange->state().post({g.ranks, g.ranks[g.rank], g.ranks[peer], tag}, tensor.clone());
+      g.exchange->state().post({g.ranks, g.ranks[g.rank], g.ranks[peer], tag}, exchange_copy(tensor));
     return ready(tensor);
   }
   at::Tensor buffer = tensor.contiguous();

@@ -11,6 +11,7 @@
 
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
+#include "hp/core/memory_tracker.h"
 #include "hp/mesh/device_mesh.h"
 #include "test_util.h"
 
@@ -147,6 +148,22 @@ TEST(FakeWorld, AnExchangeCarriesMessagesWithValuesBetweenWorlds) {
   const auto quiet = std::make_shared<comm::FakeExchange>();
   expect_error([&] { comm::fake_world(2, 0, options, quiet).recv(at::zeros({1}), 1, 0); },
                "no fake world sharing this exchange sent it within 100 ms");
+}
+
+// The copy an exchange holds until the peer takes it is the simulation's, not memory a real send
+// holds: it is charged to nobody, so a dry run's peak does not depend on when its peer runs (it
+// was charged to the sender until the receiving thread freed it).
+TEST(FakeWorld, AnExchangesCopyIsChargedToNobody) {
+  const auto exchange = std::make_shared<comm::FakeExchange>();
+  const comm::ProcessGroup sender = comm::fake_world(2, 0, {}, exchange);
+  const MemoryTracker tracker;
+  const at::Tensor message = at::arange(9);  // 72 bytes, as a pipeline's shape description
+  const int64_t before = tracker.current();
+  sender.send(message, 1, 3);
+  EXPECT_EQ(tracker.current(), before);
+  at::Tensor got = at::zeros({9}, at::kLong);
+  comm::fake_world(2, 1, {}, exchange).recv(got, 0, 3);
+  EXPECT_TRUE(got.equal(message));
 }
 
 }  // namespace
