@@ -132,8 +132,9 @@ at::Tensor Attention::forward(const at::Tensor& x) {
     q = (*q_norm)(q);
     k = (*k_norm)(k);
   }
-  q = rotate(q, positions).transpose(1, 2);  // [b, heads, s, head_dim]
-  k = rotate(k, positions).transpose(1, 2);
+  std::tie(q, k) = rotate(q, k, positions);
+  q = q.transpose(1, 2);  // [b, heads, s, head_dim]
+  k = k.transpose(1, 2);
   const at::Tensor out = core->call({q, k, v});
   return (*o_proj)(out.transpose(1, 2).reshape({b, s, -1}));
 }
@@ -150,29 +151,35 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
   return {rows(device_cos_.index_select(0, index)), rows(device_sin_.index_select(0, index))};
 }
 
-at::Tensor Attention::rotate(const at::Tensor& t, const at::Tensor& positions) const {  // t: [b, s, heads, head_dim]
-  if (!t.device().is_cpu() && !t.is_meta()) {  // a device's: the composition on its own tables
-    const auto [cos, sin] = rotary_rows(t, positions);
-    return kernels::rope_composed(t, cos, sin);
+std::pair<at::Tensor, at::Tensor> Attention::rotate(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& positions) const {
+  if (!q.device().is_cpu() && !q.is_meta()) {  // a device's: the composition on its own tables
+    const auto [cos, sin] = rotary_rows(q, positions);
+    return {kernels::rope_composed(q, cos, sin), kernels::rope_composed(k, cos, sin)};
   }
   const bool in_order = nn::positions_in_order(positions);
-  // On the host, the fused kernel, given the fp32 rows of the tokens' positions (a slice of the
-  // shared tables where the positions are 0..s-1).
-  if (t.device().is_cpu()) {
+  const int64_t s = q.size(1);
+  at::Tensor cos, sin;
+  if (q.device().is_cpu()) {
+    // On the host, the fused kernel, given the fp32 rows of the tokens' positions (a slice of the
+    // shared tables where the positions are 0..s-1).
     const auto rows = [&](const at::Tensor& table) {
-      return in_order ? table.narrow(0, 0, t.size(1)) : table.index_select(0, positions);
+      return in_order ? table.narrow(0, 0, s) : table.index_select(0, positions);
     };
-    return kernels::rope(t, rows(cos_), rows(sin_));
+    cos = rows(cos_);
+    sin = rows(sin_);
+  } else {
+    // A dry run takes the host's path with the rows' memory: none where the host's are a slice of
+    // the shared tables, their own where it gathers them (made here: a table shared between
+    // concurrent dry runs would be counted by one of them).
+    const auto rows = [&] {
+      const auto options = q.options().dtype(at::kFloat);
+      return in_order ? at::empty({}, options).expand({s, head_dim_}) : at::empty({s, head_dim_}, options);
+    };
+    cos = rows();
+    sin = rows();
   }
-  // A dry run takes the host's path with the rows' memory: none where the host's are a slice of
-  // the shared tables, their own where it gathers them (made here: a table shared between
-  // concurrent dry runs would be counted by one of them).
-  const auto rows = [&] {
-    const auto options = t.options().dtype(at::kFloat);
-    return in_order ? at::empty({}, options).expand({t.size(1), head_dim_})
-                    : at::empty({t.size(1), head_dim_}, options);
-  };
-  return kernels::rope(t, rows(), rows());
+  return {kernels::rope(q, cos, sin), kernels::rope(k, cos, sin)};
 }
 
 Mlp::Mlp(const LlamaConfig& c)

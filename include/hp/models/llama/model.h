@@ -62,7 +62,9 @@ class Attention : public nn::Module {
   at::Tensor forward(const at::Tensor& x) override;
 
  private:
-  at::Tensor rotate(const at::Tensor& t, const at::Tensor& positions) const;
+  // q and k ([b, s, heads, head_dim] each) rotated by the rows of their tokens' positions, which
+  // are gathered once for both (a context-parallel shard's are not a slice of the tables).
+  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions) const;
   // The tables' rows for `positions` as [1, s, 1, head_dim], on t's device in t's dtype.
   std::pair<at::Tensor, at::Tensor> rotary_rows(const at::Tensor& t, const at::Tensor& positions) const;
   int64_t head_dim_;
