@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "hp/core/cpu_capabilities.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 
@@ -27,15 +28,6 @@ std::string dtype_name(at::ScalarType dtype) {
 }
 
 namespace {
-
-std::string host_cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    const size_t colon = line.find(':');
-    if (line.rfind("model name", 0) == 0 && colon != std::string::npos) return line.substr(colon + 1);
-  }
-  return "unknown";
-}
 
 std::string env_or(const char* name, const char* otherwise) {
   const char* value = std::getenv(name);

@@ -149,6 +149,12 @@ std::optional<std::string> layout_probe_file() {
   return std::string(file);
 }
 
+// Rank 0's answer to hprun: the throughput, or kLayoutProbeSkip.
+void answer_layout_probe(const std::string& file, const std::string& answer) {
+  if (!hp::job::write_atomically(file, answer + "\n"))
+    throw std::runtime_error("could not write the layout probe's answer to " + file);
+}
+
 void prepare_layout_probe(hp::train::TrainConfig& config, hp::train::TrainOptions& options) {
   const std::optional<std::string> job_dir = hp::job::dir();
   if (!job_dir) throw std::runtime_error(std::string(hp::job::kLayoutProbeEnv) + " is set outside an hprun job");
@@ -205,9 +211,7 @@ int main(int argc, char** argv) {
     config = hp::train::load_config(args.config_path, args.overrides);
     if (probe && options.dry_run) {  // nothing to time: every rank ends at once, rank 0 says so
       const char* rank = std::getenv("RANK");
-      if ((rank == nullptr || std::string(rank) == "0") &&
-          !hp::job::write_atomically(*probe, std::string(hp::job::kLayoutProbeSkip) + "\n"))
-        throw std::runtime_error("could not write the layout probe's answer to " + *probe);
+      if (rank == nullptr || std::string(rank) == "0") answer_layout_probe(*probe, hp::job::kLayoutProbeSkip);
       return 0;
     }
     if (probe) prepare_layout_probe(config, options);
@@ -236,10 +240,9 @@ int main(int argc, char** argv) {
     hp::train::stop_on_signals();
     const hp::train::TrainResult result = hp::train::train(config, world, options);
     if (probe) {  // no step was timed (too few steps): nothing to choose by
-      const std::string answer =
-          result.tokens_per_s > 0 ? std::to_string(result.tokens_per_s) : std::string(hp::job::kLayoutProbeSkip);
-      if (world.rank() == 0 && !hp::job::write_atomically(*probe, answer + "\n"))
-        throw std::runtime_error("could not write the layout probe's result to " + *probe);
+      if (world.rank() == 0)
+        answer_layout_probe(*probe, result.tokens_per_s > 0 ? std::to_string(result.tokens_per_s)
+                                                            : std::string(hp::job::kLayoutProbeSkip));
       return 0;
     }
     if (result.stop_signal != 0) {

@@ -21,15 +21,6 @@ std::optional<std::string> env(const char* name) {
   return std::string(value);
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    const size_t colon = line.find(':');
-    if (line.rfind("model name", 0) == 0 && colon != std::string::npos) return line.substr(colon + 1);
-  }
-  return "unknown";
-}
-
 // FNV-1a, 64 bits: a stable digest of the key's text (not a security measure).
 uint64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ULL) {
   for (const unsigned char c : text) hash = (hash ^ c) * 1099511628211ULL;
@@ -76,7 +67,7 @@ std::vector<CpuLayout> layout_candidates(int cores, int ranks) {
 }
 
 std::string layout_cache_key(int cores, int ranks, const std::vector<std::string>& command) {
-  std::string text = cpu_model() + "|cores " + std::to_string(cores) + "|ranks " + std::to_string(ranks);
+  std::string text = host_cpu_model() + "|cores " + std::to_string(cores) + "|ranks " + std::to_string(ranks);
   for (const char* fixed :
        {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "OMP_WAIT_POLICY", "OMP_PROC_BIND"})
     text += std::string("|") + fixed + "=" + env(fixed).value_or("");

@@ -1,8 +1,10 @@
-// Which of ATen's CPU capabilities (the values ATEN_CPU_CAPABILITY takes) this CPU can run.
-// Header-only and plain C++: hp's kernels pick their loops by it, and hprun, which does not link
-// LibTorch, measures a job under each (docs/performance.md#threads).
+// What this CPU is: its model name, and which of ATen's CPU capabilities (the values
+// ATEN_CPU_CAPABILITY takes) it can run. Header-only and plain C++: hp's kernels pick their loops
+// by it, the matmul peak's cache is keyed by it, and hprun, which does not link LibTorch, measures
+// a job under each capability (docs/performance.md#threads).
 #pragma once
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,16 @@ inline std::vector<std::string> runnable_cpu_capabilities() {
       __builtin_cpu_supports("avx512dq"))
     out.push_back("avx512");
   return out;
+}
+
+// /proc/cpuinfo's model name ("unknown" where it has none).
+inline std::string host_cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (line.rfind("model name", 0) == 0 && colon != std::string::npos) return line.substr(colon + 1);
+  }
+  return "unknown";
 }
 
 }  // namespace hp

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 // Shapes come from numel(): Tensor::size() would compile an inline c10 function here (see loops.h).
 
@@ -19,23 +18,12 @@ namespace hp::kernels {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-// The row's largest value, then its log-sum-exp; one order.
+// The row's log-sum-exp: its largest value, then the sum of exponentials shifted by it; one order.
 template <typename T>
 float row_log_sum_exp(const T* row, int64_t vocab) {
-  constexpr float kLowest = -std::numeric_limits<float>::infinity();
-  Vec2 top = Vec2::all(kLowest);
-  for (int64_t j = 0; j < vocab; j += Vec2::kSize) {
-    const int count = lanes_at(j, vocab);
-    top = maximum(top, Vec2::set(Vec2::all(kLowest), load2(row + j, count), count));
-  }
-  const float max = top.reduce([](float a, float b) { return std::max(a, b); });
-  const Vec2 shift = Vec2::all(max);
-  Vec2 sum = Vec2::all(0.0f);
-  for (int64_t j = 0; j < vocab; j += Vec2::kSize) {
-    const int count = lanes_at(j, vocab);
-    sum = sum + Vec2::set(Vec2::all(0.0f), (load2(row + j, count) - shift).exp(), count);
-  }
-  return max + std::log(sum.reduce([](float a, float b) { return a + b; }));
+  const Vec2 one = Vec2::all(1.0f);
+  const float max = row_max(row, vocab, one);
+  return max + std::log(row_sum_exp(row, vocab, one, max));
 }
 
 template <typename T>

@@ -20,14 +20,6 @@ namespace hp::kernels {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-// Sum of f(j, count) over the row's steps [0, d), f returning a Vec2 (zero past d); one order.
-template <typename F>
-float row_sum(int64_t d, const F& f) {
-  Vec2 acc = Vec2::all(0.0f);
-  for (int64_t j = 0; j < d; j += Vec2::kSize) acc = acc + f(j, lanes_at(j, d));
-  return acc.reduce([](float a, float b) { return a + b; });
-}
-
 // normed = x * rstd, as a tensor of T holds it (bf16: rounded).
 template <typename T>
 Vec2 normed(const Vec2& x, const Vec2& rstd) {

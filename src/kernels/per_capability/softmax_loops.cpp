@@ -38,20 +38,10 @@ void forward(const at::Tensor& scores_t, const at::Tensor& visible_t, double sca
         if (seen == 0) {
           lse[i] = -infinity;
         } else {
-          // Lanes past the row's visible keys count as -inf for the maximum and 0 for the sum.
-          Vec2 top = Vec2::all(-infinity);
-          for (int64_t j = 0; j < seen; j += Vec2::kSize) {
-            const int count = lanes_at(j, seen);
-            top = maximum(top, Vec2::set(Vec2::all(-infinity), load2(s + j, count) * scale_v, count));
-          }
-          float max = top.reduce([](float a, float b) { return std::max(a, b); });
+          // Over the row's visible keys only (those past them are -inf).
+          float max = row_max(s, seen, scale_v);
           if (std::isinf(max)) max = 0.0f;
-          Vec2 sum = Vec2::all(0.0f);
-          for (int64_t j = 0; j < seen; j += Vec2::kSize) {
-            const int count = lanes_at(j, seen);
-            sum = sum + Vec2::set(Vec2::all(0.0f), (load2(s + j, count) * scale_v - Vec2::all(max)).exp(), count);
-          }
-          lse[i] = std::log(sum.reduce([](float a, float b) { return a + b; })) + max;
+          lse[i] = std::log(row_sum_exp(s, seen, scale_v, max)) + max;
         }
       }
       const Vec2 shift = Vec2::all(std::isinf(lse[i]) ? 0.0f : lse[i]);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 
 // The entry points stay visible; everything else a copy compiles (inline functions of the ATen and
@@ -104,6 +105,34 @@ inline void store2(const Vec2& v, float* data, int count) {
 }
 inline void store2(const Vec2& v, c10::BFloat16* data, int count) {
   at::vec::convert_float_bfloat16(v.lo, v.hi).store(data, count);
+}
+
+// Sum of f(j, count) over a row's steps [0, n), f returning a Vec2 (zero past n); one order.
+template <typename F>
+float row_sum(int64_t n, const F& f) {
+  Vec2 acc = Vec2::all(0.0f);
+  for (int64_t j = 0; j < n; j += Vec2::kSize) acc = acc + f(j, lanes_at(j, n));
+  return acc.reduce([](float a, float b) { return a + b; });
+}
+
+// The largest of the first n values of row times scale (-inf for none); one order.
+template <typename T>
+float row_max(const T* row, int64_t n, const Vec2& scale) {
+  const Vec2 lowest = Vec2::all(-std::numeric_limits<float>::infinity());
+  Vec2 top = lowest;
+  for (int64_t j = 0; j < n; j += Vec2::kSize) {
+    const int count = lanes_at(j, n);
+    top = maximum(top, Vec2::set(lowest, load2(row + j, count) * scale, count));
+  }
+  return top.reduce([](float a, float b) { return std::max(a, b); });
+}
+
+// The sum of exp(row[j] * scale - shift) over the first n values; one order.
+template <typename T>
+float row_sum_exp(const T* row, int64_t n, const Vec2& scale, float shift) {
+  return row_sum(n, [&](int64_t j, int count) {
+    return Vec2::set(Vec2::all(0.0f), (load2(row + j, count) * scale - Vec2::all(shift)).exp(), count);
+  });
 }
 
 // v rounded to bf16 and widened back: what a bf16 tensor holds of it.
