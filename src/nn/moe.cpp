@@ -447,15 +447,21 @@ std::vector<ExpertLoad> balance_experts(Module& model, double rate,
     }
     load.dropped = extra[0].item<double>();
     load.aux_loss = forwards > 0 ? extra[1].item<double>() / forwards : 0.0;
-    router.tokens_per_expert.zero_();
-    if (entry.layer) {
-      entry.layer->dropped_since_balance = 0;
-      entry.layer->aux_loss_since_balance.zero_();
-      entry.layer->forwards_since_balance = 0;
-    }
     loads.push_back(std::move(load));
   }
+  forget_expert_counts(model);
   return loads;
+}
+
+void forget_expert_counts(Module& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& [fqn, router] : routers_of(model)) router->tokens_per_expert.zero_();
+  for (auto& [fqn, m] : model.named_modules_fqn())
+    if (auto* moe = dynamic_cast<MoE*>(m)) {
+      moe->dropped_since_balance = 0;
+      moe->aux_loss_since_balance.zero_();
+      moe->forwards_since_balance = 0;
+    }
 }
 
 }  // namespace hp::nn

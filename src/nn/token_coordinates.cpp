@@ -34,7 +34,8 @@ MicroBatchRows::MicroBatchRows(int64_t offset) {
 Draw DrawCounter::next() {
   return replayed<Draw>([&] {
     if (current == nullptr) return Draw{std::nullopt, kWithoutCoordinates | calls_++};
-    if (current->step != step_) calls_at_rows_.clear(), step_ = current->step;
+    if (current->step != step_ || current->run != run_)
+      calls_at_rows_.clear(), step_ = current->step, run_ = current->run;
     const int64_t call = calls_at_rows_[current->first_row]++;
     HP_CHECK(call < kCallsPerStep, "more than ", kCallsPerStep,
              " random draws of one module at the same rows in one step");
@@ -44,7 +45,7 @@ Draw DrawCounter::next() {
 
 void DrawCounter::reset() {
   calls_ = 0;
-  step_ = -1;
+  step_ = -1, run_ = 0;
   calls_at_rows_.clear();
 }
 

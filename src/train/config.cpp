@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -140,6 +141,9 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
       HP_CONFIG_FIELD("resilience.replica_check_interval", resilience.replica_check_interval),
       HP_CONFIG_FIELD("resilience.on_replica_mismatch", resilience.on_replica_mismatch),
+      HP_CONFIG_FIELD("resilience.rerun_on_anomaly", resilience.rerun_on_anomaly),
+      HP_CONFIG_FIELD("resilience.spike_factor", resilience.spike_factor),
+      HP_CONFIG_FIELD("resilience.on_transient_fault", resilience.on_transient_fault),
       HP_CONFIG_FIELD("resilience.faults", resilience.faults),
       HP_CONFIG_FIELD("comm.transport", comm_settings.transport),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
@@ -458,6 +462,13 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.replica_check_interval);
   HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
+  HP_CHECK(std::isfinite(r.spike_factor) && (r.spike_factor == 0 || r.spike_factor > 1),
+           "resilience.spike_factor must be 0 (off) or above 1, got ", r.spike_factor);
+  HP_CHECK(r.rerun_on_anomaly || (r.spike_factor == 0 && r.on_transient_fault == "continue"),
+           "resilience.spike_factor and on_transient_fault say what a rerun on an anomaly does: set "
+           "resilience.rerun_on_anomaly: true");
+  HP_CHECK(r.on_transient_fault == "continue" || r.on_transient_fault == "stop", "resilience.on_transient_fault '",
+           r.on_transient_fault, "' is unknown (available: continue, stop)");
   detail::check_faults_fire(detail::parse_faults(r.faults, "resilience.faults"), static_cast<int>(world_size),
                             c.train.steps);
   transport_of(c);  // names the transports when it is none of them

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -39,41 +41,53 @@ T parse_number(const std::string& text, const std::string& fault, const std::str
 Fault parse_fault(const std::string& text, int index, const std::string& source) {
   const std::vector<std::string> parts = split(text, ':');
   static const char* kForm =
-      " (KIND:RANK:STEP[:SECONDS|:FQN], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad)";
-  HP_CHECK(parts.size() == 3 || parts.size() == 4, source, ": '", text, "' is not a fault", kForm);
+      " (KIND:RANK:STEP[:ARG...], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad, nan, spike)";
+  HP_CHECK(parts.size() >= 3 && parts.size() <= 5, source, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
   fault.text = text;
   fault.source = source;
-  const std::string& kind = parts[0];
-  if (kind == "kill") {
-    fault.kind = FaultKind::kKill;
-  } else if (kind == "throw") {
-    fault.kind = FaultKind::kThrow;
-  } else if (kind == "hang") {
-    fault.kind = FaultKind::kHang;
-  } else if (kind == "delay") {
-    fault.kind = FaultKind::kDelay;
-  } else if (kind == "preempt") {
-    fault.kind = FaultKind::kPreempt;
-  } else if (kind == "flip") {
-    fault.kind = FaultKind::kFlip;
-  } else if (kind == "flip_grad") {
-    fault.kind = FaultKind::kFlipGrad;
-  } else {
-    HP_FAIL(source, ": '", text, "': unknown kind '", kind, "'", kForm);
-  }
+  static const std::vector<std::pair<std::string, FaultKind>> kKinds{
+      {"kill", FaultKind::kKill},          {"throw", FaultKind::kThrow},     {"hang", FaultKind::kHang},
+      {"delay", FaultKind::kDelay},        {"preempt", FaultKind::kPreempt}, {"flip", FaultKind::kFlip},
+      {"flip_grad", FaultKind::kFlipGrad}, {"nan", FaultKind::kNan},         {"spike", FaultKind::kSpike}};
+  const auto kind = std::find_if(kKinds.begin(), kKinds.end(), [&](const auto& k) { return k.first == parts[0]; });
+  HP_CHECK(kind != kKinds.end(), source, ": '", text, "': unknown kind '", parts[0], "'", kForm);
+  fault.kind = kind->second;
   fault.rank = parse_number<int>(parts[1], text, source, "rank");
   fault.step = parse_number<int64_t>(parts[2], text, source, "step");
   HP_CHECK(fault.rank >= 0 && fault.step >= 1, source, ": '", text, "': the rank must be >= 0 and the step >= 1");
-  const bool flips = fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad;
-  HP_CHECK(flips || (parts.size() == 4) == (fault.kind == FaultKind::kDelay), source, ": '", text,
-           "': a delay takes SECONDS, a flip may take a parameter's FQN, the other kinds take nothing after the step");
-  if (flips && parts.size() == 4) fault.parameter = parts[3];
-  if (fault.kind == FaultKind::kDelay) {
-    fault.seconds = parse_number<double>(parts[3], text, source, "seconds");
-    HP_CHECK(fault.seconds >= 0, source, ": '", text, "': the delay must not be negative");
+  const std::vector<std::string> args(parts.begin() + 3, parts.end());
+  const auto always_at = [&](size_t i) { return args.size() == i + 1 && args[i] == "always"; };
+  bool well_formed = args.empty();
+  switch (fault.kind) {
+    case FaultKind::kFlip:
+    case FaultKind::kFlipGrad:
+      well_formed = args.size() <= 1;
+      if (args.size() == 1) fault.parameter = args[0];
+      break;
+    case FaultKind::kDelay:
+      well_formed = args.size() == 1;
+      if (well_formed) fault.seconds = parse_number<double>(args[0], text, source, "seconds");
+      HP_CHECK(fault.seconds >= 0, source, ": '", text, "': the delay must not be negative");
+      break;
+    case FaultKind::kNan:
+      fault.always = always_at(0);
+      well_formed = args.empty() || fault.always;
+      break;
+    case FaultKind::kSpike:
+      fault.always = always_at(1);
+      well_formed = args.size() == 1 || fault.always;
+      if (well_formed) fault.factor = parse_number<double>(args[0], text, source, "factor");
+      HP_CHECK(std::isfinite(fault.factor) && fault.factor > 0, source, ": '", text,
+               "': the factor must be finite and > 0");
+      break;
+    default:
+      break;
   }
+  HP_CHECK(well_formed, source, ": '", text,
+           "': a delay takes SECONDS, a flip may take a parameter's FQN, a nan may take 'always', a spike takes ",
+           "FACTOR and may take 'always'; the other kinds take nothing after the step");
   return fault;
 }
 
@@ -90,8 +104,10 @@ void flip_bit_22(const at::Tensor& t, const std::string& what, int rank) {
 // Fires one fault at its step, once per job.
 class FaultCallback : public Callback {
  public:
-  // parameter: the one a flip changes, or whose gradient it changes (undefined for other kinds).
-  FaultCallback(Fault fault, at::Tensor parameter) : fault_(std::move(fault)), parameter_(std::move(parameter)) {}
+  // parameter: the one a flip or a nan changes, or whose gradient it changes (undefined for other
+  // kinds); gradients: the parameters whose gradients a spike scales (the rank's).
+  FaultCallback(Fault fault, at::Tensor parameter, std::vector<at::Tensor> gradients)
+      : fault_(std::move(fault)), parameter_(std::move(parameter)), gradients_(std::move(gradients)) {}
 
   void on_step_begin(int64_t step) override {
     if (!fires_at_begin() || step != fault_.step || !claim()) return;
@@ -110,7 +126,7 @@ class FaultCallback : public Callback {
     if (fault_.kind == FaultKind::kFlipGrad && record.step == fault_.step && record.skipped && !fired_)
       log::warn("injected fault: flip_grad at step ", record.step, " did not fire: the step was skipped (not finite), ",
                 "so its gradients were never applied");
-    if (fires_at_begin() || fault_.kind == FaultKind::kFlipGrad || record.step != fault_.step || !claim()) return;
+    if (!fires_at_end() || record.step != fault_.step || !claim()) return;
     if (fault_.kind == FaultKind::kKill) {
       log::warn("injected fault: SIGKILL after step ", record.step);
       ::kill(::getpid(), SIGKILL);
@@ -120,6 +136,25 @@ class FaultCallback : public Callback {
       log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
       flip_bit_22(local_tensor(parameter_), fault_.parameter, fault_.rank);
     }
+  }
+
+  void on_after_backward(int64_t step) override {
+    if ((fault_.kind != FaultKind::kNan && fault_.kind != FaultKind::kSpike) || step != fault_.step || !claim_run(step))
+      return;
+    at::NoGradGuard no_grad;
+    if (fault_.kind == FaultKind::kNan) {
+      log::warn("injected fault: NaN in ", fault_.parameter, "'s gradient after step ", step, "'s backward");
+      HP_CHECK(parameter_.grad().defined() && parameter_.grad().numel() > 0, "injected fault: ", fault_.parameter,
+               " has no gradient on rank ", fault_.rank);
+      at::Tensor first = local_tensor(parameter_.grad());
+      while (first.dim() > 0) first = first.select(0, 0);
+      first.fill_(std::numeric_limits<double>::quiet_NaN());
+      return;
+    }
+    log::warn("injected fault: rank ", fault_.rank, "'s gradients times ", fault_.factor, " after step ", step,
+              "'s backward");
+    for (const at::Tensor& parameter : gradients_)
+      if (parameter.grad().defined()) local_tensor(parameter.grad()).mul_(fault_.factor);
   }
 
   void on_before_optimizer_step(int64_t step) override {
@@ -135,6 +170,9 @@ class FaultCallback : public Callback {
   // preemption notice comes at the start, so that the step it is in is the one saved.
   bool fires_at_begin() const {
     return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang || fault_.kind == FaultKind::kPreempt;
+  }
+  bool fires_at_end() const {
+    return fault_.kind == FaultKind::kKill || fault_.kind == FaultKind::kThrow || fault_.kind == FaultKind::kFlip;
   }
 
   // Under hprun the notice goes to hprun, which forwards it to every rank as a cluster's would;
@@ -163,9 +201,19 @@ class FaultCallback : public Callback {
     return !dir || job::claim(*dir + "/" + job::fault_fired_file(fault_.index));
   }
 
+  // claim(), or for a fault that fires in every run of its step, true again in a rerun of it.
+  bool claim_run(int64_t step) {
+    if (fault_.always && fired_ && fired_step_ == step) return true;
+    if (!claim()) return false;
+    fired_step_ = step;
+    return true;
+  }
+
   Fault fault_;
   at::Tensor parameter_;
+  std::vector<at::Tensor> gradients_;
   bool fired_ = false;
+  int64_t fired_step_ = 0;
 };
 
 }  // namespace
@@ -200,7 +248,7 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
   for (Fault fault : faults) {
     if (fault.rank != rank) continue;
     at::Tensor parameter;
-    if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad) {
+    if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad || fault.kind == FaultKind::kNan) {
       const auto named = parts.named_parameters();
       auto it = named.begin();
       if (!fault.parameter.empty())
@@ -214,7 +262,8 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
       fault.parameter = it->first;
       parameter = it->second;
     }
-    callbacks.push_back(std::make_shared<FaultCallback>(fault, parameter));
+    callbacks.push_back(std::make_shared<FaultCallback>(
+        fault, parameter, fault.kind == FaultKind::kSpike ? parts.parameters() : std::vector<at::Tensor>{}));
   }
   return callbacks;
 }

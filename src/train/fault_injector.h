@@ -12,6 +12,11 @@
 //                  before step 7's optimizer step: a corrupted gradient the optimizer applies
 //   preempt:0:7    rank 0 has hprun stop the job (SIGTERM to it, which hprun forwards to every rank)
 //                  at the start of step 7, and waits for its own SIGTERM: a preemption notice
+//   nan:1:7        rank 1 sets the first element of its first parameter's gradient to NaN after
+//                  step 7's backward: a transient fault (a rerun of the step does not see it)
+//   nan:1:7:always the same in every run of step 7 (the step reruns alike): what a bad batch does
+//   spike:1:7:50   rank 1 multiplies its gradients by 50 after step 7's backward, once (a flipped
+//                  exponent); spike:1:7:50:always in every run of step 7
 //
 // Each fault fires once per job: under hprun a claim file in the job directory (hp/core/job.h)
 // keeps a restarted attempt from firing it again.
@@ -26,13 +31,15 @@
 
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad };
+enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad, kNan, kSpike };
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
   int rank = 0;
   int64_t step = 1;
   double seconds = 0.0;   // delay
+  double factor = 1.0;    // spike
+  bool always = false;    // nan, spike: in every run of the step (a rerun too), not once
   std::string parameter;  // flip, flip_grad (empty: the rank's first)
   int index = 0;          // position in the job's list (config, then environment): names the claim file
   std::string text;       // as written (for errors)

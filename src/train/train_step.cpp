@@ -64,7 +64,10 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   if (parts_.pipeline) {
     pp::PipelineExecutor& pipe = *parts_.pipeline;
     const bool draw = step + 1 == options_.timeline_step;
-    const bool profile = profiles_nth(++steps_run_);
+    // A step run again (a rerun on an anomaly) is not profiled again: its first run was.
+    const bool again = step == last_step_;
+    if (!again) ++steps_run_, last_step_ = step;
+    const bool profile = !again && profiles_nth(steps_run_);
     pipe.record_timeline(draw || profile);
     // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
     const nn::AuxLossScale aux_scale(1.0 / static_cast<double>(pipe.schedule().micro_batches));

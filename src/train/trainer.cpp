@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "hp/comm/init.h"
 #include "hp/core/cpu_threads.h"
@@ -42,6 +44,7 @@
 #include "train/setup.h"
 #include "train/step_health.h"
 #include "train/step_profile.h"
+#include "train/step_rerun.h"
 #include "train/stop_internal.h"
 #include "train/watchdog.h"
 
@@ -262,6 +265,47 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
   };
+  // One run (0, or 1 for a rerun) of the step's forward and backward: its gradients clipped, its
+  // numbers into `record`. Returns this rank's loss and the stop request the ranks agree on.
+  const auto run_step = [&](StepRecord& record, int64_t run) {
+    optimizer->zero_grad();
+    auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
+    // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
+    // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.
+    double local_loss = 0.0;
+    {
+      nn::TokenCoordinates coordinates = s.coordinates(c, step, first_row);
+      coordinates.run = run;
+      const nn::TokenCoordinatesScope where(std::move(coordinates));
+      // In bf16 the fp32 products left in forward and backward are small (the attention kernel's
+      // probabilities' gradient, a MoE router): one BLAS thread, so that OpenBLAS's threads do not
+      // wait on ATen's spinning workers (docs/performance.md#threads). The optimizer step (Muon's
+      // fp32 products) keeps the usual count.
+      std::optional<BlasThreadsGuard> one_blas_thread;
+      if (c.train.dtype == "bf16") one_blas_thread.emplace(1);
+      local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
+    }
+    notify([&](Callback& cb) { cb.on_after_backward(step + 1); });
+    double local_grad_norm = 0.0;
+    record.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
+                                       copies, &local_grad_norm);
+    record.loss = world_mean(local_loss, world);
+    const int stop_signal = detail::gather_rank_numbers(
+        local_loss, local_grad_norm, options.stop_request ? options.stop_request() : stop_requested(), world, record);
+    return std::make_pair(local_loss, stop_signal);
+  };
+  // Ends a run before step `step + 1`'s optimizer step: the last checkpoint (of good parameters) is
+  // committed, and the parameters and optimizer state, still those of step `step`, the last good
+  // one, are saved as last words marked `why`. Returns the clause that says where (or "").
+  const auto save_last_good_step = [&](const std::string& why) -> std::string {
+    checkpoints.finish();
+    const std::optional<std::string> last_words =
+        checkpoints.save_last_words(step, scheduler, why, detail::Checkpointing::LastWordsOf::kBeforeNextStep);
+    if (!last_words) return "";
+    notify([&](Callback& cb) { cb.on_save(step, *last_words); });
+    return ", and step " + std::to_string(step) + " is saved as last words in " + *last_words;
+  };
+  detail::AnomalyWatch anomalies(c.resilience.spike_factor);
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
@@ -272,50 +316,44 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
       const auto t0 = Clock::now();
       checkpoints.note_step_start();
+      const MeshRngState rng_at_start = c.resilience.rerun_on_anomaly ? get_rng_state(s.mesh) : MeshRngState{};
       detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
       detail::reset_step_peak(s.mesh.device(), memory);
-      optimizer->zero_grad();
-      auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
-      // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
-      // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.
-      double local_loss = 0.0;
-      {
-        const nn::TokenCoordinatesScope where(s.coordinates(c, step, first_row));
-        // In bf16 the fp32 products left in forward and backward are small (the attention kernel's
-        // probabilities' gradient, a MoE router): one BLAS thread, so that OpenBLAS's threads do not
-        // wait on ATen's spinning workers (docs/performance.md#threads). The optimizer step (Muon's
-        // fp32 products) keeps the usual count.
-        std::optional<BlasThreadsGuard> one_blas_thread;
-        if (c.train.dtype == "bf16") one_blas_thread.emplace(1);
-        local_loss = train_step.forward_backward(step, s.shard_sequence(x), s.shard_sequence(y));
-      }
       StepRecord record;
       record.step = step + 1;
-      double local_grad_norm = 0.0;
-      record.grad_norm = clip_grad_norm_(counted, c.train.max_grad_norm > 0 ? c.train.max_grad_norm : 1e30, world, 2.0,
-                                         copies, &local_grad_norm);
-      record.loss = world_mean(local_loss, world);
-      const int stop_signal = detail::gather_rank_numbers(
-          local_loss, local_grad_norm, options.stop_request ? options.stop_request() : stop_requested(), world, record);
+      double local_loss = 0.0;
+      int stop_signal = 0;
+      std::tie(local_loss, stop_signal) = run_step(record, 0);
+      if (c.resilience.rerun_on_anomaly)
+        if (const std::optional<std::string> anomaly = anomalies.anomaly(record)) {
+          const StepRecord first = record;
+          set_rng_state(s.mesh, rng_at_start);
+          if (s.parts.restart_step) s.parts.restart_step();
+          std::tie(local_loss, stop_signal) = run_step(record, 1);
+          const bool persistent = detail::same_numbers(first, record);
+          record.rerun = persistent ? "persistent" : "transient";
+          ++(persistent ? result.persistent_anomalies : result.transient_faults);
+          const std::string what = detail::describe_rerun(step + 1, *anomaly, first, record);
+          if (!persistent && c.resilience.on_transient_fault == "stop")
+            HP_FAIL(what, ". Stopped before the optimizer step (resilience.on_transient_fault: stop)",
+                    save_last_good_step(hp::detail::str_cat("transient fault at step ", step + 1)));
+          if (lead) log::warn(what, persistent ? "" : "; going on with the rerun's numbers");
+        }
       record.lr = scheduler.lr();
       if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
-        const std::string where = detail::describe_nonfinite(s.parts, local_loss, world);
-        if (c.train.on_nonfinite == "stop") {
-          checkpoints.finish();  // the last checkpoint (from good parameters) is committed
-          // Last words: the parameters and optimizer still hold step `step`, the last good one.
-          const std::optional<std::string> last_words =
-              checkpoints.save_last_words(step, scheduler, hp::detail::str_cat("not finite at step ", step + 1),
-                                          detail::Checkpointing::LastWordsOf::kBeforeNextStep);
-          if (last_words) notify([&](Callback& cb) { cb.on_save(step, *last_words); });
+        const std::string where =
+            detail::describe_nonfinite(s.parts, local_loss, world) +
+            (record.rerun == "persistent" ? " (the same when the step ran again: the data or the model)" : "");
+        if (c.train.on_nonfinite == "stop")
           throw NonFiniteError(hp::detail::str_cat(
               "step ", step + 1, ": ", where,
               ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters are as they were",
-              last_words ? ", and step " + std::to_string(step) + " is saved as last words in " + *last_words : ""));
-        }
+              save_last_good_step(hp::detail::str_cat("not finite at step ", step + 1))));
         if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
         record.skipped = true;
         ++result.skipped_steps;
       }
+      if (c.resilience.rerun_on_anomaly) anomalies.note(record);
       // A checkpoint staging in the background still reads what the hook and the optimizer change.
       checkpoints.wait_staged();
       if (!record.skipped) {

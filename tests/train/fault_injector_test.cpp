@@ -60,12 +60,24 @@ TEST(FaultInjector, ParsesAList) {
   EXPECT_EQ(faults[5].kind, FaultKind::kFlip);
   EXPECT_EQ(faults[5].parameter, "");
   EXPECT_TRUE(parse_faults("").empty());
+  const auto anomalies = parse_faults("nan:1:4,nan:0:2:always,spike:1:3:50,spike:0:5:1e3:always");
+  ASSERT_EQ(anomalies.size(), 4u);
+  EXPECT_EQ(anomalies[0].kind, FaultKind::kNan);
+  EXPECT_FALSE(anomalies[0].always);
+  EXPECT_TRUE(anomalies[1].always);
+  EXPECT_EQ(anomalies[2].kind, FaultKind::kSpike);
+  EXPECT_EQ(anomalies[2].factor, 50.0);
+  EXPECT_FALSE(anomalies[2].always);
+  EXPECT_EQ(anomalies[3].factor, 1e3);
+  EXPECT_TRUE(anomalies[3].always);
 }
 
 // Guards against a drill that silently injects nothing: each malformed entry is an error quoting it.
 TEST(FaultInjector, RejectsMalformedFaultsNamingThem) {
-  for (const char* bad : {"kill:2", "boom:1:2", "kill:x:7", "kill:1:0", "kill:-1:3", "delay:1:2", "kill:1:2:3",
-                          "delay:1:2:-1", "delay:1:2:soon", "kill:1:7x"})
+  for (const char* bad :
+       {"kill:2", "boom:1:2", "kill:x:7", "kill:1:0", "kill:-1:3", "delay:1:2", "kill:1:2:3", "delay:1:2:-1",
+        "delay:1:2:soon", "kill:1:7x", "nan:1:2:sometimes", "nan:1:2:always:x", "spike:1:2", "spike:1:2:always",
+        "spike:1:2:0", "spike:1:2:inf", "spike:1:2:3:often", "kill:1:2:3:4:5"})
     test::expect_error([&] { parse_faults(std::string("throw:0:1,") + bad); }, {"HP_FAULT", std::string("'") + bad});
 }
 

@@ -262,4 +262,9 @@ std::vector<std::pair<std::string, TokenChoiceTopKRouter*>> routers_of(Module& m
 std::vector<ExpertLoad> balance_experts(Module& model, double rate,
                                         const std::function<void(at::Tensor& counts)>& sum_over_data_ranks);
 
+// Forgets what the routers and MoE layers of `model` counted since balance_experts last ran (token
+// counts, dropped rows, auxiliary losses), as balance_experts does after using them: for a step
+// that runs again from its start (hp::train's rerun on an anomaly), whose first run must not count.
+void forget_expert_counts(Module& model);
+
 }  // namespace hp::nn

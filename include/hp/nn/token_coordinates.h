@@ -24,6 +24,9 @@ struct TokenCoordinates {
   int64_t global_rows = 0;  // rows of the global batch
   at::Tensor positions;     // int64 [tokens] on the host: each token's position in its row; undefined: 0, 1, ...
   int64_t global_seq = 0;   // tokens per row of the global batch
+  // Which run of the step this is: a step that runs again (a rerun on an anomaly) counts each
+  // module's draws from the first again, so it draws the same masks.
+  int64_t run = 0;
 };
 
 // The coordinates in effect on this thread, or null.
@@ -72,7 +75,7 @@ class DrawCounter {
 
  private:
   uint64_t calls_ = 0;
-  int64_t step_ = -1;
+  int64_t step_ = -1, run_ = 0;
   std::map<int64_t, int64_t> calls_at_rows_;  // this step's calls by first row
 };
 

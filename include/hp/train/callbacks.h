@@ -20,7 +20,10 @@ struct StepRecord {
   double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0, mfu = 0, seconds = 0, peak_mem_bytes = 0;
   std::vector<double> local_losses, local_grad_norms;  // indexed by world rank
   int64_t largest_local_grad_norm_rank = 0;
-  bool skipped = false;             // not finite, with train.on_nonfinite: skip
+  bool skipped = false;  // not finite, with train.on_nonfinite: skip
+  // Set when the step ran again on an anomaly (resilience.rerun_on_anomaly): "transient" (the
+  // rerun's numbers differ: these are the rerun's) or "persistent" (the same numbers twice).
+  std::string rerun;
   std::optional<double> eval_loss;  // when this step ended with an evaluation
   // What the model family's step hook reported (a mixture of experts' loads).
   std::vector<std::pair<std::string, double>> model_values;
@@ -32,6 +35,9 @@ class Callback {
   virtual ~Callback() = default;
   virtual void on_train_begin(int64_t first_step) {}  // 0, or the step a resumed run starts from
   virtual void on_step_begin(int64_t step) {}         // the 1-based step about to run
+  // Forward and backward of `step` have run: its gradients are reduced, not yet clipped. Called again
+  // when the step runs again from its start (a rerun on an anomaly, docs/resilience.md).
+  virtual void on_after_backward(int64_t step) {}
   // The gradients of `step` are reduced and clipped, and the optimizer is about to apply them (not
   // called for a skipped step).
   virtual void on_before_optimizer_step(int64_t step) {}

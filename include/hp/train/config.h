@@ -128,6 +128,15 @@ struct TrainConfig {
     int64_t watchdog_s = 0;
     int64_t replica_check_interval = 0;
     std::string on_replica_mismatch = "stop";  // stop | warn
+    // rerun_on_anomaly: a step whose loss or gradient norm is not finite, or more than spike_factor
+    // (> 0; 0: off) times the largest of the previous 10 steps' values, runs again from its start.
+    // The same numbers again: persistent, the data or the model (the rerun's step goes on, or by
+    // train.on_nonfinite when not finite); other numbers: a transient fault of the hardware, and
+    // by on_transient_fault the run goes on with the rerun's step or stops
+    // (docs/resilience.md#rerun-on-anomaly).
+    bool rerun_on_anomaly = false;
+    double spike_factor = 0.0;
+    std::string on_transient_fault = "continue";  // continue | stop
     // Faults to inject, for drills: KIND:RANK:STEP[:ARG] separated by commas, as the environment's
     // HP_FAULT lists them (docs/resilience.md#fault-injection); both lists fire.
     std::string faults;

@@ -68,7 +68,9 @@ struct TrainResult {
   int64_t first_step = 0;      // 0, or the step resumed from
   std::vector<double> losses;  // global training loss of each step run here
   std::vector<double> grad_norms;
-  int64_t skipped_steps = 0;     // not finite, with train.on_nonfinite: skip
+  int64_t skipped_steps = 0;  // not finite, with train.on_nonfinite: skip
+  // Steps run again on an anomaly (resilience.rerun_on_anomaly), by what the rerun said.
+  int64_t transient_faults = 0, persistent_anomalies = 0;
   double eval_loss = 0.0;        // at the end
   double unigram_entropy = 0.0;  // of the corpus, in nats: the no-context baseline
   double tokens_per_s = 0.0;     // mean over the steps after the first
