@@ -53,6 +53,7 @@ class Checkpointing {
                                              LastWordsOf when);
   // At the start of each step: where the mesh's RNG stands, for last words before the next step.
   void note_step_start();
+  const MeshRngState& step_start_rng() const { return step_start_rng_; }  // as of note_step_start()
   // Commits the save in flight, if any.
   void finish();
   // Whether a save is in flight (staged or written in the background, not yet committed).

@@ -464,11 +464,16 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
   HP_CHECK(std::isfinite(r.spike_factor) && (r.spike_factor == 0 || r.spike_factor > 1),
            "resilience.spike_factor must be 0 (off) or above 1, got ", r.spike_factor);
+  HP_CHECK(r.on_transient_fault == "continue" || r.on_transient_fault == "stop", "resilience.on_transient_fault '",
+           r.on_transient_fault, "' is unknown (available: continue, stop)");
   HP_CHECK(r.rerun_on_anomaly || (r.spike_factor == 0 && r.on_transient_fault == "continue"),
            "resilience.spike_factor and on_transient_fault say what a rerun on an anomaly does: set "
            "resilience.rerun_on_anomaly: true");
-  HP_CHECK(r.on_transient_fault == "continue" || r.on_transient_fault == "stop", "resilience.on_transient_fault '",
-           r.on_transient_fault, "' is unknown (available: continue, stop)");
+  // Without deterministic kernels a GPU step does not recompute bitwise: every rerun would read as
+  // a transient fault.
+  HP_CHECK(!r.rerun_on_anomaly || c.train.device != "cuda" || c.train.deterministic,
+           "resilience.rerun_on_anomaly on cuda needs train.deterministic: true (a rerun tells a transient fault "
+           "from the data by recomputing the step bitwise, which only deterministic kernels do)");
   detail::check_faults_fire(detail::parse_faults(r.faults, "resilience.faults"), static_cast<int>(world_size),
                             c.train.steps);
   transport_of(c);  // names the transports when it is none of them

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "hp/core/error.h"
 #include "hp/core/job.h"
 #include "hp/core/log.h"
+#include "hp/dcp/state_dict.h"
 #include "hp/dtensor/local.h"
 #include "hp/train/stop.h"
 
@@ -41,16 +43,23 @@ T parse_number(const std::string& text, const std::string& fault, const std::str
 Fault parse_fault(const std::string& text, int index, const std::string& source) {
   const std::vector<std::string> parts = split(text, ':');
   static const char* kForm =
-      " (KIND:RANK:STEP[:ARG...], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad, nan, spike)";
+      " (KIND:RANK:STEP[:ARG...], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad, flip_state, nan, "
+      "spike)";
   HP_CHECK(parts.size() >= 3 && parts.size() <= 5, source, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
   fault.text = text;
   fault.source = source;
-  static const std::vector<std::pair<std::string, FaultKind>> kKinds{
-      {"kill", FaultKind::kKill},          {"throw", FaultKind::kThrow},     {"hang", FaultKind::kHang},
-      {"delay", FaultKind::kDelay},        {"preempt", FaultKind::kPreempt}, {"flip", FaultKind::kFlip},
-      {"flip_grad", FaultKind::kFlipGrad}, {"nan", FaultKind::kNan},         {"spike", FaultKind::kSpike}};
+  static const std::vector<std::pair<std::string, FaultKind>> kKinds{{"kill", FaultKind::kKill},
+                                                                     {"throw", FaultKind::kThrow},
+                                                                     {"hang", FaultKind::kHang},
+                                                                     {"delay", FaultKind::kDelay},
+                                                                     {"preempt", FaultKind::kPreempt},
+                                                                     {"flip", FaultKind::kFlip},
+                                                                     {"flip_state", FaultKind::kFlipState},
+                                                                     {"flip_grad", FaultKind::kFlipGrad},
+                                                                     {"nan", FaultKind::kNan},
+                                                                     {"spike", FaultKind::kSpike}};
   const auto kind = std::find_if(kKinds.begin(), kKinds.end(), [&](const auto& k) { return k.first == parts[0]; });
   HP_CHECK(kind != kKinds.end(), source, ": '", text, "': unknown kind '", parts[0], "'", kForm);
   fault.kind = kind->second;
@@ -63,6 +72,7 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
   switch (fault.kind) {
     case FaultKind::kFlip:
     case FaultKind::kFlipGrad:
+    case FaultKind::kFlipState:
       well_formed = args.size() <= 1;
       if (args.size() == 1) fault.parameter = args[0];
       break;
@@ -86,8 +96,8 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
       break;
   }
   HP_CHECK(well_formed, source, ": '", text,
-           "': a delay takes SECONDS, a flip may take a parameter's FQN, a nan may take 'always', a spike takes ",
-           "FACTOR and may take 'always'; the other kinds take nothing after the step");
+           "': a delay takes SECONDS, a flip (flip_grad, flip_state) may take a parameter's FQN, a nan may take ",
+           "'always', a spike takes ", "FACTOR and may take 'always'; the other kinds take nothing after the step");
   return fault;
 }
 
@@ -105,9 +115,15 @@ void flip_bit_22(const at::Tensor& t, const std::string& what, int rank) {
 class FaultCallback : public Callback {
  public:
   // parameter: the one a flip or a nan changes, or whose gradient it changes (undefined for other
-  // kinds); gradients: the parameters whose gradients a spike scales (the rank's).
-  FaultCallback(Fault fault, at::Tensor parameter, std::vector<at::Tensor> gradients)
-      : fault_(std::move(fault)), parameter_(std::move(parameter)), gradients_(std::move(gradients)) {}
+  // kinds); gradients: the parameters whose gradients a spike scales (the rank's); state: for
+  // flip_state, the parameter's first optimizer state tensor and its name (it exists once the
+  // optimizer has stepped).
+  using StateOf = std::function<std::pair<std::string, at::Tensor>()>;
+  FaultCallback(Fault fault, at::Tensor parameter, std::vector<at::Tensor> gradients, StateOf state)
+      : fault_(std::move(fault)),
+        parameter_(std::move(parameter)),
+        gradients_(std::move(gradients)),
+        state_(std::move(state)) {}
 
   void on_step_begin(int64_t step) override {
     if (!fires_at_begin() || step != fault_.step || !claim()) return;
@@ -135,6 +151,10 @@ class FaultCallback : public Callback {
     } else if (fault_.kind == FaultKind::kFlip) {
       log::warn("injected fault: flipping bit 22 of ", fault_.parameter, " after step ", record.step);
       flip_bit_22(local_tensor(parameter_), fault_.parameter, fault_.rank);
+    } else if (fault_.kind == FaultKind::kFlipState) {
+      const auto [name, state] = state_();
+      log::warn("injected fault: flipping bit 22 of ", name, " after step ", record.step);
+      flip_bit_22(state.defined() ? local_tensor(state) : state, name, fault_.rank);
     }
   }
 
@@ -144,9 +164,10 @@ class FaultCallback : public Callback {
     at::NoGradGuard no_grad;
     if (fault_.kind == FaultKind::kNan) {
       log::warn("injected fault: NaN in ", fault_.parameter, "'s gradient after step ", step, "'s backward");
-      HP_CHECK(parameter_.grad().defined() && parameter_.grad().numel() > 0, "injected fault: ", fault_.parameter,
-               " has no gradient on rank ", fault_.rank);
-      at::Tensor first = local_tensor(parameter_.grad());
+      // The rank's own piece: a shard of an uneven split may be empty.
+      at::Tensor first = parameter_.grad().defined() ? local_tensor(parameter_.grad()) : at::Tensor();
+      HP_CHECK(first.defined() && first.numel() > 0, "injected fault: ", fault_.parameter,
+               " has no gradient element on rank ", fault_.rank);
       while (first.dim() > 0) first = first.select(0, 0);
       first.fill_(std::numeric_limits<double>::quiet_NaN());
       return;
@@ -172,7 +193,8 @@ class FaultCallback : public Callback {
     return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang || fault_.kind == FaultKind::kPreempt;
   }
   bool fires_at_end() const {
-    return fault_.kind == FaultKind::kKill || fault_.kind == FaultKind::kThrow || fault_.kind == FaultKind::kFlip;
+    return fault_.kind == FaultKind::kKill || fault_.kind == FaultKind::kThrow || fault_.kind == FaultKind::kFlip ||
+           fault_.kind == FaultKind::kFlipState;
   }
 
   // Under hprun the notice goes to hprun, which forwards it to every rank as a cluster's would;
@@ -212,6 +234,7 @@ class FaultCallback : public Callback {
   Fault fault_;
   at::Tensor parameter_;
   std::vector<at::Tensor> gradients_;
+  StateOf state_;
   bool fired_ = false;
   int64_t fired_step_ = 0;
 };
@@ -243,12 +266,14 @@ void check_faults_fire(const std::vector<Fault>& faults, int world_size, int64_t
 }
 
 std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
-                                                       const models::ModelParts& parts) {
+                                                       const models::ModelParts& parts,
+                                                       torch::optim::Optimizer& optimizer) {
   std::vector<std::shared_ptr<Callback>> callbacks;
   for (Fault fault : faults) {
     if (fault.rank != rank) continue;
     at::Tensor parameter;
-    if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad || fault.kind == FaultKind::kNan) {
+    if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad || fault.kind == FaultKind::kFlipState ||
+        fault.kind == FaultKind::kNan) {
       const auto named = parts.named_parameters();
       auto it = named.begin();
       if (!fault.parameter.empty())
@@ -262,8 +287,19 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
       fault.parameter = it->first;
       parameter = it->second;
     }
+    FaultCallback::StateOf state_of;
+    if (fault.kind == FaultKind::kFlipState)
+      state_of = [&optimizer, model = parts.model,
+                  prefix = "optim." + fault.parameter + "."]() -> std::pair<std::string, at::Tensor> {
+        dcp::StateDict state;
+        dcp::add_optimizer_state(state, optimizer, *model);
+        const auto it = state.tensors.lower_bound(prefix);
+        if (it == state.tensors.end() || it->first.rfind(prefix, 0) != 0) return {prefix, at::Tensor()};
+        return *it;
+      };
     callbacks.push_back(std::make_shared<FaultCallback>(
-        fault, parameter, fault.kind == FaultKind::kSpike ? parts.parameters() : std::vector<at::Tensor>{}));
+        fault, parameter, fault.kind == FaultKind::kSpike ? parts.parameters() : std::vector<at::Tensor>{},
+        std::move(state_of)));
   }
   return callbacks;
 }

@@ -10,6 +10,8 @@
 //                  its first parameter) after step 7: silent data corruption in one replica
 //   flip_grad:2:7:FQN  the same in the gradient of that shard, once it is reduced and clipped and
 //                  before step 7's optimizer step: a corrupted gradient the optimizer applies
+//   flip_state:2:7:FQN  the same in the first of that shard's optimizer state tensors (AdamW's
+//                  exp_avg) after step 7
 //   preempt:0:7    rank 0 has hprun stop the job (SIGTERM to it, which hprun forwards to every rank)
 //                  at the start of step 7, and waits for its own SIGTERM: a preemption notice
 //   nan:1:7        rank 1 sets the first element of its first parameter's gradient to NaN after
@@ -29,9 +31,13 @@
 #include "hp/models/model_parts.h"
 #include "hp/train/callbacks.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad, kNan, kSpike };
+enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad, kFlipState, kNan, kSpike };
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
@@ -40,7 +46,7 @@ struct Fault {
   double seconds = 0.0;   // delay
   double factor = 1.0;    // spike
   bool always = false;    // nan, spike: in every run of the step (a rerun too), not once
-  std::string parameter;  // flip, flip_grad (empty: the rank's first)
+  std::string parameter;  // flip, flip_grad, flip_state, nan (empty: the rank's first)
   int index = 0;          // position in the job's list (config, then environment): names the claim file
   std::string text;       // as written (for errors)
   std::string source;     // where: "HP_FAULT" or "resilience.faults" (for errors)
@@ -58,8 +64,10 @@ void check_faults_fire(const std::vector<Fault>& faults, int world_size, int64_t
 std::vector<Fault> injected_faults(const std::string& configured, int world_size, int64_t steps);
 
 // Callbacks that fire the faults meant for `rank`; a flip changes a parameter of `parts` (or its
-// gradient), which must name it.
+// gradient, or its state in `optimizer`), which must name it. The callbacks keep a reference to
+// `optimizer`.
 std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
-                                                       const models::ModelParts& parts);
+                                                       const models::ModelParts& parts,
+                                                       torch::optim::Optimizer& optimizer);
 
 }  // namespace hp::train::detail

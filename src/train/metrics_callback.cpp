@@ -12,6 +12,8 @@
 namespace hp::train::detail {
 namespace {
 
+const char* rerun_name(Rerun rerun) { return rerun == Rerun::kTransient ? "transient" : "persistent"; }
+
 nlohmann::json step_json(const StepRecord& r) {
   nlohmann::json j = {{"kind", "train"},
                       {"step", r.step},
@@ -26,7 +28,7 @@ nlohmann::json step_json(const StepRecord& r) {
                       {"local_grad_norms", r.local_grad_norms},
                       {"largest_local_grad_norm_rank", r.largest_local_grad_norm_rank}};
   if (r.skipped) j["skipped"] = true;
-  if (!r.rerun.empty()) j["rerun"] = r.rerun;
+  if (r.rerun != Rerun::kNone) j["rerun"] = rerun_name(r.rerun);
   for (const auto& [name, value] : r.model_values) j[name] = value;
   return j;
 }
@@ -39,7 +41,7 @@ std::string progress_line(const StepRecord& r, int64_t steps, double eta_seconds
       << 100.0 * r.mfu << "%  mem " << std::setprecision(1) << r.peak_mem_bytes / 1e6 << " MB  eta "
       << format_duration(eta_seconds);
   if (r.skipped) out << "  skipped";
-  if (!r.rerun.empty()) out << "  rerun: " << r.rerun;
+  if (r.rerun != Rerun::kNone) out << "  rerun: " << rerun_name(r.rerun);
   if (!r.model_summary.empty()) out << "  " << r.model_summary;
   if (r.eval_loss) out << "  eval " << std::setprecision(4) << *r.eval_loss;
   return out.str();

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "hp/dcp/state_dict.h"
 #include "hp/dtensor/dtensor.h"
 
 namespace hp::train::detail {
@@ -75,8 +76,14 @@ uint64_t hash_bytes(const void* data, size_t size) {
   return h ^ (h >> 29);
 }
 
-ReplicaReport check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world) {
-  const auto named = parts.named_parameters();
+ReplicaReport check_replicas(const models::ModelParts& parts, torch::optim::Optimizer* optimizer,
+                             const comm::ProcessGroup& world) {
+  std::vector<std::pair<std::string, at::Tensor>> named = parts.named_parameters();
+  if (optimizer != nullptr) {
+    dcp::StateDict state;
+    dcp::add_optimizer_state(state, *optimizer, *parts.model);
+    named.insert(named.end(), state.tensors.begin(), state.tensors.end());
+  }
   at::Tensor mine = at::zeros({static_cast<int64_t>(named.size()), kRowBytes}, at::kByte);
   for (size_t i = 0; i < named.size(); ++i) {
     const at::Tensor& parameter = named[i].second;

@@ -1,8 +1,8 @@
 // Silent data corruption between replicas (docs/resilience.md#silent-data-corruption): every
 // parameter shard that several ranks hold (data-parallel replicas under HSDP, a norm's weight under
-// TP) must be bitwise the same on each of them after every step, since they start equal and take
-// the same update. A flipped bit in one replica's memory breaks that silently; comparing a hash of
-// each shard with its replicas' finds it and names the rank.
+// TP), and its optimizer state, must be bitwise the same on each of them after every step, since
+// they start equal and take the same update. A flipped bit in one replica's memory breaks that silently; comparing a
+// hash of each shard with its replicas' finds it and names the rank.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,10 @@
 
 #include "hp/comm/process_group.h"
 #include "hp/models/model_parts.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace hp::train::detail {
 
@@ -36,10 +40,12 @@ struct ReplicaReport {
 // The shards whose replicas' hashes differ.
 ReplicaReport find_mismatches(const std::vector<ShardHash>& hashes);
 
-// Collective over `world`: hashes this rank's parameter shards, exchanges the hashes, and returns
-// the same report on every rank. It assumes that replicas compute bitwise alike (the same kernels
-// and thread counts on every rank), which holds on one node and across identical nodes.
-ReplicaReport check_replicas(const models::ModelParts& parts, const comm::ProcessGroup& world);
+// Collective over `world`: hashes this rank's parameter shards and, with an `optimizer`, their
+// optimizer state (named as checkpoints name it, "optim.FQN.exp_avg"), exchanges the hashes, and
+// returns the same report on every rank. It assumes that replicas compute bitwise alike (the same
+// kernels and thread counts on every rank), which holds on one node and across identical nodes.
+ReplicaReport check_replicas(const models::ModelParts& parts, torch::optim::Optimizer* optimizer,
+                             const comm::ProcessGroup& world);
 
 // "layers.0.attn_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3", joined by "; ".
 std::string describe(const std::vector<ReplicaMismatch>& mismatches);

@@ -27,6 +27,10 @@ void push(std::deque<double>& window, double value) {
   if (window.size() > AnomalyWatch::kWindow) window.pop_front();
 }
 
+std::string numbers(const StepRecord& r) {
+  return hp::detail::str_cat("loss ", r.loss, ", gradient norm ", r.grad_norm);
+}
+
 }  // namespace
 
 AnomalyWatch::AnomalyWatch(double spike_factor) : spike_factor_(spike_factor) {}
@@ -48,13 +52,31 @@ bool same_numbers(const StepRecord& first, const StepRecord& rerun) {
   return same_number(first.loss, rerun.loss) && same_number(first.grad_norm, rerun.grad_norm);
 }
 
-std::string describe_rerun(int64_t step, const std::string& why, const StepRecord& first, const StepRecord& rerun) {
-  const std::string first_run = hp::detail::str_cat("loss ", first.loss, ", gradient norm ", first.grad_norm);
-  if (same_numbers(first, rerun))
-    return hp::detail::str_cat("step ", step, " ran again (", why, "): ", first_run,
-                               " both times: persistent, the data or the model");
-  return hp::detail::str_cat("step ", step, " ran again (", why, "): ", first_run, " the first time, loss ", rerun.loss,
-                             ", gradient norm ", rerun.grad_norm, " the second: a transient fault of the hardware");
+StepRerun::StepRerun(double spike_factor, const DeviceMesh& mesh, models::ModelParts& parts)
+    : watch_(spike_factor), mesh_(mesh), parts_(parts) {}
+
+std::optional<std::string> StepRerun::rerun_if_anomalous(StepRecord& record, const MeshRngState& step_start_rng,
+                                                         const std::function<void()>& run_again) {
+  const std::optional<std::string> why = watch_.anomaly(record);
+  if (!why) return std::nullopt;
+  const StepRecord first = record;
+  set_rng_state(mesh_, step_start_rng);
+  if (parts_.forget_step) parts_.forget_step();
+  run_again();
+  const std::string head = hp::detail::str_cat("step ", record.step, " ran again (", *why, "): ", numbers(first));
+  if (same_numbers(first, record)) {
+    record.rerun = Rerun::kPersistent;
+    return head + " both times: persistent, the data or the model";
+  }
+  // Other numbers that are an anomaly too (NaN, then infinity) say the same as equal ones.
+  if (const std::optional<std::string> again = watch_.anomaly(record)) {
+    record.rerun = Rerun::kPersistent;
+    return hp::detail::str_cat(head, " the first time, ", numbers(record), " the second, an anomaly again (", *again,
+                               "): persistent, the data or the model");
+  }
+  record.rerun = Rerun::kTransient;
+  return hp::detail::str_cat(head, " the first time, ", numbers(record),
+                             " the second: a transient fault of the hardware");
 }
 
 }  // namespace hp::train::detail

@@ -64,9 +64,11 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   if (parts_.pipeline) {
     pp::PipelineExecutor& pipe = *parts_.pipeline;
     const bool draw = step + 1 == options_.timeline_step;
-    // A step run again (a rerun on an anomaly) is not profiled again: its first run was.
+    // A step run again (a rerun on an anomaly) is not profiled again (its first run was), and runs
+    // the order its first run ran: a new order starts with the next step.
     const bool again = step == last_step_;
     if (!again) ++steps_run_, last_step_ = step;
+    if (!again && next_order_) pipe.reschedule(*std::exchange(next_order_, std::nullopt));
     const bool profile = !again && profiles_nth(steps_run_);
     pipe.record_timeline(draw || profile);
     // The pipeline divides each micro-batch's loss by their number; auxiliary losses alike.
@@ -161,7 +163,7 @@ void TrainStep::schedule_for(const pp::Simulation& measured, int64_t step) {
   profile.predicted_bubble = pp::simulate(ordered, profile.costs).bubble;
   // The prediction errs by about a tenth (bench_pp), so a smaller gain is no gain: the unit order stays.
   profile.rescheduled = profile.predicted_bubble < (1.0 - kClearGain) * profile.unit_order_bubble;
-  if (profile.rescheduled) pipe.reschedule(std::move(ordered));
+  if (profile.rescheduled) next_order_ = std::move(ordered);
   if (options_.lead) {
     log::info("pipeline schedule ", options_.schedule_name,
               profile.rescheduled ? " ordered for the costs step " : " kept: its unit-cost order suits the costs step ",

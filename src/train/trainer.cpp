@@ -222,7 +222,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     if (auto progress = detail::job_progress()) callbacks.push_back(progress);
   callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
   // Last, so that every other callback has seen the step a fault ends.
-  for (auto& fault : detail::fault_callbacks(faults, world.rank(), s.parts)) callbacks.push_back(fault);
+  for (auto& fault : detail::fault_callbacks(faults, world.rank(), s.parts, *optimizer)) callbacks.push_back(fault);
   const auto notify = [&](const auto& call) {
     for (const auto& callback : callbacks) call(*callback);
   };
@@ -248,7 +248,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
                         checkpoints.save_pending();
     if (every <= 0 || (done % every != 0 && !saving)) return;
     const auto t0 = Clock::now();
-    const detail::ReplicaReport report = detail::check_replicas(s.parts, world);
+    const detail::ReplicaReport report = detail::check_replicas(s.parts, optimizer.get(), world);
     replica_check_seconds += seconds_since(t0), ++replica_checks;
     if (lead && replica_checks == 1) {
       if (report.replicated_shards == 0)
@@ -256,11 +256,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
             "resilience.replica_check_interval: no parameter shard has a replica in this layout (replicas come "
             "from dp_replicate and tp): the checks compare nothing");
       else
-        log::info("replica checks compare ", report.replicated_shards, " parameter shards held by several ranks");
+        log::info("replica checks compare ", report.replicated_shards,
+                  " shards (parameters and their optimizer state) held by several ranks");
     }
     if (report.mismatches.empty()) return;
-    const std::string what = hp::detail::str_cat("replicas of a parameter differ after step ", done,
-                                                 " (silent data corruption): ", detail::describe(report.mismatches));
+    const std::string what =
+        hp::detail::str_cat("replicas of a parameter or of its optimizer state differ after step ", done,
+                            " (silent data corruption): ", detail::describe(report.mismatches));
     HP_CHECK(c.resilience.on_replica_mismatch != "stop", what,
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
@@ -299,13 +301,15 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   // one, are saved as last words marked `why`. Returns the clause that says where (or "").
   const auto save_last_good_step = [&](const std::string& why) -> std::string {
     checkpoints.finish();
+    check_replicas_if_due(step, /*saving_last_words=*/true);  // no corrupt replica in the last words
     const std::optional<std::string> last_words =
         checkpoints.save_last_words(step, scheduler, why, detail::Checkpointing::LastWordsOf::kBeforeNextStep);
     if (!last_words) return "";
     notify([&](Callback& cb) { cb.on_save(step, *last_words); });
     return ", and step " + std::to_string(step) + " is saved as last words in " + *last_words;
   };
-  detail::AnomalyWatch anomalies(c.resilience.spike_factor);
+  std::optional<detail::StepRerun> reruns;
+  if (c.resilience.rerun_on_anomaly) reruns.emplace(c.resilience.spike_factor, s.mesh, s.parts);
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
@@ -316,7 +320,6 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
       const auto t0 = Clock::now();
       checkpoints.note_step_start();
-      const MeshRngState rng_at_start = c.resilience.rerun_on_anomaly ? get_rng_state(s.mesh) : MeshRngState{};
       detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
       detail::reset_step_peak(s.mesh.device(), memory);
       StepRecord record;
@@ -324,36 +327,38 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       double local_loss = 0.0;
       int stop_signal = 0;
       std::tie(local_loss, stop_signal) = run_step(record, 0);
-      if (c.resilience.rerun_on_anomaly)
-        if (const std::optional<std::string> anomaly = anomalies.anomaly(record)) {
-          const StepRecord first = record;
-          set_rng_state(s.mesh, rng_at_start);
-          if (s.parts.restart_step) s.parts.restart_step();
-          std::tie(local_loss, stop_signal) = run_step(record, 1);
-          const bool persistent = detail::same_numbers(first, record);
-          record.rerun = persistent ? "persistent" : "transient";
-          ++(persistent ? result.persistent_anomalies : result.transient_faults);
-          const std::string what = detail::describe_rerun(step + 1, *anomaly, first, record);
-          if (!persistent && c.resilience.on_transient_fault == "stop")
-            HP_FAIL(what, ". Stopped before the optimizer step (resilience.on_transient_fault: stop)",
+      if (reruns) {
+        const std::optional<std::string> what = reruns->rerun_if_anomalous(record, checkpoints.step_start_rng(), [&] {
+          int again = 0;
+          std::tie(local_loss, again) = run_step(record, 1);
+          if (stop_signal == 0) stop_signal = again;  // a request is honoured once it is agreed
+        });
+        if (what) {
+          const bool transient = record.rerun == Rerun::kTransient;
+          ++(transient ? result.transient_faults : result.persistent_anomalies);
+          if (transient && c.resilience.on_transient_fault == "stop")
+            HP_FAIL(*what, ". Stopped before the optimizer step (resilience.on_transient_fault: stop)",
                     save_last_good_step(hp::detail::str_cat("transient fault at step ", step + 1)));
-          if (lead) log::warn(what, persistent ? "" : "; going on with the rerun's numbers");
+          if (lead) log::warn(*what, transient ? "; going on with the rerun's numbers" : "");
         }
+      }
       record.lr = scheduler.lr();
       if (!std::isfinite(record.loss) || !std::isfinite(record.grad_norm)) {
         const std::string where =
             detail::describe_nonfinite(s.parts, local_loss, world) +
-            (record.rerun == "persistent" ? " (the same when the step ran again: the data or the model)" : "");
+            (record.rerun == Rerun::kPersistent ? " (not finite again when the step ran again: the data or the model)"
+                                                : "");
         if (c.train.on_nonfinite == "stop")
           throw NonFiniteError(hp::detail::str_cat(
               "step ", step + 1, ": ", where,
               ". Stopped before the optimizer step (train.on_nonfinite: stop); the parameters are as they were",
               save_last_good_step(hp::detail::str_cat("not finite at step ", step + 1))));
         if (lead) log::warn("step ", step + 1, " skipped (train.on_nonfinite: skip): ", where);
+        if (s.parts.forget_step) s.parts.forget_step();  // a skipped step changes nothing
         record.skipped = true;
         ++result.skipped_steps;
       }
-      if (c.resilience.rerun_on_anomaly) anomalies.note(record);
+      if (reruns) reruns->note(record);
       // A checkpoint staging in the background still reads what the hook and the optimizer change.
       checkpoints.wait_staged();
       if (!record.skipped) {
@@ -370,8 +375,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
       profile.finish(c, step + 1, record.seconds);
-      // The run's throughput leaves out the first step and the profiled one (timing every op slows it).
-      if (step > result.first_step && step + 1 != c.log.profile_step && !train_step.profiles(step, result.first_step))
+      // The run's throughput leaves out the first step, the profiled one (timing every op slows it)
+      // and a step that ran twice (a rerun on an anomaly).
+      if (step > result.first_step && step + 1 != c.log.profile_step && !train_step.profiles(step, result.first_step) &&
+          record.rerun == Rerun::kNone)
         timed_seconds += record.seconds, ++timed_steps;
       record.tokens_per_s = tokens_per_step / record.seconds;
       record.mfu = peak > 0 ? flops_per_token * record.tokens_per_s / peak : 0.0;

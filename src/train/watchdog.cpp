@@ -94,6 +94,7 @@ void Watchdog::on_step_end(const StepRecord& record) {
 }
 
 void Watchdog::on_eval(int64_t step, double) { progress("after the evaluation at step " + std::to_string(step)); }
+void Watchdog::on_after_backward(int64_t step) { progress("in step " + std::to_string(step) + ", after a backward"); }
 void Watchdog::on_save(int64_t step, const std::string&) { progress("saving step " + std::to_string(step)); }
 void Watchdog::on_train_end(const TrainResult&) { stop(); }
 void Watchdog::on_exception(int64_t, const std::exception&) { stop(); }

@@ -3,10 +3,10 @@
 // outside any collective) would otherwise hold the job, and its machines, forever; ended, it is
 // a failure hprun reports and --max-restarts restarts.
 //
-// Progress is any callback event (a step beginning or ending, an evaluation, a save beginning) and
-// what the trainer reports between them with progress() (each batch of the final evaluation, each
-// sampled token, the last checkpoint's commit). The bound is fixed, or derived: the larger of the
-// collective timeout + 60 s and 10x the slowest step so far, so that a collective that is stuck is
+// Progress is any callback event (a step beginning, its backward ending, the step ending, an
+// evaluation, a save beginning) and what the trainer reports between them with progress() (each
+// batch of the final evaluation, each sampled token, the last checkpoint's commit). The bound is fixed, or derived: the
+// larger of the collective timeout + 60 s and 10x the slowest step so far, so that a collective that is stuck is
 // reported (naming its missing ranks) first.
 #pragma once
 
@@ -44,6 +44,7 @@ class Watchdog : public Callback {
 
   void on_train_begin(int64_t first_step) override;
   void on_step_begin(int64_t step) override;
+  void on_after_backward(int64_t step) override;  // each run of a step (a rerun doubles one)
   void on_step_end(const StepRecord& record) override;
   void on_eval(int64_t step, double eval_loss) override;
   void on_save(int64_t step, const std::string& dir) override;

@@ -88,6 +88,12 @@ TEST(CudaTraining, WhatTheGpuPathDoesNotCoverIsRefused) {
 #ifdef HP_WITH_CUDA
   expect_refused([](TrainConfig& c) { c.parallel.dp_shard = 2; }, "trains one rank for now");
   expect_refused([](TrainConfig& c) { c.memory.swap = "host"; }, "memory.swap host is for the CPU");
+  expect_refused(
+      [](TrainConfig& c) {
+        c.resilience.rerun_on_anomaly = true;
+        c.train.deterministic = false;
+      },
+      "resilience.rerun_on_anomaly on cuda needs train.deterministic: true");
 #else
   expect_refused([](TrainConfig&) {}, "needs the device build");
 #endif

@@ -53,7 +53,7 @@ TEST(ReplicaCheck, AFlippedBitInOneReplicaIsNamed) {
   c.resilience.replica_check_interval = 3;
   const FaultEnv fault("flip:2:2:layers.1.mlp_norm.weight");
   test::expect_error([&] { train_on_ranks(c, 4); },
-                     {"replicas of a parameter differ after step 3 (silent data corruption)",
+                     {"replicas of a parameter or of its optimizer state differ after step 3 (silent data corruption)",
                       "layers.1.mlp_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3",
                       "resilience.on_replica_mismatch: stop"});
 }
@@ -65,8 +65,20 @@ TEST(ReplicaCheck, AFlippedBitInOneReplicasGradientIsNamed) {
   c.resilience.replica_check_interval = 3;
   const FaultEnv fault("flip_grad:2:2:layers.1.mlp_norm.weight");
   test::expect_error([&] { train_on_ranks(c, 4); },
-                     {"replicas of a parameter differ after step 3 (silent data corruption)",
+                     {"replicas of a parameter or of its optimizer state differ after step 3 (silent data corruption)",
                       "layers.1.mlp_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3"});
+}
+
+// The same for a bit flipped in rank 2's optimizer state of that parameter (AdamW's exp_avg)
+// after step 2: named as checkpoints name it (the parameter differs too by step 3, having taken the
+// corrupted update).
+TEST(ReplicaCheck, AFlippedBitInOneReplicasOptimizerStateIsNamed) {
+  TrainConfig c = checked_config("flip_state", 4, 1, 1);
+  c.resilience.replica_check_interval = 3;
+  const FaultEnv fault("flip_state:2:2:layers.1.mlp_norm.weight");
+  test::expect_error([&] { train_on_ranks(c, 4); },
+                     {"differ after step 3 (silent data corruption)",
+                      "optim.layers.1.mlp_norm.weight.exp_avg [dp_shard 0]: rank 2 differs from ranks 0, 1, 3"});
 }
 
 // Guards what a background save may hold: the flip lands after step 2's save began staging (from

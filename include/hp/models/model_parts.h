@@ -44,9 +44,9 @@ struct ModelParts {
   // experts' load balancing); collective over the ranks the recipe gave it. Null: nothing to run.
   std::function<StepStats()> before_optimizer_step;
   // Forgets what the step's forwards counted for before_optimizer_step (a mixture of experts' token
-  // counts), before the step runs again from its start (a rerun on an anomaly). Not collective.
-  // Null: forwards count nothing.
-  std::function<void()> restart_step;
+  // counts): before the step runs again from its start (a rerun on an anomaly), and for a step that
+  // is skipped (not finite), which must change nothing. Not collective. Null: nothing counted.
+  std::function<void()> forget_step;
 
   // Draws the parameters of `modules` from `seed`, each with the values hp::nn::init_parameters
   // on the whole model gives it; a pipeline rank leaves the other stages' parameters without

@@ -14,16 +14,18 @@ namespace hp::train {
 
 struct TrainResult;
 
+// What running a step again on an anomaly showed (resilience.rerun_on_anomaly): other numbers, a
+// transient fault of the hardware; the same numbers (or an anomaly again), the data or the model.
+enum class Rerun { kNone, kTransient, kPersistent };
+
 // One finished step, as metrics.jsonl records it (docs/training.md says what each number means).
 struct StepRecord {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken so far, skipped ones included
   double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0, mfu = 0, seconds = 0, peak_mem_bytes = 0;
   std::vector<double> local_losses, local_grad_norms;  // indexed by world rank
   int64_t largest_local_grad_norm_rank = 0;
-  bool skipped = false;  // not finite, with train.on_nonfinite: skip
-  // Set when the step ran again on an anomaly (resilience.rerun_on_anomaly): "transient" (the
-  // rerun's numbers differ: these are the rerun's) or "persistent" (the same numbers twice).
-  std::string rerun;
+  bool skipped = false;             // not finite, with train.on_nonfinite: skip
+  Rerun rerun = Rerun::kNone;       // the step ran again on an anomaly; the numbers are the rerun's
   std::optional<double> eval_loss;  // when this step ended with an evaluation
   // What the model family's step hook reported (a mixture of experts' loads).
   std::vector<std::pair<std::string, double>> model_values;

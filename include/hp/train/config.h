@@ -120,20 +120,20 @@ struct TrainConfig {
   // makes no progress (no step begins or ends, no evaluation batch, save or sampled token) for
   // watchdog_s exits with code 3, which hprun --max-restarts restarts. watchdog_s 0: derived, the larger of
   // collective_timeout_s + 60 and 10x the slowest step so far.
-  // replica_check_interval N > 0: every N steps the ranks compare a hash of each parameter shard
-  // with its replicas' (silent data corruption, docs/resilience.md#silent-data-corruption); a
-  // mismatch is named and then, by on_replica_mismatch, stops the run or is logged.
+  // replica_check_interval N > 0: every N steps the ranks compare a hash of each parameter shard,
+  // and of its optimizer state, with its replicas' (silent data corruption, docs/resilience.md#silent-data-corruption);
+  // a mismatch is named and then, by on_replica_mismatch, stops the run or is logged.
   struct Resilience {
     int64_t collective_timeout_s = 300;
     int64_t watchdog_s = 0;
     int64_t replica_check_interval = 0;
     std::string on_replica_mismatch = "stop";  // stop | warn
     // rerun_on_anomaly: a step whose loss or gradient norm is not finite, or more than spike_factor
-    // (> 0; 0: off) times the largest of the previous 10 steps' values, runs again from its start.
-    // The same numbers again: persistent, the data or the model (the rerun's step goes on, or by
-    // train.on_nonfinite when not finite); other numbers: a transient fault of the hardware, and
-    // by on_transient_fault the run goes on with the rerun's step or stops
-    // (docs/resilience.md#rerun-on-anomaly).
+    // (> 1; 0: off) times the largest of the previous 10 steps' values, runs again from its start.
+    // The same numbers again, or an anomaly again: persistent, the data or the model (the step
+    // goes on, or by train.on_nonfinite when not finite); other numbers: a transient fault of the
+    // hardware, and by on_transient_fault the run goes on with the rerun's step or stops with last
+    // words (docs/resilience.md#rerun-on-anomaly). On cuda it needs train.deterministic.
     bool rerun_on_anomaly = false;
     double spike_factor = 0.0;
     std::string on_transient_fault = "continue";  // continue | stop

@@ -50,8 +50,8 @@ class TrainStep {
 
   // Forward and backward of step `step` (0-based) on this rank's rows: gradients accumulate as for
   // one backward of the mean loss over the micro-batches. Returns that mean loss. The same step may
-  // run again (from the same parameters and random state, its gradients zeroed): it computes the
-  // same numbers.
+  // run again (from the same parameters and random state, its gradients zeroed): it runs the same
+  // pipeline order and computes the same numbers.
   double forward_backward(int64_t step, const at::Tensor& inputs, const at::Tensor& targets);
   // The same mean loss without autograd.
   double evaluate(const at::Tensor& inputs, const at::Tensor& targets);
@@ -72,8 +72,9 @@ class TrainStep {
   void record_bubble(const pp::Simulation& measured, int64_t step);
   models::ModelParts& parts_;
   TrainStepOptions options_;
-  int64_t steps_run_ = 0;   // by this process (a resumed run profiles its own second step)
-  int64_t last_step_ = -1;  // the step forward_backward ran last
+  int64_t steps_run_ = 0;                   // by this process (a resumed run profiles its own second step)
+  int64_t last_step_ = -1;                  // the step forward_backward ran last
+  std::optional<pp::Schedule> next_order_;  // ordered for the profiled step's costs; runs from the next step
   std::optional<PipelineProfile> profile_;
 };
 

@@ -164,7 +164,7 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
                                 {"layers.*.mlp.router.gate.weight", "layers.*.mlp.experts.w1",
                                  "layers.*.mlp.experts.w2", "layers.*.mlp.experts.w3"});
   parts.before_optimizer_step = load_balancing_hook(model, mesh, dims, config);
-  parts.restart_step = [weak = std::weak_ptr<Llama>(model)]() {
+  parts.forget_step = [weak = std::weak_ptr<Llama>(model)]() {
     if (const auto model = weak.lock()) nn::forget_expert_counts(*model);
   };
   return parts;
