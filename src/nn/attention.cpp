@@ -82,6 +82,8 @@ class Problem {
     return ungroup(t.unsqueeze(-1)).squeeze(-1);
   }
   at::Tensor unsort_keys(const at::Tensor& t) const { return kp_->put_back(t); }
+  // Whether queries and keys came sorted by position (group and unsort_keys then move nothing).
+  bool in_order() const { return !qp_->order.defined() && !kp_->order.defined(); }
 
   struct Block {
     int64_t begin, rows, keys;  // query rows [begin, begin + rows) see at most the first `keys` keys
@@ -221,16 +223,40 @@ class CpuAttentionKernel final : public AttentionKernel {
                           const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask,
                           double scale) const override {
     const Problem p(q, k, v, mask, scale, query_block_);
+    const auto acc = q.options().dtype(p.acc_);
+    const at::Tensor dq = at::zeros(p.q_.sizes(), acc), dk = at::zeros(p.k_.sizes(), acc),
+                     dv = at::zeros(p.v_.sizes(), acc);
+    add_grads(p, out, lse, dout, scale, dq, dk, dv);
+    return {p.ungroup(dq), p.unsort_keys(dk), p.unsort_keys(dv)};
+  }
+
+  void backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                     const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask, double scale,
+                     const AttentionGrads& sum) const override {
+    const Problem p(q, k, v, mask, scale, query_block_);
+    // The sums are the kernel's own accumulators where its layout is theirs: positions in order
+    // (no sorting), contiguous, in the accumulation dtype. Otherwise backward's gradients are added.
+    const auto own_layout = [&](const at::Tensor& t, const at::Tensor& like) {
+      return t.scalar_type() == p.acc_ && t.is_contiguous() && t.sizes() == like.sizes();
+    };
+    if (!p.in_order() || !own_layout(sum.dq, q) || !own_layout(sum.dk, k) || !own_layout(sum.dv, v)) {
+      AttentionKernel::backward_into(q, k, v, out, lse, dout, mask, scale, sum);
+      return;
+    }
+    add_grads(p, out, lse, dout, scale, sum.dq.view(p.q_.sizes()), sum.dk, sum.dv);
+  }
+
+ private:
+  // Adds the gradients to dq [b, hkv, rep, sq, dqk] (grouped, sorted), dk and dv (sorted), in the
+  // accumulation dtype.
+  static void add_grads(const Problem& p, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                        double scale, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
     const at::Tensor dout_g = p.group(dout);
     const at::Tensor lse_g = p.group(lse.unsqueeze(-1)).squeeze(-1);
     // D_i = sum_j dout_ij out_ij: the softmax backward's row term, from the (global) output.
     const at::Tensor row_term = (dout_g * p.group(out)).sum(-1);
     const at::Tensor dout_factor = p.mm_ == p.acc_ ? dout_g : p.group(dout, p.mm_);  // for the products
     const at::Tensor v_acc = p.v_.to(p.acc_);                                        // for the probabilities' gradient
-    const auto acc = q.options().dtype(p.acc_);
-    at::Tensor dq = at::zeros(p.q_.sizes(), acc);
-    at::Tensor dk = at::zeros(p.k_.sizes(), acc);
-    at::Tensor dv = at::zeros(p.v_.sizes(), acc);
     for (const Problem::Block& block : p.blocks()) {
       at::Tensor block_lse = lse_g.narrow(3, block.begin, block.rows);
       const at::Tensor probs = p.probabilities(block, block_lse, p.acc_);
@@ -246,10 +272,9 @@ class CpuAttentionKernel final : public AttentionKernel {
       const at::Tensor row = row_term.narrow(3, block.begin, block.rows).reshape({p.b_, p.hkv_, -1, 1});
       const at::Tensor dscores = kernels::softmax_scores_grad(probs, dprobs, row, scale, p.mm_);  // for products
       dq.narrow(3, block.begin, block.rows)
-          .copy_(p.product(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, q.size(3)}));
+          .add_(p.product(dscores, p.keys(block)).view({p.b_, p.hkv_, p.rep_, block.rows, p.q_.size(4)}));
       dk.narrow(2, 0, block.keys).add_(p.product(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));
     }
-    return {p.ungroup(dq), p.unsort_keys(dk), p.unsort_keys(dv)};
   }
 
  private:
@@ -291,6 +316,15 @@ at::Tensor PositionOrder::put_back(const at::Tensor& sorted) const {
 
 std::shared_ptr<const AttentionKernel> cpu_attention_kernel(int64_t query_block) {
   return std::make_shared<CpuAttentionKernel>(query_block);
+}
+
+void AttentionKernel::backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                    const AttentionMask& mask, double scale, const AttentionGrads& sum) const {
+  const AttentionGrads g = backward(q, k, v, out, lse, dout, mask, scale);
+  sum.dq.add_(g.dq);
+  sum.dk.add_(g.dk);
+  sum.dv.add_(g.dv);
 }
 
 AttentionOutput merge_attention(const AttentionOutput& acc, const AttentionOutput& block) {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <memory>
 #include <utility>
 
@@ -14,7 +16,9 @@ namespace hp {
 namespace {
 
 // The global positions that ranks [first, first + count) of `ranks` hold together, in rank order:
-// one piece of the sequence's order (contiguous, or head_tail_order with load_balance).
+// one piece of the sequence's order (contiguous, or head_tail_order with load_balance), each rank's
+// ascending. In ascending order a rank's tokens go to the attention kernel as they lie: ring
+// attention copies nothing to sort them (q, k, v, the output and its gradient).
 at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t count, bool load_balance) {
   HP_CHECK(ranks > 0 && first >= 0 && count > 0 && first + count <= ranks, "cp_positions: ranks [", first, ", ",
            first + count, ") of ", ranks);
@@ -23,7 +27,9 @@ at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t
            load_balance ? " (2 x cp, for the load-balanced head-tail cut)" : " (cp)");
   const int64_t local = seq / ranks, begin = first * local, end = (first + count) * local;
   if (!load_balance) return at::arange(begin, end, at::kLong);
-  const std::vector<int64_t> order = head_tail_order(seq);
+  std::vector<int64_t> order = head_tail_order(seq);
+  for (int64_t rank_begin = begin; rank_begin < end; rank_begin += local)
+    std::sort(order.begin() + rank_begin, order.begin() + rank_begin + local);
   return at::tensor(at::ArrayRef<int64_t>(order.data() + begin, end - begin), at::kLong);
 }
 

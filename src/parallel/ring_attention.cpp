@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/kernels/softmax.h"
 
 namespace hp::detail {
 namespace {
@@ -80,22 +81,23 @@ class RingAttentionKernel final : public nn::AttentionKernel {
     const at::Tensor q = own_->take(q_in), out = own_->take(out_in), lse = own_->take(lse_in),
                      dout = own_->take(dout_in);
     TensorPair kv{own_->take(k), own_->take(v)};
-    at::Tensor dq;
-    // The dK/dV accumulator of the keys this rank holds at a step arrives from the previous rank
-    // (which added its share the step before) and leaves for the next; after the last step it
-    // reaches the keys' owner.
+    // The sums the kernel adds into: dq stays; the dK/dV sum of the keys this rank holds at a step
+    // arrives from the previous rank (which added its share the step before), takes this rank's
+    // share and leaves for the next; after the last step it reaches the keys' owner. Waiting for it
+    // before the step's compute costs the overlap of its transfer, and saves the step's own
+    // gradients and a second pair in flight (docs/context_parallel.md#memory).
+    const auto acc = q.options().dtype(kernels::accumulation_type(q));
+    const at::Tensor dq = at::zeros(q.sizes(), acc);
     std::optional<RingShift> accumulator;
     for (int step = 0; step < ranks; ++step) {
       std::optional<RingShift> shift;
       if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV, overlap_);
-      const nn::AttentionGrads g =
-          local_->backward(q, kv.first, kv.second, out, lse, dout, block_mask(mask, step), scale);
-      dq = step == 0 ? g.dq : dq.add_(g.dq);
-      TensorPair dkv{g.dk, g.dv};
-      if (accumulator) {
-        const TensorPair arrived = accumulator->wait();
-        dkv = {arrived.first.add_(g.dk), arrived.second.add_(g.dv)};
-      }
+      const TensorPair dkv = accumulator
+                                 ? accumulator->wait()
+                                 : TensorPair{at::zeros(kv.first.sizes(), acc), at::zeros(kv.second.sizes(), acc)};
+      accumulator.reset();  // its sends are done: the pair it sent is free
+      local_->backward_into(q, kv.first, kv.second, out, lse, dout, block_mask(mask, step), scale,
+                            {dq, dkv.first, dkv.second});
       accumulator.emplace(group_, dkv, kTagDk, kTagDv, overlap_);
       if (shift) kv = shift->wait();
     }

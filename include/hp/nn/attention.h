@@ -94,6 +94,12 @@ class AttentionKernel {
   virtual AttentionGrads backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                                   const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask,
                                   double scale) const = 0;
+  // backward()'s gradients added into `sum` (tensors of q's, k's and v's shapes in the
+  // accumulation dtype), for a caller that sums them over blocks of keys (ring attention): a
+  // kernel that adds as it goes holds no gradients of its own. This one adds backward()'s.
+  virtual void backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                             const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask, double scale,
+                             const AttentionGrads& sum) const;
 };
 
 // The CPU kernel: blocks of `query_block` query rows (sorted by position) against the keys they

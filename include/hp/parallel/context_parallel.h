@@ -43,8 +43,9 @@ CpMode cp_mode_named(const std::string& name);
 std::vector<int64_t> head_tail_order(int64_t seq);
 
 // The global positions (int64 [seq / ranks]) that rank `rank` of `ranks` holds of a `seq`-token
-// sequence: a contiguous piece, or with load_balance its piece of head_tail_order. Throws hp::Error
-// unless seq divides by ranks (by 2 x ranks with load_balance).
+// sequence, ascending: a contiguous piece, or with load_balance its piece of head_tail_order (the
+// head chunk r and the tail chunk 2 ranks - 1 - r: [0, 1, 6, 7] and [2, 3, 4, 5] for S 8 on 2
+// ranks). Throws hp::Error unless seq divides by ranks (by 2 x ranks with load_balance).
 at::Tensor cp_positions(int64_t seq, int64_t ranks, int64_t rank, bool load_balance = true);
 
 // This rank's shard of `x` along `dim` (a sequence of x.size(dim) tokens): the entries at
