@@ -25,6 +25,15 @@ at::ScalarType product_type(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? at::kBFloat16 : kernels::accumulation_type(t);
 }
 
+// Whether `positions` (int64 on the host; undefined means 0, 1, ...) are ascending, so that
+// PositionOrder moves nothing.
+bool ascending(const at::Tensor& positions) {
+  if (!positions.defined()) return true;
+  const at::Tensor p = positions.contiguous();
+  const int64_t* first = p.data_ptr<int64_t>();
+  return std::is_sorted(first, first + p.numel());
+}
+
 at::Tensor positions_or_iota(const at::Tensor& positions, int64_t n, const char* what) {
   if (!positions.defined()) return at::arange(n, at::kLong);
   HP_CHECK(positions.dim() == 1 && positions.size(0) == n && positions.scalar_type() == at::kLong &&
@@ -82,8 +91,6 @@ class Problem {
     return ungroup(t.unsqueeze(-1)).squeeze(-1);
   }
   at::Tensor unsort_keys(const at::Tensor& t) const { return kp_->put_back(t); }
-  // Whether queries and keys came sorted by position (group and unsort_keys then move nothing).
-  bool in_order() const { return !qp_->order.defined() && !kp_->order.defined(); }
 
   struct Block {
     int64_t begin, rows, keys;  // query rows [begin, begin + rows) see at most the first `keys` keys
@@ -233,20 +240,24 @@ class CpuAttentionKernel final : public AttentionKernel {
   void backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask, double scale,
                      const AttentionGrads& sum) const override {
-    const Problem p(q, k, v, mask, scale, query_block_);
-    // The sums are the kernel's own accumulators where its layout is theirs: positions in order
+    // The sums are the kernel's own accumulators where its layout is theirs: positions ascending
     // (no sorting), contiguous, in the accumulation dtype. Otherwise backward's gradients are added.
+    const at::ScalarType acc = kernels::accumulation_type(q);
     const auto own_layout = [&](const at::Tensor& t, const at::Tensor& like) {
-      return t.scalar_type() == p.acc_ && t.is_contiguous() && t.sizes() == like.sizes();
+      return t.scalar_type() == acc && t.is_contiguous() && t.sizes() == like.sizes();
     };
-    if (!p.in_order() || !own_layout(sum.dq, q) || !own_layout(sum.dk, k) || !own_layout(sum.dv, v)) {
+    if (!ascending(mask.q_positions) || !ascending(mask.k_positions) || !own_layout(sum.dq, q) ||
+        !own_layout(sum.dk, k) || !own_layout(sum.dv, v)) {
       AttentionKernel::backward_into(q, k, v, out, lse, dout, mask, scale, sum);
       return;
     }
+    const Problem p(q, k, v, mask, scale, query_block_);
     add_grads(p, out, lse, dout, scale, sum.dq.view(p.q_.sizes()), sum.dk, sum.dv);
   }
 
  private:
+  int64_t query_block_;
+
   // Adds the gradients to dq [b, hkv, rep, sq, dqk] (grouped, sorted), dk and dv (sorted), in the
   // accumulation dtype.
   static void add_grads(const Problem& p, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
@@ -276,9 +287,6 @@ class CpuAttentionKernel final : public AttentionKernel {
       dk.narrow(2, 0, block.keys).add_(p.product(dscores.transpose(-2, -1), p.block_rows(p.q_, block)));
     }
   }
-
- private:
-  int64_t query_block_;
 };
 
 class LocalCompute final : public AttentionCompute {

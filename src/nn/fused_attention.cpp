@@ -71,6 +71,14 @@ class FlashAttentionKernel final : public AttentionKernel {
             per_kv_head(std::get<2>(grads), rep)};
   }
 
+  // The blockwise kernel adds into the sums itself (ring attention's causal blocks come here).
+  void backward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                     const at::Tensor& lse, const at::Tensor& dout, const AttentionMask& mask, double scale,
+                     const AttentionGrads& sum) const override {
+    if (!serves(q, k, v, mask)) return fallback_->backward_into(q, k, v, out, lse, dout, mask, scale, sum);
+    AttentionKernel::backward_into(q, k, v, out, lse, dout, mask, scale, sum);
+  }
+
  private:
   static bool serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
     const at::ScalarType t = q.scalar_type();

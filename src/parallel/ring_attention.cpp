@@ -33,10 +33,11 @@ class RingShift {
          comm::P2POp::recv(in_.first, prev, first_tag), comm::P2POp::recv(in_.second, prev, second_tag)});
     if (!overlap) wait();
   }
-  // The pair the previous rank sent.
+  // The pair the previous rank sent; the pair this rank sent is let go.
   TensorPair wait() {
     for (comm::Work& w : works_) w.wait();
     works_.clear();
+    out_ = {};
     return in_;
   }
 
@@ -84,7 +85,7 @@ class RingAttentionKernel final : public nn::AttentionKernel {
     // The sums the kernel adds into: dq stays; the dK/dV sum of the keys this rank holds at a step
     // arrives from the previous rank (which added its share the step before), takes this rank's
     // share and leaves for the next; after the last step it reaches the keys' owner. Waiting for it
-    // before the step's compute costs the overlap of its transfer, and saves the step's own
+    // before the step's compute gives up overlapping its transfer, and saves the step's own
     // gradients and a second pair in flight (docs/context_parallel.md#memory).
     const auto acc = q.options().dtype(kernels::accumulation_type(q));
     const at::Tensor dq = at::zeros(q.sizes(), acc);
@@ -95,7 +96,6 @@ class RingAttentionKernel final : public nn::AttentionKernel {
       const TensorPair dkv = accumulator
                                  ? accumulator->wait()
                                  : TensorPair{at::zeros(kv.first.sizes(), acc), at::zeros(kv.second.sizes(), acc)};
-      accumulator.reset();  // its sends are done: the pair it sent is free
       local_->backward_into(q, kv.first, kv.second, out, lse, dout, block_mask(mask, step), scale,
                             {dq, dkv.first, dkv.second});
       accumulator.emplace(group_, dkv, kTagDk, kTagDv, overlap_);

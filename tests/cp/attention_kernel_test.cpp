@@ -12,6 +12,7 @@
 #include <map>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -273,6 +274,43 @@ TEST(AttentionKernel, KeyBlocksMergeAndDifferentiateToTheWhole) {
   check_allclose(ga.dq + gb.dq, g.dq, "dq from blocks", 1e-12, 0.0);
   check_allclose(at::cat({gb.dk, ga.dk}, 2), g.dk, "dk from blocks", 1e-12, 0.0);
   check_allclose(at::cat({gb.dv, ga.dv}, 2), g.dv, "dv from blocks", 1e-12, 0.0);
+}
+
+// backward_into adds backward()'s gradients into the sums it is given: through the kernel's own
+// accumulators (ascending positions, contiguous sums in the accumulation dtype), and through the
+// fallback that adds backward()'s result (shuffled positions; a sum in another dtype; a
+// non-contiguous one). fp64 within 1e-12; bf16 inputs (fp32 sums) within fp32's rounding; with
+// dropout and grouped-query heads throughout.
+TEST(AttentionKernel, BackwardIntoAddsBackwardsGradients) {
+  const int64_t s = 10;
+  const at::Tensor shuffled = at::tensor(std::vector<int64_t>{3, 9, 0, 7, 1, 8, 2, 6, 4, 5});
+  const auto kernel = nn::cpu_attention_kernel(3);
+  for (at::ScalarType dtype : {at::kDouble, at::kBFloat16})
+    for (const bool in_order : {true, false})
+      for (const std::string layout : {"own", "float64 sums", "transposed sums"}) {
+        const std::string what =
+            std::string(dtype_name(dtype)) + (in_order ? ", ascending, " : ", shuffled, ") + layout;
+        const Qkv in = make_qkv(s, s, dtype);
+        const at::Tensor dout = rank_data(0, {2, 4, s, 16}, dtype, 9);
+        nn::AttentionMask mask{
+            true, in_order ? at::Tensor() : shuffled, in_order ? at::Tensor() : shuffled, {0.3, 17, 5, 1, 4, 2, 8}};
+        const nn::AttentionOutput o = kernel->forward(in.q, in.k, in.v, mask, kScale);
+        const nn::AttentionGrads g = kernel->backward(in.q, in.k, in.v, o.out, o.lse, dout, mask, kScale);
+        const at::ScalarType acc = dtype == at::kDouble ? at::kDouble : at::kFloat;
+        const auto start = [&](const at::Tensor& like, int salt) {
+          const at::Tensor t = rank_data(0, like.sizes().vec(), at::kDouble, salt);
+          if (layout == "float64 sums") return t;
+          if (layout == "transposed sums") return t.to(acc).transpose(2, 3).contiguous().transpose(2, 3);
+          return t.to(acc);
+        };
+        const nn::AttentionGrads sum{start(in.q, 21), start(in.k, 22), start(in.v, 23)};
+        const nn::AttentionGrads before{sum.dq.clone(), sum.dk.clone(), sum.dv.clone()};
+        kernel->backward_into(in.q, in.k, in.v, o.out, o.lse, dout, mask, kScale, sum);
+        const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
+        check_allclose(sum.dq, before.dq + g.dq.to(sum.dq.scalar_type()), what + ": dq", tol, tol);
+        check_allclose(sum.dk, before.dk + g.dk.to(sum.dk.scalar_type()), what + ": dk", tol, tol);
+        check_allclose(sum.dv, before.dv + g.dv.to(sum.dv.scalar_type()), what + ": dv", tol, tol);
+      }
 }
 
 TEST(AttentionKernel, WorkCounterCountsUnmaskedScores) {

@@ -7,7 +7,8 @@
 // Every module but attention works on this rank's tokens alone; attention sees them all:
 //  - kRing: K and V travel round the ring, one step ahead of the compute (batched P2P, overlapped);
 //    each step's partial result is merged by log-sum-exp. W-1 exchanges forward. Backward sends
-//    K/V round again and the dK/dV accumulators with them, back to their owners: 2W-1 exchanges.
+//    K/V round again (overlapped) and the dK/dV sums with them, back to their owners: 2W-1
+//    exchanges. A step adds into the sum it received, so that one waits before the step computes.
 //  - kAllGather: K and V gathered once per layer (backward: their gradients reduce-scattered).
 //  - kUlysses: all_to_all from sequence- to head-sharded q, k, v, attention over the whole
 //    sequence on heads/W heads, all_to_all back (4 all_to_alls forward, 4 backward). Query heads
@@ -39,7 +40,8 @@ std::string to_string(CpMode mode);
 CpMode cp_mode_named(const std::string& name);
 
 // The head-tail token order of a sequence of `seq` tokens (even): 0, S-1, 1, S-2, ...
-// ([0, 7, 1, 6, 2, 5, 3, 4] for S 8). Rank r of W holds entries [r S/W, (r+1) S/W).
+// ([0, 7, 1, 6, 2, 5, 3, 4] for S 8). Rank r of W holds entries [r S/W, (r+1) S/W), ascending
+// (cp_positions).
 std::vector<int64_t> head_tail_order(int64_t seq);
 
 // The global positions (int64 [seq / ranks]) that rank `rank` of `ranks` holds of a `seq`-token
