@@ -35,14 +35,6 @@ TrainConfig small_config(const std::string& name) {
   return c;
 }
 
-std::vector<nlohmann::json> train_records(const TrainConfig& c) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(fs::path(c.run_dir) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (auto j = nlohmann::json::parse(line); j.at("kind") == "train") out.push_back(j);
-  return out;
-}
-
 // A learning rate of 1e30 makes AdamW's first update about 1e30 per weight: the next forward
 // overflows fp32.
 TrainConfig diverging(const std::string& name) {

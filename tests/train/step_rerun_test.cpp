@@ -50,14 +50,6 @@ TrainConfig rerunning(TrainConfig c, const std::string& faults, double spike_fac
   return c;
 }
 
-std::vector<nlohmann::json> train_records(const TrainConfig& c) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(fs::path(c.run_dir) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (auto j = nlohmann::json::parse(line); j.at("kind") == "train") out.push_back(j);
-  return out;
-}
-
 void expect_bitwise(const std::vector<double>& a, const std::vector<double>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
@@ -102,6 +104,15 @@ inline TrainResult rank0_result(const TrainConfig& config, int world, const test
 
 inline TrainResult rank0_result(const TrainConfig& config, int world) {
   return rank0_result(config, world, ranks_for(config));
+}
+
+// The per-step records (kind "train") of the run's metrics.jsonl, in order.
+inline std::vector<nlohmann::json> train_records(const TrainConfig& c) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(std::filesystem::path(c.run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.at("kind") == "train") out.push_back(j);
+  return out;
 }
 
 // Rank 0's losses of rank0_result.
