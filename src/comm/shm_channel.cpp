@@ -138,8 +138,17 @@ ShmChannel::~ShmChannel() {
 }
 
 void ShmChannel::check_usable(const CollectiveSite& site) {
-  if (broken_ || layout_->control->failed.load(std::memory_order_acquire) != 0) {
-    broken_ = true;
+  if (!broken_ && layout_->control->failed.load(std::memory_order_acquire) != 0) {
+    // Another member failed the group while this one was on its way, most likely at this very
+    // collective: this member fails it too, naming the same culprit and recording its arrival, so
+    // the others' reports do not count it among the ranks that never came.
+    int culprit = -1;
+    Failure kind = Failure::kMember;
+    const std::string why = check_members(rounds_ + 1, &culprit, &kind);
+    // Not kTimeout even if the other member timed out: this one did not wait at all.
+    fail(site, why, Failure::kMember, culprit);
+  }
+  if (broken_) {
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
                     std::to_string(group_.ranks[group_.rank]) +
                     ": an earlier collective on this group failed, and its shared memory may hold a half-finished "

@@ -6,6 +6,7 @@
 #include <hp/core/error.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -323,34 +324,45 @@ TEST(ShmTransport, AutoFallsBackToGlooWhenTheMembersCannotShareMemory) {
 }
 
 // A member that leaves (its rank threw, tearing down its groups) fails its peers promptly, naming
-// it, long before their timeout.
+// it, long before their timeout. A peer that arrives only after another has failed the group (here
+// rank 1, held back until rank 0 has given up) names the same culprit, not just "an earlier
+// collective failed", and counts as arrived in its own report.
 TEST(ShmTransport, AMemberThatLeavesFailsItsPeersPromptly) {
-  testing::RunRanksOptions options;
-  options.group.set_timeout(std::chrono::seconds(60)).set_transport(Transport::kShm);
-  options.barrier_at_exit = false;
-  std::vector<std::string> seen(3);
-  std::vector<double> seconds(3, -1);
-  try {
-    testing::run_ranks(
-        3,
-        [&](const ProcessGroup& world) {
-          world.barrier();
-          if (world.rank() == 2) throw std::runtime_error("rank 2 gives up");
-          const auto start = std::chrono::steady_clock::now();
-          try {
-            world.all_reduce(at::ones({8}));
-          } catch (const hp::Error& e) {
-            seen[world.rank()] = e.what();
-          }
-          seconds[world.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        },
-        options);
-  } catch (const hp::Error&) {  // rank 2's own error
-  }
-  for (int r : {0, 1}) {
-    EXPECT_NE(seen[r].find("world rank 2 left the group"), std::string::npos) << seen[r];
-    EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): [2]"), std::string::npos) << seen[r];
-    EXPECT_LT(seconds[r], 10.0);
+  for (const bool rank1_late : {false, true}) {
+    SCOPED_TRACE(rank1_late ? "rank 1 arrives after rank 0 failed" : "ranks 0 and 1 arrive together");
+    testing::RunRanksOptions options;
+    options.group.set_timeout(std::chrono::seconds(60)).set_transport(Transport::kShm);
+    options.barrier_at_exit = false;
+    std::vector<std::string> seen(3);
+    std::vector<double> seconds(3, -1);
+    std::atomic<bool> rank0_failed{false};
+    try {
+      testing::run_ranks(
+          3,
+          [&](const ProcessGroup& world) {
+            world.barrier();
+            if (world.rank() == 2) throw std::runtime_error("rank 2 gives up");
+            if (rank1_late && world.rank() == 1)
+              while (!rank0_failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              world.all_reduce(at::ones({8}));
+            } catch (const hp::Error& e) {
+              seen[world.rank()] = e.what();
+            }
+            seconds[world.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (world.rank() == 0) rank0_failed = true;
+          },
+          options);
+    } catch (const hp::Error&) {  // rank 2's own error
+    }
+    for (int r : {0, 1}) {
+      EXPECT_NE(seen[r].find("world rank 2 left the group"), std::string::npos) << seen[r];
+      // Rank 0 gave up waiting for the others' reports before rank 1 came.
+      const std::string missing = rank1_late && r == 0 ? "[1, 2]" : "[2]";
+      EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): " + missing), std::string::npos) << seen[r];
+      EXPECT_LT(seconds[r], 10.0);
+    }
   }
 }
 
