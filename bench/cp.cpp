@@ -8,7 +8,10 @@
 // process, one CPU thread each, real Gloo groups), each holding its cp_shard of the sequence. A
 // step's time is the slowest rank's (ranks meet in a barrier before each step); rounds alternate
 // the modes, medians per mode. Peak bytes: the most one rank's compute allocator held during a step
-// (hp::MemoryTracker), against CP 1.
+// (hp::MemoryTracker), against CP 1, read two ways: with q, k and v made inside the step and let go
+// by the caller after the call, as a model's projections make them (what attention keeps of them
+// counts: Ulysses keeps its gathered copy, the ring the caller's), and with q, k and v held by the
+// caller throughout (not counted).
 //
 // On a 2-core machine W 2 has a core per rank; W 4 shares the cores (its times show communication
 // patterns, not speed-ups). Printed last: causal balanced / unbalanced step time at W 2 (target
@@ -42,13 +45,27 @@ Problem make_problem(int64_t seq) {
           at::randn({1, 8, seq, 64}, gen)};
 }
 
-// Forward and backward of `core` on leaves made from q, k, v; returns the step's peak bytes.
-int64_t step(hp::nn::CoreAttention& core, const Problem& p) {
-  hp::MemoryTracker tracker;
+// Forward and backward of `core` on leaves made from q, k, v; returns the step's peak bytes. With
+// `inputs_made_inside`, attention gets copies of the leaves, which the caller lets go after the call.
+int64_t step(hp::nn::CoreAttention& core, const Problem& p, bool inputs_made_inside = true) {
   const at::Tensor q = p.q.detach().requires_grad_(), k = p.k.detach().requires_grad_(),
                    v = p.v.detach().requires_grad_();
-  core.call({q, k, v}).backward(p.dout);
+  hp::MemoryTracker tracker;
+  at::Tensor out;
+  if (inputs_made_inside) {
+    out = core.call({q.clone(), k.clone(), v.clone()});
+  } else {
+    out = core.call({q, k, v});
+  }
+  out.backward(p.dout);
   return tracker.peak();
+}
+
+// The largest rank's step peak, on rank 0.
+int64_t largest(const hp::comm::ProcessGroup& world, int64_t bytes) {
+  const at::Tensor peak = at::tensor({static_cast<double>(bytes)}, at::kDouble);
+  world.all_reduce(peak, {hp::comm::ReduceOp::kMax});
+  return static_cast<int64_t>(peak.item<double>());
 }
 
 struct Mode {
@@ -61,7 +78,8 @@ struct Mode {
 
 struct Measured {
   std::vector<double> seconds;  // the slowest rank's, per round
-  int64_t peak = 0;             // the largest rank's
+  int64_t peak = 0;             // the largest rank's, q, k, v made inside the step
+  int64_t peak_held = 0;        // the same, q, k, v held by the caller
 };
 
 // Every mode on `ranks` ranks, rounds alternating the modes.
@@ -86,9 +104,9 @@ std::map<std::string, Measured> run_modes(int ranks, const std::vector<Mode>& mo
               .apply(*cores.back(), "core", mesh);
           auto shard = [&](const at::Tensor& t) { return hp::cp_shard(t, 2, ranks, world.rank(), m.balanced); };
           local.push_back({shard(global.q), shard(global.k), shard(global.v), shard(global.dout)});
-          const at::Tensor peak = at::tensor({static_cast<double>(step(*cores.back(), local.back()))}, at::kDouble);
-          world.all_reduce(peak, {hp::comm::ReduceOp::kMax});
-          if (world.rank() == 0) out[m.name].peak = static_cast<int64_t>(peak.item<double>());
+          const int64_t peak = largest(world, step(*cores.back(), local.back()));
+          const int64_t peak_held = largest(world, step(*cores.back(), local.back(), false));
+          if (world.rank() == 0) out[m.name].peak = peak, out[m.name].peak_held = peak_held;
         }
         for (int r = 0; r < rounds; ++r)
           for (size_t i = 0; i < modes.size(); ++i) {
@@ -114,6 +132,7 @@ int main(int argc, char** argv) {
   hp::nn::CoreAttention single;
   Measured one;
   one.peak = step(single, global);
+  one.peak_held = step(single, global, false);
   for (int r = 0; r < rounds; ++r) one.seconds.push_back(hp::bench::seconds([&] { step(single, global); }));
 
   using hp::CpMode;
@@ -131,10 +150,12 @@ int main(int argc, char** argv) {
 
   std::printf("causal attention fwd+bwd, batch 1, 8 heads (4 kv), head dim 64, %lld tokens, fp32; median of %d\n",
               static_cast<long long>(seq), rounds);
-  std::printf("%-22s %12s %14s %12s\n", "mode", "step (ms)", "peak/rank (MB)", "peak / cp 1");
+  std::printf("peak: q, k, v made inside the step (as projections make them) / held by the caller\n");
+  std::printf("%-22s %12s %14s %12s %14s\n", "mode", "step (ms)", "peak/rank (MB)", "peak / cp 1", "held: / cp 1");
   const auto row = [&](const std::string& name, const Measured& m) {
-    std::printf("%-22s %12.1f %14.2f %12.3f\n", name.c_str(), 1e3 * hp::bench::median(m.seconds), m.peak / 1e6,
-                static_cast<double>(m.peak) / static_cast<double>(one.peak));
+    std::printf("%-22s %12.1f %14.2f %12.3f %14.3f\n", name.c_str(), 1e3 * hp::bench::median(m.seconds), m.peak / 1e6,
+                static_cast<double>(m.peak) / static_cast<double>(one.peak),
+                static_cast<double>(m.peak_held) / static_cast<double>(one.peak_held));
   };
   row("cp 1", one);
   for (const Mode& m : two) row("cp 2 " + m.name, w2.at(m.name));

@@ -11,6 +11,7 @@
 #include "hp/core/error.h"
 #include "hp/nn/attention.h"
 #include "parallel/ring_attention.h"
+#include "parallel/ulysses_exchange.h"
 
 namespace hp {
 namespace {
@@ -18,7 +19,8 @@ namespace {
 // The global positions that ranks [first, first + count) of `ranks` hold together, in rank order:
 // one piece of the sequence's order (contiguous, or head_tail_order with load_balance), each rank's
 // ascending. In ascending order a rank's tokens go to the attention kernel as they lie: ring
-// attention copies nothing to sort them (q, k, v, the output and its gradient).
+// attention copies nothing to sort them (q, k, v, the output and its gradient), and Ulysses's
+// exchange gathers a group's tokens in ascending order (UlyssesExchange) for the same reason.
 at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t count, bool load_balance) {
   HP_CHECK(ranks > 0 && first >= 0 && count > 0 && first + count <= ranks, "cp_positions: ranks [", first, ", ",
            first + count, ") of ", ranks);
@@ -31,23 +33,6 @@ at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t
   for (int64_t rank_begin = begin; rank_begin < end; rank_begin += local)
     std::sort(order.begin() + rank_begin, order.begin() + rank_begin + local);
   return at::tensor(at::ArrayRef<int64_t>(order.data() + begin, end - begin), at::kLong);
-}
-
-// Sequence-sharded [b, h, s, d] on each of `group`'s ranks -> head-sharded [b, h / n, n s, d], the
-// sequence in group-rank order. Differentiable (the backward is the inverse all_to_all).
-at::Tensor sequence_to_heads(const at::Tensor& x, const comm::ProcessGroup& group) {
-  const int64_t n = group.size(), b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
-  const at::Tensor pieces = x.reshape({b, n, h / n, s, d}).permute({1, 0, 2, 3, 4}).contiguous();
-  const at::Tensor received = comm::functional::all_to_all(pieces, group);  // [n (source), b, h/n, s, d]
-  return received.permute({1, 2, 0, 3, 4}).reshape({b, h / n, n * s, d});
-}
-
-// The inverse of sequence_to_heads.
-at::Tensor heads_to_sequence(const at::Tensor& x, const comm::ProcessGroup& group) {
-  const int64_t n = group.size(), b = x.size(0), h = x.size(1), s = x.size(2) / n, d = x.size(3);
-  const at::Tensor pieces = x.reshape({b, h, n, s, d}).permute({2, 0, 1, 3, 4}).contiguous();
-  const at::Tensor received = comm::functional::all_to_all(pieces, group);  // [n (head group), b, h, s, d]
-  return received.permute({1, 0, 2, 3, 4}).reshape({b, n * h, s, d});
 }
 
 void check_ulysses_heads(int64_t query_heads, int64_t kv_heads, int64_t n) {
@@ -109,9 +94,10 @@ class ContextParallelCompute final : public nn::AttentionCompute {
                            comm::functional::all_gather(v, group_, along_sequence),
                            {causal, positions_of(group_.rank(), 1), positions_of(0, ranks), dropout}, scale);
     }
-    // The tokens this rank attends for (after Ulysses, its group's), and the ring peers' tokens.
+    // The tokens this rank attends for (after Ulysses, its group's, gathered in ascending order),
+    // and the ring peers' tokens.
     const int64_t u = ulysses_.defined() ? ulysses_.size() : 1;
-    auto group_positions = [&](int64_t first_rank) { return positions_of(first_rank, u); };
+    auto group_positions = [&](int64_t first_rank) { return std::get<0>(at::sort(positions_of(first_rank, u))); };
     const int64_t my_first = group_.rank() / u * u;
     std::shared_ptr<const nn::AttentionKernel> inner = kernel;
     if (ring_.defined()) {
@@ -121,11 +107,12 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     }
     nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first), dropout};
     if (!ulysses_.defined()) return nn::attention(inner, q, k, v, mask, scale);
+    const detail::UlyssesExchange exchange(ulysses_, positions_of(my_first, u));
     mask.dropout.first_head += ulysses_.rank() * (q.size(1) / u);  // sequence_to_heads' share of the heads
-    const at::Tensor out = nn::attention(
-        inner, sequence_to_heads(q, ulysses_), sequence_to_heads(kv_heads_for_ulysses(k, q.size(1), u), ulysses_),
-        sequence_to_heads(kv_heads_for_ulysses(v, q.size(1), u), ulysses_), mask, scale);
-    return heads_to_sequence(out, ulysses_);
+    const at::Tensor out = nn::attention(inner, exchange.sequence_to_heads(q),
+                                         exchange.sequence_to_heads(kv_heads_for_ulysses(k, q.size(1), u)),
+                                         exchange.sequence_to_heads(kv_heads_for_ulysses(v, q.size(1), u)), mask, scale);
+    return exchange.heads_to_sequence(out);
   }
 
  private:
