@@ -15,7 +15,8 @@
 //
 // On a 2-core machine W 2 has a core per rank; W 4 shares the cores (its times show communication
 // patterns, not speed-ups). Printed last: causal balanced / unbalanced step time at W 2 (target
-// <= 0.8, issue [CP]), ring with overlap / without, and peak per rank / CP 1.
+// <= 0.8, issue [CP]), ring with overlap / without, and peak per rank / CP 1; then Llama's attention
+// layer at W 2 with the asynchronous variant against without (run_async_layers).
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -29,6 +30,8 @@
 #include "hp/core/cpu_threads.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/mesh/device_mesh.h"
+#include "hp/models/llama/model.h"
+#include "hp/nn/init.h"
 #include "hp/nn/attention.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/testing/run_ranks.h"
@@ -51,12 +54,8 @@ int64_t step(hp::nn::CoreAttention& core, const Problem& p, bool inputs_made_ins
   const at::Tensor q = p.q.detach().requires_grad_(), k = p.k.detach().requires_grad_(),
                    v = p.v.detach().requires_grad_();
   hp::MemoryTracker tracker;
-  at::Tensor out;
-  if (inputs_made_inside) {
-    out = core.call({q.clone(), k.clone(), v.clone()});
-  } else {
-    out = core.call({q, k, v});
-  }
+  // The clones are let go at the end of the statement.
+  const at::Tensor out = inputs_made_inside ? core.call({q.clone(), k.clone(), v.clone()}) : core.call({q, k, v});
   out.backward(p.dout);
   return tracker.peak();
 }
@@ -106,7 +105,10 @@ std::map<std::string, Measured> run_modes(int ranks, const std::vector<Mode>& mo
           local.push_back({shard(global.q), shard(global.k), shard(global.v), shard(global.dout)});
           const int64_t peak = largest(world, step(*cores.back(), local.back()));
           const int64_t peak_held = largest(world, step(*cores.back(), local.back(), false));
-          if (world.rank() == 0) out[m.name].peak = peak, out[m.name].peak_held = peak_held;
+          if (world.rank() == 0) {
+            out[m.name].peak = peak;
+            out[m.name].peak_held = peak_held;
+          }
         }
         for (int r = 0; r < rounds; ++r)
           for (size_t i = 0; i < modes.size(); ++i) {
@@ -114,6 +116,57 @@ std::map<std::string, Measured> run_modes(int ranks, const std::vector<Mode>& mo
             const at::Tensor t = at::tensor({hp::bench::seconds([&] { step(*cores[i], local[i]); })}, at::kDouble);
             world.all_reduce(t, {hp::comm::ReduceOp::kMax});
             if (world.rank() == 0) out[modes[i].name].seconds.push_back(t.item<double>());
+          }
+      },
+      options);
+  return out;
+}
+
+// The asynchronous variant needs the model around attention: Llama's attention layer (projections,
+// rotary embedding, core attention, output projection; dim 512, 8 heads, 4 key/value heads), forward
+// and backward on W 2 ranks, with each mode's exchange of K and V started at the call or as soon as
+// K and V are computed (ContextParallel::set_async), rounds alternating.
+std::map<std::string, Measured> run_async_layers(int64_t seq, int rounds) {
+  hp::models::LlamaConfig config;
+  config.dim = 512;
+  config.max_seq = seq;
+  constexpr int kRanks = 2;
+  struct Layer {
+    std::string name;
+    hp::CpMode mode;
+    bool async;
+  };
+  const std::vector<Layer> layers = {{"ring", hp::CpMode::kRing, false},
+                                     {"ring async", hp::CpMode::kRing, true},
+                                     {"ulysses", hp::CpMode::kUlysses, false},
+                                     {"ulysses async", hp::CpMode::kUlysses, true}};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const at::Tensor x = at::randn({1, seq, config.dim}, gen), dy = at::randn({1, seq, config.dim}, gen);
+  std::map<std::string, Measured> out;
+  hp::testing::RunRanksOptions options;
+  options.cpu_threads_per_rank = 1;
+  hp::testing::run_ranks(
+      kRanks,
+      [&](const hp::comm::ProcessGroup& world) {
+        const hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {kRanks}, {"cp"});
+        std::vector<std::shared_ptr<hp::models::Attention>> attention;
+        for (const Layer& l : layers) {
+          attention.push_back(std::make_shared<hp::models::Attention>(config));
+          hp::nn::init_parameters(*attention.back(), 5);
+          hp::ContextParallel().set_mode(l.mode).set_async(l.async).apply(*attention.back()->core, "core", mesh);
+        }
+        const at::Tensor local_x = hp::cp_shard(x, 1, kRanks, world.rank()),
+                         local_dy = hp::cp_shard(dy, 1, kRanks, world.rank());
+        for (int r = 0; r < rounds; ++r)
+          for (size_t i = 0; i < layers.size(); ++i) {
+            world.barrier();
+            const double seconds = hp::bench::seconds([&] {
+              const at::Tensor input = local_x.detach().requires_grad_();
+              (*attention[i])(input).backward(local_dy);
+            });
+            const at::Tensor t = at::tensor({seconds}, at::kDouble);
+            world.all_reduce(t, {hp::comm::ReduceOp::kMax});
+            if (world.rank() == 0) out[layers[i].name].seconds.push_back(t.item<double>());
           }
       },
       options);
@@ -167,5 +220,11 @@ int main(int argc, char** argv) {
   std::printf("cp 2 ring / cp 1 step time = %.3f; allgather / ring = %.3f; ulysses / ring = %.3f\n",
               t(w2.at("ring")) / t(one), t(w2.at("allgather")) / t(w2.at("ring")),
               t(w2.at("ulysses")) / t(w2.at("ring")));
+  const std::map<std::string, Measured> layers = run_async_layers(seq, rounds);
+  std::printf("cp 2 Llama attention layer (dim 512) fwd+bwd: ring %.1f ms, async %.1f ms (%.3f); ulysses %.1f ms, "
+              "async %.1f ms (%.3f)\n",
+              1e3 * t(layers.at("ring")), 1e3 * t(layers.at("ring async")),
+              t(layers.at("ring async")) / t(layers.at("ring")), 1e3 * t(layers.at("ulysses")),
+              1e3 * t(layers.at("ulysses async")), t(layers.at("ulysses async")) / t(layers.at("ulysses")));
   return 0;
 }

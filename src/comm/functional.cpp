@@ -39,13 +39,7 @@ at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, Reduce
 }
 
 at::Tensor all_gather(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts) {
-  return differentiable(
-      "AllGatherBackward", input, [&](const at::Tensor& x) { return group.all_gather(x, opts); },
-      [group, opts, own = input.size(opts.dim < 0 ? opts.dim + input.dim() : opts.dim)](const at::Tensor& g) {
-        std::vector<int64_t> sizes = opts.sizes;
-        if (sizes.empty()) sizes.assign(group.size(), own);
-        return group.reduce_scatter(g, {ReduceOp::kSum, opts.dim, sizes});
-      });
+  return all_gather_async(input, group, std::move(opts)).wait();
 }
 
 at::Tensor reduce_scatter(const at::Tensor& input, const ProcessGroup& group, ReduceScatterOptions opts) {
@@ -81,6 +75,19 @@ PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& 
                             const at::Tensor& g) { return group.all_to_all(g, inverse); };
   return PendingCollective(std::move(work), [input, backward = std::move(backward)](at::Tensor output) {
     return record("AllToAllBackward", input, std::move(output), backward);
+  });
+}
+
+PendingCollective all_gather_async(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts) {
+  Work work = group.all_gather_async(input.detach(), opts);
+  BackwardFn backward = [group, opts, own = input.size(opts.dim < 0 ? opts.dim + input.dim() : opts.dim)](
+                            const at::Tensor& g) {
+    std::vector<int64_t> sizes = opts.sizes;
+    if (sizes.empty()) sizes.assign(group.size(), own);
+    return group.reduce_scatter(g, {ReduceOp::kSum, opts.dim, sizes});
+  };
+  return PendingCollective(std::move(work), [input, backward = std::move(backward)](at::Tensor output) {
+    return record("AllGatherBackward", input, std::move(output), backward);
   });
 }
 

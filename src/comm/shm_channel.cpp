@@ -30,6 +30,7 @@ struct Control {
   alignas(kLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
   alignas(kLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
   alignas(kLine) std::atomic<uint32_t> failed;     // 0: none; else 1 + the culprit's group rank, | kTimedOut
+  std::atomic<uint64_t> failed_seq;                // 0: none; else 1 + the seq of the collective that failed
 };
 
 // In `failed`: the first member to fail timed out waiting for the culprit. Its peers, woken by it,
@@ -138,15 +139,22 @@ ShmChannel::~ShmChannel() {
 }
 
 void ShmChannel::check_usable(const CollectiveSite& site) {
-  if (!broken_ && layout_->control->failed.load(std::memory_order_acquire) != 0) {
-    // Another member failed the group while this one was on its way, most likely at this very
-    // collective: this member fails it too, naming the same culprit and recording its arrival, so
-    // the others' reports do not count it among the ranks that never came.
-    int culprit = -1;
-    Failure kind = Failure::kMember;
-    const std::string why = check_members(rounds_ + 1, &culprit, &kind);
-    // Not kTimeout even if the other member timed out: this one did not wait at all.
-    fail(site, why, Failure::kMember, culprit);
+  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
+  if (!broken_ && failed != 0) {
+    const int culprit = static_cast<int>((failed & ~kTimedOut) - 1);
+    const std::string why = describe_failure(culprit, (failed & kTimedOut) != 0);
+    if (layout_->control->failed_seq.load(std::memory_order_acquire) == site.seq + 1) {
+      // Another member failed the group at this very collective while this one was on its way:
+      // this one fails it too, naming the same culprit, and counts as arrived (here and in the
+      // report of the ranks that reached it), so that nobody names it among the missing.
+      layout_->members[group_.rank].arrived.store(rounds_ + 1, std::memory_order_release);
+      fail(site, why, Failure::kMember, culprit);
+    }
+    broken_ = true;
+    throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
+                    std::to_string(group_.ranks[group_.rank]) + ", collective #" + std::to_string(site.seq) +
+                    ": an earlier collective on this group failed (" + why +
+                    "), and its shared memory may hold a half-finished exchange; the group cannot be used any more");
   }
   if (broken_) {
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
@@ -154,6 +162,29 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
                     ": an earlier collective on this group failed, and its shared memory may hold a half-finished "
                     "exchange; the group cannot be used any more");
   }
+}
+
+std::string ShmChannel::describe_failure(int culprit, bool timed_out) const {
+  const std::string timeout = " after the group timeout of " + std::to_string(group_.options.timeout.count()) + " ms";
+  if (culprit == group_.rank)
+    return "another member gave up waiting for this rank" + (timed_out ? timeout : std::string()) +
+           ": it was held up elsewhere";
+  if (std::string gone = member_gone(culprit); !gone.empty()) return gone;
+  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[culprit]) +
+         (timed_out ? timeout : std::string());
+}
+
+std::string ShmChannel::member_left(int r) const {
+  return "world rank " + std::to_string(group_.ranks[r]) + " left the group (its process group was destroyed)";
+}
+
+std::string ShmChannel::member_gone(int r) const {
+  const MemberState& member = layout_->members[r];
+  if (member.left.load(std::memory_order_acquire)) return member_left(r);
+  const int64_t pid = member.pid.load(std::memory_order_acquire);
+  if (pid > 0 && pid != getpid() && process_gone(pid))
+    return "world rank " + std::to_string(group_.ranks[r]) + " (process " + std::to_string(pid) + ") has exited";
+  return "";
 }
 
 void ShmChannel::post_call(const CollectiveSite& site, int parity) {
@@ -182,14 +213,13 @@ std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kin
   for (int r = 0; r < layout_->n; ++r) {
     const MemberState& member = layout_->members[r];
     if (r == group_.rank) continue;
-    const bool left = member.left.load(std::memory_order_acquire);  // before `arrived`: it is set after
+    // `left` before `arrived`: it is set after, so a member that arrived and then left counts as arrived.
+    const bool left = member.left.load(std::memory_order_acquire);
     if (member.arrived.load(std::memory_order_acquire) >= round) continue;
-    *culprit = r;
-    if (left)
-      return "world rank " + std::to_string(group_.ranks[r]) + " left the group (its process group was destroyed)";
-    const int64_t pid = member.pid.load(std::memory_order_acquire);
-    if (pid > 0 && pid != getpid() && process_gone(pid))
-      return "world rank " + std::to_string(group_.ranks[r]) + " (process " + std::to_string(pid) + ") has exited";
+    if (std::string gone = left ? member_left(r) : member_gone(r); !gone.empty()) {
+      *culprit = r;
+      return gone;
+    }
   }
   const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
   if (failed == 0) return "";
@@ -202,6 +232,8 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
   broken_ = true;
   // Tell the others, who may be waiting for this member in a later round, and who is to blame (the
   // first failure wins).
+  uint64_t no_seq = 0;
+  layout_->control->failed_seq.compare_exchange_strong(no_seq, site.seq + 1);  // before `failed`, which says to look
   uint32_t none = 0;
   layout_->control->failed.compare_exchange_strong(
       none, static_cast<uint32_t>(culprit + 1) | (kind == Failure::kTimeout ? kTimedOut : 0));

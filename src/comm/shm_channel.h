@@ -91,6 +91,12 @@ class ShmChannel {
   [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit);
   // Empty, or why waiting for `round` is hopeless, the group rank to blame and the kind of failure.
   std::string check_members(uint64_t round, int* culprit, Failure* kind) const;
+  // Why the group failed, blaming group rank `culprit` (as `failed` records it), for a member that
+  // did not see it happen.
+  std::string describe_failure(int culprit, bool timed_out) const;
+  // Empty, or that group rank r left the group or its process exited.
+  std::string member_gone(int r) const;
+  std::string member_left(int r) const;
   void check_usable(const CollectiveSite& site);
 
   GroupImpl& group_;

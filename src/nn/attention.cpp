@@ -292,7 +292,8 @@ class CpuAttentionKernel final : public AttentionKernel {
 class LocalCompute final : public AttentionCompute {
  public:
   at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout) const override {
+                    const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout,
+                    std::shared_ptr<KeysInFlight> /*early: nothing begun*/) const override {
     return attention(std::move(kernel), q, k, v, AttentionMask{causal, {}, {}, dropout}, scale);
   }
   at::Tensor positions(int64_t local_len) const override { return at::arange(local_len, at::kLong); }
@@ -407,8 +408,17 @@ void CoreAttention::set_compute(std::shared_ptr<const AttentionCompute> compute)
   compute_ = std::move(compute);
 }
 
+void CoreAttention::begin(const at::Tensor& k, const at::Tensor& v) {
+  if (early_) std::exchange(early_, nullptr)->finish();
+  early_ = compute_->begin(k, v);
+}
+
 at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
   HP_CHECK(inputs.size() == 3, "CoreAttention takes q, k and v; got ", inputs.size(), " inputs");
+  std::shared_ptr<KeysInFlight> early = std::exchange(early_, nullptr);
+  // What was begun with other keys is finished and dropped: every rank runs the same code, so every
+  // rank drops it, and the call's own exchange follows it on every rank.
+  if (early && !early->began_with(inputs[1], inputs[2])) std::exchange(early, nullptr)->finish();
   const at::Tensor& q = inputs[0];
   const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   AttentionDropout drop;
@@ -426,7 +436,7 @@ at::Tensor CoreAttention::forward_inputs(const Inputs& inputs) {
             first_head_,
             heads_ > 0 ? heads_ : q.size(1)};
   }
-  return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s, drop);
+  return compute_->attend(kernel_, q, inputs[1], inputs[2], causal, s, drop, std::move(early));
 }
 
 }  // namespace hp::nn

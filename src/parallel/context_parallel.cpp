@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "hp/comm/functional.h"
@@ -44,17 +45,43 @@ void check_ulysses_heads(int64_t query_heads, int64_t kv_heads, int64_t n) {
 
 // Key/value heads for a Ulysses group of n: split as they are when n divides them, else each
 // repeated so that every rank gets the one its query heads use.
-at::Tensor kv_heads_for_ulysses(const at::Tensor& kv, int64_t query_heads, int64_t n) {
+at::Tensor kv_heads_for_ulysses(const at::Tensor& kv, int64_t n) {
   const int64_t heads = kv.size(1);
-  check_ulysses_heads(query_heads, heads, n);
   return heads % n == 0 ? kv : kv.repeat_interleave(n / heads, 1);
 }
+
+void check_same_tokens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t s = k.size(2);
+  HP_CHECK((!q.defined() || q.size(2) == s) && v.size(2) == s,
+           "ContextParallel: q, k and v must hold the same tokens; got ", q.defined() ? q.sizes() : at::IntArrayRef{},
+           ", ", k.sizes(), ", ", v.sizes());
+}
+
+const comm::AllGatherOptions kAlongSequence{2, {}};
+
+// What begin() started with a call's K and V: the all-gathers or Ulysses exchanges in flight, or
+// the ring's first exchange.
+struct KeysOnTheirWay final : nn::KeysInFlight {
+  using nn::KeysInFlight::KeysInFlight;
+  void finish() override {
+    if (k) k->wait();
+    if (v) v->wait();
+    if (ring) detail::finish_ring_shift(*ring);
+  }
+  std::optional<comm::functional::PendingCollective> k, v;
+  std::optional<detail::UlyssesExchange> exchange;
+  std::shared_ptr<detail::RingFirstShift> ring;
+};
 
 class ContextParallelCompute final : public nn::AttentionCompute {
  public:
   ContextParallelCompute(comm::ProcessGroup group, CpMode mode, bool load_balance, int64_t ulysses_degree,
-                         bool ring_overlap)
-      : group_(std::move(group)), mode_(mode), load_balance_(load_balance), ring_overlap_(ring_overlap) {
+                         bool ring_overlap, bool async)
+      : group_(std::move(group)),
+        mode_(mode),
+        load_balance_(load_balance),
+        ring_overlap_(ring_overlap),
+        async_(async) {
     const int64_t ranks = group_.size(), rank = group_.rank();
     if (mode_ == CpMode::kRing) ring_ = group_;
     if (mode_ == CpMode::kUlysses) ulysses_ = group_;
@@ -75,13 +102,31 @@ class ContextParallelCompute final : public nn::AttentionCompute {
 
   std::string name() const override { return "ContextParallel(" + to_string(mode_) + ")"; }
 
+  std::shared_ptr<nn::KeysInFlight> begin(const at::Tensor& k, const at::Tensor& v) const override {
+    if (!async_ || group_.size() == 1) return nullptr;
+    check_same_tokens({}, k, v);
+    auto early = std::make_shared<KeysOnTheirWay>(k, v);
+    if (mode_ == CpMode::kAllGather) {
+      early->k = comm::functional::all_gather_async(k, group_, kAlongSequence);
+      early->v = comm::functional::all_gather_async(v, group_, kAlongSequence);
+    } else if (ulysses_.defined()) {
+      const int64_t u = ulysses_.size();
+      check_ulysses_heads(u, k.size(1), u);  // the query heads are checked at the call
+      early->exchange.emplace(ulysses_exchange(k.size(2)));
+      early->k = early->exchange->start_sequence_to_heads(kv_heads_for_ulysses(k, u));
+      early->v = early->exchange->start_sequence_to_heads(kv_heads_for_ulysses(v, u));
+    } else {
+      early->ring = detail::start_ring_shift(ring_, k, v, ring_overlap_);
+    }
+    return early;
+  }
+
   at::Tensor attend(std::shared_ptr<const nn::AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& v, bool causal, double scale,
-                    const nn::AttentionDropout& dropout) const override {
-    const int64_t s = q.size(2);
-    HP_CHECK(k.size(2) == s && v.size(2) == s, "ContextParallel: q, k and v must hold the same tokens; got ", q.sizes(),
-             ", ", k.sizes(), ", ", v.sizes());
-    const int64_t ranks = group_.size();
+                    const at::Tensor& v, bool causal, double scale, const nn::AttentionDropout& dropout,
+                    std::shared_ptr<nn::KeysInFlight> begun) const override {
+    check_same_tokens(q, k, v);
+    auto* early = static_cast<KeysOnTheirWay*>(begun.get());  // what this compute's begin() made
+    const int64_t s = q.size(2), ranks = group_.size();
     // The positions cp ranks [first, first + count) hold together.
     auto positions_of = [&](int64_t first, int64_t count) {
       return positions_of_ranks(s * ranks, ranks, first, count, load_balance_);
@@ -89,9 +134,9 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     if (ranks == 1)
       return nn::attention(kernel, q, k, v, {causal, positions_of(0, 1), positions_of(0, 1), dropout}, scale);
     if (mode_ == CpMode::kAllGather) {
-      const comm::AllGatherOptions along_sequence{2, {}};
-      return nn::attention(kernel, q, comm::functional::all_gather(k, group_, along_sequence),
-                           comm::functional::all_gather(v, group_, along_sequence),
+      const at::Tensor all_k = early ? early->k->wait() : comm::functional::all_gather(k, group_, kAlongSequence);
+      const at::Tensor all_v = early ? early->v->wait() : comm::functional::all_gather(v, group_, kAlongSequence);
+      return nn::attention(kernel, q, all_k, all_v,
                            {causal, positions_of(group_.rank(), 1), positions_of(0, ranks), dropout}, scale);
     }
     // The tokens this rank attends for (after Ulysses, its group's, gathered in ascending order),
@@ -103,23 +148,39 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     if (ring_.defined()) {
       std::vector<at::Tensor> key_positions;
       for (int64_t j = 0; j < ring_.size(); ++j) key_positions.push_back(group_positions(j * u));
-      inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions), ring_overlap_);
+      inner = detail::ring_attention_kernel(ring_, kernel, std::move(key_positions), ring_overlap_,
+                                            early ? early->ring : nullptr);
     }
-    nn::AttentionMask mask{causal, group_positions(my_first), group_positions(my_first), dropout};
-    if (!ulysses_.defined()) return nn::attention(inner, q, k, v, mask, scale);
-    const detail::UlyssesExchange exchange(ulysses_, positions_of(my_first, u));
+    if (!ulysses_.defined()) {
+      const at::Tensor mine = group_positions(my_first);
+      return nn::attention(inner, q, k, v, {causal, mine, mine, dropout}, scale);
+    }
+    check_ulysses_heads(q.size(1), k.size(1), u);
+    const detail::UlyssesExchange exchange = early ? *early->exchange : ulysses_exchange(s);
+    nn::AttentionMask mask{causal, exchange.positions(), exchange.positions(), dropout};
     mask.dropout.first_head += ulysses_.rank() * (q.size(1) / u);  // sequence_to_heads' share of the heads
-    const at::Tensor out = nn::attention(inner, exchange.sequence_to_heads(q),
-                                         exchange.sequence_to_heads(kv_heads_for_ulysses(k, q.size(1), u)),
-                                         exchange.sequence_to_heads(kv_heads_for_ulysses(v, q.size(1), u)), mask, scale);
-    return exchange.heads_to_sequence(out);
+    // In this order on every rank (K and V first when begin() sent them ahead).
+    const at::Tensor heads_q = exchange.sequence_to_heads(q);
+    const at::Tensor heads_k =
+        early ? early->k->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(k, u));
+    const at::Tensor heads_v =
+        early ? early->v->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(v, u));
+    return exchange.heads_to_sequence(nn::attention(inner, heads_q, heads_k, heads_v, mask, scale));
   }
 
  private:
+  // The exchange of this rank's Ulysses group for `local_len` tokens per rank.
+  detail::UlyssesExchange ulysses_exchange(int64_t local_len) const {
+    const int64_t ranks = group_.size(), u = ulysses_.size();
+    return detail::UlyssesExchange(
+        ulysses_, positions_of_ranks(local_len * ranks, ranks, group_.rank() / u * u, u, load_balance_));
+  }
+
   comm::ProcessGroup group_, ring_, ulysses_;
   CpMode mode_;
   bool load_balance_;
   bool ring_overlap_;
+  bool async_;
 };
 
 }  // namespace
@@ -194,7 +255,7 @@ void ContextParallel::apply(nn::Module& module, const std::string& fqn, const De
   check(module, fqn, mesh);
   auto& core = static_cast<nn::CoreAttention&>(module);
   core.set_compute(std::make_shared<ContextParallelCompute>(mesh.get_group(0), mode_, load_balance_, ulysses_degree_,
-                                                            ring_overlap_));
+                                                            ring_overlap_, async_));
 }
 
 }  // namespace hp

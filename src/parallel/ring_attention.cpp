@@ -46,17 +46,30 @@ class RingShift {
   TensorPair out_, in_;
 };
 
+}  // namespace
+
+class RingFirstShift {
+ public:
+  RingFirstShift(const comm::ProcessGroup& group, const at::Tensor& k, const at::Tensor& v, bool overlap)
+      : shift(group, {k, v}, kTagK, kTagV, overlap) {}
+  RingShift shift;
+};
+
+namespace {
+
 class RingAttentionKernel final : public nn::AttentionKernel {
  public:
   RingAttentionKernel(comm::ProcessGroup group, std::shared_ptr<const nn::AttentionKernel> local,
-                      std::vector<at::Tensor> key_positions, bool overlap)
-      : group_(std::move(group)), local_(std::move(local)), overlap_(overlap) {
+                      std::vector<at::Tensor> key_positions, bool overlap, std::shared_ptr<RingFirstShift> first)
+      : group_(std::move(group)), local_(std::move(local)), overlap_(overlap), first_(std::move(first)) {
     HP_CHECK(static_cast<int64_t>(key_positions.size()) == group_.size(), "ring attention: ", key_positions.size(),
              " key position vectors for ", group_.size(), " ranks");
     // Every rank sorts its tokens once per call and sends its keys sorted, so the local kernel
     // finds every block in order and copies nothing per step.
     for (const at::Tensor& p : key_positions) sorted_positions_.push_back(nn::PositionOrder(p).positions);
     own_ = std::make_unique<nn::PositionOrder>(key_positions[group_.rank()]);
+    HP_CHECK(!first_ || !own_->order.defined(),
+             "ring attention: K and V were sent ahead (start_ring_shift) in an order that is not their positions'");
   }
 
   nn::AttentionOutput forward(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
@@ -65,9 +78,14 @@ class RingAttentionKernel final : public nn::AttentionKernel {
     const at::Tensor q = own_->take(q_in);
     TensorPair kv{own_->take(k), own_->take(v)};
     nn::AttentionOutput acc;
+    std::shared_ptr<RingFirstShift> first = std::exchange(first_, nullptr);  // K and V already on their way
     for (int step = 0; step < ranks; ++step) {
       std::optional<RingShift> shift;
-      if (step + 1 < ranks) shift.emplace(group_, kv, kTagK, kTagV, overlap_);
+      if (step == 0 && first) {
+        shift.emplace(std::move(first->shift));
+      } else if (step + 1 < ranks) {
+        shift.emplace(group_, kv, kTagK, kTagV, overlap_);
+      }
       const nn::AttentionOutput part = local_->forward(q, kv.first, kv.second, block_mask(mask, step), scale);
       acc = step == 0 ? part : nn::merge_attention(acc, part);
       if (shift) kv = shift->wait();
@@ -117,14 +135,25 @@ class RingAttentionKernel final : public nn::AttentionKernel {
   std::vector<at::Tensor> sorted_positions_;  // of each rank's tokens
   std::unique_ptr<nn::PositionOrder> own_;    // this rank's tokens (its queries and keys alike)
   bool overlap_;
+  mutable std::shared_ptr<RingFirstShift> first_;  // the forward's first exchange, if started before it
 };
 
 }  // namespace
 
 std::shared_ptr<const nn::AttentionKernel> ring_attention_kernel(comm::ProcessGroup group,
                                                                  std::shared_ptr<const nn::AttentionKernel> local,
-                                                                 std::vector<at::Tensor> key_positions, bool overlap) {
-  return std::make_shared<RingAttentionKernel>(std::move(group), std::move(local), std::move(key_positions), overlap);
+                                                                 std::vector<at::Tensor> key_positions, bool overlap,
+                                                                 std::shared_ptr<RingFirstShift> first) {
+  return std::make_shared<RingAttentionKernel>(std::move(group), std::move(local), std::move(key_positions), overlap,
+                                               std::move(first));
 }
+
+std::shared_ptr<RingFirstShift> start_ring_shift(const comm::ProcessGroup& group, const at::Tensor& k,
+                                                 const at::Tensor& v, bool overlap) {
+  at::NoGradGuard no_grad;  // what the ring sends is data; the kernel's backward sends the gradients
+  return std::make_shared<RingFirstShift>(group, k.detach(), v.detach(), overlap);
+}
+
+void finish_ring_shift(RingFirstShift& shift) { shift.shift.wait(); }
 
 }  // namespace hp::detail

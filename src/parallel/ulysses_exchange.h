@@ -1,12 +1,16 @@
 // Ulysses's exchange (the context-parallel plan's kUlysses, and the Ulysses half of kHybrid):
 // all_to_alls between a group's sequence-sharded and head-sharded layouts, with the gathered
 // sequence in ascending position order.
+//
+// Each conversion is one all_to_all on the group (its backward another), blocking but for
+// start_sequence_to_heads; every member converts the same tensors' shapes in the same order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
+#include "hp/comm/functional.h"
 #include "hp/comm/process_group.h"
 
 namespace hp::detail {
@@ -25,14 +29,21 @@ class UlyssesExchange {
   // positions()' order; differentiable (the backward is heads_to_sequence), and the inverse.
   at::Tensor sequence_to_heads(const at::Tensor& x) const;
   at::Tensor heads_to_sequence(const at::Tensor& x) const;
+  // sequence_to_heads, issued without waiting: wait() returns its result.
+  comm::functional::PendingCollective start_sequence_to_heads(const at::Tensor& x) const;
 
  private:
   // Tokens [offset, offset + length) of `rank` lie at [at, at + length) of the gathered sequence.
   struct Run {
     int64_t rank, offset, at, length;
   };
-  at::Tensor gather(const at::Tensor& x) const;   // sequence_to_heads, not recorded
+  // sequence_to_heads, not recorded: the all_to_all's input, and its result put in order.
+  at::Tensor pieces_to_send(const at::Tensor& x) const;
+  at::Tensor arrange(const at::Tensor& received, const at::Tensor& x) const;
+  at::Tensor gather(const at::Tensor& x) const;
   at::Tensor scatter(const at::Tensor& x) const;  // heads_to_sequence, not recorded
+  // `gathered` (gather(x)) made to depend on x.
+  at::Tensor record_sequence_to_heads(const at::Tensor& x, at::Tensor gathered) const;
 
   comm::ProcessGroup group_;
   int64_t local_ = 0;  // tokens per rank

@@ -89,6 +89,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("parallel.cp", parallel.cp),
       HP_CONFIG_FIELD("parallel.cp_mode", cp_mode),
       HP_CONFIG_FIELD("parallel.cp_ulysses", cp_ulysses),
+      HP_CONFIG_FIELD("parallel.cp_async", cp_async),
       HP_CONFIG_FIELD("parallel.ep", parallel.ep),
       HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
       HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
@@ -380,8 +381,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.parallel.cp == 1 || c.data.seq_len % (2 * c.parallel.cp) == 0, "data.seq_len (", c.data.seq_len,
            ") must be divisible by 2 x parallel.cp (", 2 * c.parallel.cp,
            "): context parallelism cuts each sequence into 2 x cp pieces, an early and a late one per rank");
-  HP_CHECK(c.parallel.cp > 1 || (c.cp_mode == "ring" && c.cp_ulysses == 0),
-           "parallel.cp_mode and parallel.cp_ulysses need parallel.cp > 1");
+  HP_CHECK(c.parallel.cp > 1 || (c.cp_mode == "ring" && c.cp_ulysses == 0 && !c.cp_async),
+           "parallel.cp_mode, parallel.cp_ulysses and parallel.cp_async need parallel.cp > 1");
   HP_CHECK(cp_mode == CpMode::kHybrid || c.cp_ulysses == 0, "parallel.cp_ulysses is the Ulysses degree of ",
            "parallel.cp_mode hybrid; parallel.cp_mode is ", c.cp_mode);
   HP_CHECK(c.parallel.cp == 1 || c.sample.tokens == 0 || c.model->max_seq() % (2 * c.parallel.cp) == 0,

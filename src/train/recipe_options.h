@@ -25,7 +25,8 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches()),
                       c.pp_layers_per_stage, pipeline_costs(c)};
-  if (c.parallel.cp > 1) options.cp.set_mode(cp_mode_named(c.cp_mode)).set_ulysses_degree(c.cp_ulysses);
+  if (c.parallel.cp > 1)
+    options.cp.set_mode(cp_mode_named(c.cp_mode)).set_ulysses_degree(c.cp_ulysses).set_async(c.cp_async);
   options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
   if (c.memory.swap != "none") {
     options.checkpoint = CheckpointMode::kSwap;

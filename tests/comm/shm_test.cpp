@@ -324,43 +324,60 @@ TEST(ShmTransport, AutoFallsBackToGlooWhenTheMembersCannotShareMemory) {
 }
 
 // A member that leaves (its rank threw, tearing down its groups) fails its peers promptly, naming
-// it, long before their timeout. A peer that arrives only after another has failed the group (here
-// rank 1, held back until rank 0 has given up) names the same culprit, not just "an earlier
-// collective failed", and counts as arrived in its own report.
+// it, long before their timeout. A peer that arrives only after another has failed the group (held
+// back until the rank before it has given up and let its group go) names the same culprit, not
+// just "an earlier collective failed" nor the peer that left before it, and counts as arrived in
+// its own report; the ones that gave up before it came name it among the missing.
 TEST(ShmTransport, AMemberThatLeavesFailsItsPeersPromptly) {
-  for (const bool rank1_late : {false, true}) {
-    SCOPED_TRACE(rank1_late ? "rank 1 arrives after rank 0 failed" : "ranks 0 and 1 arrive together");
+  struct Case {
+    int ranks;
+    bool late;  // ranks 1, 2, ... arrive one after the other, each once the one before has given up
+  };
+  for (const Case c : {Case{3, false}, Case{3, true}, Case{4, true}}) {
+    const int leaver = c.ranks - 1;
+    SCOPED_TRACE(std::to_string(c.ranks) + " ranks" + (c.late ? ", late" : ""));
     testing::RunRanksOptions options;
     options.group.set_timeout(std::chrono::seconds(60)).set_transport(Transport::kShm);
     options.barrier_at_exit = false;
-    std::vector<std::string> seen(3);
-    std::vector<double> seconds(3, -1);
-    std::atomic<bool> rank0_failed{false};
+    std::vector<std::string> seen(c.ranks);
+    std::vector<double> seconds(c.ranks, -1);
+    std::vector<std::atomic<bool>> done(c.ranks);
     try {
       testing::run_ranks(
-          3,
+          c.ranks,
           [&](const ProcessGroup& world) {
+            const int rank = world.rank();
+            struct Done {
+              std::atomic<bool>& flag;
+              ~Done() { flag = true; }
+            } mark_done{done[rank]};
             world.barrier();
-            if (world.rank() == 2) throw std::runtime_error("rank 2 gives up");
-            if (rank1_late && world.rank() == 1)
-              while (!rank0_failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            if (rank == leaver) throw std::runtime_error("the last rank gives up");
+            if (c.late && rank > 0) {
+              const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+              while (!done[rank - 1] && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              if (rank > 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its group goes
+            }
             const auto start = std::chrono::steady_clock::now();
             try {
               world.all_reduce(at::ones({8}));
             } catch (const hp::Error& e) {
-              seen[world.rank()] = e.what();
+              seen[rank] = e.what();
             }
-            seconds[world.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (world.rank() == 0) rank0_failed = true;
+            seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           },
           options);
-    } catch (const hp::Error&) {  // rank 2's own error
+    } catch (const hp::Error&) {  // the leaving rank's own error
     }
-    for (int r : {0, 1}) {
-      EXPECT_NE(seen[r].find("world rank 2 left the group"), std::string::npos) << seen[r];
-      // Rank 0 gave up waiting for the others' reports before rank 1 came.
-      const std::string missing = rank1_late && r == 0 ? "[1, 2]" : "[2]";
-      EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): " + missing), std::string::npos) << seen[r];
+    for (int r = 0; r < leaver; ++r) {
+      const std::string left = "world rank " + std::to_string(leaver) + " left the group";
+      EXPECT_NE(seen[r].find(left), std::string::npos) << seen[r];
+      // A rank gives up waiting for the others' reports before the later ones come.
+      std::string missing;
+      for (int m = c.late ? r + 1 : leaver; m <= leaver; ++m) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+      EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): [" + missing + "]"), std::string::npos)
+          << seen[r];
       EXPECT_LT(seconds[r], 10.0);
     }
   }

@@ -43,8 +43,9 @@ struct Parallel {
   int64_t layers = 2;
   std::vector<int64_t> layers_per_stage = {};  // parallel.pp_layers_per_stage
   std::string optimizer = "adamw";
-  std::string cp_mode = "ring";  // parallel.cp_mode, parallel.cp_ulysses
+  std::string cp_mode = "ring";  // parallel.cp_mode, parallel.cp_ulysses, parallel.cp_async
   int64_t cp_ulysses = 0;
+  bool cp_async = false;
   double dropout = 0.0;             // model.residual_dropout and model.attention_dropout
   std::string checkpoint = "none";  // memory.checkpoint
 };
@@ -61,6 +62,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.optimizer.name = p.optimizer;
   c.cp_mode = p.cp_mode;
   c.cp_ulysses = p.cp_ulysses;
+  c.cp_async = p.cp_async;
   c.model.as<models::LlamaConfig>().residual_dropout = p.dropout;
   c.model.as<models::LlamaConfig>().attention_dropout = p.dropout;
   c.memory.checkpoint = p.checkpoint;
@@ -222,8 +224,8 @@ TEST(Trainer, ZeroBubbleOrderForMeasuredCostsChangesNoLoss) {
   fs::remove_all(dir);
 }
 
-// Context parallelism (parallel.cp): each mode, and cp composed with FSDP, HSDP, TP (with SP) and a
-// 1F1B pipeline, within 1e-6 of one rank at every one of 20 steps.
+// Context parallelism (parallel.cp): each mode, asynchronous too (ring, hybrid), and cp composed with
+// FSDP, HSDP, TP (with SP) and a 1F1B pipeline, within 1e-6 of one rank at every one of 20 steps.
 TEST(Trainer, ContextParallelAgreesWithOneRank) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_cp_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -235,9 +237,10 @@ TEST(Trainer, ContextParallelAgreesWithOneRank) {
   cp2hsdp.dp_replicate = 2;
   cp2tp2.tp = 2;
   cp2pp2.pp = 2;
-  const auto mode = [](Parallel p, const std::string& cp_mode, int64_t ulysses = 0) {
+  const auto mode = [](Parallel p, const std::string& cp_mode, int64_t ulysses = 0, bool async = false) {
     p.cp_mode = cp_mode;
     p.cp_ulysses = ulysses;
+    p.cp_async = async;
     return p;
   };
   expect_agreement(run_config({1, {}, false, false, "1 rank"}, dir),
@@ -245,6 +248,8 @@ TEST(Trainer, ContextParallelAgreesWithOneRank) {
                     mode(Parallel{2, cp2, false, false, "cp 2 (allgather)"}, "allgather"),
                     mode(Parallel{2, cp2, false, false, "cp 2 (ulysses)"}, "ulysses"),
                     mode(Parallel{4, cp4, false, false, "cp 4 (hybrid 2 x 2)"}, "hybrid", 2),
+                    mode(Parallel{2, cp2, false, false, "cp 2 (ring, async)"}, "ring", 0, true),
+                    mode(Parallel{4, cp4, false, false, "cp 4 (hybrid 2 x 2, async)"}, "hybrid", 2, true),
                     Parallel{4, cp2dp2, false, false, "cp 2 (ring) x dp_shard 2"},
                     Parallel{4, cp2hsdp, false, false, "cp 2 (ring) x dp_replicate 2 (HSDP)"},
                     Parallel{4, cp2tp2, true, false, "cp 2 (ring) x tp 2 (SP)"},

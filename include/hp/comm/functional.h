@@ -40,5 +40,8 @@ class PendingCollective {
 
 // all_to_all, issued without waiting (e.g. a MoE dispatch that the shared experts overlap).
 PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& group, AllToAllOptions opts = {});
+// all_gather, issued without waiting (e.g. context parallelism's keys, gathered while the queries
+// are computed).
+PendingCollective all_gather_async(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts = {});
 
 }  // namespace hp::comm::functional

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "hp/nn/module.h"
 #include "hp/nn/token_coordinates.h"
@@ -143,15 +144,39 @@ class AttentionWorkCounter {
 };
 void note_attention_work(int64_t unmasked);
 
+// A call's keys and values handed over before the call (CoreAttention::begin), and whatever a
+// compute started with them (an exchange between ranks in flight).
+class KeysInFlight {
+ public:
+  KeysInFlight(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {}
+  virtual ~KeysInFlight() = default;
+  // Whether the call's k and v are the ones handed over (a hook may have replaced them).
+  bool began_with(const at::Tensor& k, const at::Tensor& v) const { return k.is_same(k_) && v.is_same(v_); }
+  // Completes what was started, for nothing (the call's keys are other ones, or begin() came again):
+  // every rank does, so that what follows on the group meets its match.
+  virtual void finish() {}
+
+ private:
+  at::Tensor k_, v_;
+};
+
 // How CoreAttention computes over the sequence: alone by default; a context-parallel plan installs
 // one that works across its group.
 class AttentionCompute {
  public:
   virtual ~AttentionCompute() = default;
   // q [b, hq, s, dqk], k and v [b, hkv, s, d] for this rank's `s` tokens; differentiable. A
-  // compute that moves heads between ranks moves `dropout.first_head` with them.
+  // compute that moves heads between ranks moves `dropout.first_head` with them. `early` is what
+  // begin() returned for this k and v, or null.
   virtual at::Tensor attend(std::shared_ptr<const AttentionKernel> kernel, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout) const = 0;
+                            const at::Tensor& v, bool causal, double scale, const AttentionDropout& dropout,
+                            std::shared_ptr<KeysInFlight> early) const = 0;
+  // Starts what the call will do with k and v alone (moving them between ranks), while the caller
+  // computes the queries. Null (the default): nothing to start.
+  virtual std::shared_ptr<KeysInFlight> begin(const at::Tensor& k, const at::Tensor& v) const {
+    (void)k, (void)v;
+    return nullptr;
+  }
   // The global positions (int64 [local_len]) of this rank's tokens.
   virtual at::Tensor positions(int64_t local_len) const = 0;
   virtual std::string name() const = 0;
@@ -177,6 +202,11 @@ class CoreAttention : public Module {
 
   // Where this rank's `local_len` tokens sit in the sequence (for rotary embeddings).
   at::Tensor positions(int64_t local_len) const { return compute_->positions(local_len); }
+  // Hands the next call's k and v over as soon as they are computed, before the queries are: a
+  // plan that moves them between ranks (asynchronous context parallelism) starts doing so while
+  // the caller computes the queries. Optional; the call then takes the same k and v (other ones,
+  // e.g. replaced by a hook, are done by the call as without begin).
+  void begin(const at::Tensor& k, const at::Tensor& v);
   void set_kernel(std::shared_ptr<const AttentionKernel> kernel);
   const std::shared_ptr<const AttentionKernel>& kernel() const { return kernel_; }
   void set_compute(std::shared_ptr<const AttentionCompute> compute);
@@ -192,6 +222,7 @@ class CoreAttention : public Module {
   int64_t model_heads_ = 0;             // from the constructor; 0: not checked
   int64_t first_head_ = 0, heads_ = 0;  // heads_ 0: this rank holds them all
   DrawCounter draws_;
+  std::shared_ptr<KeysInFlight> early_;  // from begin(), for the next call
 };
 
 }  // namespace hp::nn

@@ -82,6 +82,14 @@ class ContextParallel : public ParallelStyleBase {
     ring_overlap_ = overlap;
     return *this;
   }
+  // Starts moving each call's keys and values between ranks as soon as the model has computed them
+  // (nn::CoreAttention::begin), while it computes the queries: the all-gathers (kAllGather), the
+  // Ulysses exchanges of K and V (kUlysses, kHybrid), or the ring's first exchange (kRing). A model
+  // that does not call begin() gets the plan without it. Default false.
+  ContextParallel& set_async(bool async) {
+    async_ = async;
+    return *this;
+  }
   // Throws hp::Error unless the plan can run on `ranks` ranks with `q_heads` query and `kv_heads`
   // key/value heads per rank (after tensor parallelism): the Ulysses degree and the heads it splits.
   void check_heads(int64_t ranks, int64_t q_heads, int64_t kv_heads) const;
@@ -94,6 +102,7 @@ class ContextParallel : public ParallelStyleBase {
   bool load_balance_ = true;
   int64_t ulysses_degree_ = 0;
   bool ring_overlap_ = true;
+  bool async_ = false;
 };
 
 }  // namespace hp

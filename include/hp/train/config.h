@@ -35,6 +35,7 @@ struct TrainConfig {
   std::vector<int64_t> pp_layers_per_stage;  // layers of each pipeline stage, in stage order; empty: equal
   std::string cp_mode = "ring";              // ring | allgather | ulysses | hybrid (cp > 1)
   int64_t cp_ulysses = 0;                    // hybrid: the ranks of each Ulysses group
+  bool cp_async = false;                     // each layer's K and V start moving as soon as computed
   // What the zero-bubble schedules (zbv, zbh1, zbh2) are ordered for: "measured" (step 2 runs the
   // unit-cost order and measures F, I, W, send and overhead; from step 3 the order built for them
   // runs when it predicts at least 5% less bubble), "unit", or "F,I,W" / "F,I,W,send" (relative

@@ -125,16 +125,17 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   const at::Tensor positions = core->positions(s);
   const int64_t last = s == 0 ? -1 : positions.max().item<int64_t>();
   HP_CHECK(last < cos_.size(0), "Llama: sequence length ", last + 1, " exceeds max_seq ", cos_.size(0));
-  at::Tensor q = (*q_proj)(x).view({b, s, -1, head_dim_});
+  // Keys and values first, handed to the core as soon as they exist: a context-parallel plan can
+  // start moving them between ranks while the queries are computed.
   at::Tensor k = (*k_proj)(x).view({b, s, -1, head_dim_});
+  if (k_norm) k = (*k_norm)(k);
+  const Rotation rotary = rotation(k, positions);
+  k = rotate(k, rotary).transpose(1, 2);  // [b, heads, s, head_dim]
   const at::Tensor v = (*v_proj)(x).view({b, s, -1, head_dim_}).transpose(1, 2);
-  if (q_norm) {
-    q = (*q_norm)(q);
-    k = (*k_norm)(k);
-  }
-  std::tie(q, k) = rotate(q, k, positions);
-  q = q.transpose(1, 2);  // [b, heads, s, head_dim]
-  k = k.transpose(1, 2);
+  core->begin(k, v);
+  at::Tensor q = (*q_proj)(x).view({b, s, -1, head_dim_});
+  if (q_norm) q = (*q_norm)(q);
+  q = rotate(q, rotary).transpose(1, 2);
   const at::Tensor out = core->call({q, k, v});
   return (*o_proj)(out.transpose(1, 2).reshape({b, s, -1}));
 }
@@ -151,16 +152,20 @@ std::pair<at::Tensor, at::Tensor> Attention::rotary_rows(const at::Tensor& t, co
   return {rows(device_cos_.index_select(0, index)), rows(device_sin_.index_select(0, index))};
 }
 
-std::pair<at::Tensor, at::Tensor> Attention::rotate(const at::Tensor& q, const at::Tensor& k,
-                                                    const at::Tensor& positions) const {
-  if (!q.device().is_cpu() && !q.is_meta()) {  // a device's: the composition on its own tables
-    const auto [cos, sin] = rotary_rows(q, positions);
-    return {kernels::rope_composed(q, cos, sin), kernels::rope_composed(k, cos, sin)};
+at::Tensor Attention::rotate(const at::Tensor& t, const Rotation& rotation) {
+  return rotation.composed ? kernels::rope_composed(t, rotation.cos, rotation.sin)
+                           : kernels::rope(t, rotation.cos, rotation.sin);
+}
+
+Attention::Rotation Attention::rotation(const at::Tensor& t, const at::Tensor& positions) const {
+  if (!t.device().is_cpu() && !t.is_meta()) {  // a device's: the composition on its own tables
+    const auto [cos, sin] = rotary_rows(t, positions);
+    return {cos, sin, true};
   }
   const bool in_order = nn::positions_in_order(positions);
-  const int64_t s = q.size(1);
+  const int64_t s = t.size(1);
   at::Tensor cos, sin;
-  if (q.device().is_cpu()) {
+  if (t.device().is_cpu()) {
     // On the host, the fused kernel, given the fp32 rows of the tokens' positions (a slice of the
     // shared tables where the positions are 0..s-1).
     const auto rows = [&](const at::Tensor& table) {
@@ -173,13 +178,13 @@ std::pair<at::Tensor, at::Tensor> Attention::rotate(const at::Tensor& q, const a
     // the shared tables, their own where it gathers them (made here: a table shared between
     // concurrent dry runs would be counted by one of them).
     const auto rows = [&] {
-      const auto options = q.options().dtype(at::kFloat);
+      const auto options = t.options().dtype(at::kFloat);
       return in_order ? at::empty({}, options).expand({s, head_dim_}) : at::empty({s, head_dim_}, options);
     };
     cos = rows();
     sin = rows();
   }
-  return {kernels::rope(q, cos, sin), kernels::rope(k, cos, sin)};
+  return {cos, sin, false};
 }
 
 Mlp::Mlp(const LlamaConfig& c)

@@ -62,9 +62,15 @@ class Attention : public nn::Module {
   at::Tensor forward(const at::Tensor& x) override;
 
  private:
-  // q and k ([b, s, heads, head_dim] each) rotated by the rows of their tokens' positions, which
-  // are gathered once for both (a context-parallel shard's are not a slice of the tables).
-  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions) const;
+  // The rotary embedding of the tokens at `positions` for tensors like t ([b, s, heads, head_dim]):
+  // the rows of the tables, gathered once for k and q (a context-parallel shard's are not a slice of
+  // the tables).
+  struct Rotation {
+    at::Tensor cos, sin;
+    bool composed = false;  // off the host: ATen's ops on the device tables, not the fused kernel
+  };
+  Rotation rotation(const at::Tensor& t, const at::Tensor& positions) const;
+  static at::Tensor rotate(const at::Tensor& t, const Rotation& rotation);
   // The tables' rows for `positions` as [1, s, 1, head_dim], on t's device in t's dtype.
   std::pair<at::Tensor, at::Tensor> rotary_rows(const at::Tensor& t, const at::Tensor& positions) const;
   int64_t head_dim_;
