@@ -31,8 +31,8 @@
 #include "hp/core/memory_tracker.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/llama/model.h"
-#include "hp/nn/init.h"
 #include "hp/nn/attention.h"
+#include "hp/nn/init.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/testing/run_ranks.h"
 
@@ -221,10 +221,11 @@ int main(int argc, char** argv) {
               t(w2.at("ring")) / t(one), t(w2.at("allgather")) / t(w2.at("ring")),
               t(w2.at("ulysses")) / t(w2.at("ring")));
   const std::map<std::string, Measured> layers = run_async_layers(seq, rounds);
-  std::printf("cp 2 Llama attention layer (dim 512) fwd+bwd: ring %.1f ms, async %.1f ms (%.3f); ulysses %.1f ms, "
-              "async %.1f ms (%.3f)\n",
-              1e3 * t(layers.at("ring")), 1e3 * t(layers.at("ring async")),
-              t(layers.at("ring async")) / t(layers.at("ring")), 1e3 * t(layers.at("ulysses")),
-              1e3 * t(layers.at("ulysses async")), t(layers.at("ulysses async")) / t(layers.at("ulysses")));
+  std::printf(
+      "cp 2 Llama attention layer (dim 512) fwd+bwd: ring %.1f ms, async %.1f ms (%.3f); ulysses %.1f ms, "
+      "async %.1f ms (%.3f)\n",
+      1e3 * t(layers.at("ring")), 1e3 * t(layers.at("ring async")), t(layers.at("ring async")) / t(layers.at("ring")),
+      1e3 * t(layers.at("ulysses")), 1e3 * t(layers.at("ulysses async")),
+      t(layers.at("ulysses async")) / t(layers.at("ulysses")));
   return 0;
 }

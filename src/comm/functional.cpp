@@ -38,8 +38,20 @@ at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, Reduce
       [group, op](const at::Tensor& g) { return group.all_reduce(g.clone(), {op}); });
 }
 
+// An all_gather's backward: the reduce_scatter of the gradient, each rank's piece its input's size.
+BackwardFn all_gather_backward(const ProcessGroup& group, const AllGatherOptions& opts, const at::Tensor& input) {
+  return [group, opts, own = input.size(opts.dim < 0 ? opts.dim + input.dim() : opts.dim)](const at::Tensor& g) {
+    std::vector<int64_t> sizes = opts.sizes;
+    if (sizes.empty()) sizes.assign(group.size(), own);
+    return group.reduce_scatter(g, {ReduceOp::kSum, opts.dim, sizes});
+  };
+}
+
 at::Tensor all_gather(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts) {
-  return all_gather_async(input, group, std::move(opts)).wait();
+  // Blocking (not all_gather_async's wait): a transport may then run it on the caller's thread.
+  return differentiable(
+      "AllGatherBackward", input, [&](const at::Tensor& x) { return group.all_gather(x, opts); },
+      all_gather_backward(group, opts, input));
 }
 
 at::Tensor reduce_scatter(const at::Tensor& input, const ProcessGroup& group, ReduceScatterOptions opts) {
@@ -80,12 +92,7 @@ PendingCollective all_to_all_async(const at::Tensor& input, const ProcessGroup& 
 
 PendingCollective all_gather_async(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts) {
   Work work = group.all_gather_async(input.detach(), opts);
-  BackwardFn backward = [group, opts, own = input.size(opts.dim < 0 ? opts.dim + input.dim() : opts.dim)](
-                            const at::Tensor& g) {
-    std::vector<int64_t> sizes = opts.sizes;
-    if (sizes.empty()) sizes.assign(group.size(), own);
-    return group.reduce_scatter(g, {ReduceOp::kSum, opts.dim, sizes});
-  };
+  BackwardFn backward = all_gather_backward(group, opts, input);
   return PendingCollective(std::move(work), [input, backward = std::move(backward)](at::Tensor output) {
     return record("AllGatherBackward", input, std::move(output), backward);
   });

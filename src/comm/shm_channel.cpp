@@ -29,13 +29,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 struct Control {
   alignas(kLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
   alignas(kLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
-  alignas(kLine) std::atomic<uint32_t> failed;     // 0: none; else 1 + the culprit's group rank, | kTimedOut
-  std::atomic<uint64_t> failed_seq;                // 0: none; else 1 + the seq of the collective that failed
+  alignas(kLine) std::atomic<uint64_t> failed;     // 0: none; else a FailureRecord's bits, set once
 };
-
-// In `failed`: the first member to fail timed out waiting for the culprit. Its peers, woken by it,
-// time out too (they would a moment later), so a missing member is a timeout on every member.
-constexpr uint32_t kTimedOut = uint32_t{1} << 31;
 
 struct alignas(kLine) MemberState {
   std::atomic<uint64_t> arrived;  // the last round this member arrived at
@@ -84,6 +79,30 @@ void copy_bytes(std::byte* to, const std::byte* from, int64_t bytes) {
 }
 
 }  // namespace
+
+// The first failure of the group, in one word so that its parts always belong together: the
+// culprit, how it failed, and at which collective (its seq, mod 2^32: compared with the seq a
+// member runs now, which is at most a few collectives away).
+struct ShmChannel::FailureRecord {
+  // The first member to fail timed out waiting for the culprit. Its peers, woken by it, time out
+  // too (they would a moment later), so a missing member is a timeout on every member.
+  static constexpr uint64_t kTimedOut = uint64_t{1} << 31;
+  static constexpr uint64_t kBadCall = uint64_t{1} << 30;  // the culprit's call did not match (sizes, collective)
+  static constexpr uint64_t kCulprit = kBadCall - 1;
+
+  static uint64_t bits(int culprit, uint64_t kind, uint64_t seq) {
+    return static_cast<uint64_t>(culprit + 1) | kind | ((seq + 1) & 0xffffffffu) << 32;
+  }
+  explicit FailureRecord(uint64_t bits)
+      : culprit(static_cast<int>((bits & kCulprit)) - 1),
+        timed_out((bits & kTimedOut) != 0),
+        bad_call((bits & kBadCall) != 0),
+        seq_plus_one(bits >> 32) {}
+  bool at(uint64_t seq) const { return seq_plus_one == ((seq + 1) & 0xffffffffu); }
+  int culprit;
+  bool timed_out, bad_call;
+  uint64_t seq_plus_one;
+};
 
 struct ShmChannel::Layout {
   Layout(std::byte* base, int members, int64_t slot) : n(members), slot(slot) {
@@ -139,16 +158,17 @@ ShmChannel::~ShmChannel() {
 }
 
 void ShmChannel::check_usable(const CollectiveSite& site) {
-  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
+  const uint64_t failed = layout_->control->failed.load(std::memory_order_acquire);
   if (!broken_ && failed != 0) {
-    const int culprit = static_cast<int>((failed & ~kTimedOut) - 1);
-    const std::string why = describe_failure(culprit, (failed & kTimedOut) != 0);
-    if (layout_->control->failed_seq.load(std::memory_order_acquire) == site.seq + 1) {
+    const FailureRecord record(failed);
+    const std::string why = describe_failure(record);
+    if (record.at(site.seq)) {
       // Another member failed the group at this very collective while this one was on its way:
       // this one fails it too, naming the same culprit, and counts as arrived (here and in the
-      // report of the ranks that reached it), so that nobody names it among the missing.
+      // report of the ranks that reached it), so that nobody names it among the missing. Not as a
+      // timeout even if the other member timed out: this one did not wait.
       layout_->members[group_.rank].arrived.store(rounds_ + 1, std::memory_order_release);
-      fail(site, why, Failure::kMember, culprit);
+      fail(site, why, Failure::kMember, record.culprit);
     }
     broken_ = true;
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
@@ -164,14 +184,17 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
   }
 }
 
-std::string ShmChannel::describe_failure(int culprit, bool timed_out) const {
-  const std::string timeout = " after the group timeout of " + std::to_string(group_.options.timeout.count()) + " ms";
+// Worded without "timeout": raise_collective_failure reads that word as this member's own timeout.
+std::string ShmChannel::describe_failure(const FailureRecord& record) const {
+  const int culprit = record.culprit;
+  if (record.bad_call)
+    return "another member found that world rank " + std::to_string(group_.ranks[culprit]) +
+           (culprit == group_.rank ? " (this one)" : "") + " called a collective its own does not match";
+  const std::string waited = record.timed_out ? " for the group's whole wait" : "";
   if (culprit == group_.rank)
-    return "another member gave up waiting for this rank" + (timed_out ? timeout : std::string()) +
-           ": it was held up elsewhere";
+    return "another member gave up waiting for this rank" + waited + ": it was held up elsewhere";
   if (std::string gone = member_gone(culprit); !gone.empty()) return gone;
-  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[culprit]) +
-         (timed_out ? timeout : std::string());
+  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[culprit]) + waited;
 }
 
 std::string ShmChannel::member_left(int r) const {
@@ -221,10 +244,11 @@ std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kin
       return gone;
     }
   }
-  const uint32_t failed = layout_->control->failed.load(std::memory_order_acquire);
+  const uint64_t failed = layout_->control->failed.load(std::memory_order_acquire);
   if (failed == 0) return "";
-  *culprit = static_cast<int>((failed & ~kTimedOut) - 1);
-  if (failed & kTimedOut) *kind = Failure::kTimeout;
+  const FailureRecord record(failed);
+  *culprit = record.culprit;
+  if (record.timed_out) *kind = Failure::kTimeout;
   return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[*culprit]);
 }
 
@@ -232,11 +256,11 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
   broken_ = true;
   // Tell the others, who may be waiting for this member in a later round, and who is to blame (the
   // first failure wins).
-  uint64_t no_seq = 0;
-  layout_->control->failed_seq.compare_exchange_strong(no_seq, site.seq + 1);  // before `failed`, which says to look
-  uint32_t none = 0;
-  layout_->control->failed.compare_exchange_strong(
-      none, static_cast<uint32_t>(culprit + 1) | (kind == Failure::kTimeout ? kTimedOut : 0));
+  uint64_t none = 0;
+  const uint64_t how = kind == Failure::kTimeout   ? FailureRecord::kTimedOut
+                       : kind == Failure::kBadCall ? FailureRecord::kBadCall
+                                                   : 0;
+  layout_->control->failed.compare_exchange_strong(none, FailureRecord::bits(culprit, how, site.seq));
   wake_all(&layout_->control->completed);
   if (kind == Failure::kBadCall) {
     // Every member arrived: there is nobody missing to look for.

@@ -91,9 +91,9 @@ class ShmChannel {
   [[noreturn]] void fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit);
   // Empty, or why waiting for `round` is hopeless, the group rank to blame and the kind of failure.
   std::string check_members(uint64_t round, int* culprit, Failure* kind) const;
-  // Why the group failed, blaming group rank `culprit` (as `failed` records it), for a member that
-  // did not see it happen.
-  std::string describe_failure(int culprit, bool timed_out) const;
+  // Why the group failed, as its first failure was recorded, for a member that did not see it happen.
+  struct FailureRecord;
+  std::string describe_failure(const FailureRecord& record) const;
   // Empty, or that group rank r left the group or its process exited.
   std::string member_gone(int r) const;
   std::string member_left(int r) const;

@@ -405,6 +405,7 @@ void CoreAttention::set_kernel(std::shared_ptr<const AttentionKernel> kernel) {
 
 void CoreAttention::set_compute(std::shared_ptr<const AttentionCompute> compute) {
   HP_CHECK(compute != nullptr, "CoreAttention::set_compute: null compute");
+  if (early_) std::exchange(early_, nullptr)->finish();  // begun by the compute being replaced
   compute_ = std::move(compute);
 }
 

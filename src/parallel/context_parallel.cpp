@@ -36,11 +36,15 @@ at::Tensor positions_of_ranks(int64_t seq, int64_t ranks, int64_t first, int64_t
   return at::tensor(at::ArrayRef<int64_t>(order.data() + begin, end - begin), at::kLong);
 }
 
+void check_ulysses_kv_heads(int64_t kv_heads, int64_t n) {
+  HP_CHECK(kv_heads % n == 0 || n % kv_heads == 0, "ContextParallel (Ulysses): ", kv_heads,
+           " key/value heads (on this rank) neither divide by nor divide the Ulysses degree ", n);
+}
+
 void check_ulysses_heads(int64_t query_heads, int64_t kv_heads, int64_t n) {
   HP_CHECK(query_heads % n == 0, "ContextParallel (Ulysses): ", query_heads,
            " query heads (on this rank) do not divide by the Ulysses degree ", n);
-  HP_CHECK(kv_heads % n == 0 || n % kv_heads == 0, "ContextParallel (Ulysses): ", kv_heads,
-           " key/value heads (on this rank) neither divide by nor divide the Ulysses degree ", n);
+  check_ulysses_kv_heads(kv_heads, n);
 }
 
 // Key/value heads for a Ulysses group of n: split as they are when n divides them, else each
@@ -77,11 +81,7 @@ class ContextParallelCompute final : public nn::AttentionCompute {
  public:
   ContextParallelCompute(comm::ProcessGroup group, CpMode mode, bool load_balance, int64_t ulysses_degree,
                          bool ring_overlap, bool async)
-      : group_(std::move(group)),
-        mode_(mode),
-        load_balance_(load_balance),
-        ring_overlap_(ring_overlap),
-        async_(async) {
+      : group_(std::move(group)), mode_(mode), load_balance_(load_balance), ring_overlap_(ring_overlap), async_(async) {
     const int64_t ranks = group_.size(), rank = group_.rank();
     if (mode_ == CpMode::kRing) ring_ = group_;
     if (mode_ == CpMode::kUlysses) ulysses_ = group_;
@@ -111,7 +111,7 @@ class ContextParallelCompute final : public nn::AttentionCompute {
       early->v = comm::functional::all_gather_async(v, group_, kAlongSequence);
     } else if (ulysses_.defined()) {
       const int64_t u = ulysses_.size();
-      check_ulysses_heads(u, k.size(1), u);  // the query heads are checked at the call
+      check_ulysses_kv_heads(k.size(1), u);  // the query heads are checked at the call
       early->exchange.emplace(ulysses_exchange(k.size(2)));
       early->k = early->exchange->start_sequence_to_heads(kv_heads_for_ulysses(k, u));
       early->v = early->exchange->start_sequence_to_heads(kv_heads_for_ulysses(v, u));
@@ -125,7 +125,8 @@ class ContextParallelCompute final : public nn::AttentionCompute {
                     const at::Tensor& v, bool causal, double scale, const nn::AttentionDropout& dropout,
                     std::shared_ptr<nn::KeysInFlight> begun) const override {
     check_same_tokens(q, k, v);
-    auto* early = static_cast<KeysOnTheirWay*>(begun.get());  // what this compute's begin() made
+    auto* early = dynamic_cast<KeysOnTheirWay*>(begun.get());
+    HP_CHECK(early != nullptr || begun == nullptr, "ContextParallel: the keys were begun by another compute");
     const int64_t s = q.size(2), ranks = group_.size();
     // The positions cp ranks [first, first + count) hold together.
     auto positions_of = [&](int64_t first, int64_t count) {
@@ -161,10 +162,8 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     mask.dropout.first_head += ulysses_.rank() * (q.size(1) / u);  // sequence_to_heads' share of the heads
     // In this order on every rank (K and V first when begin() sent them ahead).
     const at::Tensor heads_q = exchange.sequence_to_heads(q);
-    const at::Tensor heads_k =
-        early ? early->k->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(k, u));
-    const at::Tensor heads_v =
-        early ? early->v->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(v, u));
+    const at::Tensor heads_k = early ? early->k->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(k, u));
+    const at::Tensor heads_v = early ? early->v->wait() : exchange.sequence_to_heads(kv_heads_for_ulysses(v, u));
     return exchange.heads_to_sequence(nn::attention(inner, heads_q, heads_k, heads_v, mask, scale));
   }
 

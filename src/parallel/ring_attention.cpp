@@ -50,9 +50,10 @@ class RingShift {
 
 class RingFirstShift {
  public:
-  RingFirstShift(const comm::ProcessGroup& group, const at::Tensor& k, const at::Tensor& v, bool overlap)
-      : shift(group, {k, v}, kTagK, kTagV, overlap) {}
-  RingShift shift;
+  RingFirstShift(const comm::ProcessGroup& group, const at::Tensor& k, const at::Tensor& v, bool overlap) {
+    shift.emplace(group, TensorPair{k, v}, kTagK, kTagV, overlap);
+  }
+  std::optional<RingShift> shift;  // until a kernel's forward takes it
 };
 
 namespace {
@@ -81,8 +82,8 @@ class RingAttentionKernel final : public nn::AttentionKernel {
     std::shared_ptr<RingFirstShift> first = std::exchange(first_, nullptr);  // K and V already on their way
     for (int step = 0; step < ranks; ++step) {
       std::optional<RingShift> shift;
-      if (step == 0 && first) {
-        shift.emplace(std::move(first->shift));
+      if (step == 0 && first && first->shift) {
+        shift = std::exchange(first->shift, std::nullopt);
       } else if (step + 1 < ranks) {
         shift.emplace(group_, kv, kTagK, kTagV, overlap_);
       }
@@ -154,6 +155,8 @@ std::shared_ptr<RingFirstShift> start_ring_shift(const comm::ProcessGroup& group
   return std::make_shared<RingFirstShift>(group, k.detach(), v.detach(), overlap);
 }
 
-void finish_ring_shift(RingFirstShift& shift) { shift.shift.wait(); }
+void finish_ring_shift(RingFirstShift& first) {
+  if (first.shift) std::exchange(first.shift, std::nullopt)->wait();
+}
 
 }  // namespace hp::detail

@@ -20,7 +20,7 @@ namespace hp::detail {
 // accumulators that end at their owners. Every rank must call with the same shapes. Without
 // `overlap`, each exchange completes before the compute on the keys at hand (for measurements).
 // The kernel serves one forward (and its backward).
-class RingFirstShift;
+class RingFirstShift;  // start_ring_shift, below
 std::shared_ptr<const nn::AttentionKernel> ring_attention_kernel(comm::ProcessGroup group,
                                                                  std::shared_ptr<const nn::AttentionKernel> local,
                                                                  std::vector<at::Tensor> key_positions,

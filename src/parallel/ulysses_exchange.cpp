@@ -14,8 +14,8 @@ namespace hp::detail {
 UlyssesExchange::UlyssesExchange(comm::ProcessGroup group, const at::Tensor& rank_positions)
     : group_(std::move(group)) {
   const int64_t n = group_.size(), total = rank_positions.numel();
-  HP_CHECK(rank_positions.dim() == 1 && rank_positions.device().is_cpu() && total % n == 0, "UlyssesExchange: ",
-           total, " positions (on ", rank_positions.device(), ") for ", n, " ranks; they belong on the host");
+  HP_CHECK(rank_positions.dim() == 1 && rank_positions.device().is_cpu() && total % n == 0, "UlyssesExchange: ", total,
+           " positions (on ", rank_positions.device(), ") for ", n, " ranks; they belong on the host");
   local_ = total / n;
   const at::Tensor positions = rank_positions.to(at::kLong).contiguous();
   const int64_t* p = positions.data_ptr<int64_t>();
@@ -52,7 +52,9 @@ at::Tensor UlyssesExchange::arrange(const at::Tensor& received, const at::Tensor
   return out;
 }
 
-at::Tensor UlyssesExchange::gather(const at::Tensor& x) const { return arrange(group_.all_to_all(pieces_to_send(x)), x); }
+at::Tensor UlyssesExchange::gather(const at::Tensor& x) const {
+  return arrange(group_.all_to_all(pieces_to_send(x)), x);
+}
 
 at::Tensor UlyssesExchange::scatter(const at::Tensor& x) const {
   const int64_t n = group_.size(), b = x.size(0), h = x.size(1), d = x.size(3);
@@ -78,8 +80,8 @@ at::Tensor UlyssesExchange::record_sequence_to_heads(const at::Tensor& x, at::Te
 comm::functional::PendingCollective UlyssesExchange::start_sequence_to_heads(const at::Tensor& x) const {
   const at::Tensor pieces = pieces_to_send(x.detach());
   comm::Work work = group_.all_to_all_async(pieces);
-  return comm::functional::PendingCollective(std::move(work), [exchange = *this, x, sent = pieces](at::Tensor received) {
-    (void)sent;  // held until the all_to_all has sent it
+  // The work holds `pieces` until it is sent.
+  return comm::functional::PendingCollective(std::move(work), [exchange = *this, x](at::Tensor received) {
     return exchange.record_sequence_to_heads(x, exchange.arrange(received, x));
   });
 }

@@ -4,41 +4,19 @@
 // protocol looked at every member's key on every poll: 8x the requests per member at 64 ranks,
 // 32x at 256).
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <atomic>
 #include <iostream>
 #include <thread>
 #include <vector>
 
+#include "comm/counting_store.h"
 #include "comm/reach_report.h"
 
 namespace hp::comm::detail {
 namespace {
 
-// A HashStore that counts the requests a TCPStore client would send, and among them the polls of a
-// counter (an add of 0), whose number depends on how long a member waits, not on the group's size.
-class CountingStore : public c10d::HashStore {
- public:
-  std::atomic<int64_t> requests{0}, polls{0};
-  void set(const std::string& key, const std::vector<uint8_t>& data) override {
-    ++requests;
-    HashStore::set(key, data);
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    ++requests;
-    return HashStore::get(key);
-  }
-  int64_t add(const std::string& key, int64_t value) override {
-    ++requests;
-    if (value == 0) ++polls;
-    return HashStore::add(key, value);
-  }
-  bool check(const std::vector<std::string>& keys) override {
-    ++requests;
-    return HashStore::check(keys);
-  }
-};
+using test::CountingStore;
 
 struct Member {
   int rank;

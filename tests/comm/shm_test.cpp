@@ -375,12 +375,54 @@ TEST(ShmTransport, AMemberThatLeavesFailsItsPeersPromptly) {
       EXPECT_NE(seen[r].find(left), std::string::npos) << seen[r];
       // A rank gives up waiting for the others' reports before the later ones come.
       std::string missing;
-      for (int m = c.late ? r + 1 : leaver; m <= leaver; ++m) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+      for (int m = c.late ? r + 1 : leaver; m <= leaver; ++m)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(m);
       EXPECT_NE(seen[r].find("never reached it (dead, or stuck elsewhere): [" + missing + "]"), std::string::npos)
           << seen[r];
       EXPECT_LT(seconds[r], 10.0);
     }
   }
+}
+
+// A member that comes after the others gave up waiting for it (the group's timeout passed) is
+// told so, as an hp::Error of its own (it did not wait: not a TimeoutError), while the member that
+// waited gets the TimeoutError naming it.
+TEST(ShmTransport, AMemberThatComesTooLateIsToldItWasWaitedFor) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(1)).set_transport(Transport::kShm);
+  options.barrier_at_exit = false;
+  std::vector<std::string> seen(2);
+  std::vector<bool> timed_out(2, false);
+  std::atomic<bool> rank0_done{false};
+  testing::run_ranks(
+      2,
+      [&](const ProcessGroup& world) {
+        const int rank = world.rank();
+        world.barrier();
+        if (rank == 1) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!rank0_done && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        try {
+          world.all_reduce(at::ones({8}));
+        } catch (const hp::TimeoutError& e) {
+          seen[rank] = e.what();
+          timed_out[rank] = true;
+        } catch (const hp::Error& e) {
+          seen[rank] = e.what();
+        }
+        if (rank == 0) rank0_done = true;
+      },
+      options);
+  EXPECT_TRUE(timed_out[0]) << seen[0];
+  EXPECT_NE(seen[0].find("never reached it (dead, or stuck elsewhere): [1]"), std::string::npos) << seen[0];
+  EXPECT_FALSE(timed_out[1]) << seen[1];
+  EXPECT_NE(seen[1].find("another member gave up waiting for this rank for the group's whole wait: it was held up "
+                         "elsewhere"),
+            std::string::npos)
+      << seen[1];
+  EXPECT_EQ(seen[1].find("timeout"), std::string::npos) << seen[1];
 }
 
 // Sizes that disagree between sender and receiver fail the receiver, naming the sender, and every

@@ -59,12 +59,8 @@ DeviceMesh cp_mesh(const comm::ProcessGroup& world) { return init_device_mesh(wo
 
 std::shared_ptr<nn::CoreAttention> make_core(const DeviceMesh& mesh, const CpCase& c, bool causal, bool balanced) {
   auto core = std::make_shared<nn::CoreAttention>(causal, kScale);
-  ContextParallel()
-      .set_mode(c.mode)
-      .set_load_balance(balanced)
-      .set_ulysses_degree(c.ulysses)
-      .set_async(c.async)
-      .apply(*core, "core", mesh);
+  ContextParallel().set_mode(c.mode).set_load_balance(balanced).set_ulysses_degree(c.ulysses).set_async(c.async).apply(
+      *core, "core", mesh);
   return core;
 }
 
@@ -123,10 +119,10 @@ TEST(ContextParallel, AsyncStartsTheExchangeAtBeginAndMatchesOneRank) {
     std::string op;  // what begin issues, twice
     int64_t total;   // its operations in all
   };
-  for (const Case& c : {Case{2, {CpMode::kRing, 0, true}, "send", 4}, Case{4, {CpMode::kRing, 0, true}, "send", 4},
-                        Case{2, {CpMode::kAllGather, 0, true}, "all_gather", 2},
-                        Case{4, {CpMode::kUlysses, 0, true}, "all_to_all", 2},
-                        Case{4, {CpMode::kHybrid, 2, true}, "all_to_all", 2}})
+  for (const Case& c :
+       {Case{2, {CpMode::kRing, 0, true}, "send", 4}, Case{4, {CpMode::kRing, 0, true}, "send", 4},
+        Case{2, {CpMode::kAllGather, 0, true}, "all_gather", 2}, Case{4, {CpMode::kUlysses, 0, true}, "all_to_all", 2},
+        Case{4, {CpMode::kHybrid, 2, true}, "all_to_all", 2}})
     run(c.ranks, [&](const comm::ProcessGroup& world) {
       const std::string what = to_string(c.mode.mode) + " on " + std::to_string(c.ranks) + " ranks, async";
       const DeviceMesh mesh = cp_mesh(world);
@@ -146,8 +142,7 @@ TEST(ContextParallel, AsyncStartsTheExchangeAtBeginAndMatchesOneRank) {
           {
             comm::CommDebugMode at_begin;
             core->begin(same_keys ? k : k * 1.0, v);
-            HP_CHECK(at_begin.count(c.op) == 2 && at_begin.total() == c.total, what, ": begin issued ",
-                     at_begin.str());
+            HP_CHECK(at_begin.count(c.op) == 2 && at_begin.total() == c.total, what, ": begin issued ", at_begin.str());
           }
           out = core->call({q, k, v});
           out.backward(shard(p.dout));
@@ -327,7 +322,8 @@ TEST(ContextParallel, PeakPerRankIsOneWthOfOneRanksPlusATenth) {
                      vl = v.detach().requires_grad_();
     MemoryTracker tracker;
     // The clones are let go at the end of the statement.
-    const at::Tensor out = inputs_made_inside ? core.call({ql.clone(), kl.clone(), vl.clone()}) : core.call({ql, kl, vl});
+    const at::Tensor out =
+        inputs_made_inside ? core.call({ql.clone(), kl.clone(), vl.clone()}) : core.call({ql, kl, vl});
     out.backward(dout);
     return tracker.peak();
   };

@@ -110,8 +110,10 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.cp=2", "parallel.cp_mode=zigzag"}, 8,
           "parallel.cp_mode 'zigzag' is unknown (available: ring, allgather, ulysses, hybrid)");
   invalid({"parallel.cp=2", "data.seq_len=30"}, 8, "data.seq_len (30) must be divisible by 2 x parallel.cp (4)");
-  invalid({"parallel.cp_mode=ulysses"}, 4, "parallel.cp_mode, parallel.cp_ulysses and parallel.cp_async need parallel.cp > 1");
-  invalid({"parallel.cp_async=true"}, 4, "parallel.cp_mode, parallel.cp_ulysses and parallel.cp_async need parallel.cp > 1");
+  invalid({"parallel.cp_mode=ulysses"}, 4,
+          "parallel.cp_mode, parallel.cp_ulysses and parallel.cp_async need parallel.cp > 1");
+  invalid({"parallel.cp_async=true"}, 4,
+          "parallel.cp_mode, parallel.cp_ulysses and parallel.cp_async need parallel.cp > 1");
   invalid({"parallel.cp=2", "parallel.cp_ulysses=2"}, 8,
           "parallel.cp_ulysses is the Ulysses degree of parallel.cp_mode hybrid; parallel.cp_mode is ring");
   validate(parse_config(kConfig, {"parallel.cp=2", "sample.tokens=5"}), 8);

@@ -148,16 +148,23 @@ void note_attention_work(int64_t unmasked);
 // compute started with them (an exchange between ranks in flight).
 class KeysInFlight {
  public:
-  KeysInFlight(at::Tensor k, at::Tensor v) : k_(std::move(k)), v_(std::move(v)) {}
+  KeysInFlight(at::Tensor k, at::Tensor v)
+      : k_(std::move(k)), v_(std::move(v)), k_version_(k_._version()), v_version_(v_._version()) {}
   virtual ~KeysInFlight() = default;
-  // Whether the call's k and v are the ones handed over (a hook may have replaced them).
-  bool began_with(const at::Tensor& k, const at::Tensor& v) const { return k.is_same(k_) && v.is_same(v_); }
+  KeysInFlight(const KeysInFlight&) = delete;
+  KeysInFlight& operator=(const KeysInFlight&) = delete;
+  // Whether the call's k and v are the ones handed over, unchanged since (a hook may have replaced
+  // them, or written into them).
+  bool began_with(const at::Tensor& k, const at::Tensor& v) const {
+    return k.is_same(k_) && v.is_same(v_) && k._version() == k_version_ && v._version() == v_version_;
+  }
   // Completes what was started, for nothing (the call's keys are other ones, or begin() came again):
   // every rank does, so that what follows on the group meets its match.
   virtual void finish() {}
 
  private:
   at::Tensor k_, v_;
+  uint32_t k_version_, v_version_;
 };
 
 // How CoreAttention computes over the sequence: alone by default; a context-parallel plan installs
@@ -203,9 +210,12 @@ class CoreAttention : public Module {
   // Where this rank's `local_len` tokens sit in the sequence (for rotary embeddings).
   at::Tensor positions(int64_t local_len) const { return compute_->positions(local_len); }
   // Hands the next call's k and v over as soon as they are computed, before the queries are: a
-  // plan that moves them between ranks (asynchronous context parallelism) starts doing so while
-  // the caller computes the queries. Optional; the call then takes the same k and v (other ones,
-  // e.g. replaced by a hook, are done by the call as without begin).
+  // plan that moves them between ranks (asynchronous context parallelism) starts doing so, on its
+  // groups, without waiting, while the caller computes the queries. Optional, but like a
+  // collective: every rank of the plan's group calls it at the same point, or none does. The call
+  // then takes the same k and v, unchanged; other ones (a hook replaced or wrote into them, or the
+  // call is recomputed by checkpointing this module alone) finish what begin started, for nothing,
+  // and exchange their own, on every rank alike when the ranks run the same hooks.
   void begin(const at::Tensor& k, const at::Tensor& v);
   void set_kernel(std::shared_ptr<const AttentionKernel> kernel);
   const std::shared_ptr<const AttentionKernel>& kernel() const { return kernel_; }
