@@ -58,7 +58,8 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
     return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + "." +
            other_ops.str();
   if (other_ops.tellp() > 0) return other_ops.str().substr(1);
-  return "Every member reached this collective; the transport itself failed.";
+  return "Every member reached this collective (one may have come only after the others gave up), so the failure is "
+         "the transport's or a member's lateness, not a missing rank.";
 }
 
 }  // namespace

@@ -29,15 +29,6 @@ void check_linear(const char* name, const at::Tensor& input, ReduceOp op) {
            " is not differentiable; use sum or avg, or detach the input");
 }
 
-}  // namespace
-
-at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, ReduceOp op) {
-  check_linear("functional::all_reduce", input, op);
-  return differentiable(
-      "AllReduceBackward", input, [&](const at::Tensor& x) { return group.all_reduce(x.clone(), {op}); },
-      [group, op](const at::Tensor& g) { return group.all_reduce(g.clone(), {op}); });
-}
-
 // An all_gather's backward: the reduce_scatter of the gradient, each rank's piece its input's size.
 BackwardFn all_gather_backward(const ProcessGroup& group, const AllGatherOptions& opts, const at::Tensor& input) {
   return [group, opts, own = input.size(opts.dim < 0 ? opts.dim + input.dim() : opts.dim)](const at::Tensor& g) {
@@ -45,6 +36,15 @@ BackwardFn all_gather_backward(const ProcessGroup& group, const AllGatherOptions
     if (sizes.empty()) sizes.assign(group.size(), own);
     return group.reduce_scatter(g, {ReduceOp::kSum, opts.dim, sizes});
   };
+}
+
+}  // namespace
+
+at::Tensor all_reduce(const at::Tensor& input, const ProcessGroup& group, ReduceOp op) {
+  check_linear("functional::all_reduce", input, op);
+  return differentiable(
+      "AllReduceBackward", input, [&](const at::Tensor& x) { return group.all_reduce(x.clone(), {op}); },
+      [group, op](const at::Tensor& g) { return group.all_reduce(g.clone(), {op}); });
 }
 
 at::Tensor all_gather(const at::Tensor& input, const ProcessGroup& group, AllGatherOptions opts) {

@@ -103,7 +103,9 @@ class ContextParallelCompute final : public nn::AttentionCompute {
   std::string name() const override { return "ContextParallel(" + to_string(mode_) + ")"; }
 
   std::shared_ptr<nn::KeysInFlight> begin(const at::Tensor& k, const at::Tensor& v) const override {
-    if (!async_ || group_.size() == 1) return nullptr;
+    // Inference tensors keep no version, which KeysInFlight compares: those are exchanged at the
+    // call (on every rank alike).
+    if (!async_ || group_.size() == 1 || k.is_inference() || v.is_inference()) return nullptr;
     check_same_tokens({}, k, v);
     auto early = std::make_shared<KeysOnTheirWay>(k, v);
     if (mode_ == CpMode::kAllGather) {

@@ -6,6 +6,7 @@
 #include <hp/core/error.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -392,7 +393,7 @@ TEST(ShmTransport, AMemberThatComesTooLateIsToldItWasWaitedFor) {
   options.group.set_timeout(std::chrono::seconds(1)).set_transport(Transport::kShm);
   options.barrier_at_exit = false;
   std::vector<std::string> seen(2);
-  std::vector<bool> timed_out(2, false);
+  std::array<bool, 2> timed_out{false, false};
   std::atomic<bool> rank0_done{false};
   testing::run_ranks(
       2,

@@ -111,7 +111,8 @@ TEST(ContextParallel, HybridMatchesOneRank) { check_against_one_rank(4, {CpMode:
 // The asynchronous variant: begin(k, v), before the queries exist, issues the exchange of K and V
 // (the ring's first, the all-gathers, or Ulysses's all_to_alls of K and V); the call then gives one
 // rank's out, dq, dk and dv (fp64, within 1e-12), with the mode's usual communication in all. Keys
-// handed over that are not the call's are exchanged and dropped, and the call does its own.
+// handed over that are not the call's, or were written into since, are exchanged and dropped, and
+// the call does its own.
 TEST(ContextParallel, AsyncStartsTheExchangeAtBeginAndMatchesOneRank) {
   struct Case {
     int ranks;
@@ -131,30 +132,42 @@ TEST(ContextParallel, AsyncStartsTheExchangeAtBeginAndMatchesOneRank) {
       const Grads want = attend(single, p.q, p.k, p.v, p.dout);
       auto shard = [&](const at::Tensor& t) { return cp_shard(t, 2, c.ranks, world.rank()).detach(); };
       auto unshard = [&](const at::Tensor& t) { return cp_unshard(t, 2, world, true); };
-      for (const bool same_keys : {true, false}) {
+      std::string usual;  // what the plan issues without begin
+      int64_t usual_total = 0;
+      {
+        const auto sync = make_core(mesh, {c.mode.mode, c.mode.ulysses}, true, true);
+        comm::CommDebugMode without;
+        attend(*sync, shard(p.q), shard(p.k), shard(p.v), shard(p.dout));
+        usual = without.str();
+        usual_total = without.total();
+      }
+      // The call takes the keys begun; or other ones; or the ones begun, written into since.
+      enum class Keys { kBegun, kOther, kWritten };
+      for (const Keys keys : {Keys::kBegun, Keys::kOther, Keys::kWritten}) {
         auto core = make_core(mesh, c.mode, true, true);
         const at::Tensor q = shard(p.q).requires_grad_(), k = shard(p.k).requires_grad_(),
                          v = shard(p.v).requires_grad_();
+        const at::Tensor v_call = keys == Keys::kWritten ? v * 1.0 : v;
         at::Tensor out;
-        std::string issued;
         {
           comm::CommDebugMode all;
           {
             comm::CommDebugMode at_begin;
-            core->begin(same_keys ? k : k * 1.0, v);
+            core->begin(keys == Keys::kOther ? k * 1.0 : k, v_call);
             HP_CHECK(at_begin.count(c.op) == 2 && at_begin.total() == c.total, what, ": begin issued ", at_begin.str());
           }
-          out = core->call({q, k, v});
+          if (keys == Keys::kWritten) v_call.mul_(1.0);
+          out = core->call({q, k, v_call});
           out.backward(shard(p.dout));
-          issued = all.str();
+          if (keys == Keys::kBegun) {
+            HP_CHECK(all.str() == usual, what, ": ", all.str(), " against ", usual, " without begin");
+          } else {
+            HP_CHECK(all.total() == usual_total + c.total, what, ": ", all.str(), ": begin's and the call's own");
+          }
         }
-        if (same_keys) {
-          const auto sync = make_core(mesh, {c.mode.mode, c.mode.ulysses}, true, true);
-          comm::CommDebugMode usual;
-          attend(*sync, shard(p.q), shard(p.k), shard(p.v), shard(p.dout));
-          HP_CHECK(issued == usual.str(), what, ": ", issued, " against ", usual.str(), " without begin");
-        }
-        const std::string how = what + (same_keys ? "" : ", other keys begun");
+        const std::string how = what + (keys == Keys::kBegun   ? ""
+                                        : keys == Keys::kOther ? ", other keys begun"
+                                                               : ", keys written into after begin");
         check_allclose(unshard(out.detach()), want.out, how + ": out", 1e-12, 0.0);
         check_allclose(unshard(q.grad()), want.dq, how + ": dq", 1e-12, 0.0);
         check_allclose(unshard(k.grad()), want.dk, how + ": dk", 1e-12, 0.0);

@@ -164,7 +164,7 @@ class KeysInFlight {
 
  private:
   at::Tensor k_, v_;
-  uint32_t k_version_, v_version_;
+  int64_t k_version_, v_version_;
 };
 
 // How CoreAttention computes over the sequence: alone by default; a context-parallel plan installs
@@ -213,9 +213,9 @@ class CoreAttention : public Module {
   // plan that moves them between ranks (asynchronous context parallelism) starts doing so, on its
   // groups, without waiting, while the caller computes the queries. Optional, but like a
   // collective: every rank of the plan's group calls it at the same point, or none does. The call
-  // then takes the same k and v, unchanged; other ones (a hook replaced or wrote into them, or the
-  // call is recomputed by checkpointing this module alone) finish what begin started, for nothing,
-  // and exchange their own, on every rank alike when the ranks run the same hooks.
+  // then takes the same k and v, unchanged; other ones (a hook replaced or wrote into them) finish
+  // what begin started, for nothing, and exchange their own, on every rank alike when the ranks run
+  // the same hooks. A module with a call wrapper (checkpointed alone) starts nothing here.
   void begin(const at::Tensor& k, const at::Tensor& v);
   void set_kernel(std::shared_ptr<const AttentionKernel> kernel);
   const std::shared_ptr<const AttentionKernel>& kernel() const { return kernel_; }
