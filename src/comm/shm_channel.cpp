@@ -248,6 +248,7 @@ std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kin
   if (failed == 0) return "";
   const FailureRecord record(failed);
   *culprit = record.culprit;
+  if (record.bad_call) return describe_failure(record);  // a member whose call did not match
   if (record.timed_out) *kind = Failure::kTimeout;
   return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[*culprit]);
 }

@@ -453,6 +453,11 @@ TEST(ShmTransport, SizesThatDisagreeFailInsteadOfCorrupting) {
       options);
   EXPECT_NE(first[1].find("world rank 0 sends 32 bytes to this rank, which expects 48"), std::string::npos) << first[1];
   for (int r : {0, 1}) EXPECT_NE(second[r], "") << "rank " << r << "'s next collective ran";
+  // The sender, whose own all_to_all went through, learns why its next one fails, whether it
+  // reaches it before or after rank 1 has failed the group.
+  EXPECT_NE(second[0].find("found that world rank 0 (this one) called a collective its own does not match"),
+            std::string::npos)
+      << second[0];
 }
 
 // Members whose programs diverged, running different collectives whose sizes agree (a
