@@ -233,6 +233,14 @@ void ShmChannel::check_calls(const CollectiveSite& site, int parity) {
 
 std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kind) const {
   *kind = Failure::kMember;
+  // A failure recorded first is the cause: a member that left since (its rank gave up on the
+  // failed group) is its consequence.
+  if (const uint64_t failed = layout_->control->failed.load(std::memory_order_acquire); failed != 0) {
+    const FailureRecord record(failed);
+    *culprit = record.culprit;
+    if (record.timed_out) *kind = Failure::kTimeout;
+    return describe_failure(record);
+  }
   for (int r = 0; r < layout_->n; ++r) {
     const MemberState& member = layout_->members[r];
     if (r == group_.rank) continue;
@@ -244,13 +252,7 @@ std::string ShmChannel::check_members(uint64_t round, int* culprit, Failure* kin
       return gone;
     }
   }
-  const uint64_t failed = layout_->control->failed.load(std::memory_order_acquire);
-  if (failed == 0) return "";
-  const FailureRecord record(failed);
-  *culprit = record.culprit;
-  if (record.bad_call) return describe_failure(record);  // a member whose call did not match
-  if (record.timed_out) *kind = Failure::kTimeout;
-  return "another member gave up on this group because of world rank " + std::to_string(group_.ranks[*culprit]);
+  return "";
 }
 
 void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failure kind, int culprit) {
