@@ -66,7 +66,12 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
 
 std::string GroupImpl::describe() const { return "group '" + name + "' (world ranks " + format_ranks(ranks) + ")"; }
 
+void GroupImpl::note_failure() const {
+  if (const auto world = registry.lock()) world->collective_failed.store(true, std::memory_order_release);
+}
+
 void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure) {
+  site.group->note_failure();
   try {
     std::rethrow_exception(failure);
   } catch (const hp::Error&) {

@@ -38,6 +38,9 @@ struct GroupRegistry {
   int world_size = 0;
   std::map<std::vector<int>, std::shared_ptr<GroupImpl>> groups;
   std::weak_ptr<GroupImpl> world;
+  // Whether a collective, send or receive of this rank on any of these groups failed
+  // (hp/comm/leave.h).
+  std::atomic<bool> collective_failed{false};
 };
 
 struct WorkState;
@@ -76,6 +79,9 @@ struct GroupImpl {
 
   int size() const { return static_cast<int>(ranks.size()); }
   std::string describe() const;  // "group 'tp' (world ranks [4, 5, 6, 7])"
+  // Records, for the world, that an operation of this rank on this group failed (it is about to
+  // throw).
+  void note_failure() const;
 
   // A receive buffer for composed collectives, reused from call to call so repeated collectives
   // of one size do not pay fresh pages each time. Only composed collectives use it, and the queue

@@ -152,12 +152,19 @@ ShmChannel::ShmChannel(GroupImpl& group, std::shared_ptr<SharedSegment> segment)
   layout_->members[group_.rank].pid.store(getpid(), std::memory_order_release);
 }
 
-ShmChannel::~ShmChannel() {
+ShmChannel::~ShmChannel() { leave(); }
+
+void ShmChannel::leave() {
   layout_->members[group_.rank].left.store(1, std::memory_order_release);
   wake_all(&layout_->control->completed);  // members waiting for this one look again
 }
 
 void ShmChannel::check_usable(const CollectiveSite& site) {
+  if (layout_->members[group_.rank].left.load(std::memory_order_acquire)) {
+    group_.note_failure();
+    throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
+                    std::to_string(group_.ranks[group_.rank]) + ": this rank has left the group (it gave up on it)");
+  }
   const uint64_t failed = layout_->control->failed.load(std::memory_order_acquire);
   if (!broken_ && failed != 0) {
     const FailureRecord record(failed);
@@ -171,12 +178,14 @@ void ShmChannel::check_usable(const CollectiveSite& site) {
       fail(site, why, Failure::kMember, record.culprit);
     }
     broken_ = true;
+    group_.note_failure();
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
                     std::to_string(group_.ranks[group_.rank]) + ", collective #" + std::to_string(site.seq) +
                     ": an earlier collective on this group failed (" + why +
                     "), and its shared memory may hold a half-finished exchange; the group cannot be used any more");
   }
   if (broken_) {
+    group_.note_failure();
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
                     std::to_string(group_.ranks[group_.rank]) +
                     ": an earlier collective on this group failed, and its shared memory may hold a half-finished "
@@ -198,7 +207,8 @@ std::string ShmChannel::describe_failure(const FailureRecord& record) const {
 }
 
 std::string ShmChannel::member_left(int r) const {
-  return "world rank " + std::to_string(group_.ranks[r]) + " left the group (its process group was destroyed)";
+  return "world rank " + std::to_string(group_.ranks[r]) +
+         " left the group (it gave up on it after an error, or its process group was destroyed)";
 }
 
 std::string ShmChannel::member_gone(int r) const {
@@ -267,6 +277,7 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
   wake_all(&layout_->control->completed);
   if (kind == Failure::kBadCall) {
     // Every member arrived: there is nobody missing to look for.
+    group_.note_failure();
     throw hp::Error(std::string(site.op) + " on " + group_.describe() + ", rank " +
                     std::to_string(group_.ranks[group_.rank]) + ", collective #" + std::to_string(site.seq) + ": " +
                     why);

@@ -43,7 +43,10 @@ class ShmChannel {
   // Collective over `group` (see SharedSegment::create). Returns nullptr and says why in `error`
   // when the members cannot share memory; every member gets the same answer.
   static std::shared_ptr<ShmChannel> open(GroupImpl& group, SegmentScope scope, std::string* error);
-  ~ShmChannel();  // tells the other members this one has left
+  ~ShmChannel();  // leave()
+  // Tells the other members this one has left for good: those waiting for it fail at once, and
+  // this member's own later operations on the channel fail.
+  void leave();
 
   // All to all: sends[j] goes to member j, recvs[i] receives member i's bytes (of the size member
   // i sends to this one).

@@ -75,6 +75,7 @@ int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
   scheduler.set_step(step);
   restore_mesh_rng();
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
+  committed_step_ = step;
   return step;
 }
 
@@ -131,6 +132,21 @@ std::optional<std::string> Checkpointing::save_last_words(int64_t step, const LR
   return dir;
 }
 
+std::optional<std::string> Checkpointing::save_after_error(int64_t step, const MeshRngState& rng,
+                                                           const LRScheduler& scheduler, const std::string& why) {
+  if (config_.checkpoint.interval <= 0 || step <= 0) return std::nullopt;
+  try {
+    finish();
+  } catch (const std::exception& e) {  // every rank reads the same outcome: nothing was committed
+    pending_step_ = -1;
+    if (world_.rank() == 0) log::warn("the checkpoint in flight when training failed was not committed: ", e.what());
+  }
+  if (committed_step_ == step) return config_.checkpoint_dir() + "/" + step_dir_name(step);
+  const std::string dir = start_save(step, scheduler, {{"last_words", why}, {"mesh_rng", mesh_rng_values(rng)}});
+  finish();
+  return dir;
+}
+
 std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks) {
   finish();
   state_.values = {{"step", step},
@@ -155,7 +171,7 @@ void Checkpointing::finish() {
   if (!pending_.pending()) return;
   pending_.wait();
   if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep, pending_step_);
-  pending_step_ = -1;
+  committed_step_ = std::exchange(pending_step_, -1);
 }
 
 // The state without the copies of tied weights: their parameters and optimizer state.

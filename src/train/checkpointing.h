@@ -51,6 +51,14 @@ class Checkpointing {
   enum class LastWordsOf { kAfterStep, kBeforeNextStep };
   std::optional<std::string> save_last_words(int64_t step, const LRScheduler& scheduler, const std::string& why,
                                              LastWordsOf when);
+  // After an error that ends the run (every rank calls it, once the ranks agreed through the store
+  // on `step`, the step all of them hold whole, docs/resilience.md#last-words): commits the save in
+  // flight if every rank's part of it succeeds, then, unless step `step`'s checkpoint is committed
+  // by now, saves the state of `step`, whose mesh RNG position is `rng`, as last words marked `why`,
+  // and commits it. Returns the directory of step `step`'s checkpoint, or nullopt when the run
+  // saves no checkpoints or `step` is 0. Needs the store only, not the world's collectives.
+  std::optional<std::string> save_after_error(int64_t step, const MeshRngState& rng, const LRScheduler& scheduler,
+                                              const std::string& why);
   // At the start of each step: where the mesh's RNG stands, for last words before the next step.
   void note_step_start();
   const MeshRngState& step_start_rng() const { return step_start_rng_; }  // as of note_step_start()
@@ -73,6 +81,7 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
+  int64_t committed_step_ = -1;  // the step of the last checkpoint committed or resumed from
   MeshRngState step_start_rng_;
 };
 

@@ -81,6 +81,10 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
       if (well_formed) fault.seconds = parse_number<double>(args[0], text, source, "seconds");
       HP_CHECK(fault.seconds >= 0, source, ": '", text, "': the delay must not be negative");
       break;
+    case FaultKind::kThrow:
+      well_formed = args.empty() || (args.size() == 1 && (args[0] == "backward" || args[0] == "optimizer"));
+      if (args.size() == 1) fault.when = args[0];
+      break;
     case FaultKind::kNan:
       fault.always = always_at(0);
       well_formed = args.empty() || fault.always;
@@ -96,8 +100,9 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
       break;
   }
   HP_CHECK(well_formed, source, ": '", text,
-           "': a delay takes SECONDS, a flip (flip_grad, flip_state) may take a parameter's FQN, a nan may take ",
-           "'always', a spike takes ", "FACTOR and may take 'always'; the other kinds take nothing after the step");
+           "': a delay takes SECONDS, a flip (flip_grad, flip_state) may take a parameter's FQN, a throw may take ",
+           "'backward' or 'optimizer', a nan may take 'always', a spike takes FACTOR and may take 'always'; the other ",
+           "kinds take nothing after the step");
   return fault;
 }
 
@@ -159,6 +164,8 @@ class FaultCallback : public Callback {
   }
 
   void on_after_backward(int64_t step) override {
+    if (fault_.kind == FaultKind::kThrow && fault_.when == "backward" && step == fault_.step && claim())
+      HP_FAIL("injected fault: rank ", fault_.rank, " failed after step ", step, "'s backward");
     if ((fault_.kind != FaultKind::kNan && fault_.kind != FaultKind::kSpike) || step != fault_.step || !claim_run(step))
       return;
     at::NoGradGuard no_grad;
@@ -179,6 +186,8 @@ class FaultCallback : public Callback {
   }
 
   void on_before_optimizer_step(int64_t step) override {
+    if (fault_.kind == FaultKind::kThrow && fault_.when == "optimizer" && step == fault_.step && claim())
+      HP_FAIL("injected fault: rank ", fault_.rank, " failed as step ", step, "'s optimizer step began");
     if (fault_.kind != FaultKind::kFlipGrad || step != fault_.step || !claim()) return;
     log::warn("injected fault: flipping bit 22 of ", fault_.parameter, "'s gradient before step ", step,
               "'s optimizer step");
@@ -193,8 +202,8 @@ class FaultCallback : public Callback {
     return fault_.kind == FaultKind::kDelay || fault_.kind == FaultKind::kHang || fault_.kind == FaultKind::kPreempt;
   }
   bool fires_at_end() const {
-    return fault_.kind == FaultKind::kKill || fault_.kind == FaultKind::kThrow || fault_.kind == FaultKind::kFlip ||
-           fault_.kind == FaultKind::kFlipState;
+    return fault_.kind == FaultKind::kKill || (fault_.kind == FaultKind::kThrow && fault_.when.empty()) ||
+           fault_.kind == FaultKind::kFlip || fault_.kind == FaultKind::kFlipState;
   }
 
   // Under hprun the notice goes to hprun, which forwards it to every rank as a cluster's would;

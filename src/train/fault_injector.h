@@ -4,6 +4,8 @@
 //
 //   kill:2:7       rank 2 SIGKILLs itself after step 7 (a crashed node)
 //   throw:1:4      rank 1 throws hp::Error after step 4 (a failing rank)
+//   throw:1:4:backward  the same after step 4's backward (its optimizer step not taken), and
+//                  throw:1:4:optimizer as the optimizer step begins (the state is being changed)
 //   hang:0:3       rank 0 stops at the start of step 3 and never returns (a stuck rank)
 //   delay:1:5:2.5  rank 1 sleeps 2.5 s at the start of step 5 (a straggler)
 //   flip:2:7:FQN   rank 2 flips bit 22 of the first element of its shard of parameter FQN (default:
@@ -47,6 +49,7 @@ struct Fault {
   double factor = 1.0;    // spike
   bool always = false;    // nan, spike: in every run of the step (a rerun too), not once
   std::string parameter;  // flip, flip_grad, flip_state, nan (empty: the rank's first)
+  std::string when;       // throw: "" (after the step), "backward" or "optimizer"
   int index = 0;          // position in the job's list (config, then environment): names the claim file
   std::string text;       // as written (for errors)
   std::string source;     // where: "HP_FAULT" or "resilience.faults" (for errors)

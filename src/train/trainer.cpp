@@ -31,6 +31,7 @@
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
 #include "train/device_memory.h"
+#include "train/error_account.h"
 #include "train/fault_injector.h"
 #include "train/generation.h"
 #include "train/hf_weights.h"
@@ -242,6 +243,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   // abandons it uncommitted).
   int64_t replica_checks = 0;
   double replica_check_seconds = 0.0;
+  // Set where every rank ends the run together, having decided what to save: the error that follows
+  // needs no last words after it.
+  bool agreed_end = false;
   const auto check_replicas_if_due = [&](int64_t done, bool saving_last_words) {
     const int64_t every = c.resilience.replica_check_interval;
     const bool saving = saving_last_words || (c.checkpoint.interval > 0 && done % c.checkpoint.interval == 0) ||
@@ -263,7 +267,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const std::string what =
         hp::detail::str_cat("replicas of a parameter or of its optimizer state differ after step ", done,
                             " (silent data corruption): ", detail::describe(report.mismatches));
-    HP_CHECK(c.resilience.on_replica_mismatch != "stop", what,
+    agreed_end = c.resilience.on_replica_mismatch == "stop";  // every rank compares the same hashes
+    HP_CHECK(!agreed_end, what,
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
   };
@@ -300,6 +305,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   // committed, and the parameters and optimizer state, still those of step `step`, the last good
   // one, are saved as last words marked `why`. Returns the clause that says where (or "").
   const auto save_last_good_step = [&](const std::string& why) -> std::string {
+    agreed_end = true;  // its callers throw next, on every rank
     checkpoints.finish();
     check_replicas_if_due(step, /*saving_last_words=*/true);  // no corrupt replica in the last words
     const std::optional<std::string> last_words =
@@ -314,12 +320,15 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
   int64_t timed_steps = 0;
+  // What the parameters and optimizer state hold, for last words after an error.
+  detail::HeldState held{step, get_rng_state(s.mesh)};
   notify([&](Callback& cb) { cb.on_train_begin(step); });
   try {
     for (; step < c.train.steps; ++step) {
+      checkpoints.note_step_start();
+      held = {step, checkpoints.step_start_rng()};
       notify([&](Callback& cb) { cb.on_step_begin(step + 1); });
       const auto t0 = Clock::now();
-      checkpoints.note_step_start();
       detail::StepProfile profile(lead && step + 1 == c.log.profile_step);
       detail::reset_step_peak(s.mesh.device(), memory);
       StepRecord record;
@@ -361,6 +370,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       if (reruns) reruns->note(record);
       // A checkpoint staging in the background still reads what the hook and the optimizer change.
       checkpoints.wait_staged();
+      held.step.reset();  // the hook and the optimizer change the state
       if (!record.skipped) {
         if (s.parts.before_optimizer_step) {
           models::StepStats stats = s.parts.before_optimizer_step();
@@ -371,6 +381,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
         optimizer->step();
       }
       scheduler.step();
+      held = {step + 1, get_rng_state(s.mesh)};
       check_replicas_if_due(step + 1, /*saving_last_words=*/stop_signal != 0);
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
@@ -428,7 +439,31 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     }
   } catch (const std::exception& error) {
     notify([&](Callback& cb) { cb.on_exception(step + 1, error); });
-    throw;
+    if (agreed_end) throw;
+    watchdog->progress("accounting for an error");
+    const std::string where = step < c.train.steps ? "in step " + std::to_string(step + 1) : "after the last step";
+    std::string words;  // what became of the last words, as a clause
+    detail::ErrorAccount account;
+    try {
+      account = detail::account_for_error(world, error, where, held, c.checkpoint.interval > 0);
+      if (account.step) {
+        const std::optional<std::string> dir = checkpoints.save_after_error(
+            *account.step, held.rng, scheduler, "an error in " + account.origin.substr(0, account.origin.find(':')));
+        if (dir)
+          words = hp::detail::str_cat("Step ", *account.step, ", which every rank held, is saved in ", *dir, ".");
+      } else if (!account.why_not.empty()) {
+        words = "No last words: " + account.why_not + ".";
+      }
+    } catch (const std::exception& e) {
+      words = std::string("No last words: ") + e.what();
+    }
+    if (account.origin.empty()) throw;  // a rank died or hangs: the failed collective names it
+    if (account.own_error && words.empty()) throw;
+    const std::string own = error.what();
+    const std::string then = own.empty() || own.back() == '.' ? " " + words : ". " + words;
+    if (account.own_error) HP_FAIL(own, then);
+    HP_FAIL("training ended because of an error on another rank (", account.origin, "); on this rank (world rank ",
+            world.rank(), "): ", own, then);
   }
   if (result.stop_signal == 0) notify([&](Callback& cb) { cb.on_eval(c.train.steps, result.eval_loss); });
   notify([&](Callback& cb) { cb.on_train_end(result); });

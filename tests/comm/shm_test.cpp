@@ -22,6 +22,7 @@
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
 #include "comm/world.h"
+#include "hp/comm/leave.h"
 #include "hp/core/job.h"
 #include "scoped_file_size_limit.h"
 #include "test_util.h"
@@ -29,6 +30,8 @@
 namespace hp::test {
 namespace {
 
+using comm::collective_failed;
+using comm::leave_groups;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::Transport;
@@ -424,6 +427,53 @@ TEST(ShmTransport, AMemberThatComesTooLateIsToldItWasWaitedFor) {
             std::string::npos)
       << seen[1];
   EXPECT_EQ(seen[1].find("timeout"), std::string::npos) << seen[1];
+}
+
+// A rank that gives up on its world (leave_groups, what hp-train does after an error) fails the
+// peers waiting for it in a collective at once, on the world and on a sub-group alike, long before
+// the timeout; their collectives count as failed (collective_failed), its own later ones fail.
+TEST(ShmTransport, ARankThatLeavesItsGroupsFailsItsWaitingPeersAtOnce) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(60)).set_transport(Transport::kShm);
+  options.barrier_at_exit = false;
+  std::vector<std::string> seen(3);
+  std::vector<double> seconds(3, 0.0);
+  std::vector<bool> failed_before(3), failed_after(3);
+  testing::run_ranks(
+      3,
+      [&](const ProcessGroup& world) {
+        const int rank = world.rank();
+        const ProcessGroup pair = rank == 0 ? ProcessGroup() : world.new_group({1, 2});
+        world.barrier();
+        failed_before[rank] = collective_failed(world);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          if (rank == 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the peers are waiting by now
+            leave_groups(world);
+            world.all_reduce(at::ones({8}));
+          } else if (rank == 1) {
+            pair.all_reduce(at::ones({8}));
+          } else {
+            world.all_reduce(at::ones({8}));
+          }
+        } catch (const hp::Error& e) {
+          seen[rank] = e.what();
+        }
+        seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        failed_after[rank] = collective_failed(world);
+      },
+      options);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(failed_before[r]) << r;
+    EXPECT_TRUE(failed_after[r]) << r;
+  }
+  for (int r : {0, 1}) {
+    EXPECT_NE(seen[r].find("world rank 2 left the group (it gave up on it after an error"), std::string::npos)
+        << seen[r];
+    EXPECT_LT(seconds[r], 20.0) << seen[r];  // the timeout is 60 s
+  }
+  EXPECT_NE(seen[2].find("this rank has left the group"), std::string::npos) << seen[2];
 }
 
 // Sizes that disagree between sender and receiver fail the receiver, naming the sender, and every

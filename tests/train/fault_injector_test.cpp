@@ -70,14 +70,35 @@ TEST(FaultInjector, ParsesAList) {
   EXPECT_FALSE(anomalies[2].always);
   EXPECT_EQ(anomalies[3].factor, 1e3);
   EXPECT_TRUE(anomalies[3].always);
+  const auto throws = parse_faults("throw:1:4,throw:1:5:backward,throw:0:2:optimizer");
+  ASSERT_EQ(throws.size(), 3u);
+  EXPECT_EQ(throws[0].when, "");
+  EXPECT_EQ(throws[1].when, "backward");
+  EXPECT_EQ(throws[2].when, "optimizer");
 }
 
 // Guards against a drill that silently injects nothing: each malformed entry is an error quoting it.
 TEST(FaultInjector, RejectsMalformedFaultsNamingThem) {
-  for (const char* bad :
-       {"kill:2", "boom:1:2", "kill:x:7", "kill:1:0", "kill:-1:3", "delay:1:2", "kill:1:2:3", "delay:1:2:-1",
-        "delay:1:2:soon", "kill:1:7x", "nan:1:2:sometimes", "nan:1:2:always:x", "spike:1:2", "spike:1:2:always",
-        "spike:1:2:0", "spike:1:2:inf", "spike:1:2:3:often", "kill:1:2:3:4:5"})
+  for (const char* bad : {"kill:2",
+                          "boom:1:2",
+                          "kill:x:7",
+                          "kill:1:0",
+                          "kill:-1:3",
+                          "delay:1:2",
+                          "kill:1:2:3",
+                          "delay:1:2:-1",
+                          "delay:1:2:soon",
+                          "kill:1:7x",
+                          "nan:1:2:sometimes",
+                          "nan:1:2:always:x",
+                          "spike:1:2",
+                          "spike:1:2:always",
+                          "spike:1:2:0",
+                          "spike:1:2:inf",
+                          "spike:1:2:3:often",
+                          "kill:1:2:3:4:5",
+                          "throw:1:2:sideways",
+                          "throw:1:2:backward:x"})
     test::expect_error([&] { parse_faults(std::string("throw:0:1,") + bad); }, {"HP_FAULT", std::string("'") + bad});
 }
 
