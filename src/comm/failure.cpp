@@ -67,7 +67,7 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
 std::string GroupImpl::describe() const { return "group '" + name + "' (world ranks " + format_ranks(ranks) + ")"; }
 
 void GroupImpl::note_failure() const {
-  if (const auto world = registry.lock()) world->collective_failed.store(true, std::memory_order_release);
+  if (const auto world = registry.lock()) world->failures.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure) {

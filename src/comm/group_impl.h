@@ -38,9 +38,9 @@ struct GroupRegistry {
   int world_size = 0;
   std::map<std::vector<int>, std::shared_ptr<GroupImpl>> groups;
   std::weak_ptr<GroupImpl> world;
-  // Whether a collective, send or receive of this rank on any of these groups failed
+  // Failures of this rank's collectives, sends and receives on any of these groups
   // (hp/comm/leave.h).
-  std::atomic<bool> collective_failed{false};
+  std::atomic<uint64_t> failures{0};
 };
 
 struct WorkState;

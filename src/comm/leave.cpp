@@ -9,10 +9,12 @@
 
 namespace hp::comm {
 
-bool collective_failed(const ProcessGroup& world) {
+uint64_t collective_failures(const ProcessGroup& world) {
   const auto registry = world.impl().registry.lock();
-  return registry && registry->collective_failed.load(std::memory_order_acquire);
+  return registry ? registry->failures.load(std::memory_order_acquire) : 0;
 }
+
+void note_failure_of_another_rank(const ProcessGroup& group) { group.impl().note_failure(); }
 
 void leave_groups(const ProcessGroup& world) {
   const auto registry = world.impl().registry.lock();

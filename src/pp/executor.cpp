@@ -10,6 +10,7 @@
 #include <set>
 #include <utility>
 
+#include "hp/comm/leave.h"
 #include "hp/core/error.h"
 #include "hp/core/step_phase.h"
 #include "hp/dtensor/dtensor.h"
@@ -435,6 +436,7 @@ double PipelineExecutor::agree(const std::function<double(FailureNotice&)>& pass
     HP_FAIL(own_failure);
   }
   broken_reason_ = notice.message();
+  comm::note_failure_of_another_rank(group_);
   HP_FAIL(broken_reason_, "; so rank ", group_.rank(), " stopped ",
           stopped_at.empty() ? std::string("after its last action") : "at " + stopped_at);
 }

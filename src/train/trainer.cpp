@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -267,7 +268,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const std::string what =
         hp::detail::str_cat("replicas of a parameter or of its optimizer state differ after step ", done,
                             " (silent data corruption): ", detail::describe(report.mismatches));
-    agreed_end = c.resilience.on_replica_mismatch == "stop";  // every rank compares the same hashes
+    if (c.resilience.on_replica_mismatch == "stop") agreed_end = true;  // every rank compares the same hashes
     HP_CHECK(!agreed_end, what,
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
@@ -320,8 +321,10 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
   int64_t timed_steps = 0;
-  // What the parameters and optimizer state hold, for last words after an error.
+  // What the parameters and optimizer state hold, and the slowest step, for last words after an error.
   detail::HeldState held{step, get_rng_state(s.mesh)};
+  const detail::ErrorAccounting error_accounting(world);
+  double slowest_step = 0.0;
   notify([&](Callback& cb) { cb.on_train_begin(step); });
   try {
     for (; step < c.train.steps; ++step) {
@@ -385,6 +388,7 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       check_replicas_if_due(step + 1, /*saving_last_words=*/stop_signal != 0);
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
+      slowest_step = std::max(slowest_step, record.seconds);
       profile.finish(c, step + 1, record.seconds);
       // The run's throughput leaves out the first step, the profiled one (timing every op slows it)
       // and a step that ran twice (a rerun on an anomaly).
@@ -439,13 +443,16 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     }
   } catch (const std::exception& error) {
     notify([&](Callback& cb) { cb.on_exception(step + 1, error); });
-    if (agreed_end) throw;
-    watchdog->progress("accounting for an error");
+    if (agreed_end) throw;  // the watchdog is stopped by now: every wait below has its own bound
     const std::string where = step < c.train.steps ? "in step " + std::to_string(step + 1) : "after the last step";
     std::string words;  // what became of the last words, as a clause
     detail::ErrorAccount account;
     try {
-      account = detail::account_for_error(world, error, where, held, c.checkpoint.interval > 0);
+      account = error_accounting.account(error, where, held, c.checkpoint.interval > 0,
+                                         std::chrono::milliseconds(static_cast<int64_t>(1e3 * slowest_step)));
+      HP_CHECK(!account.step || account.step == held.step, "the ranks agreed on step ", account.step.value_or(0),
+               ", but this rank holds ",
+               held.step ? "step " + std::to_string(*held.step) : std::string("no whole step"));
       if (account.step) {
         const std::optional<std::string> dir = checkpoints.save_after_error(
             *account.step, held.rng, scheduler, "an error in " + account.origin.substr(0, account.origin.find(':')));
@@ -462,8 +469,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const std::string own = error.what();
     const std::string then = own.empty() || own.back() == '.' ? " " + words : ". " + words;
     if (account.own_error) HP_FAIL(own, then);
-    HP_FAIL("training ended because of an error on another rank (", account.origin, "); on this rank (world rank ",
-            world.rank(), "): ", own, then);
+    throw OtherRankError(hp::detail::str_cat("training ended because of an error on another rank (", account.origin,
+                                             "); on this rank (world rank ", world.rank(), "): ", own, then));
   }
   if (result.stop_signal == 0) notify([&](Callback& cb) { cb.on_eval(c.train.steps, result.eval_loss); });
   notify([&](Callback& cb) { cb.on_train_end(result); });

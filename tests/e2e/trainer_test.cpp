@@ -231,6 +231,33 @@ TEST(HpTrain, RestartAfterAKilledRankIsBitwiseIdentical) {
             checkpoint_contents(straight + "/checkpoints/step-000010"));
 }
 
+// hprun --max-restarts 1, rank 2 raising an error after step 7's backward: every rank saves step 6,
+// which they all hold, as last words; the other ranks exit with code 4 and hprun names rank 2 (exit
+// code 1) although the ranks exit together; the restart resumes from step 6 (no step lost) and the
+// losses and the final checkpoint are bitwise those of an uninterrupted run.
+TEST(HpTrain, RestartAfterAnErrorInOneRankLosesNoStep) {
+  const std::string straight = scratch("error_straight"), restarted = scratch("error_restarted");
+  ASSERT_EQ(run_job(train_command(straight)).exit_code, 0);
+  const Result r = hp::e2e::run_command("HP_FAULT=throw:2:7:backward " + bin_dir() + "/hprun --max-restarts 1 " +
+                                        train_command(restarted));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hprun: rank 2 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 1; stopping the other ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("training ended because of an error on another rank (world rank 2, in step 7: injected "
+                          "fault: rank 2 failed after step 7's backward)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Step 6, which every rank held, is saved in " + restarted + "/checkpoints/step-000006"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("attempt 2 resumed from step 6: 0 steps lost"), std::string::npos) << r.output;
+  const auto want = train_losses(straight), got = train_losses(restarted);
+  ASSERT_EQ(got.size(), 10u);
+  for (int64_t step = 1; step <= 10; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  EXPECT_EQ(checkpoint_contents(restarted + "/checkpoints/step-000010"),
+            checkpoint_contents(straight + "/checkpoints/step-000010"));
+}
+
 // A preemption notice at step 7 (HP_FAULT has rank 0 send SIGTERM to hprun, which forwards it to
 // every rank): the ranks agree to stop after step 7, save it as last words and exit; the checkpoint
 // verifies and is marked, and --resume auto continues from it bitwise (losses and the final

@@ -28,7 +28,8 @@
 namespace {
 
 // docs/training.md#exit-codes
-constexpr int kFailed = 1, kConfigError = 2;
+// 3 is the watchdog's (src/train/watchdog.cpp); 4 tells hprun that another rank's error is the cause.
+constexpr int kFailed = 1, kConfigError = 2, kOtherRankFailed = 4;
 
 // What the command line says.
 struct Args {
@@ -253,6 +254,9 @@ int main(int argc, char** argv) {
     }
     if (world.rank() == 0 && !options.dry_run) print_summary(config, result);
     return 0;
+  } catch (const hp::train::OtherRankError& e) {
+    std::cerr << "hp-train: failed: " << e.what() << "\n";
+    return kOtherRankFailed;
   } catch (const std::exception& e) {
     // A step not finite, a peer that died or hung, a fault: a restart may get past it.
     std::cerr << "hp-train: failed: " << e.what() << "\n";

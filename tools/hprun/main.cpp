@@ -39,6 +39,10 @@ namespace {
 
 constexpr int kUsageError = 2;     // hprun's own, and a rank's that no restart can fix
 constexpr int kInterrupted = 130;  // hprun got a signal
+// A rank that ended because of another rank's error (hp-train's exit code): that rank, the cause,
+// exits moments later (they save their last words together), and is the one to name.
+constexpr int kOtherRankFailed = 4;
+constexpr auto kCauseGrace = std::chrono::seconds(2);
 // Wait before restart K (1-based): 1 s, doubling, at most 30 s; a failure that repeats at once
 // (a bad node, a full disk) does not spin.
 std::chrono::seconds restart_backoff(int restart) {
@@ -308,6 +312,23 @@ class Job {
     bool stopping = false;  // a signal forwarded; SIGKILL follows at kill_at
     std::chrono::steady_clock::time_point kill_at, failed_at;
     int exit_code = 0;
+    const auto fail = [&](const Rank& r, int status) {
+      std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
+                   describe_status(status).c_str());
+      exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      failed_at = std::chrono::steady_clock::now();
+      outcome.failed_rank = r.global;
+      outcome.failed_pid = r.pid;
+      outcome.failure = describe_status(status);
+      outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
+      outcome.failed_at = std::chrono::system_clock::now();
+      // At once: with a peer gone they can save nothing, and a SIGTERM would read as a
+      // preemption notice to a program that saves its last words on one (hp-train).
+      signal_all(SIGKILL);
+    };
+    const Rank* consequence = nullptr;  // the first rank that exited kOtherRankFailed
+    int consequence_status = 0;
+    std::chrono::steady_clock::time_point consequence_at;
     while (any_running()) {
       pump_output(100);
       if (g_forward_signal != 0) {
@@ -323,19 +344,18 @@ class Job {
       reap([&](Rank& r, int status) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (!failed || exit_code != 0) return;  // later failures are consequences of the first
-        std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
-                     describe_status(status).c_str());
-        exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        failed_at = std::chrono::steady_clock::now();
-        outcome.failed_rank = r.global;
-        outcome.failed_pid = r.pid;
-        outcome.failure = describe_status(status);
-        outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
-        outcome.failed_at = std::chrono::system_clock::now();
-        // At once: with a peer gone they can save nothing, and a SIGTERM would read as a
-        // preemption notice to a program that saves its last words on one (hp-train).
-        signal_all(SIGKILL);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == kOtherRankFailed) {
+          if (consequence == nullptr) {
+            consequence = &r;
+            consequence_status = status;
+            consequence_at = std::chrono::steady_clock::now();
+          }
+          return;
+        }
+        fail(r, status);
       });
+      if (consequence != nullptr && exit_code == 0 && std::chrono::steady_clock::now() - consequence_at >= kCauseGrace)
+        fail(*consequence, consequence_status);
       if (stopping && std::chrono::steady_clock::now() >= kill_at && any_running()) {
         std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
                      static_cast<long long>(stop_timeout_.count()));
@@ -343,6 +363,7 @@ class Job {
         stopping = false;
       }
     }
+    if (consequence != nullptr && exit_code == 0) fail(*consequence, consequence_status);  // none named another
     if (outcome.failed_rank >= 0)
       std::fprintf(stderr, "hprun: every rank stopped %.2f s after rank %d failed\n",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(),

@@ -27,6 +27,14 @@ class NonFiniteError : public Error {
   using Error::Error;
 };
 
+// Thrown by train() on a rank whose training ended because another rank raised an error
+// (docs/resilience.md#last-words-after-an-error): the message names that rank and its error first.
+// hp-train exits with code 4 for it, which tells hprun that the cause is another rank.
+class OtherRankError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct TrainOptions {
   bool resume = false;  // continue from the latest checkpoint of the run, when there is one
   // With resume: only from a checkpoint saved under this process's hprun job (HP_JOB_DIR); from
