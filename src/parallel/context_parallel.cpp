@@ -145,7 +145,8 @@ class ContextParallelCompute final : public nn::AttentionCompute {
     // The tokens this rank attends for (after Ulysses, its group's, gathered in ascending order),
     // and the ring peers' tokens.
     const int64_t u = ulysses_.defined() ? ulysses_.size() : 1;
-    auto group_positions = [&](int64_t first_rank) { return std::get<0>(at::sort(positions_of(first_rank, u))); };
+    // Sorted only when they are not ascending already (one rank's are: cp_positions sorts its chunks).
+    auto group_positions = [&](int64_t first_rank) { return nn::PositionOrder(positions_of(first_rank, u)).positions; };
     const int64_t my_first = group_.rank() / u * u;
     std::shared_ptr<const nn::AttentionKernel> inner = kernel;
     if (ring_.defined()) {

@@ -2,12 +2,11 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
-#include <numeric>
 #include <utility>
 
 #include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
+#include "hp/nn/attention.h"
 
 namespace hp::detail {
 
@@ -17,15 +16,12 @@ UlyssesExchange::UlyssesExchange(comm::ProcessGroup group, const at::Tensor& ran
   HP_CHECK(rank_positions.dim() == 1 && rank_positions.device().is_cpu() && total % n == 0, "UlyssesExchange: ", total,
            " positions (on ", rank_positions.device(), ") for ", n, " ranks; they belong on the host");
   local_ = total / n;
-  const at::Tensor positions = rank_positions.to(at::kLong).contiguous();
-  const int64_t* p = positions.data_ptr<int64_t>();
-  std::vector<int64_t> order(total);  // order[t]: the index in rank_positions of the t-th smallest
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [p](int64_t a, int64_t b) { return p[a] < p[b]; });
-  std::vector<int64_t> sorted(total);
+  const nn::PositionOrder ascending(rank_positions.to(at::kLong));
+  const at::Tensor order = ascending.order.defined() ? ascending.order.contiguous() : at::Tensor();
+  const int64_t* source = order.defined() ? order.data_ptr<int64_t>() : nullptr;  // into rank_positions
   for (int64_t t = 0; t < total; ++t) {
-    sorted[t] = p[order[t]];
-    const int64_t rank = order[t] / local_, offset = order[t] % local_;
+    const int64_t from = source ? source[t] : t;
+    const int64_t rank = from / local_, offset = from % local_;
     Run* last = runs_.empty() ? nullptr : &runs_.back();
     if (last && last->rank == rank && last->offset + last->length == offset) {
       ++last->length;
@@ -33,7 +29,7 @@ UlyssesExchange::UlyssesExchange(comm::ProcessGroup group, const at::Tensor& ran
       runs_.push_back({rank, offset, t, 1});
     }
   }
-  sorted_ = at::tensor(sorted, at::kLong);
+  sorted_ = ascending.positions;
 }
 
 at::Tensor UlyssesExchange::pieces_to_send(const at::Tensor& x) const {
