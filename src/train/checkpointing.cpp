@@ -75,7 +75,7 @@ int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
   scheduler.set_step(step);
   restore_mesh_rng();
   if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
-  committed_step_ = step;
+  committed_step_ = step, committed_dir_ = *latest;
   return step;
 }
 
@@ -141,7 +141,7 @@ std::optional<std::string> Checkpointing::save_after_error(int64_t step, const M
     pending_step_ = -1;
     if (world_.rank() == 0) log::warn("the checkpoint in flight when training failed was not committed: ", e.what());
   }
-  if (committed_step_ == step) return config_.checkpoint_dir() + "/" + step_dir_name(step);
+  if (committed_step_ == step) return committed_dir_;
   const std::string dir = start_save(step, scheduler, {{"last_words", why}, {"mesh_rng", mesh_rng_values(rng)}});
   finish();
   return dir;
@@ -163,7 +163,7 @@ std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler
   options.stage_in_background = true;  // the copies overlap the next step's forward and backward
   const std::string dir = config_.checkpoint_dir() + "/" + step_dir_name(step);
   pending_ = dcp::save_async(to_save(), dir, world_, options);
-  pending_step_ = step;
+  pending_step_ = step, pending_dir_ = dir;
   return dir;
 }
 
@@ -171,7 +171,7 @@ void Checkpointing::finish() {
   if (!pending_.pending()) return;
   pending_.wait();
   if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep, pending_step_);
-  committed_step_ = std::exchange(pending_step_, -1);
+  committed_step_ = std::exchange(pending_step_, -1), committed_dir_ = pending_dir_;
 }
 
 // The state without the copies of tied weights: their parameters and optimizer state.

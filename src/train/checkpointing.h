@@ -81,7 +81,10 @@ class Checkpointing {
   dcp::StateDict state_;  // aliases the live model and optimizer tensors
   dcp::AsyncSave pending_;
   int64_t pending_step_ = -1;
-  int64_t committed_step_ = -1;  // the step of the last checkpoint committed or resumed from
+  std::string pending_dir_;
+  // The last checkpoint committed or resumed from (possibly an interrupted replacement's `.old`).
+  int64_t committed_step_ = -1;
+  std::string committed_dir_;
   MeshRngState step_start_rng_;
 };
 

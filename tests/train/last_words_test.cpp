@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -193,6 +194,34 @@ TEST(LastWords, AnErrorInOneRankSavesTheStepEveryRankHolds) {
   EXPECT_EQ(resumed.rank0.first_step, 5);
   ASSERT_EQ(resumed.rank0.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.rank0.losses[i], straight.rank0.losses[5 + i]) << "step " << i + 6;
+}
+
+// The same on Gloo, which a rank cannot leave: the others learn of the error when their collective
+// times out (3 s here), find rank 2's error, and step 5 is saved all the same.
+TEST(LastWords, OnGlooTheOthersLearnOfAnErrorAtTheirTimeout) {
+  const std::string dir = test::scratch_dir("hp_last_words_error_gloo");
+  TrainConfig c = four_ranks(dir, "failing");
+  c.comm_settings.transport = "gloo";
+  c.resilience.collective_timeout_s = 3;
+  c.checkpoint.interval = 4;
+  c.resilience.faults = "throw:2:6:backward";
+  const Outcome failed = run_ranks_of(c);
+  EXPECT_GE(failed.seconds, 3.0);
+  // The first to time out (the others may then see Gloo close the connections).
+  EXPECT_TRUE(std::any_of(failed.errors.begin(), failed.errors.end(), [](const std::string& e) {
+    return e.find("after the group timeout of 3000 ms") != std::string::npos;
+  }));
+  for (int r = 0; r < 4; ++r) {
+    const std::string& e = failed.errors[r];
+    EXPECT_NE(e.find("Step 5, which every rank held, is saved in " + step_dir(c, 5)), std::string::npos)
+        << r << ": " << e;
+    if (r != 2) {
+      EXPECT_EQ(
+          e.rfind("OtherRankError: training ended because of an error on another rank (world rank 2, in step 6", 0), 0u)
+          << r << ": " << e;
+    }
+  }
+  EXPECT_EQ(dcp::latest_checkpoint(c.checkpoint_dir()), step_dir(c, 5));
 }
 
 // Rank 2 raises after step 6, whose checkpoint is still being written in the background: that save
