@@ -1,5 +1,7 @@
 #include "train/error_account.h"
 
+#include <ATen/ATen.h>
+
 #include <thread>
 #include <utility>
 
@@ -32,11 +34,14 @@ std::string seconds(std::chrono::milliseconds t) {
 }  // namespace
 
 ErrorAccounting::ErrorAccounting(comm::ProcessGroup world)
-    : world_(std::move(world)),
-      // Every rank runs train() on the world as often as the others: the count names this run alike.
-      prefix_("hp_train/error/" +
-              std::to_string(world_.store().add("hp_train/runs/" + std::to_string(world_.rank()), 1)) + "/"),
-      failures_before_(comm::collective_failures(world_)) {}
+    : world_(std::move(world)), failures_before_(comm::collective_failures(world_)) {
+  // Rank 0 numbers the runs on this world and the others take its number: an earlier run may have
+  // failed on some ranks before it got this far.
+  const at::Tensor run = at::zeros({1}, at::kLong);
+  if (world_.rank() == 0) run.fill_(world_.store().add("hp_train/runs", 1));
+  world_.broadcast(run, 0);
+  prefix_ = "hp_train/error/" + std::to_string(run.item<int64_t>()) + "/";
+}
 
 // Why the reports of every rank do not agree on one whole step; reads each rank's report once.
 std::string ErrorAccounting::disagreement() const {
@@ -106,12 +111,14 @@ ErrorAccount ErrorAccounting::account(const std::exception& error, const std::st
                                      ? std::to_string(*held.step)
                                      : disagreement());
     }
-    // The decider waits `wait` at most, from before this rank's report.
+    // The decider waits `wait` at most, from before this rank's report (the ranks' slowest steps are
+    // about the same: they wait for each other).
     comm::StorePollOptions poll;
     poll.period = kPoll;
     poll.deadline = Clock::now() + wait + kReportMargin;
     HP_CHECK(store.wait_for({key("decision")}, poll).empty(), account.origin.substr(0, account.origin.find(',')),
-             " (where the error began) did not say within ", seconds(wait), " which step every rank holds");
+             " (where the error began) did not say within ", seconds(wait + kReportMargin),
+             " which step every rank holds");
     const std::string decision = store.get(key("decision"));
     if (!decision.empty() && decision.find_first_not_of("0123456789") == std::string::npos)
       account.step = std::stoll(decision);

@@ -36,8 +36,8 @@ struct ErrorAccount {
 
 class ErrorAccounting {
  public:
-  // At the start of train(), on every rank: each run on a world keeps its own keys in the store,
-  // and counts only the collectives that fail during it.
+  // At the start of train(), on every rank (collective: a broadcast from rank 0): each run on a
+  // world keeps its own keys in the store, and counts only the collectives that fail during it.
   explicit ErrorAccounting(comm::ProcessGroup world);
 
   // Every rank whose training ends with `error` calls it (`where`: "in step 8"). A rank whose error

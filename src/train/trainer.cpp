@@ -176,6 +176,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     return {};
   }
 
+  // First, while the world's collectives surely work: it agrees on this run's number.
+  const detail::ErrorAccounting error_accounting(world);
   peak_flops_override();  // a bad HP_PEAK_FLOPS fails every rank alike, before any waits for rank 0
   const auto faults = detail::injected_faults(c.resilience.faults, world.size(), c.train.steps);
   const Data data = load_data(c, world);
@@ -268,8 +270,9 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     const std::string what =
         hp::detail::str_cat("replicas of a parameter or of its optimizer state differ after step ", done,
                             " (silent data corruption): ", detail::describe(report.mismatches));
-    if (c.resilience.on_replica_mismatch == "stop") agreed_end = true;  // every rank compares the same hashes
-    HP_CHECK(!agreed_end, what,
+    const bool stop = c.resilience.on_replica_mismatch == "stop";
+    if (stop) agreed_end = true;  // every rank compares the same hashes
+    HP_CHECK(!stop, what,
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
   };
@@ -323,7 +326,6 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   int64_t timed_steps = 0;
   // What the parameters and optimizer state hold, and the slowest step, for last words after an error.
   detail::HeldState held{step, get_rng_state(s.mesh)};
-  const detail::ErrorAccounting error_accounting(world);
   double slowest_step = 0.0;
   notify([&](Callback& cb) { cb.on_train_begin(step); });
   try {

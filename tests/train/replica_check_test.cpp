@@ -122,5 +122,24 @@ TEST(ReplicaCheck, WarnLetsTheRunGoOn) {
   EXPECT_EQ(rank0_result(c, 2).losses.size(), 4u);
 }
 
+// The same when a step that is not finite then stops the run: the check before its last words
+// warns too, and the last words are saved (a mismatch stopped it, naming the wrong setting, when the
+// check read the flag that marks an agreed end instead of the setting).
+TEST(ReplicaCheck, WarnLetsAStopOnANonFiniteStepSaveItsLastWords) {
+  TrainConfig c = checked_config("warn_nonfinite", 2, 1, 1);
+  c.resilience.on_replica_mismatch = "warn";
+  c.checkpoint.interval = 100;
+  const FaultEnv fault("flip:1:1,nan:0:3:always");
+  std::string message;
+  try {
+    train_on_ranks(c, 2);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("step 3: "), std::string::npos) << message;
+  EXPECT_NE(message.find("step 2 is saved as last words in"), std::string::npos) << message;
+  EXPECT_EQ(message.find("on_replica_mismatch: stop"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace hp::train

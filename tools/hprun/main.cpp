@@ -312,16 +312,19 @@ class Job {
     bool stopping = false;  // a signal forwarded; SIGKILL follows at kill_at
     std::chrono::steady_clock::time_point kill_at, failed_at;
     int exit_code = 0;
-    const auto fail = [&](const Rank& r, int status) {
+    // `exited`: when hprun saw the rank exit.
+    const auto fail = [&](const Rank& r, int status, std::chrono::steady_clock::time_point exited) {
       std::fprintf(stderr, "hprun: rank %d (pid %d) %s; stopping the other ranks\n", r.global, r.pid,
                    describe_status(status).c_str());
       exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      failed_at = std::chrono::steady_clock::now();
+      failed_at = exited;
       outcome.failed_rank = r.global;
       outcome.failed_pid = r.pid;
       outcome.failure = describe_status(status);
       outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
-      outcome.failed_at = std::chrono::system_clock::now();
+      outcome.failed_at =
+          std::chrono::system_clock::now() -
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::steady_clock::now() - exited);
       // At once: with a peer gone they can save nothing, and a SIGTERM would read as a
       // preemption notice to a program that saves its last words on one (hp-train).
       signal_all(SIGKILL);
@@ -352,10 +355,10 @@ class Job {
           }
           return;
         }
-        fail(r, status);
+        fail(r, status, std::chrono::steady_clock::now());
       });
       if (consequence != nullptr && exit_code == 0 && std::chrono::steady_clock::now() - consequence_at >= kCauseGrace)
-        fail(*consequence, consequence_status);
+        fail(*consequence, consequence_status, consequence_at);
       if (stopping && std::chrono::steady_clock::now() >= kill_at && any_running()) {
         std::fprintf(stderr, "hprun: ranks still running after %lld s, sending SIGKILL\n",
                      static_cast<long long>(stop_timeout_.count()));
@@ -363,7 +366,7 @@ class Job {
         stopping = false;
       }
     }
-    if (consequence != nullptr && exit_code == 0) fail(*consequence, consequence_status);  // none named another
+    if (consequence != nullptr && exit_code == 0) fail(*consequence, consequence_status, consequence_at);  // no other
     if (outcome.failed_rank >= 0)
       std::fprintf(stderr, "hprun: every rank stopped %.2f s after rank %d failed\n",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(),
