@@ -28,8 +28,8 @@
 namespace {
 
 // docs/training.md#exit-codes
-// 3 is the watchdog's (src/train/watchdog.cpp); 4 tells hprun that another rank's error is the cause.
-constexpr int kFailed = 1, kConfigError = 2, kOtherRankFailed = 4;
+// 3 is the watchdog's (src/train/watchdog.cpp), 4 hp::job::kExitOtherRankFailed.
+constexpr int kFailed = 1, kConfigError = 2;
 
 // What the command line says.
 struct Args {
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const hp::train::OtherRankError& e) {
     std::cerr << "hp-train: failed: " << e.what() << "\n";
-    return kOtherRankFailed;
+    return hp::job::kExitOtherRankFailed;
   } catch (const std::exception& e) {
     // A step not finite, a peer that died or hung, a fault: a restart may get past it.
     std::cerr << "hp-train: failed: " << e.what() << "\n";

@@ -39,9 +39,7 @@ namespace {
 
 constexpr int kUsageError = 2;     // hprun's own, and a rank's that no restart can fix
 constexpr int kInterrupted = 130;  // hprun got a signal
-// A rank that ended because of another rank's error (hp-train's exit code): that rank, the cause,
-// exits moments later (they save their last words together), and is the one to name.
-constexpr int kOtherRankFailed = 4;
+// How long to wait for the cause after a rank exits with hp::job::kExitOtherRankFailed.
 constexpr auto kCauseGrace = std::chrono::seconds(2);
 // Wait before restart K (1-based): 1 s, doubling, at most 30 s; a failure that repeats at once
 // (a bad node, a full disk) does not spin.
@@ -329,7 +327,7 @@ class Job {
       // preemption notice to a program that saves its last words on one (hp-train).
       signal_all(SIGKILL);
     };
-    const Rank* consequence = nullptr;  // the first rank that exited kOtherRankFailed
+    const Rank* consequence = nullptr;  // the first rank that exited hp::job::kExitOtherRankFailed
     int consequence_status = 0;
     std::chrono::steady_clock::time_point consequence_at;
     while (any_running()) {
@@ -347,7 +345,7 @@ class Job {
       reap([&](Rank& r, int status) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (!failed || exit_code != 0) return;  // later failures are consequences of the first
-        if (WIFEXITED(status) && WEXITSTATUS(status) == kOtherRankFailed) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == hp::job::kExitOtherRankFailed) {
           if (consequence == nullptr) {
             consequence = &r;
             consequence_status = status;

@@ -34,6 +34,9 @@ inline constexpr char kRendezvousFileEnv[] = "HP_RENDEZVOUS_FILE";  // the attem
 // does no work worth timing (hp-train --dry-run): hprun then runs it without choosing.
 inline constexpr char kLayoutProbeEnv[] = "HP_LAYOUT_PROBE";
 inline constexpr char kLayoutProbeSkip[] = "skip";
+// A rank's exit code for "another rank's error ended this one" (hp-train: hp::train::OtherRankError).
+// That rank, the cause, exits moments later (they save their last words together): hprun names it.
+inline constexpr int kExitOtherRankFailed = 4;
 
 // The job directory, when the process runs under hprun.
 inline std::optional<std::string> dir() {
