@@ -36,7 +36,7 @@ std::string format_ranks(const std::vector<int>& ranks) {
 
 // Returns sentences naming the world ranks that did not reach collective `site.seq`, and those
 // that issued a different collective as their number `seq` (a program-order bug).
-std::string describe_missing_ranks(const CollectiveSite& site) {
+std::string describe_missing_ranks(const CollectiveSite& site, int gone) {
   GroupImpl& group = *site.group;
   const std::string prefix = "hp_reached/" + std::to_string(site.seq) + "/";
   const auto window = std::min<std::chrono::milliseconds>(kFailureReportWindow, group.options.timeout);
@@ -45,6 +45,7 @@ std::string describe_missing_ranks(const CollectiveSite& site) {
   try {
     ReachOptions options;
     options.window = window;
+    options.gone = gone;
     const ReachReport report = exchange_reach(*group.store, prefix, group.rank, group.size(), site.op, options);
     for (const int r : report.missing) missing.push_back(group.ranks[r]);
     for (const auto& [r, theirs] : report.other_ops)
@@ -70,7 +71,7 @@ void GroupImpl::note_failure() const {
   if (const auto world = registry.lock()) world->failures.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure) {
+void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure, int gone) {
   site.group->note_failure();
   try {
     std::rethrow_exception(failure);
@@ -91,7 +92,7 @@ void raise_collective_failure(const CollectiveSite& site, std::exception_ptr fai
   if (timed_out) msg << " after the group timeout of " << group.options.timeout.count() << " ms";
   msg << ": " << cause << ".";
   // Only collectives have a sequence the other members can be matched by.
-  if (site.peer < 0) msg << " " << describe_missing_ranks(site);
+  if (site.peer < 0) msg << " " << describe_missing_ranks(site, gone);
   if (timed_out) throw hp::TimeoutError(msg.str());
   throw hp::Error(msg.str());
 }

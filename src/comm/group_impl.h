@@ -103,8 +103,10 @@ struct CollectiveSite {
 };
 
 // Rethrows `failure` as hp::Error / hp::TimeoutError naming the collective, the group and the
-// ranks that never reached it (found by a short exchange through the group's store).
-[[noreturn]] void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure);
+// ranks that never reached it (found by a short exchange through the group's store). `gone`: how
+// many members are known never to reach it (a process that exited, a member that left), who are
+// not waited for.
+[[noreturn]] void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure, int gone = 0);
 
 struct WorkState {
   virtual ~WorkState() = default;

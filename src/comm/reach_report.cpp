@@ -33,7 +33,7 @@ ReachReport exchange_reach(c10d::Store& store, const std::string& prefix, int ra
   store.add(same_op_key, 1);
   int64_t arrived = store.add(arrived_key, 1);
   const auto deadline = std::chrono::steady_clock::now() + options.window;
-  while (arrived < size && std::chrono::steady_clock::now() < deadline) {
+  while (arrived < size - options.gone && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(options.period);
     arrived = store.add(arrived_key, 0);
   }

@@ -283,8 +283,11 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
                     why);
   }
   const std::string cause = "shared-memory transport: " + why;
+  // A culprit whose process exited, or that left, will not report reaching this collective.
+  const bool gone = kind == Failure::kMember && culprit >= 0 && culprit != group_.rank && !member_gone(culprit).empty();
   raise_collective_failure(
-      site, std::make_exception_ptr(std::runtime_error(kind == Failure::kTimeout ? cause + " (timed out)" : cause)));
+      site, std::make_exception_ptr(std::runtime_error(kind == Failure::kTimeout ? cause + " (timed out)" : cause)),
+      gone ? 1 : 0);
 }
 
 void ShmChannel::meet(const CollectiveSite& site) {

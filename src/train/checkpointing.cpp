@@ -12,6 +12,7 @@
 #include "hp/core/log.h"
 #include "hp/dcp/state_dict.h"
 #include "hp/dtensor/random.h"
+#include "train/memory_checkpointing.h"
 
 namespace hp::train::detail {
 namespace {
@@ -70,13 +71,28 @@ int64_t Checkpointing::resume(LRScheduler& scheduler, bool only_this_job) {
              "with seed: ",
              saved->get<uint64_t>(), ", or start a new run (another run_dir)");
   dcp::load(state_, *latest);
+  const int64_t step = restore_loaded(scheduler);
+  if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
+  committed_step_ = step, committed_dir_ = *latest;
+  return step;
+}
+
+int64_t Checkpointing::restore_loaded(LRScheduler& scheduler) {
   dcp::restore_optimizer_values(state_, optimizer_, *parts_.model);
   const int64_t step = state_.values.at("step").get<int64_t>();
   scheduler.set_step(step);
   restore_mesh_rng();
-  if (world_.rank() == 0) log::info("resumed from ", *latest, " at step ", step);
-  committed_step_ = step, committed_dir_ = *latest;
   return step;
+}
+
+at::Tensor Checkpointing::pack(int64_t step, const LRScheduler& scheduler) {
+  state_.values = values_of(step, scheduler);
+  return pack_state(state_);
+}
+
+int64_t Checkpointing::restore_packed(const at::Tensor& packed, LRScheduler& scheduler) {
+  unpack_state(packed, state_);
+  return restore_loaded(scheduler);
 }
 
 void Checkpointing::note_step_start() { step_start_rng_ = get_rng_state(mesh_); }
@@ -149,15 +165,8 @@ std::optional<std::string> Checkpointing::save_after_error(int64_t step, const M
 
 std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks) {
   finish();
-  state_.values = {{"step", step},
-                   {"seed", config_.seed},
-                   {"data", {{"sampler", "stateless"}, {"step", step}}},
-                   {"scheduler_step", scheduler.last_step()},
-                   {"mesh_rng", mesh_rng_values(get_rng_state(mesh_))},
-                   {"world_size", world_.size()},
-                   {"job", job::dir().value_or("")}};  // a restart of this job resumes only its own saves
+  state_.values = values_of(step, scheduler);
   state_.values.update(marks);
-  dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
   dcp::SaveOptions options;
   options.update_latest = true;
   options.stage_in_background = true;  // the copies overlap the next step's forward and backward
@@ -172,6 +181,18 @@ void Checkpointing::finish() {
   pending_.wait();
   if (world_.rank() == 0) prune_checkpoints(config_.checkpoint_dir(), config_.checkpoint.keep, pending_step_);
   committed_step_ = std::exchange(pending_step_, -1), committed_dir_ = pending_dir_;
+}
+
+nlohmann::json Checkpointing::values_of(int64_t step, const LRScheduler& scheduler) {
+  state_.values = {{"step", step},
+                   {"seed", config_.seed},
+                   {"data", {{"sampler", "stateless"}, {"step", step}}},
+                   {"scheduler_step", scheduler.last_step()},
+                   {"mesh_rng", mesh_rng_values(get_rng_state(mesh_))},
+                   {"world_size", world_.size()},
+                   {"job", job::dir().value_or("")}};           // a restart of this job resumes only its own saves
+  dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
+  return state_.values;
 }
 
 // The state without the copies of tied weights: their parameters and optimizer state.

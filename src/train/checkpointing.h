@@ -59,6 +59,12 @@ class Checkpointing {
   // saves no checkpoints or `step` is 0. Needs the store only, not the world's collectives.
   std::optional<std::string> save_after_error(int64_t step, const MeshRngState& rng, const LRScheduler& scheduler,
                                               const std::string& why);
+  // After optimizer step `step`: the state of that step packed into one byte tensor, as an in-memory
+  // checkpoint keeps it (memory_checkpointing.h); the values are a checkpoint's.
+  at::Tensor pack(int64_t step, const LRScheduler& scheduler);
+  // Sets the live state, the scheduler and the mesh's RNG to a packed state of this rank (an
+  // in-memory checkpoint); returns its step.
+  int64_t restore_packed(const at::Tensor& packed, LRScheduler& scheduler);
   // At the start of each step: where the mesh's RNG stands, for last words before the next step.
   void note_step_start();
   const MeshRngState& step_start_rng() const { return step_start_rng_; }  // as of note_step_start()
@@ -71,6 +77,10 @@ class Checkpointing {
   // Starts saving the state of `step` with `marks` added to its values; returns its directory.
   std::string start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks);
   dcp::StateDict to_save() const;
+  // A checkpoint's values for the state after step `step`; refreshes the optimizer's in state_.
+  nlohmann::json values_of(int64_t step, const LRScheduler& scheduler);
+  // After loading state_: the optimizer's step counts, the scheduler and the mesh's RNG; returns the step.
+  int64_t restore_loaded(LRScheduler& scheduler);
   nlohmann::json mesh_rng_values(const MeshRngState& rng) const;  // the "mesh_rng" value this rank saves
   void restore_mesh_rng();                                        // from the loaded values, if they have this rank's
   const TrainConfig& config_;

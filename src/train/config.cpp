@@ -141,6 +141,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.collective_timeout_s", resilience.collective_timeout_s),
       HP_CONFIG_FIELD("resilience.watchdog_s", resilience.watchdog_s),
       HP_CONFIG_FIELD("resilience.replica_check_interval", resilience.replica_check_interval),
+      HP_CONFIG_FIELD("resilience.in_memory_checkpoint_interval", resilience.in_memory_checkpoint_interval),
       HP_CONFIG_FIELD("resilience.on_replica_mismatch", resilience.on_replica_mismatch),
       HP_CONFIG_FIELD("resilience.rerun_on_anomaly", resilience.rerun_on_anomaly),
       HP_CONFIG_FIELD("resilience.spike_factor", resilience.spike_factor),
@@ -461,6 +462,12 @@ void validate(const TrainConfig& c, int64_t world_size) {
            r.collective_timeout_s + report_s, " or set it to 0 (derived)");
   HP_CHECK(r.replica_check_interval >= 0, "resilience.replica_check_interval must be >= 0 (0: off), got ",
            r.replica_check_interval);
+  HP_CHECK(r.in_memory_checkpoint_interval >= 0, "resilience.in_memory_checkpoint_interval must be >= 0 (0: off), got ",
+           r.in_memory_checkpoint_interval);
+  HP_CHECK(r.in_memory_checkpoint_interval == 0 || world_size >= 2,
+           "resilience.in_memory_checkpoint_interval needs at least 2 ranks (each rank's copy is kept by another), "
+           "got a world of ",
+           world_size);
   HP_CHECK(r.on_replica_mismatch == "stop" || r.on_replica_mismatch == "warn", "resilience.on_replica_mismatch '",
            r.on_replica_mismatch, "' is unknown (available: stop, warn)");
   HP_CHECK(std::isfinite(r.spike_factor) && (r.spike_factor == 0 || r.spike_factor > 1),

@@ -76,7 +76,8 @@ std::string ErrorAccounting::missing(std::chrono::milliseconds waited) const {
 }
 
 ErrorAccount ErrorAccounting::account(const std::exception& error, const std::string& where, const HeldState& held,
-                                      bool save, std::chrono::milliseconds slack) const {
+                                      bool save, std::chrono::milliseconds slack,
+                                      const std::function<bool()>& rank_lost) const {
   const comm::GroupStore store = world_.store();
   const int n = world_.size();
   const std::string me = std::to_string(world_.rank());
@@ -88,7 +89,8 @@ ErrorAccount ErrorAccounting::account(const std::exception& error, const std::st
   if (decides) store.set(key("origin"), "world rank " + me + ", " + where + ": " + first_line(error.what()));
   if (!account.own_error) {
     const auto give_up = Clock::now() + kOriginGrace;
-    while (store.add(key("origins"), 0) == 0 && Clock::now() < give_up) std::this_thread::sleep_for(kPoll);
+    while (store.add(key("origins"), 0) == 0 && Clock::now() < give_up && !(rank_lost && rank_lost()))
+      std::this_thread::sleep_for(kPoll);
     if (store.add(key("origins"), 0) == 0) return account;  // a rank died or hangs: nobody raised
   }
   account.origin = store.get(key("origin"));

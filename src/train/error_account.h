@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -50,8 +51,10 @@ class ErrorAccounting {
   // have entered up to a step later) and decides for all: the step, when every rank reports the same
   // whole step, or why not. Store requests: a few per rank, one per 20 ms of waiting, and one per
   // rank read once when the reports disagree or some never come.
+  // `rank_lost`, when given, says early that no rank will publish (a rank's process died, and hprun
+  // is starting it again): the look for an error ends then.
   ErrorAccount account(const std::exception& error, const std::string& where, const HeldState& held, bool save,
-                       std::chrono::milliseconds slack) const;
+                       std::chrono::milliseconds slack, const std::function<bool()>& rank_lost = {}) const;
 
  private:
   std::string key(const std::string& name) const { return prefix_ + name; }

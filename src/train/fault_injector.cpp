@@ -44,7 +44,7 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
   const std::vector<std::string> parts = split(text, ':');
   static const char* kForm =
       " (KIND:RANK:STEP[:ARG...], KIND one of kill, throw, hang, delay, preempt, flip, flip_grad, flip_state, nan, "
-      "spike)";
+      "spike, damage_copy)";
   HP_CHECK(parts.size() >= 3 && parts.size() <= 5, source, ": '", text, "' is not a fault", kForm);
   Fault fault;
   fault.index = index;
@@ -59,7 +59,8 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
                                                                      {"flip_state", FaultKind::kFlipState},
                                                                      {"flip_grad", FaultKind::kFlipGrad},
                                                                      {"nan", FaultKind::kNan},
-                                                                     {"spike", FaultKind::kSpike}};
+                                                                     {"spike", FaultKind::kSpike},
+                                                                     {"damage_copy", FaultKind::kDamageCopy}};
   const auto kind = std::find_if(kKinds.begin(), kKinds.end(), [&](const auto& k) { return k.first == parts[0]; });
   HP_CHECK(kind != kKinds.end(), source, ": '", text, "': unknown kind '", parts[0], "'", kForm);
   fault.kind = kind->second;
@@ -104,6 +105,12 @@ Fault parse_fault(const std::string& text, int index, const std::string& source)
            "'backward' or 'optimizer', a nan may take 'always', a spike takes FACTOR and may take 'always'; the other ",
            "kinds take nothing after the step");
   return fault;
+}
+
+// True the first time in this job (one process without hprun) that `fault` fires.
+bool claim_once(const Fault& fault) {
+  const std::optional<std::string> dir = job::dir();
+  return !dir || job::claim(*dir + "/" + job::fault_fired_file(fault.index));
 }
 
 // Flips bit 22 of the first element of `t` (its first 4 bytes), through a host copy: `t` may live
@@ -228,8 +235,7 @@ class FaultCallback : public Callback {
   bool claim() {
     if (fired_) return false;
     fired_ = true;
-    const std::optional<std::string> dir = job::dir();
-    return !dir || job::claim(*dir + "/" + job::fault_fired_file(fault_.index));
+    return claim_once(fault_);
   }
 
   // claim(), or for a fault that fires in every run of its step, true again in a rerun of it.
@@ -279,7 +285,7 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
                                                        torch::optim::Optimizer& optimizer) {
   std::vector<std::shared_ptr<Callback>> callbacks;
   for (Fault fault : faults) {
-    if (fault.rank != rank) continue;
+    if (fault.rank != rank || fault.kind == FaultKind::kDamageCopy) continue;  // fires in a recovery: damages_copy
     at::Tensor parameter;
     if (fault.kind == FaultKind::kFlip || fault.kind == FaultKind::kFlipGrad || fault.kind == FaultKind::kFlipState ||
         fault.kind == FaultKind::kNan) {
@@ -311,6 +317,12 @@ std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>&
         std::move(state_of)));
   }
   return callbacks;
+}
+
+bool damages_copy(const std::vector<Fault>& faults, int rank, int64_t step) {
+  for (const Fault& fault : faults)
+    if (fault.kind == FaultKind::kDamageCopy && fault.rank == rank && fault.step == step) return claim_once(fault);
+  return false;
 }
 
 }  // namespace hp::train::detail

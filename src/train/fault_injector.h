@@ -19,6 +19,10 @@
 //   nan:1:7        rank 1 sets the first element of its first parameter's gradient to NaN after
 //                  step 7's backward: a transient fault (a rerun of the step does not see it)
 //   nan:1:7:always the same in every run of step 7 (the step reruns alike): what a bad batch does
+//   damage_copy:2:8  rank 2, sending the in-memory checkpoint of step 8 that it keeps for a buddy
+//                  whose process was started again, damages the first copy it sends (one byte of
+//                  each tensor: the middle element's sign and exponent); the checksum shows it, and
+//                  the buddy asks again
 //   spike:1:7:50   rank 1 multiplies its gradients by 50 after step 7's backward, once (a flipped
 //                  exponent); spike:1:7:50:always in every run of step 7
 //
@@ -39,7 +43,19 @@ class Optimizer;
 
 namespace hp::train::detail {
 
-enum class FaultKind { kKill, kThrow, kHang, kDelay, kPreempt, kFlip, kFlipGrad, kFlipState, kNan, kSpike };
+enum class FaultKind {
+  kKill,
+  kThrow,
+  kHang,
+  kDelay,
+  kPreempt,
+  kFlip,
+  kFlipGrad,
+  kFlipState,
+  kNan,
+  kSpike,
+  kDamageCopy
+};
 
 struct Fault {
   FaultKind kind = FaultKind::kKill;
@@ -72,5 +88,10 @@ std::vector<Fault> injected_faults(const std::string& configured, int world_size
 std::vector<std::shared_ptr<Callback>> fault_callbacks(const std::vector<Fault>& faults, int rank,
                                                        const models::ModelParts& parts,
                                                        torch::optim::Optimizer& optimizer);
+
+// Whether `rank`, sending its buddy's in-memory checkpoint of `step` in a recovery, damages the
+// copy it sends: true for a damage_copy fault of that rank and step, once per job under hprun (in
+// every recovery to that step without it).
+bool damages_copy(const std::vector<Fault>& faults, int rank, int64_t step);
 
 }  // namespace hp::train::detail

@@ -10,9 +10,13 @@ namespace {
 
 class JobProgress : public Callback {
  public:
-  JobProgress(std::string dir, int attempt) : dir_(std::move(dir)), attempt_(attempt) {}
+  JobProgress(std::string dir, int attempt, int recovery)
+      : dir_(std::move(dir)), attempt_(attempt), recovery_(recovery) {}
 
-  void on_train_begin(int64_t first_step) override { write(job::first_step_file(attempt_), first_step); }
+  void on_train_begin(int64_t first_step) override {
+    write(recovery_ > 0 ? job::recovery_first_step_file(attempt_, recovery_) : job::first_step_file(attempt_),
+          first_step);
+  }
   void on_step_end(const StepRecord& record) override { write(job::last_step_file(attempt_), record.step); }
 
  private:
@@ -24,7 +28,7 @@ class JobProgress : public Callback {
   }
 
   std::string dir_;
-  int attempt_;
+  int attempt_, recovery_;
   bool warned_ = false;
 };
 
@@ -33,7 +37,7 @@ class JobProgress : public Callback {
 std::shared_ptr<Callback> job_progress() {
   const std::optional<std::string> dir = job::dir();
   if (!dir) return nullptr;
-  return std::make_shared<JobProgress>(*dir, job::restart_count());
+  return std::make_shared<JobProgress>(*dir, job::restart_count(), job::recovery_count());
 }
 
 }  // namespace hp::train::detail

@@ -1,6 +1,6 @@
-// The trainer's report to hprun: the step each attempt of the job started from and the last step
-// it finished, in the job directory (hp/core/job.h). hprun's restart summary reads them to say how
-// many steps a failure cost.
+// The trainer's report to hprun: the step each attempt of the job (and each process-level recovery
+// in it) started from and the last step it finished, in the job directory (hp/core/job.h). hprun's restart summary
+// reads them to say how many steps a failure cost.
 #pragma once
 
 #include <memory>

@@ -13,8 +13,10 @@
 #include <utility>
 
 #include "hp/comm/init.h"
+#include "hp/comm/leave.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
+#include "hp/core/job.h"
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/data/text_data.h"
@@ -28,6 +30,7 @@
 #include "hp/optim/muon.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/parallel_dims.h"
+#include "hp/train/memory_checkpoints.h"
 #include "hp/train/stop.h"
 #include "hp/train/train_step.h"
 #include "train/checkpointing.h"
@@ -39,6 +42,7 @@
 #include "train/job_peak.h"
 #include "train/job_progress.h"
 #include "train/lead_first.h"
+#include "train/memory_checkpointing.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
 #include "train/recipe_options.h"
@@ -170,6 +174,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   HP_CHECK(options.dry_run ||
                (options.routing == TrainOptions{}.routing && options.report_dir.empty() && options.calibration.empty()),
            "train: TrainOptions::routing, report_dir and calibration are for a dry run; set dry_run");
+  HP_CHECK(
+      !options.recover_from_memory || c.resilience.in_memory_checkpoint_interval > 0,
+      "train: TrainOptions::recover_from_memory needs in-memory checkpoints (resilience.in_memory_checkpoint_interval "
+      "> 0)");
+  HP_CHECK(!options.recover_from_memory || !options.dry_run, "train: a dry run recovers nothing");
   if (options.dry_run) {
     const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts, options);
@@ -192,6 +201,12 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const std::unique_ptr<torch::optim::Optimizer> optimizer = detail::make_optimizer(c, s.parts, s.parts.parameters());
   LRScheduler scheduler = make_scheduler(c, *optimizer);
   detail::Checkpointing checkpoints(c, s.mesh, s.parts, *optimizer, world);
+  // Kept in the caller's MemoryCheckpoints when it gives some, so that they outlive this run.
+  const std::shared_ptr<MemoryCheckpoints> memory_checkpoints =
+      options.memory_checkpoints ? options.memory_checkpoints : std::make_shared<MemoryCheckpoints>();
+  const int64_t memory_interval = c.resilience.in_memory_checkpoint_interval;
+  std::optional<detail::MemoryCheckpointing> in_memory;
+  if (memory_interval > 0) in_memory.emplace(*memory_checkpoints, world);
   TrainStepOptions step_options;
   step_options.micro_batches = c.micro_batches();
   step_options.deterministic = c.train.deterministic;
@@ -209,7 +224,24 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
 
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
-  int64_t step = result.first_step = options.resume ? checkpoints.resume(scheduler, options.resume_only_this_job) : 0;
+  // Every rank back at the step all of them hold in memory; the copies go round again at once, so
+  // that a restarted rank's state has a keeper before the next in-memory checkpoint.
+  const auto recover_from_memory = [&]() {
+    const detail::MemoryCheckpointing::Recovered back =
+        in_memory->recover([&](int64_t recovered) { return detail::damages_copy(faults, world.rank(), recovered); });
+    if (!back.packed.defined()) {  // before the first in-memory checkpoint: the state as built
+      if (lead) log::info("recovered at step 0: the failure came before the first in-memory checkpoint");
+      return int64_t{0};
+    }
+    const int64_t recovered = checkpoints.restore_packed(back.packed, scheduler);
+    HP_CHECK(recovered == back.step, "process-level recovery: the state of step ", back.step, " says step ", recovered);
+    in_memory->keep(recovered, back.packed);
+    if (lead) log::info("recovered at step ", recovered, " from the ranks' in-memory checkpoints");
+    return recovered;
+  };
+  int64_t step = result.first_step = options.recover_from_memory ? recover_from_memory()
+                                     : options.resume ? checkpoints.resume(scheduler, options.resume_only_this_job)
+                                                      : 0;
   if (step == 0 && !c.model_from_hf.empty()) {
     detail::load_hf_weights(s.parts, c.model_from_hf);
     if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
@@ -221,7 +253,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   std::vector<std::shared_ptr<Callback>> callbacks{watchdog};
   if (lead)
     callbacks.push_back(std::make_shared<detail::MetricsCallback>(
-        c, detail::RunFacts{world.size(), data.corpus.unigram_entropy_nats, options.resume, options.progress}));
+        c, detail::RunFacts{world.size(), data.corpus.unigram_entropy_nats,
+                            options.resume || options.recover_from_memory, options.progress}));
   if (lead)
     if (auto progress = detail::job_progress()) callbacks.push_back(progress);
   callbacks.insert(callbacks.end(), options.callbacks.begin(), options.callbacks.end());
@@ -323,6 +356,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.data.seq_len);
   const double flops_per_token = c.model->flops_per_token(c.data.seq_len);
   double timed_seconds = 0.0;
+  // What in-memory checkpoints cost this rank: packing, the exchange of sizes, and the wait for the
+  // copies (overlapped with the next step's forward and backward); and all steps' time.
+  int64_t memory_checkpoints_kept = 0;
+  double memory_checkpoint_seconds = 0.0, step_seconds = 0.0;
+  int64_t packed_bytes = 0;
   int64_t timed_steps = 0;
   // What the parameters and optimizer state hold, and the slowest step, for last words after an error.
   detail::HeldState held{step, get_rng_state(s.mesh)};
@@ -375,6 +413,11 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       if (reruns) reruns->note(record);
       // A checkpoint staging in the background still reads what the hook and the optimizer change.
       checkpoints.wait_staged();
+      if (in_memory) {  // the copies of the last in-memory checkpoint
+        const auto waited = Clock::now();
+        in_memory->finish_exchange();
+        memory_checkpoint_seconds += seconds_since(waited);
+      }
       held.step.reset();  // the hook and the optimizer change the state
       if (!record.skipped) {
         if (s.parts.before_optimizer_step) {
@@ -388,9 +431,17 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       scheduler.step();
       held = {step + 1, get_rng_state(s.mesh)};
       check_replicas_if_due(step + 1, /*saving_last_words=*/stop_signal != 0);
+      if (in_memory && (step + 1) % memory_interval == 0) {
+        const auto kept = Clock::now();
+        at::Tensor packed = checkpoints.pack(step + 1, scheduler);
+        packed_bytes = packed.numel();
+        in_memory->keep(step + 1, std::move(packed));
+        memory_checkpoint_seconds += seconds_since(kept), ++memory_checkpoints_kept;
+      }
       checkpoints.commit_earlier_than(step + 1);  // a save started last step has overlapped this one
       record.seconds = seconds_since(t0);
       slowest_step = std::max(slowest_step, record.seconds);
+      step_seconds += record.seconds;
       profile.finish(c, step + 1, record.seconds);
       // The run's throughput leaves out the first step, the profiled one (timing every op slows it)
       // and a step that ran twice (a rerun on an anomaly).
@@ -423,12 +474,19 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       }
     }
     watchdog->progress("committing the last checkpoint");
+    if (in_memory) in_memory->finish_exchange();
     checkpoints.finish();
 
     if (lead && replica_checks > 0 && timed_steps > 0)
       log::info("replica checks: ", replica_checks, ", ", 1e3 * replica_check_seconds / replica_checks, " ms each (",
                 100.0 * (replica_check_seconds / replica_checks) / (timed_seconds / timed_steps),
                 "% of a step, timed on rank 0)");
+    if (lead && memory_checkpoints_kept > 0)
+      log::info("in-memory checkpoints: ", memory_checkpoints_kept, ", ",
+                1e3 * memory_checkpoint_seconds / memory_checkpoints_kept, " ms each, ",
+                100.0 * memory_checkpoint_seconds / step_seconds,
+                "% of the steps' time (timed on rank 0, whose state is ", static_cast<double>(packed_bytes) / 1e6,
+                " MB)");
     const bool stopped = result.stop_signal != 0;  // no final evaluation or sample: the job is ending
     if (!stopped) result.eval_loss = evaluate();
     result.pipeline_profile = train_step.pipeline_profile();
@@ -450,8 +508,14 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     std::string words;  // what became of the last words, as a clause
     detail::ErrorAccount account;
     try {
-      account = error_accounting.account(error, where, held, c.checkpoint.interval > 0,
-                                         std::chrono::milliseconds(static_cast<int64_t>(1e3 * slowest_step)));
+      // Under hprun --recover-processes a dead rank's process is started again at once: no rank of
+      // this failure has an error to publish.
+      std::function<bool()> rank_lost;
+      if (in_memory && job::process_recovery())
+        rank_lost = [next = job::recovery_count() + 1] { return job::recovery_begun(next); };
+      account =
+          error_accounting.account(error, where, held, c.checkpoint.interval > 0,
+                                   std::chrono::milliseconds(static_cast<int64_t>(1e3 * slowest_step)), rank_lost);
       HP_CHECK(!account.step || account.step == held.step, "the ranks agreed on step ", account.step.value_or(0),
                ", but this rank holds ",
                held.step ? "step " + std::to_string(*held.step) : std::string("no whole step"));
@@ -466,7 +530,13 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
     } catch (const std::exception& e) {
       words = std::string("No last words: ") + e.what();
     }
-    if (account.origin.empty()) throw;  // a rank died or hangs: the failed collective names it
+    if (account.origin.empty()) {   // a rank died or hangs: the failed collective names it
+      if (in_memory) {              // and this rank's memory can recover
+        comm::leave_groups(world);  // its peers still waiting for it need not wait for their timeout
+        throw RankLostError(error.what());
+      }
+      throw;
+    }
     if (account.own_error && words.empty()) throw;
     const std::string own = error.what();
     const std::string then = own.empty() || own.back() == '.' ? " " + words : ". " + words;

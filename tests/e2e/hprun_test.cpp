@@ -284,7 +284,7 @@ TEST(Hprun, HelpAndUsageErrors) {
   Result help = run_job("--help");
   EXPECT_EQ(help.exit_code, 0);
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                           "--max-restarts", "--cpu-layout"})
+                           "--max-restarts", "--recover-processes", "--cpu-layout"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
   Result bad = run_job("--nproc-per-node zero true");
   EXPECT_EQ(bad.exit_code, 2);
@@ -293,6 +293,10 @@ TEST(Hprun, HelpAndUsageErrors) {
   EXPECT_EQ(restarts_across_nodes.exit_code, 2);
   EXPECT_NE(restarts_across_nodes.output.find("--max-restarts works on one node only"), std::string::npos)
       << restarts_across_nodes.output;
+  Result recover_without_restarts = run_job("--recover-processes true");
+  EXPECT_EQ(recover_without_restarts.exit_code, 2);
+  EXPECT_NE(recover_without_restarts.output.find("--recover-processes needs --max-restarts N"), std::string::npos)
+      << recover_without_restarts.output;
   Result layout = run_job("--cpu-layout fast true");
   EXPECT_EQ(layout.exit_code, 2);
   EXPECT_NE(layout.output.find("--cpu-layout takes even or auto, got 'fast'"), std::string::npos) << layout.output;

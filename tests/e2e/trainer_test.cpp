@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,53 @@ TEST(HpTrain, RestartAfterAnErrorInOneRankLosesNoStep) {
             checkpoint_contents(straight + "/checkpoints/step-000010"));
 }
 
+// hprun --recover-processes, rank 1 SIGKILLed after step 9 with an in-memory checkpoint every 4
+// steps and none on disk: hprun starts only rank 1's process again; ranks 0, 2 and 3 go on in the
+// processes hprun started them as and meet it in a new world; rank 1 takes step 8 back from the copy
+// rank 2 keeps, which rank 2 damages the first time it sends it (the checksum shows it, and rank 1
+// asks again). One step is lost, and the losses are bitwise those of an uninterrupted run.
+TEST(HpTrain, ProcessLevelRecoveryRestartsOnlyTheDeadRank) {
+  const std::string straight = scratch("recover_straight"), recovered = scratch("recover_killed");
+  const std::string in_memory =
+      "--set train.steps=12 --set checkpoint.interval=0 --set resilience.in_memory_checkpoint_interval=4";
+  ASSERT_EQ(run_job(train_command(straight, in_memory)).exit_code, 0);
+  const Result r =
+      hp::e2e::run_command("HP_FAULT=kill:1:9,damage_copy:2:8 " + bin_dir() +
+                           "/hprun --max-restarts 1 --recover-processes " + train_command(recovered, in_memory));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<int, std::string> pids;  // as hprun started them
+  const std::regex started("rank (\\d+) pid (\\d+)");
+  const size_t line = r.output.find("hprun: the ranks' processes: ");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const std::string listed = r.output.substr(line, r.output.find('\n', line) - line);
+  for (std::sregex_iterator it(listed.begin(), listed.end(), started), end; it != end; ++it)
+    pids[std::stoi((*it)[1])] = (*it)[2];
+  ASSERT_EQ(pids.size(), 4u) << listed;
+  EXPECT_NE(r.output.find("hprun: rank 1 (pid " + pids[1] +
+                          ") was killed by signal 9 (Killed); starting only its "
+                          "process again (recovery 1, restart 1 of at most 1)"),
+            std::string::npos)
+      << r.output;
+  for (int rank : {0, 2, 3})
+    EXPECT_NE(r.output.find("recovery 1: world rank " + std::to_string(rank) + " goes on in its process (pid " +
+                            pids[rank] + ")"),
+              std::string::npos)
+        << "rank " << rank << ":\n"
+        << r.output;
+  EXPECT_NE(r.output.find("the copy of step 8 from world rank 2 arrived damaged (its checksum differs); asking for "
+                          "it again"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("took back step 8 from the copy that world rank 2, its buddy, kept"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("after step 9; only its process was started again (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("continuing from step 8 in memory: 1 step lost"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(recovered + "/checkpoints")) << "nothing was to be read from disk";
+  const auto want = train_losses(straight), got = train_losses(recovered);
+  ASSERT_EQ(got.size(), 12u);
+  for (int64_t step = 1; step <= 12; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+}
+
 // A preemption notice at step 7 (HP_FAULT has rank 0 send SIGTERM to hprun, which forwards it to
 // every rank): the ranks agree to stop after step 7, save it as last words and exit; the checkpoint
 // verifies and is marked, and --resume auto continues from it bitwise (losses and the final
@@ -459,6 +507,15 @@ TEST(HpTrain, ConfigErrorStopsBeforeWork) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+  // hprun --recover-processes starts a dead rank's process alone: it needs its buddy's copy.
+  const Result no_memory = run_job("--max-restarts 1 --recover-processes " + train_command(dir));
+  EXPECT_EQ(no_memory.exit_code, 2) << no_memory.output;
+  EXPECT_NE(
+      no_memory.output.find("hprun --recover-processes starts a dead rank's process again alone, which then "
+                            "takes its state from a buddy's memory: set resilience.in_memory_checkpoint_interval"),
+      std::string::npos)
+      << no_memory.output;
+  EXPECT_NE(no_memory.output.find("not restarting: exit code 2"), std::string::npos) << no_memory.output;
 }
 
 // A step whose gradients are not finite stops every rank with exit code 1, naming the step and

@@ -23,22 +23,6 @@
 namespace hp::train {
 namespace {
 
-// A stop request at the start of `step` that only this rank sees (as a signal reaches one process
-// of several): the others learn of it in the step's exchange of numbers, or they would run on and
-// the collectives would not match.
-class StopAt : public Callback {
- public:
-  explicit StopAt(int64_t step) : step_(step) {}
-  void on_step_begin(int64_t step) override {
-    if (step == step_) signal_ = SIGTERM;
-  }
-  int request() const { return signal_; }
-
- private:
-  int64_t step_;
-  int signal_ = 0;
-};
-
 TrainResult run(const TrainConfig& c, bool resume, int stop_rank = -1, int64_t stop_step = 0) {
   TrainResult result;
   std::mutex mu;
@@ -49,6 +33,9 @@ TrainResult run(const TrainConfig& c, bool resume, int stop_rank = -1, int64_t s
         options.progress = false;
         options.resume = resume;
         fail_test_on_hang(options);
+        // Only rank stop_rank sees the request, as a signal reaches one process of several: the
+        // others learn of it in the step's exchange of numbers, or they would run on and the
+        // collectives would not match.
         auto stop = std::make_shared<StopAt>(world.rank() == stop_rank ? stop_step : -1);
         options.callbacks.push_back(stop);
         options.stop_request = [stop] { return stop->request(); };

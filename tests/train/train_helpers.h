@@ -2,6 +2,7 @@
 // and a run of hp::train::train on ranks as threads.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,22 @@ inline TrainConfig small_llama_config(const std::filesystem::path& dir) {
 inline void fail_test_on_hang(TrainOptions& options) {
   options.on_hang = [](const std::string& message) { ADD_FAILURE() << message; };
 }
+
+// A stop request from the start of `step` on, for TrainOptions::stop_request: a rank given one with
+// a step and the others one without see it as one process of several sees a signal; ranks all given
+// the same step all stop after it.
+class StopAt : public Callback {
+ public:
+  explicit StopAt(int64_t step) : step_(step) {}
+  void on_step_begin(int64_t step) override {
+    if (step == step_) signal_ = SIGTERM;
+  }
+  int request() const { return signal_; }
+
+ private:
+  int64_t step_;
+  int signal_ = 0;
+};
 
 inline testing::RunRanksOptions ranks_for(const TrainConfig& config) {
   testing::RunRanksOptions options;

@@ -5,10 +5,13 @@
 #include <hp/core/error.h>
 #include <hp/core/job.h>
 #include <hp/train/cost_model.h>
+#include <hp/train/memory_checkpoints.h>
 #include <hp/train/routing_model.h>
 #include <hp/train/stop.h>
 #include <hp/train/trainer.h>
 
+#include <unistd.h>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/flags.h"
@@ -176,6 +180,21 @@ void prepare_layout_probe(hp::train::TrainConfig& config, hp::train::TrainOption
   };
 }
 
+// hprun --recover-processes (docs/resilience.md#process-level-recovery): how long a rank whose
+// training lost a peer waits for hprun to start the peer's process again. hprun does so as soon as
+// it sees the process exit, or ends the whole job instead.
+constexpr auto kRecoveryWait = std::chrono::seconds(60);
+
+// Whether hprun started the lost rank's process again as recovery `recovery` of this attempt.
+bool await_recovery(int recovery) {
+  const std::string file =
+      hp::job::dir().value_or(".") + "/" + hp::job::recovery_file(hp::job::restart_count(), recovery);
+  for (const auto until = std::chrono::steady_clock::now() + kRecoveryWait; std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+    if (std::filesystem::exists(file)) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,39 +239,74 @@ int main(int argc, char** argv) {
     std::cerr << "hp-train: error: " << e.what() << "\n";
     return kConfigError;
   }
+  // hprun --recover-processes starts a dead rank's process again and leaves the others running:
+  // they keep their state in memory for it (docs/resilience.md#process-level-recovery).
+  const bool recover_processes = hp::job::process_recovery();
+  if (recover_processes && config.resilience.in_memory_checkpoint_interval == 0 && !options.dry_run) {
+    std::cerr << "hp-train: error: hprun --recover-processes starts a dead rank's process again alone, which then "
+                 "takes its state from a buddy's memory: set resilience.in_memory_checkpoint_interval (e.g. --set "
+                 "resilience.in_memory_checkpoint_interval=10)\n";
+    return kConfigError;
+  }
+  options.memory_checkpoints = std::make_shared<hp::train::MemoryCheckpoints>();
+  int recovery = hp::job::recovery_count();  // a process started again joins this recovery
+  options.recover_from_memory = recovery > 0;
   try {
     hp::comm::InitOptions init;
     init.group = hp::train::world_options(config);
-    hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
-    try {
-      hp::train::validate(config, world.size());
-    } catch (const hp::Error& e) {
-      std::cerr << "hp-train: error: " << e.what() << "\n";
-      return kConfigError;
-    }
-    if (const int restarts = hp::job::restart_count(); restarts > 0 && !options.resume) {
-      // hprun restarted the job after a failure: carry on from the newest checkpoint this job
-      // committed (one an earlier run left in the run directory is not this job's to continue).
-      options.resume = options.resume_only_this_job = true;
-      if (world.rank() == 0)
-        std::cout << "hp-train: restart " << restarts << " of this job: resuming from its latest checkpoint\n";
-    }
     // A preemption notice or Ctrl-C: every rank saves the step it is in, then exits 128 + signal.
     hp::train::stop_on_signals();
-    const hp::train::TrainResult result = hp::train::train(config, world, options);
+    hp::train::TrainResult result;
+    int rank = 0;
+    for (;;) {
+      if (recovery > 0) {  // the ranks meet again in the recovery's own store
+        init.env = hp::comm::read_launch_env();
+        init.env->rendezvous_file =
+            hp::job::dir().value_or(".") + "/" + hp::job::recovery_rendezvous_file(hp::job::restart_count(), recovery);
+      }
+      hp::comm::ProcessGroup world = hp::comm::init_process_group(init);
+      rank = world.rank();
+      try {
+        hp::train::validate(config, world.size());
+      } catch (const hp::Error& e) {
+        std::cerr << "hp-train: error: " << e.what() << "\n";
+        return kConfigError;
+      }
+      if (const int restarts = hp::job::restart_count(); restarts > 0 && !options.resume && recovery == 0) {
+        // hprun restarted the job after a failure: carry on from the newest checkpoint this job
+        // committed (one an earlier run left in the run directory is not this job's to continue).
+        options.resume = options.resume_only_this_job = true;
+        if (rank == 0)
+          std::cout << "hp-train: restart " << restarts << " of this job: resuming from its latest checkpoint\n";
+      }
+      try {
+        result = hp::train::train(config, world, options);
+        break;
+      } catch (const hp::train::RankLostError& e) {
+        if (!recover_processes) throw;
+        std::cerr << "hp-train: " << e.what() << "\nhp-train: waiting for hprun to start the lost rank's process "
+                  << "again\n";
+        if (!await_recovery(recovery + 1)) throw;
+        ++recovery;
+        setenv(hp::job::kRecoveryEnv, std::to_string(recovery).c_str(), 1);  // for the run's report to hprun
+        options.recover_from_memory = true;
+        std::cerr << "hp-train: recovery " << recovery << ": world rank " << rank << " goes on in its process (pid "
+                  << getpid() << ")\n";
+      }
+    }
     if (probe) {  // no step was timed (too few steps): nothing to choose by
-      if (world.rank() == 0)
+      if (rank == 0)
         answer_layout_probe(*probe, result.tokens_per_s > 0 ? std::to_string(result.tokens_per_s)
                                                             : std::string(hp::job::kLayoutProbeSkip));
       return 0;
     }
     if (result.stop_signal != 0) {
-      if (world.rank() == 0)
+      if (rank == 0)
         std::cout << "hp-train: stopped early after step " << result.first_step + result.losses.size()
                   << "; --resume auto continues from its last words\n";
       return 128 + result.stop_signal;
     }
-    if (world.rank() == 0 && !options.dry_run) print_summary(config, result);
+    if (rank == 0 && !options.dry_run) print_summary(config, result);
     return 0;
   } catch (const hp::train::OtherRankError& e) {
     std::cerr << "hp-train: failed: " << e.what() << "\n";

@@ -3,7 +3,9 @@
 // they print with their rank, and fails fast: when one rank exits non-zero or by a signal, the
 // others are killed and hprun exits non-zero naming that rank. A signal to hprun is forwarded to
 // the ranks, which get --stop-timeout seconds to save and exit. With --max-restarts it starts the job again after a
-// failure, in a fresh rendezvous, and sums up what each failure cost. Plain POSIX C++; it does not link LibTorch.
+// failure, in a fresh rendezvous, and sums up what each failure cost; with --recover-processes it
+// starts only a rank whose process died again, while the others wait in theirs. Plain POSIX C++; it
+// does not link LibTorch.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -54,6 +56,7 @@ struct Config {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port (single node) or 29500 (several nodes)
   int max_restarts = 0;
+  bool recover_processes = false;         // restart only a rank whose process died
   std::chrono::seconds stop_timeout{30};  // after forwarding a signal, until SIGKILL
   bool cpu_layout_auto = false;           // --cpu-layout auto
   std::vector<std::string> command;
@@ -86,6 +89,12 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        "N",
        "after a failure, start every rank again up to N times (default 0; one node only)",
        [](Config& c, const std::string& v) { c.max_restarts = parse_int("--max-restarts", v, 0, 1000); }},
+      {{"--recover-processes"},
+       "",
+       "when a rank's process dies (killed by a signal), start only that process again and let the others wait "
+       "in theirs (process-level recovery, counted against --max-restarts); the program must recover in place, "
+       "as hp-train does with resilience.in_memory_checkpoint_interval. Other failures restart every rank",
+       [](Config& c, const std::string&) { c.recover_processes = true; }},
       {{"--stop-timeout"},
        "S",
        "after forwarding a signal, the seconds ranks have to save their last words and exit before SIGKILL "
@@ -139,6 +148,8 @@ std::optional<Config> parse(int argc, char** argv) {
   if (config.max_restarts > 0 && config.nnodes > 1)
     throw hp::tools::UsageError("--max-restarts works on one node only (--nnodes " + std::to_string(config.nnodes) +
                                 ")");
+  if (config.recover_processes && config.max_restarts == 0)
+    throw hp::tools::UsageError("--recover-processes needs --max-restarts N (N >= 1): each recovery counts as one");
   // Each node would time and choose on its own, and the ranks of one job could differ.
   if (config.cpu_layout_auto && config.nnodes > 1)
     throw hp::tools::UsageError("--cpu-layout auto works on one node only (--nnodes " + std::to_string(config.nnodes) +
@@ -284,16 +295,43 @@ struct Outcome {
   std::string failure;                              // "was killed by signal 9 (Killed)"
   double failed_after = 0;                          // seconds into the attempt
   std::chrono::system_clock::time_point failed_at;  // comparable with file times
+  // --recover-processes: the ranks whose process was started again alone during the attempt.
+  struct Recovery {
+    int number = 0;  // 1, 2, ... in the attempt
+    int rank = 0;
+    pid_t old_pid = -1, new_pid = -1;
+    std::string failure;
+    double failed_after = 0;
+    std::chrono::system_clock::time_point failed_at;
+    std::optional<int64_t> reached;  // the last step the attempt had finished
+  };
+  std::vector<Recovery> recoveries;
 };
+
+// Converts a steady-clock instant to the system clock, to compare with file times.
+std::chrono::system_clock::time_point system_time(std::chrono::steady_clock::time_point t) {
+  return std::chrono::system_clock::now() -
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::steady_clock::now() - t);
+}
 
 class Job {
  public:
-  Job(const Config& config, const Attempt& attempt) : stop_timeout_(config.stop_timeout) {
+  // `restarts_used`: with --recover-processes, the restarts spent so far, which each recovery adds
+  // to while fewer than --max-restarts (null: no recovery).
+  Job(const Config& config, const Attempt& attempt, int* restarts_used = nullptr)
+      : config_(config), attempt_(attempt), restarts_used_(restarts_used), stop_timeout_(config.stop_timeout) {
     try {
       for (int local = 0; local < config.nproc_per_node; ++local) {
         Rank rank;  // kept only once started: the cleanup below signals every rank kept
         spawn(config, attempt, local, config.node_rank * config.nproc_per_node + local, rank);
         ranks_.push_back(std::move(rank));
+      }
+      if (restarts_used_ != nullptr) {  // what a recovery keeps: every process but the dead one's
+        std::string pids;
+        for (const Rank& r : ranks_)
+          pids += (pids.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r.global) + " pid " +
+                  std::to_string(r.pid);
+        std::fprintf(stderr, "hprun: the ranks' processes: %s\n", pids.c_str());
       }
     } catch (...) {
       // Ranks already started would wait for the missing ones until their rendezvous timeout.
@@ -320,9 +358,7 @@ class Job {
       outcome.failed_pid = r.pid;
       outcome.failure = describe_status(status);
       outcome.failed_after = std::chrono::duration<double>(failed_at - started).count();
-      outcome.failed_at =
-          std::chrono::system_clock::now() -
-          std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::steady_clock::now() - exited);
+      outcome.failed_at = system_time(exited);
       // At once: with a peer gone they can save nothing, and a SIGTERM would read as a
       // preemption notice to a program that saves its last words on one (hp-train).
       signal_all(SIGKILL);
@@ -345,6 +381,11 @@ class Job {
       reap([&](Rank& r, int status) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (!failed || exit_code != 0) return;  // later failures are consequences of the first
+        if (WIFSIGNALED(status) && !stopping && consequence == nullptr && restarts_used_ != nullptr &&
+            *restarts_used_ < config_.max_restarts && last_recovery_done(outcome)) {
+          recover(r, status, started, outcome);
+          return;
+        }
         if (WIFEXITED(status) && WEXITSTATUS(status) == hp::job::kExitOtherRankFailed) {
           if (consequence == nullptr) {
             consequence = &r;
@@ -434,6 +475,53 @@ class Job {
     }
   }
 
+  // Starts the process of rank `r`, which died, again as the next recovery, while the others wait
+  // in theirs (hp/core/job.h): it meets them in a new rendezvous, which the file naming the rank
+  // tells them of.
+  void recover(Rank& r, int status, std::chrono::steady_clock::time_point started, Outcome& outcome) {
+    Outcome::Recovery recovery;
+    recovery.number = static_cast<int>(outcome.recoveries.size()) + 1;
+    recovery.rank = r.global;
+    recovery.old_pid = r.pid;
+    recovery.failure = describe_status(status);
+    recovery.failed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    recovery.failed_at = std::chrono::system_clock::now();
+    recovery.reached = hp::job::read_number(attempt_.job_dir + "/" + hp::job::last_step_file(attempt_.index));
+    ++*restarts_used_;
+    std::fprintf(stderr,
+                 "hprun: rank %d (pid %d) %s; starting only its process again (recovery %d, restart %d of at most "
+                 "%d); the other ranks wait in theirs\n",
+                 r.global, r.pid, recovery.failure.c_str(), recovery.number, *restarts_used_, config_.max_restarts);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while ((r.out.fd >= 0 || r.err.fd >= 0) && std::chrono::steady_clock::now() < deadline) pump_output(20);
+    if (r.out.fd >= 0) drain(r, r.out);
+    if (r.err.fd >= 0) drain(r, r.err);
+    Attempt again = attempt_;
+    const std::string job_dir = attempt_.job_dir + "/";
+    again.env.emplace_back(hp::job::kRecoveryEnv, std::to_string(recovery.number));
+    again.env.emplace_back(hp::job::kRendezvousFileEnv,
+                           job_dir + hp::job::recovery_rendezvous_file(attempt_.index, recovery.number));
+    const int local = r.global - config_.node_rank * config_.nproc_per_node;
+    spawn(config_, again, local, r.global, r);
+    r.running = true;
+    recovery.new_pid = r.pid;
+    if (!hp::job::write_atomically(job_dir + hp::job::recovery_file(attempt_.index, recovery.number),
+                                   std::to_string(r.global) + "\n"))
+      throw std::runtime_error("could not write " + job_dir + hp::job::recovery_file(attempt_.index, recovery.number));
+    outcome.recoveries.push_back(recovery);
+  }
+
+  // Whether the last recovery, if any, is training again (its first step is reported): a process
+  // that dies while the others are still meeting ends the attempt instead.
+  bool last_recovery_done(const Outcome& outcome) const {
+    return outcome.recoveries.empty() ||
+           std::filesystem::exists(attempt_.job_dir + "/" +
+                                   hp::job::recovery_first_step_file(attempt_.index, outcome.recoveries.back().number));
+  }
+
+  Config config_;
+  Attempt attempt_;
+  int* restarts_used_;
   std::chrono::seconds stop_timeout_;
   std::vector<Rank> ranks_;
 };
@@ -481,13 +569,43 @@ class JobDir {
   std::string path_;
 };
 
+// What each process-level recovery of attempt `index` cost: the steps it had finished beyond the one
+// the ranks recovered from memory.
+void print_recoveries(const Outcome& o, int index, const JobDir& dir) {
+  for (const Outcome::Recovery& r : o.recoveries) {
+    char head[256];
+    std::snprintf(head, sizeof(head), "hprun:   recovery %d of attempt %d: rank %d (pid %d) %s %.1f s in", r.number,
+                  index + 1, r.rank, r.old_pid, r.failure.c_str(), r.failed_after);
+    std::string line = head;
+    if (r.reached) line += ", after step " + std::to_string(*r.reached);
+    line += "; only its process was started again (pid " + std::to_string(r.new_pid) + ")";
+    const std::string first_step = hp::job::recovery_first_step_file(index, r.number);
+    if (const std::optional<int64_t> from = dir.step(first_step)) {
+      line += ", continuing from step " + std::to_string(*from) + " in memory";
+      if (r.reached) {
+        const int64_t lost = std::max<int64_t>(0, *r.reached - *from);
+        line += ": " + std::to_string(lost) + (lost == 1 ? " step lost" : " steps lost");
+      }
+    }
+    if (const auto training = dir.written(first_step)) {
+      char again[64];
+      std::snprintf(again, sizeof(again), ", training again %.1f s after the failure",
+                    std::chrono::duration<double>(*training - r.failed_at).count());
+      line += again;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
 // What each failure cost: the steps that attempt had finished beyond the one the next attempt
 // started from. Steps are known when the program reports them (hp-train does).
 void print_restart_summary(const std::vector<Outcome>& attempts, const JobDir& dir) {
-  std::fprintf(stderr, "hprun: restart summary (%zu attempts):\n", attempts.size());
+  std::fprintf(stderr, "hprun: restart summary (%zu %s):\n", attempts.size(),
+               attempts.size() == 1 ? "attempt" : "attempts");
   for (size_t k = 0; k < attempts.size(); ++k) {
     const Outcome& o = attempts[k];
     const int index = static_cast<int>(k);
+    print_recoveries(o, index, dir);
     if (o.failed_rank < 0) {
       std::fprintf(stderr, "hprun:   attempt %zu: %s\n", k + 1, o.exit_code == 0 ? "finished" : "interrupted");
       continue;
@@ -630,24 +748,27 @@ int run_attempts(const Config& config) {
   }
   const JobDir dir;
   std::vector<Outcome> attempts;
+  int restarts_used = 0;  // of --max-restarts: restarts of the job and process-level recoveries
   for (int index = 0;; ++index) {
     Attempt attempt{index, config.master_port, dir.path()};
     attempt.env = chosen_env;
+    if (config.recover_processes) attempt.env.emplace_back(hp::job::kProcessRecoveryEnv, "1");
     if (attempt.port == 0) attempt.port = config.nnodes == 1 ? pick_free_port() : 29500;
-    attempts.push_back(Job(config, attempt).run());
+    attempts.push_back(Job(config, attempt, config.recover_processes ? &restarts_used : nullptr).run());
     Outcome& outcome = attempts.back();
     // A usage or config error (exit code 2) would only be repeated.
     const bool restartable = outcome.exit_code != 0 && outcome.exit_code != kUsageError && !outcome.interrupted;
-    const bool restart = restartable && index < config.max_restarts;
+    const bool restart = restartable && restarts_used < config.max_restarts;
     if (restart) {
       const std::chrono::seconds delay = restart_backoff(index + 1);
+      ++restarts_used;
       std::fprintf(stderr, "hprun: restarting every rank in %lld s (restart %d of at most %d)\n",
-                   static_cast<long long>(delay.count()), index + 1, config.max_restarts);
+                   static_cast<long long>(delay.count()), restarts_used, config.max_restarts);
       if (wait_unless_signalled(delay)) continue;
       outcome.interrupted = true;
       outcome.exit_code = kInterrupted;
     }
-    if (attempts.size() > 1) print_restart_summary(attempts, dir);
+    if (attempts.size() > 1 || !outcome.recoveries.empty()) print_restart_summary(attempts, dir);
     if (outcome.exit_code != 0) {
       if (config.max_restarts > 0 && outcome.exit_code == kUsageError)
         std::fprintf(stderr,

@@ -136,6 +136,12 @@ struct TrainConfig {
     // hardware, and by on_transient_fault the run goes on with the rerun's step or stops with last
     // words (docs/resilience.md#rerun-on-anomaly). On cuda it needs train.deterministic.
     bool rerun_on_anomaly = false;
+    // Every N steps (0: never) each rank copies its state (its shards of the parameters and optimizer
+    // state, the step, the RNG positions) to its host memory and sends the copy to its buddy, the next
+    // world rank, which keeps it: under hprun --recover-processes a rank whose process dies is started
+    // again alone and takes its state back from its buddy, while the others keep their processes and
+    // go back to their own copies (docs/resilience.md#process-level-recovery).
+    int64_t in_memory_checkpoint_interval = 0;
     double spike_factor = 0.0;
     std::string on_transient_fault = "continue";  // continue | stop
     // Faults to inject, for drills: KIND:RANK:STEP[:ARG] separated by commas, as the environment's

@@ -20,6 +20,8 @@
 
 namespace hp::train {
 
+class MemoryCheckpoints;  // hp/train/memory_checkpoints.h
+
 // Thrown by train() on every rank when a step's loss or gradients are not finite and
 // train.on_nonfinite is "stop": the message names the step, the ranks and the parameters.
 class NonFiniteError : public Error {
@@ -31,6 +33,15 @@ class NonFiniteError : public Error {
 // (docs/resilience.md#last-words-after-an-error): the message names that rank and its error first.
 // hp-train exits with code 4 for it, which tells hprun that the cause is another rank.
 class OtherRankError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Thrown by train(), with in-memory checkpoints on (resilience.in_memory_checkpoint_interval), on a
+// rank whose training ended because another rank stopped answering (its process died, or it hangs)
+// while no rank raised an error of its own: its memory still holds what a recovery needs
+// (docs/resilience.md#process-level-recovery).
+class RankLostError : public Error {
  public:
   using Error::Error;
 };
@@ -70,6 +81,15 @@ struct TrainOptions {
   // none. Empty: the process's (hp/train/stop.h). Ranks that are threads of one process (tests)
   // can each have their own, as processes do.
   std::function<int()> stop_request;
+  // With resilience.in_memory_checkpoint_interval: where this rank keeps its in-memory checkpoints
+  // and its buddy's copy. It outlives train(), so that a later train() of the same process, on a
+  // world made again after a rank's process died, can recover from it. Null: train() keeps them
+  // for its own run only.
+  std::shared_ptr<MemoryCheckpoints> memory_checkpoints;
+  // Start from the newest step that the ranks hold in memory: in memory_checkpoints, or, for a rank
+  // whose memory_checkpoints are new (its process was started again), as its buddy's copy, which
+  // the buddy sends. Every rank sets it alike. Instead of resume.
+  bool recover_from_memory = false;
 };
 
 struct TrainResult {
