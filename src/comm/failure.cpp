@@ -36,7 +36,7 @@ std::string format_ranks(const std::vector<int>& ranks) {
 
 // Returns sentences naming the world ranks that did not reach collective `site.seq`, and those
 // that issued a different collective as their number `seq` (a program-order bug).
-std::string describe_missing_ranks(const CollectiveSite& site, int gone) {
+std::string describe_missing_ranks(const CollectiveSite& site, const std::vector<int>& gone) {
   GroupImpl& group = *site.group;
   const std::string prefix = "hp_reached/" + std::to_string(site.seq) + "/";
   const auto window = std::min<std::chrono::milliseconds>(kFailureReportWindow, group.options.timeout);
@@ -71,7 +71,7 @@ void GroupImpl::note_failure() const {
   if (const auto world = registry.lock()) world->failures.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure, int gone) {
+void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure, const std::vector<int>& gone) {
   site.group->note_failure();
   try {
     std::rethrow_exception(failure);

@@ -103,10 +103,10 @@ struct CollectiveSite {
 };
 
 // Rethrows `failure` as hp::Error / hp::TimeoutError naming the collective, the group and the
-// ranks that never reached it (found by a short exchange through the group's store). `gone`: how
-// many members are known never to reach it (a process that exited, a member that left), who are
-// not waited for.
-[[noreturn]] void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure, int gone = 0);
+// ranks that never reached it (found by a short exchange through the group's store). `gone`: group
+// ranks known to be gone (a process that exited, a member that left), who are not waited for.
+[[noreturn]] void raise_collective_failure(const CollectiveSite& site, std::exception_ptr failure,
+                                           const std::vector<int>& gone = {});
 
 struct WorkState {
   virtual ~WorkState() = default;

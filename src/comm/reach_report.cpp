@@ -32,8 +32,11 @@ ReachReport exchange_reach(c10d::Store& store, const std::string& prefix, int ra
   store.set(member_key(prefix, rank), bytes_of(op));
   store.add(same_op_key, 1);
   int64_t arrived = store.add(arrived_key, 1);
+  // A gone member's record, if any, was written before it went: it is there now or never.
+  int64_t never = 0;
+  for (const int r : options.gone) never += store.check({member_key(prefix, r)}) ? 0 : 1;
   const auto deadline = std::chrono::steady_clock::now() + options.window;
-  while (arrived < size - options.gone && std::chrono::steady_clock::now() < deadline) {
+  while (arrived < size - never && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(options.period);
     arrived = store.add(arrived_key, 0);
   }

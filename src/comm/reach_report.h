@@ -26,9 +26,10 @@ struct ReachReport {
 struct ReachOptions {
   std::chrono::milliseconds window{2000};  // how long to wait for the others
   std::chrono::milliseconds period{20};    // between two looks at the arrival counter
-  // Members known never to arrive (their process exited, or they left the group): the wait ends
-  // once every other member arrived. They are still named among the missing.
-  int gone = 0;
+  // Members known to be gone (their process exited, or they left the group): the wait ends once
+  // every other member arrived. One that recorded its arrival before it went counts as arrived;
+  // the others are named among the missing.
+  std::vector<int> gone;
 };
 
 // `prefix` names the collective ("hp_reached/<seq>/"); every member of a group of `size` calls it

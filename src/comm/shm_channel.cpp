@@ -287,7 +287,7 @@ void ShmChannel::fail(const CollectiveSite& site, const std::string& why, Failur
   const bool gone = kind == Failure::kMember && culprit >= 0 && culprit != group_.rank && !member_gone(culprit).empty();
   raise_collective_failure(
       site, std::make_exception_ptr(std::runtime_error(kind == Failure::kTimeout ? cause + " (timed out)" : cause)),
-      gone ? 1 : 0);
+      gone ? std::vector<int>{culprit} : std::vector<int>{});
 }
 
 void ShmChannel::meet(const CollectiveSite& site) {

@@ -166,7 +166,20 @@ void MemoryCheckpointing::finish_exchange() {
 }
 
 MemoryCheckpointing::Recovered MemoryCheckpointing::recover(const std::function<bool(int64_t)>& damages_copy) {
-  memory_.exchange.reset();  // in flight in the world that is gone: its copy never came whole
+  // An exchange in flight in the world that is gone: its copy counts when it arrives whole (its
+  // sender posted it right after the sizes, so it comes, or the receive fails when the sender's
+  // process is gone). The send, to a rank that may be dead, is given up (its buffer stays with its
+  // group).
+  if (memory_.exchange) {
+    std::vector<comm::Work>& works = memory_.exchange->works;
+    for (size_t i = 0; i + 1 < works.size(); ++i) works[i].abort();
+    works.erase(works.begin(), works.end() - 1);
+    try {
+      finish_exchange();
+    } catch (const std::exception&) {  // the sender died: its previous copy stays
+      memory_.exchange.reset();
+    }
+  }
   const int size = world_.size(), rank = world_.rank();
   // What each rank holds: its own steps (newest first, -1 for none) and its buddy's copy's step.
   const auto& own = memory_.own;
@@ -180,9 +193,6 @@ MemoryCheckpointing::Recovered MemoryCheckpointing::recover(const std::function<
     if (!restarted(r)) return held(r, 0) == step || held(r, 1) == step;
     return !restarted(buddy_of(r)) && held(buddy_of(r), 2) == step;
   };
-  bool nobody_holds_anything = true;
-  for (int r = 0; r < size; ++r) nobody_holds_anything = nobody_holds_anything && restarted(r);
-  if (nobody_holds_anything) return {0, at::Tensor()};  // no in-memory checkpoint yet: step 0 again
   std::optional<int64_t> step;
   for (int r = 0; r < size; ++r)
     for (int column = 0; column < 3; ++column) {

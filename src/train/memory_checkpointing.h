@@ -57,7 +57,8 @@ class MemoryCheckpointing {
  public:
   MemoryCheckpointing(MemoryCheckpoints& memory, const comm::ProcessGroup& world);
 
-  // After step `step`: keeps `packed` as this rank's checkpoint of the step and starts the exchange
+  // After step `step` (or before the first step a run takes, so that some step is always held):
+  // keeps `packed` as this rank's checkpoint of the step and starts the exchange
   // of copies around the ring of world ranks (this rank's to the next, the previous one's to
   // this). Returns once each knows the other's size; the copies travel in the background.
   void keep(int64_t step, at::Tensor packed);
@@ -67,13 +68,12 @@ class MemoryCheckpointing {
 
   struct Recovered {
     int64_t step = 0;
-    at::Tensor packed;  // this rank's state after that step; undefined for step 0 (the initial state)
+    at::Tensor packed;  // this rank's state after that step
   };
   // Collective over the world, in a world made again after a rank's process was restarted: the
   // ranks agree on the newest step that each can have back, a rank with nothing in memory (its
   // process is new) receives it from its buddy, which keeps its copy, and every rank returns its
-  // state of that step; step 0 when no rank holds anything yet (the failure came before the first
-  // in-memory checkpoint). `damages_copy(step)`: whether this rank, sending a copy of that step,
+  // state of that step. `damages_copy(step)`: whether this rank, sending a copy of that step,
   // damages the first one it sends (fault injection: a byte of each tensor). Throws, naming what each rank
   // holds, when no step can be had back by all.
   Recovered recover(const std::function<bool(int64_t step)>& damages_copy);

@@ -224,18 +224,12 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
 
   TrainResult result;
   result.unigram_entropy = data.corpus.unigram_entropy_nats;
-  // Every rank back at the step all of them hold in memory; the copies go round again at once, so
-  // that a restarted rank's state has a keeper before the next in-memory checkpoint.
+  // Every rank back at the step all of them hold in memory.
   const auto recover_from_memory = [&]() {
     const detail::MemoryCheckpointing::Recovered back =
         in_memory->recover([&](int64_t recovered) { return detail::damages_copy(faults, world.rank(), recovered); });
-    if (!back.packed.defined()) {  // before the first in-memory checkpoint: the state as built
-      if (lead) log::info("recovered at step 0: the failure came before the first in-memory checkpoint");
-      return int64_t{0};
-    }
     const int64_t recovered = checkpoints.restore_packed(back.packed, scheduler);
     HP_CHECK(recovered == back.step, "process-level recovery: the state of step ", back.step, " says step ", recovered);
-    in_memory->keep(recovered, back.packed);
     if (lead) log::info("recovered at step ", recovered, " from the ranks' in-memory checkpoints");
     return recovered;
   };
@@ -245,6 +239,12 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   if (step == 0 && !c.model_from_hf.empty()) {
     detail::load_hf_weights(s.parts, c.model_from_hf);
     if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
+  }
+  // The step the run starts from (0, resumed, recovered) is held in memory, its copies arrived,
+  // before the first step: a failure before the next in-memory checkpoint goes back to it.
+  if (in_memory) {
+    in_memory->keep(step, checkpoints.pack(step, scheduler));
+    in_memory->finish_exchange();
   }
   // First, so that a callback stuck in an event is caught too.
   const auto watchdog = std::make_shared<detail::Watchdog>(world.rank(), std::chrono::seconds(c.resilience.watchdog_s),

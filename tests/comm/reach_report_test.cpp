@@ -25,7 +25,7 @@ struct Member {
 
 // Runs the exchange for `members` (the others of `size` never come); every member's report.
 std::vector<ReachReport> exchange(CountingStore& store, int size, const std::vector<Member>& members,
-                                  std::chrono::milliseconds window, int gone = 0) {
+                                  std::chrono::milliseconds window, std::vector<int> gone = {}) {
   std::vector<ReachReport> reports(members.size());
   std::vector<std::thread> threads;
   ReachOptions options;
@@ -63,9 +63,24 @@ TEST(ReachReport, NamesTheMissingAndTheOutOfOrderMembers) {
 TEST(ReachReport, AMemberKnownToBeGoneIsNotWaitedFor) {
   auto store = c10::make_intrusive<CountingStore>();
   const auto t0 = std::chrono::steady_clock::now();
-  const auto reports = exchange(*store, 3, {{0, "all_reduce"}, {1, "all_reduce"}}, std::chrono::seconds(20), 1);
+  const auto reports = exchange(*store, 3, {{0, "all_reduce"}, {1, "all_reduce"}}, std::chrono::seconds(20), {2});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   for (const ReachReport& report : reports) EXPECT_EQ(report.missing, std::vector<int>{2});
+  // One that recorded its arrival before it went (it failed this collective too, then left)
+  // counts as arrived: the others still wait for a live member that comes late (counted as never
+  // coming, it would be named missing at once).
+  auto again = c10::make_intrusive<CountingStore>();
+  ReachOptions options;
+  options.window = std::chrono::seconds(20);
+  options.gone = {2};
+  exchange_reach(*again, "hp_reached/7/", 2, 3, "all_reduce", ReachOptions{std::chrono::milliseconds(1)});
+  ReachReport first, late;
+  std::thread member0([&] { first = exchange_reach(*again, "hp_reached/7/", 0, 3, "all_reduce", options); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  late = exchange_reach(*again, "hp_reached/7/", 1, 3, "all_reduce", options);
+  member0.join();
+  EXPECT_TRUE(first.missing.empty()) << first.missing.size();
+  EXPECT_TRUE(late.missing.empty());
 }
 
 // Guards the store's load at scale: besides its polls (one per period while it waits, whatever the

@@ -439,6 +439,7 @@ TEST(ShmTransport, ARankThatLeavesItsGroupsFailsItsWaitingPeersAtOnce) {
   std::vector<std::string> seen(3);
   std::vector<double> seconds(3, 0.0);
   std::vector<uint64_t> failures_before(3), failures_after(3);
+  std::atomic<int> done{0};
   testing::run_ranks(
       3,
       [&](const ProcessGroup& world) {
@@ -462,6 +463,11 @@ TEST(ShmTransport, ARankThatLeavesItsGroupsFailsItsWaitingPeersAtOnce) {
         }
         seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         failures_after[rank] = collective_failures(world);
+        // Rank 1 keeps its world until rank 0 failed: leaving it (its thread ending) would be
+        // another departure rank 0 could see first.
+        ++done;
+        for (int waited = 0; rank == 1 && done < 3 && waited < 30000; ++waited)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
       },
       options);
   for (int r = 0; r < 3; ++r) {

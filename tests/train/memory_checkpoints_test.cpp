@@ -16,6 +16,7 @@
 #include "hp/train/trainer.h"
 #include "scratch_dir.h"
 #include "test_util.h"
+#include "train/memory_checkpointing.h"
 #include "train/train_helpers.h"
 
 namespace hp::train {
@@ -35,7 +36,8 @@ struct RanksRun {
 };
 
 // 4 ranks, each with its memory of `memories`; `stop_after` > 0 ends the run after that step.
-RanksRun run(const TrainConfig& c, const Memories& memories, bool recover, int64_t stop_after = 0) {
+RanksRun run(const TrainConfig& c, const Memories& memories, bool recover, int64_t stop_after = 0,
+             bool resume = false) {
   RanksRun out;
   std::mutex mu;
   testing::RunRanksOptions ranks = ranks_for(c);
@@ -47,6 +49,7 @@ RanksRun run(const TrainConfig& c, const Memories& memories, bool recover, int64
         options.progress = false;
         options.memory_checkpoints = memories[world.rank()];
         options.recover_from_memory = recover;
+        options.resume = resume;
         fail_test_on_hang(options);
         auto stop = std::make_shared<StopAt>(stop_after);
         options.callbacks.push_back(stop);
@@ -103,21 +106,26 @@ TEST(MemoryCheckpoints, ARankWithNewMemoryTakesItsStateFromItsBuddyAndTheRunGoes
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(recovered.rank0.losses[i], straight.rank0.losses[8 + i]) << "step " << 9 + i;
 }
 
-// Before the first in-memory checkpoint nobody holds anything: every rank starts again from the
-// state the run builds (step 0), which is the uninterrupted run's.
-TEST(MemoryCheckpoints, ARecoveryBeforeTheFirstInMemoryCheckpointStartsFromStepZero) {
+// Before the first in-memory checkpoint of a run, the step it started from is held: a run resumed
+// from disk at step 2 fails after step 3 (the next in-memory checkpoint is at 4) and goes back to
+// step 2, not to step 0, and steps 3-6 are the uninterrupted run's.
+TEST(MemoryCheckpoints, ARecoveryBeforeTheFirstInMemoryCheckpointGoesBackToWhereTheRunStarted) {
   TrainConfig c = four_ranks("early");
   c.train.steps = 6;
   const RanksRun straight = run(c, new_memories(), /*recover=*/false);
   ASSERT_EQ(straight.rank0.losses.size(), 6u) << straight.errors[0];
   c.run_dir += "/recovered";
+  c.checkpoint.interval = 2;
+  ASSERT_EQ(run(c, new_memories(), /*recover=*/false, /*stop_after=*/2).rank0.losses.size(), 2u);
   Memories memories = new_memories();
-  ASSERT_EQ(run(c, memories, /*recover=*/false, /*stop_after=*/2).rank0.losses.size(), 2u);
+  const RanksRun resumed = run(c, memories, /*recover=*/false, /*stop_after=*/3, /*resume=*/true);
+  ASSERT_EQ(resumed.rank0.first_step, 2) << resumed.errors[0];
   memories[3] = std::make_shared<MemoryCheckpoints>();
   const RanksRun recovered = run(c, memories, /*recover=*/true);
   EXPECT_EQ(recovered.errors[0], "");
-  EXPECT_EQ(recovered.rank0.first_step, 0);
-  EXPECT_EQ(recovered.rank0.losses, straight.rank0.losses);
+  EXPECT_EQ(recovered.rank0.first_step, 2);
+  EXPECT_EQ(recovered.rank0.losses,
+            std::vector<double>(straight.rank0.losses.begin() + 2, straight.rank0.losses.end()));
 }
 
 // A rank started again takes its state from the next rank, its buddy: when that one was started
@@ -150,6 +158,65 @@ TEST(MemoryCheckpoints, RecoveringWithoutInMemoryCheckpointsIsRefused) {
   TrainConfig one_rank = c;
   one_rank.resilience.in_memory_checkpoint_interval = 2;
   EXPECT_THROW(validate(one_rank, 1), Error);
+}
+
+// A rank's stand-in state at `step`: one tensor filled with rank * 100 + step.
+at::Tensor stand_in(int rank, int64_t step) {
+  dcp::StateDict state;
+  state.tensors["model.w"] = at::full({4}, static_cast<double>(rank * 100 + step));
+  state.values = {{"step", step}};
+  return detail::pack_state(state);
+}
+
+// 4 ranks keep stand-ins of steps 4 and 8; rank 2, which keeps rank 1's copies, damages the copy of
+// step 8 before it is checked, or leaves it unchecked (in flight when the world goes).
+enum class Rank2CopyOf8 { kDamaged, kInFlight };
+Memories keep_4_and_8(Rank2CopyOf8 rank2) {
+  Memories memories = new_memories();
+  testing::run_ranks(4, [&](const comm::ProcessGroup& world) {
+    MemoryCheckpoints::Contents& mine = memories[world.rank()]->contents();
+    detail::MemoryCheckpointing ring(*memories[world.rank()], world);
+    ring.keep(4, stand_in(world.rank(), 4));
+    ring.finish_exchange();
+    ring.keep(8, stand_in(world.rank(), 8));
+    if (world.rank() != 2) return ring.finish_exchange();
+    if (rank2 == Rank2CopyOf8::kInFlight) return;
+    mine.exchange->works.back().wait();  // the receive
+    static_cast<uint8_t*>(mine.exchange->incoming.data_ptr())[mine.exchange->incoming.numel() - 1] ^= 1;
+    ring.finish_exchange();  // warns, and keeps the copy of step 4
+  });
+  return memories;
+}
+
+// Rank 1's process started again: the step every rank can have back, and each rank's state of it.
+std::vector<detail::MemoryCheckpointing::Recovered> recover_rank_1(Memories memories) {
+  memories[1] = std::make_shared<MemoryCheckpoints>();
+  std::vector<detail::MemoryCheckpointing::Recovered> back(4);
+  testing::run_ranks(4, [&](const comm::ProcessGroup& world) {
+    detail::MemoryCheckpointing ring(*memories[world.rank()], world);
+    back[world.rank()] = ring.recover({});
+  });
+  return back;
+}
+
+// Guards keeping the newest two: rank 2's copy of rank 1's step 8 arrived damaged (the checksum sees
+// it), so rank 1 can have only step 4 back, and every rank goes back to 4, which the others still
+// hold. With one step kept, nobody could recover.
+TEST(MemoryCheckpoints, ACopyThatArrivedDamagedLeavesTheStepBefore) {
+  const auto back = recover_rank_1(keep_4_and_8(Rank2CopyOf8::kDamaged));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(back[r].step, 4) << "rank " << r;
+    EXPECT_TRUE(at::equal(back[r].packed, stand_in(r, 4))) << "rank " << r;
+  }
+}
+
+// A copy in flight when the world went counts when it arrives whole: step 8.
+TEST(MemoryCheckpoints, ACopyInFlightWhenTheWorldWentCountsOnceItArrives) {
+  const auto back = recover_rank_1(keep_4_and_8(Rank2CopyOf8::kInFlight));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(back[r].step, 8) << "rank " << r;
+    EXPECT_TRUE(at::equal(back[r].packed, stand_in(r, 8))) << "rank " << r;
+  }
 }
 
 }  // namespace

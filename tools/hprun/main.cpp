@@ -345,7 +345,8 @@ class Job {
   Outcome run() {
     const auto started = std::chrono::steady_clock::now();
     Outcome outcome;
-    bool stopping = false;  // a signal forwarded; SIGKILL follows at kill_at
+    bool stopping = false;      // a signal forwarded; SIGKILL follows at kill_at
+    bool any_finished = false;  // a rank exited 0
     std::chrono::steady_clock::time_point kill_at, failed_at;
     int exit_code = 0;
     // `exited`: when hprun saw the rank exit.
@@ -380,9 +381,9 @@ class Job {
       }
       reap([&](Rank& r, int status) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (!failed) any_finished = true;       // a rank started again would wait for it in vain
         if (!failed || exit_code != 0) return;  // later failures are consequences of the first
-        if (WIFSIGNALED(status) && !stopping && consequence == nullptr && restarts_used_ != nullptr &&
-            *restarts_used_ < config_.max_restarts && last_recovery_done(outcome)) {
+        if (WIFSIGNALED(status) && !stopping && consequence == nullptr && !any_finished && can_recover(outcome)) {
           recover(r, status, started, outcome);
           return;
         }
@@ -406,6 +407,12 @@ class Job {
       }
     }
     if (consequence != nullptr && exit_code == 0) fail(*consequence, consequence_status, consequence_at);  // no other
+    if (exit_code != 0 && !last_recovery_done(outcome)) {
+      // It never trained again (a failure while the ranks met): a restart of every rank may.
+      --*restarts_used_;
+      std::fprintf(stderr, "hprun: recovery %d did not train again; its restart is given back\n",
+                   outcome.recoveries.back().number);
+    }
     if (outcome.failed_rank >= 0)
       std::fprintf(stderr, "hprun: every rank stopped %.2f s after rank %d failed\n",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(),
@@ -511,8 +518,15 @@ class Job {
     outcome.recoveries.push_back(recovery);
   }
 
-  // Whether the last recovery, if any, is training again (its first step is reported): a process
-  // that dies while the others are still meeting ends the attempt instead.
+  // Whether a rank whose process died can be started again alone: a restart is left, the program
+  // is training (the attempt's first step is reported: a failure while the ranks start up ends the
+  // attempt), and the last recovery, if any, is training again.
+  bool can_recover(const Outcome& outcome) const {
+    return restarts_used_ != nullptr && *restarts_used_ < config_.max_restarts &&
+           std::filesystem::exists(attempt_.job_dir + "/" + hp::job::first_step_file(attempt_.index)) &&
+           last_recovery_done(outcome);
+  }
+  // Whether the last recovery, if any, is training again (its first step is reported).
   bool last_recovery_done(const Outcome& outcome) const {
     return outcome.recoveries.empty() ||
            std::filesystem::exists(attempt_.job_dir + "/" +

@@ -38,9 +38,10 @@ class OtherRankError : public Error {
 };
 
 // Thrown by train(), with in-memory checkpoints on (resilience.in_memory_checkpoint_interval), on a
-// rank whose training ended because another rank stopped answering (its process died, or it hangs)
-// while no rank raised an error of its own: its memory still holds what a recovery needs
-// (docs/resilience.md#process-level-recovery).
+// rank whose training steps ended because another rank stopped answering (its process died, or it
+// hangs) while no rank raised an error of its own: its memory still holds what a recovery needs
+// (docs/resilience.md#process-level-recovery). A failure while the run starts up or recovers is
+// thrown as it is.
 class RankLostError : public Error {
  public:
   using Error::Error;
