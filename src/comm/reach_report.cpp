@@ -32,11 +32,15 @@ ReachReport exchange_reach(c10d::Store& store, const std::string& prefix, int ra
   store.set(member_key(prefix, rank), bytes_of(op));
   store.add(same_op_key, 1);
   int64_t arrived = store.add(arrived_key, 1);
-  // A gone member's record, if any, was written before it went: it is there now or never.
-  int64_t never = 0;
-  for (const int r : options.gone) never += store.check({member_key(prefix, r)}) ? 0 : 1;
+  // Gone members that have not recorded an arrival (one that left may still fail this collective
+  // itself, and record it, later): looked at again on each poll.
+  const auto never = [&] {
+    int64_t n = 0;
+    for (const int r : options.gone) n += store.check({member_key(prefix, r)}) ? 0 : 1;
+    return n;
+  };
   const auto deadline = std::chrono::steady_clock::now() + options.window;
-  while (arrived < size - never && std::chrono::steady_clock::now() < deadline) {
+  while (arrived < size - never() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(options.period);
     arrived = store.add(arrived_key, 0);
   }

@@ -27,8 +27,8 @@ struct ReachOptions {
   std::chrono::milliseconds window{2000};  // how long to wait for the others
   std::chrono::milliseconds period{20};    // between two looks at the arrival counter
   // Members known to be gone (their process exited, or they left the group): the wait ends once
-  // every other member arrived. One that recorded its arrival before it went counts as arrived;
-  // the others are named among the missing.
+  // every other member arrived. One that recorded its arrival (before it went, or failing this
+  // collective after it left) counts as arrived; the others are named among the missing.
   std::vector<int> gone;
 };
 

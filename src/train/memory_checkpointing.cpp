@@ -151,6 +151,14 @@ void MemoryCheckpointing::keep(int64_t step, at::Tensor packed) {
   memory_.exchange = std::move(exchange);
 }
 
+void MemoryCheckpointing::start_over() {
+  if (memory_.exchange)
+    for (comm::Work& w : memory_.exchange->works) w.abort();  // its buffers stay with its group
+  memory_.exchange.reset();
+  memory_.own.clear();
+  memory_.buddy.reset();
+}
+
 void MemoryCheckpointing::finish_exchange() {
   if (!memory_.exchange) return;
   MemoryCheckpoints::Contents::Exchange exchange = std::move(*memory_.exchange);

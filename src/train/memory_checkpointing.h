@@ -62,6 +62,8 @@ class MemoryCheckpointing {
   // of copies around the ring of world ranks (this rank's to the next, the previous one's to
   // this). Returns once each knows the other's size; the copies travel in the background.
   void keep(int64_t step, at::Tensor packed);
+  // Forgets what the memory holds (an earlier run's steps); an exchange in flight is given up.
+  void start_over();
   // Waits for the exchange keep() started, if one is in flight. A copy whose checksum is not its
   // sender's is dropped with a warning (the buddy's previous copy stays).
   void finish_exchange();
@@ -70,7 +72,9 @@ class MemoryCheckpointing {
     int64_t step = 0;
     at::Tensor packed;  // this rank's state after that step
   };
-  // Collective over the world, in a world made again after a rank's process was restarted: the
+  // Collective over the world, in a world made again after a rank's process was restarted (the old
+  // world's groups dropped first: a copy in flight from it is waited for until it arrives or its
+  // connection closes): the
   // ranks agree on the newest step that each can have back, a rank with nothing in memory (its
   // process is new) receives it from its buddy, which keeps its copy, and every rank returns its
   // state of that step. `damages_copy(step)`: whether this rank, sending a copy of that step,

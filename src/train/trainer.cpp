@@ -236,15 +236,20 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
   int64_t step = result.first_step = options.recover_from_memory ? recover_from_memory()
                                      : options.resume ? checkpoints.resume(scheduler, options.resume_only_this_job)
                                                       : 0;
-  if (step == 0 && !c.model_from_hf.empty()) {
+  if (step == 0 && !c.model_from_hf.empty() && !options.recover_from_memory) {
     detail::load_hf_weights(s.parts, c.model_from_hf);
     if (lead) log::info("weights from the Hugging Face model in ", c.model_from_hf);
   }
   // The step the run starts from (0, resumed, recovered) is held in memory, its copies arrived,
   // before the first step: a failure before the next in-memory checkpoint goes back to it.
+  // A run that does not recover starts its memory afresh (an earlier run's steps are not its own).
+  // Every rank is past this before rank 0 reports the run started (hprun recovers a rank's process
+  // only then).
   if (in_memory) {
+    if (!options.recover_from_memory) in_memory->start_over();
     in_memory->keep(step, checkpoints.pack(step, scheduler));
     in_memory->finish_exchange();
+    world.barrier();
   }
   // First, so that a callback stuck in an event is caught too.
   const auto watchdog = std::make_shared<detail::Watchdog>(world.rank(), std::chrono::seconds(c.resilience.watchdog_s),

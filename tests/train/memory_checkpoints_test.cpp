@@ -106,14 +106,24 @@ TEST(MemoryCheckpoints, ARankWithNewMemoryTakesItsStateFromItsBuddyAndTheRunGoes
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(recovered.rank0.losses[i], straight.rank0.losses[8 + i]) << "step " << 9 + i;
 }
 
-// Before the first in-memory checkpoint of a run, the step it started from is held: a run resumed
-// from disk at step 2 fails after step 3 (the next in-memory checkpoint is at 4) and goes back to
-// step 2, not to step 0, and steps 3-6 are the uninterrupted run's.
+// Before the first in-memory checkpoint of a run, the step it started from is held: a fresh run
+// that fails after step 2 goes back to step 0; one resumed from disk at step 2 that fails after
+// step 3 (the next in-memory checkpoint is at 4) goes back to step 2, not to step 0; the losses
+// are the uninterrupted run's.
 TEST(MemoryCheckpoints, ARecoveryBeforeTheFirstInMemoryCheckpointGoesBackToWhereTheRunStarted) {
   TrainConfig c = four_ranks("early");
   c.train.steps = 6;
   const RanksRun straight = run(c, new_memories(), /*recover=*/false);
   ASSERT_EQ(straight.rank0.losses.size(), 6u) << straight.errors[0];
+  c.run_dir += "/fresh";
+  Memories fresh = new_memories();
+  ASSERT_EQ(run(c, fresh, /*recover=*/false, /*stop_after=*/2).rank0.losses.size(), 2u);
+  fresh[3] = std::make_shared<MemoryCheckpoints>();
+  const RanksRun from_zero = run(c, fresh, /*recover=*/true);
+  EXPECT_EQ(from_zero.errors[0], "");
+  EXPECT_EQ(from_zero.rank0.first_step, 0);
+  EXPECT_EQ(from_zero.rank0.losses, straight.rank0.losses);
+
   c.run_dir += "/recovered";
   c.checkpoint.interval = 2;
   ASSERT_EQ(run(c, new_memories(), /*recover=*/false, /*stop_after=*/2).rank0.losses.size(), 2u);
