@@ -43,6 +43,10 @@ StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int w
 // A store in a file that every rank of one host opens (c10d's FileStore).
 StorePtr make_file_store(const std::string& path, int world_size);
 StorePtr make_hash_store();
+// A client of hprun's rendezvous store for jobs on several nodes (hp/core/store_wire.h), which
+// presents `secret`; retries connecting until `timeout`, and throws when the server refuses it.
+StorePtr make_rendezvous_client(const std::string& host, int port, const std::string& secret,
+                                std::chrono::milliseconds timeout);
 // The first line of an error's message, without the backtrace a c10::Error carries.
 std::string first_line(const std::exception& e);
 // Whether a c10d or Gloo error message says that an operation ran out of time.

@@ -12,6 +12,7 @@
 #include "comm/world.h"
 #include "hp/core/error.h"
 #include "hp/core/job.h"
+#include "hp/core/store_wire.h"
 
 namespace hp::comm {
 namespace {
@@ -124,10 +125,16 @@ ProcessGroup init_process_group(InitOptions options) {
     return create_world_group(join_file_store(env, options.rendezvous_timeout), env.rank, env.world_size, group,
                               layout);
   shim::StorePtr store;
+  // hprun's store on node 0, for a job on several nodes: this rank presents the job's secret.
+  const char* secret = std::getenv(store_wire::kSecretEnv);
   try {
-    store = shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
-                                 options.rendezvous_timeout);
+    store = secret != nullptr && *secret != '\0'
+                ? shim::make_rendezvous_client(env.master_addr, env.master_port, secret, options.rendezvous_timeout)
+                : shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
+                                       options.rendezvous_timeout);
   } catch (const std::exception& e) {
+    if (secret != nullptr && *secret != '\0' && !shim::says_timed_out(shim::first_line(e)))
+      throw Error("init_process_group: rank " + std::to_string(env.rank) + ": " + shim::first_line(e));
     // Every way of not meeting rank 0 in time (refused, unreachable, slow) is a timeout to hp-train.
     throw TimeoutError("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +
                        env.master_addr + ":" + std::to_string(env.master_port) + " within " +

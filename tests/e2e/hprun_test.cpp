@@ -3,6 +3,7 @@
 // collectives whose peer died or never came.
 #include <gtest/gtest.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,11 +18,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "e2e/e2e_util.h"
 #include "hp/core/cpu_capabilities.h"
+#include "hp/core/store_wire.h"
 #include "scratch_dir.h"
 
 namespace {
@@ -70,8 +74,18 @@ int free_port() {
 
 // Two "nodes" (two hprun invocations with --nnodes 2) form one 4-rank job: global ranks follow
 // node_rank * nproc + local rank, and the rendezvous spans both.
+// The job's secret in a file only its owner can read (hprun --secret-file); returns its path.
+std::string write_secret(const std::string& dir, const std::string& secret = "correct horse battery staple") {
+  const std::string path = dir + "/job.secret";
+  std::ofstream(path) << secret << "\n";
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
 TEST(Hprun, TwoNodesFormOneJob) {
-  const std::string common = "--nnodes 2 --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " ";
+  const std::string secret = write_secret(hp::test::scratch_dir("hprun_two_nodes"));
+  const std::string common =
+      "--nnodes 2 --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " --secret-file " + secret + " ";
   auto node1 =
       std::async(std::launch::async, [&] { return run_job(common + "--node-rank 1 " + program("allreduce")); });
   Result node0 = run_job(common + "--node-rank 0 " + program("allreduce"));
@@ -80,6 +94,46 @@ TEST(Hprun, TwoNodesFormOneJob) {
   EXPECT_EQ(other.exit_code, 0) << other.output;
   EXPECT_NE(node0.output.find("[rank 1] allreduce sum 40 ok"), std::string::npos) << node0.output;
   EXPECT_NE(other.output.find("[rank 3] allreduce sum 40 ok"), std::string::npos) << other.output;
+}
+
+// A job on several nodes meets in node 0's hprun, which serves only clients that present the job's
+// secret: one that presents another is refused and logged, and the job goes on undisturbed. The
+// secret is never printed.
+TEST(Hprun, TwoNodesServeOnlyClientsWithTheJobsSecret) {
+  const std::string secret = write_secret(hp::test::scratch_dir("hprun_secret"));
+  const int port = free_port();
+  const std::string common =
+      "--nnodes 2 --nproc-per-node 2 --master-port " + std::to_string(port) + " --secret-file " + secret + " ";
+  const std::string slow = "sh -c 'sleep 2; exec " + program("allreduce") + "'";  // time for the intruder
+  auto node1 = std::async(std::launch::async, [&] { return run_job(common + "--node-rank 1 " + slow); });
+  auto node0 = std::async(std::launch::async, [&] { return run_job(common + "--node-rank 0 " + slow); });
+  namespace wire = hp::store_wire;
+  std::optional<wire::Parsed> answer;
+  for (int attempt = 0; attempt < 100 && !answer; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const std::string hello = wire::message(static_cast<uint8_t>(wire::Op::kHello), {"not the job's secret"});
+      const std::string set = wire::message(static_cast<uint8_t>(wire::Op::kSet), {"hp/pg/0,1,2,3/0", "forged"});
+      if (wire::write_all(fd, hello.data(), hello.size()) && wire::write_all(fd, set.data(), set.size()))
+        if (const auto body = wire::read_message(fd)) answer = wire::parse(*body);
+    }
+    close(fd);
+    if (!answer) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(answer.has_value()) << "the intruder never got an answer";
+  EXPECT_EQ(answer->head, static_cast<uint8_t>(wire::Status::kRefused));
+  const Result zero = node0.get(), one = node1.get();
+  EXPECT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(zero.output.find("[rank 1] allreduce sum 40 ok"), std::string::npos) << zero.output;
+  EXPECT_NE(one.output.find("[rank 3] allreduce sum 40 ok"), std::string::npos) << one.output;
+  EXPECT_NE(zero.output.find("hprun: refused a rendezvous client from 127.0.0.1:"), std::string::npos) << zero.output;
+  for (const Result* r : {&zero, &one})
+    EXPECT_EQ(r->output.find("correct horse battery staple"), std::string::npos) << r->output;
 }
 
 // A rank exiting with code 3 stops the job within 5 s; hprun names the rank and exits non-zero.
@@ -284,7 +338,7 @@ TEST(Hprun, HelpAndUsageErrors) {
   Result help = run_job("--help");
   EXPECT_EQ(help.exit_code, 0);
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                           "--max-restarts", "--recover-processes", "--cpu-layout"})
+                           "--max-restarts", "--recover-processes", "--secret-file", "--cpu-layout"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
   Result bad = run_job("--nproc-per-node zero true");
   EXPECT_EQ(bad.exit_code, 2);
@@ -297,6 +351,17 @@ TEST(Hprun, HelpAndUsageErrors) {
   EXPECT_EQ(recover_without_restarts.exit_code, 2);
   EXPECT_NE(recover_without_restarts.output.find("--recover-processes needs --max-restarts N"), std::string::npos)
       << recover_without_restarts.output;
+  Result no_secret = run_job("--nnodes 2 true");
+  EXPECT_EQ(no_secret.exit_code, 2);
+  EXPECT_NE(no_secret.output.find("a job on several nodes needs --secret-file FILE"), std::string::npos)
+      << no_secret.output;
+  const std::string dir = hp::test::scratch_dir("hprun_usage");
+  const std::string readable = write_secret(dir);
+  chmod(readable.c_str(), 0644);
+  Result open_secret = run_job("--nnodes 2 --secret-file " + readable + " true");
+  EXPECT_EQ(open_secret.exit_code, 2);
+  EXPECT_NE(open_secret.output.find("can be read by others than its owner: chmod 600 it"), std::string::npos)
+      << open_secret.output;
   Result layout = run_job("--cpu-layout fast true");
   EXPECT_EQ(layout.exit_code, 2);
   EXPECT_NE(layout.output.find("--cpu-layout takes even or auto, got 'fast'"), std::string::npos) << layout.output;

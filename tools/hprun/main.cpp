@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,7 +37,9 @@
 
 #include "common/flags.h"
 #include "hp/core/job.h"
+#include "hp/core/store_wire.h"
 #include "hprun/cpu_layout.h"
+#include "hprun/rendezvous_server.h"
 
 namespace {
 
@@ -59,6 +63,8 @@ struct Config {
   bool recover_processes = false;         // restart only a rank whose process died
   std::chrono::seconds stop_timeout{30};  // after forwarding a signal, until SIGKILL
   bool cpu_layout_auto = false;           // --cpu-layout auto
+  std::string secret_file;                // --secret-file
+  std::string secret;                     // read from it; never printed
   std::vector<std::string> command;
 };
 
@@ -102,6 +108,12 @@ const std::vector<hp::tools::Flag<Config>>& flags() {
        [](Config& c, const std::string& v) {
          c.stop_timeout = std::chrono::seconds(parse_int("--stop-timeout", v, 0, 86400));
        }},
+      {{"--secret-file"},
+       "FILE",
+       "a job on several nodes: a file readable only by you (mode 0600), the same on every node, whose content "
+       "is the job's secret; node 0's hprun serves the rendezvous on the master address's interface to ranks "
+       "that present it, and refuses others. Required with --nnodes > 1",
+       [](Config& c, const std::string& v) { c.secret_file = v; }},
       {{"--cpu-layout"},
        "even|auto",
        "even (default): each rank gets cores / ranks threads unless OMP_NUM_THREADS is set, and the environment's "
@@ -132,6 +144,20 @@ void print_help() {
             << hp::tools::flag_help(flags()) << "\nexample: hprun --nproc-per-node 4 build/bin/collectives_demo\n";
 }
 
+// The job's secret in `path`: a regular file of at least 16 bytes that only its owner can read.
+std::string read_secret(const std::string& path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
+    throw hp::tools::UsageError("--secret-file " + path + " is not a readable file");
+  if ((info.st_mode & 077) != 0)
+    throw hp::tools::UsageError("--secret-file " + path + " can be read by others than its owner: chmod 600 it");
+  std::ifstream in(path);
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
+  if (secret.size() < 16) throw hp::tools::UsageError("--secret-file " + path + " holds fewer than 16 bytes");
+  return secret;
+}
+
 // Returns nullopt after printing help.
 std::optional<Config> parse(int argc, char** argv) {
   Config config;
@@ -154,6 +180,16 @@ std::optional<Config> parse(int argc, char** argv) {
   if (config.cpu_layout_auto && config.nnodes > 1)
     throw hp::tools::UsageError("--cpu-layout auto works on one node only (--nnodes " + std::to_string(config.nnodes) +
                                 ")");
+  if (config.nnodes > 1) {
+    if (config.secret_file.empty())
+      throw hp::tools::UsageError(
+          "a job on several nodes needs --secret-file FILE (the same on every node, mode 0600), so that only "
+          "its ranks can join its rendezvous; for example: head -c 32 /dev/urandom | base64 > ~/job.secret && "
+          "chmod 600 ~/job.secret");
+    config.secret = read_secret(config.secret_file);
+  } else if (!config.secret_file.empty()) {
+    throw hp::tools::UsageError("--secret-file is for a job on several nodes (one node meets in a private file)");
+  }
   return config;
 }
 
@@ -250,6 +286,11 @@ pid_t spawn(const Config& c, const Attempt& attempt, int local_rank, int global_
       setenv(hp::job::kRendezvousFileEnv, (attempt.job_dir + "/" + hp::job::rendezvous_file(attempt.index)).c_str(), 1);
     else
       unsetenv(hp::job::kRendezvousFileEnv);
+    // Several nodes: the ranks present the job's secret to node 0's hprun, which serves the store.
+    if (c.nnodes > 1)
+      setenv(hp::store_wire::kSecretEnv, c.secret.c_str(), 1);
+    else
+      unsetenv(hp::store_wire::kSecretEnv);
     // Ranks on one node share its cores: without a limit every rank's BLAS and OpenMP pools would
     // start one thread per core and fight over them. The user's own settings win.
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
@@ -761,6 +802,10 @@ int run_attempts(const Config& config) {
     if (choice.layout) chosen_env = layout_env(*choice.layout);
   }
   const JobDir dir;
+  // Several nodes: node 0 serves the rendezvous, on the master address's interface only.
+  std::optional<hp::hprun::RendezvousServer> rendezvous;
+  if (config.nnodes > 1 && config.node_rank == 0)
+    rendezvous.emplace(config.master_addr, config.master_port == 0 ? 29500 : config.master_port, config.secret);
   std::vector<Outcome> attempts;
   int restarts_used = 0;  // of --max-restarts: restarts of the job and process-level recoveries
   for (int index = 0;; ++index) {
