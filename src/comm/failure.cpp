@@ -53,7 +53,8 @@ std::string describe_missing_ranks(const CollectiveSite& site, const std::vector
                 << " as this collective instead: every member must issue collectives in the same order.";
   } catch (const std::exception& e) {
     return "Could not ask the rendezvous store which ranks arrived (" + shim::first_line(e) +
-           "); if it is hosted by world rank 0 (a TCPStore), that rank may be the one that died.";
+           "); if world rank 0 hosts it (a TCPStore without hprun) or node 0's hprun does (several nodes), that "
+           "rank or node may be gone.";
   }
   if (!missing.empty())
     return "World ranks that never reached it (dead, or stuck elsewhere): " + format_ranks(missing) + "." +

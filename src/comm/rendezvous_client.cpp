@@ -1,12 +1,17 @@
 // The client of hprun's rendezvous store for jobs on several nodes (hp/core/store_wire.h): a c10d
 // store that presents the job's secret when it connects. One connection, one request at a time.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -35,16 +40,25 @@ class RendezvousClient : public c10d::Store {
     timeout_ = timeout;
     const auto deadline = Clock::now() + timeout;
     for (;;) {  // hprun on node 0 may start after this node's ranks
-      fd_ = connect_to(host, port);
+      fd_ = connect_to(host, port, deadline);
       if (fd_ >= 0) break;
       if (Clock::now() > deadline)
         throw std::runtime_error("rendezvous: could not connect to " + where_ + ": timed out");
       std::this_thread::sleep_for(kRetry);
     }
-    const wire::Parsed answer = request(wire::Op::kHello, {secret});
-    if (answer.head != static_cast<uint8_t>(wire::Status::kOk))
-      throw std::runtime_error("rendezvous: the server at " + where_ + " refused this rank's secret (" +
-                               wire::kSecretEnv + " is not the one hprun on node 0 was given)");
+    // Every request waits at most the store's timeout for its answer (a node 0 gone silent).
+    timeval limit{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+    try {
+      const wire::Parsed answer = request(wire::Op::kHello, {secret});
+      if (answer.head != static_cast<uint8_t>(wire::Status::kOk))
+        throw std::runtime_error("rendezvous: the server at " + where_ + " refused this rank's secret (" +
+                                 wire::kSecretEnv + " is not the one hprun on node 0 was given)");
+    } catch (...) {
+      close(fd_);
+      throw;
+    }
   }
   ~RendezvousClient() override { close(fd_); }
 
@@ -82,22 +96,32 @@ class RendezvousClient : public c10d::Store {
  private:
   static std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-  static int connect_to(const std::string& host, int port) {
+  // A connected socket, or -1; a connection that does not complete gives up at `deadline`.
+  static int connect_to(const std::string& host, int port, Clock::time_point deadline) {
     addrinfo hints{};
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
     if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    bool connected = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+    if (fd >= 0 && !connected && errno == EINPROGRESS) {
+      pollfd writable{fd, POLLOUT, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      int error = 0;
+      socklen_t size = sizeof(error);
+      connected = poll(&writable, 1, static_cast<int>(std::max<int64_t>(1, left))) == 1 &&
+                  getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
     }
     freeaddrinfo(found);
-    if (fd >= 0) {
-      const int on = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    if (!connected) {
+      if (fd >= 0) close(fd);
+      return -1;
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    const int on = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
     return fd;
   }
 
@@ -107,7 +131,9 @@ class RendezvousClient : public c10d::Store {
     std::optional<std::string> in;
     if (wire::write_all(fd_, out.data(), out.size())) in = wire::read_message(fd_);
     std::optional<wire::Parsed> answer = in ? wire::parse(*in) : std::nullopt;
-    if (!answer) throw std::runtime_error("rendezvous: lost the connection to the store at " + where_);
+    if (!answer)
+      throw std::runtime_error("rendezvous: lost the connection to the store at " + where_ +
+                               (errno == EAGAIN || errno == EWOULDBLOCK ? " (timed out waiting for it)" : ""));
     if (answer->head == static_cast<uint8_t>(wire::Status::kBad))
       throw std::runtime_error("rendezvous: the store at " + where_ + " did not understand a request");
     return *answer;

@@ -126,12 +126,26 @@ TEST(Hprun, TwoNodesServeOnlyClientsWithTheJobsSecret) {
   }
   ASSERT_TRUE(answer.has_value()) << "the intruder never got an answer";
   EXPECT_EQ(answer->head, static_cast<uint8_t>(wire::Status::kRefused));
+  // One that announces a message too large for a hello is cut off before it is read.
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const uint32_t huge = 32u << 20;
+    ASSERT_TRUE(wire::write_all(fd, &huge, 4));
+    EXPECT_FALSE(wire::read_message(fd).has_value()) << "the server waited for 32 MiB from a stranger";
+    close(fd);
+  }
   const Result zero = node0.get(), one = node1.get();
   EXPECT_EQ(zero.exit_code, 0) << zero.output;
   EXPECT_EQ(one.exit_code, 0) << one.output;
   EXPECT_NE(zero.output.find("[rank 1] allreduce sum 40 ok"), std::string::npos) << zero.output;
   EXPECT_NE(one.output.find("[rank 3] allreduce sum 40 ok"), std::string::npos) << one.output;
   EXPECT_NE(zero.output.find("hprun: refused a rendezvous client from 127.0.0.1:"), std::string::npos) << zero.output;
+  EXPECT_NE(zero.output.find("it sent a message too large for a hello"), std::string::npos) << zero.output;
   for (const Result* r : {&zero, &one})
     EXPECT_EQ(r->output.find("correct horse battery staple"), std::string::npos) << r->output;
 }
@@ -362,6 +376,12 @@ TEST(Hprun, HelpAndUsageErrors) {
   EXPECT_EQ(open_secret.exit_code, 2);
   EXPECT_NE(open_secret.output.find("can be read by others than its owner: chmod 600 it"), std::string::npos)
       << open_secret.output;
+  const std::string binary = dir + "/binary.secret";
+  std::ofstream(binary) << std::string("0123456789\0abcdefghij", 21);
+  chmod(binary.c_str(), 0600);
+  Result not_text = run_job("--nnodes 2 --secret-file " + binary + " true");
+  EXPECT_EQ(not_text.exit_code, 2);
+  EXPECT_NE(not_text.output.find("must hold printable text"), std::string::npos) << not_text.output;
   Result layout = run_job("--cpu-layout fast true");
   EXPECT_EQ(layout.exit_code, 2);
   EXPECT_NE(layout.output.find("--cpu-layout takes even or auto, got 'fast'"), std::string::npos) << layout.output;

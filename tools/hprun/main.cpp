@@ -155,6 +155,11 @@ std::string read_secret(const std::string& path) {
   std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
   if (secret.size() < 16) throw hp::tools::UsageError("--secret-file " + path + " holds fewer than 16 bytes");
+  // It travels in the ranks' environment, which ends at a NUL byte.
+  for (const char c : secret)
+    if (!std::isprint(static_cast<unsigned char>(c)))
+      throw hp::tools::UsageError("--secret-file " + path +
+                                  " must hold printable text (for example base64: head -c 32 /dev/urandom | base64)");
   return secret;
 }
 

@@ -20,6 +20,10 @@ namespace {
 
 namespace wire = hp::store_wire;
 
+constexpr uint32_t kMaxHello = 4096;                  // bytes a client may send before the secret
+constexpr auto kHelloWait = std::chrono::seconds(5);  // to present it
+constexpr int kMaxStrangers = 64;                     // connections that have not presented it yet
+
 std::string reply(wire::Status status, const std::vector<std::string>& fields = {}) {
   return wire::message(static_cast<uint8_t>(status), fields);
 }
@@ -43,7 +47,14 @@ RendezvousServer::RendezvousServer(const std::string& address, int port, std::st
   const bool bound =
       listener_ >= 0 && bind(listener_, found->ai_addr, found->ai_addrlen) == 0 && listen(listener_, 128) == 0;
   const int error = errno;
+  const auto* bound_to = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  const bool loopback = (ntohl(bound_to->sin_addr.s_addr) >> 24) == 127;
   freeaddrinfo(found);
+  if (bound && loopback)
+    std::fprintf(stderr,
+                 "hprun: note: the master address %s is a loopback address here: ranks on other hosts cannot reach "
+                 "the rendezvous (give node 0's address on the network the nodes share when the nodes are hosts)\n",
+                 address.c_str());
   if (!bound) {
     if (listener_ >= 0) close(listener_);
     throw std::runtime_error("cannot serve the rendezvous at " + address + ":" + std::to_string(port) + ": " +
@@ -66,21 +77,42 @@ RendezvousServer::~RendezvousServer() {
   close(stop_pipe_[1]);
 }
 
+void RendezvousServer::note_refusal(const std::string& peer, const std::string& why) {
+  ++refusals_;
+  if (refusals_ > 10 && refusals_ % 100 != 0) return;
+  std::fprintf(
+      stderr, "hprun: refused a rendezvous client from %s: %s%s\n", peer.c_str(), why.c_str(),
+      refusals_ > 10 ? (" (" + std::to_string(refusals_) + " refused so far; not all are logged)").c_str() : "");
+}
+
 void RendezvousServer::accept_client() {
   sockaddr_in from{};
   socklen_t length = sizeof(from);
   const int fd = accept4(listener_, reinterpret_cast<sockaddr*>(&from), &length, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return;
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE) listen_again_ = Clock::now() + std::chrono::seconds(1);
+    return;
+  }
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
-  clients_.push_back({fd, std::string(ip) + ":" + std::to_string(ntohs(from.sin_port)), false, {}});
+  const std::string peer = std::string(ip) + ":" + std::to_string(ntohs(from.sin_port));
+  int strangers = 0;
+  for (const Client& c : clients_) strangers += c.presented_secret ? 0 : 1;
+  if (strangers >= kMaxStrangers) {
+    note_refusal(peer, "too many connections have not presented this job's secret yet");
+    close(fd);
+    return;
+  }
+  clients_.push_back({fd, peer, false, {}, Clock::now()});
 }
 
 void RendezvousServer::serve() {
   for (;;) {
-    std::vector<pollfd> fds{{stop_pipe_[0], POLLIN, 0}, {listener_, POLLIN, 0}};
+    const bool listening = Clock::now() >= listen_again_;
+    std::vector<pollfd> fds{{stop_pipe_[0], POLLIN, 0}, {listening ? listener_ : -1, POLLIN, 0}};
     for (const Client& c : clients_) fds.push_back({c.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    // Wakes at least once a second to cut off strangers that say nothing.
+    if (poll(fds.data(), fds.size(), 1000) < 0) {
       if (errno == EINTR) continue;
       std::perror("hprun: the rendezvous server's poll");
       return;
@@ -90,25 +122,32 @@ void RendezvousServer::serve() {
     for (size_t i = 0; i + 2 < fds.size(); ++i) {
       Client& client = clients_[i];
       bool open = true;
-      if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) {
-        char buffer[65536];
-        const ssize_t n = recv(client.fd, buffer, sizeof(buffer), 0);
-        open = n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
-        if (n > 0) client.inbox.append(buffer, static_cast<size_t>(n));
-        // Every whole message in the inbox, in order.
-        while (open && client.inbox.size() >= 4) {
-          uint32_t size = 0;
-          std::memcpy(&size, client.inbox.data(), 4);
-          if (size > wire::kMaxMessage) open = false;
-          if (!open || client.inbox.size() < 4 + size) break;
-          const std::string body = client.inbox.substr(4, size);
-          client.inbox.erase(0, 4 + size);
-          try {
+      try {
+        if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) {
+          char buffer[65536];
+          const ssize_t n = recv(client.fd, buffer, sizeof(buffer), 0);
+          open = n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
+          if (n > 0) client.inbox.append(buffer, static_cast<size_t>(n));
+          // Every whole message in the inbox, in order.
+          while (open && client.inbox.size() >= 4) {
+            uint32_t size = 0;
+            std::memcpy(&size, client.inbox.data(), 4);
+            if (size > (client.presented_secret ? wire::kMaxMessage : kMaxHello)) {
+              if (!client.presented_secret) note_refusal(client.peer, "it sent a message too large for a hello");
+              open = false;
+            }
+            if (!open || client.inbox.size() < 4 + size) break;
+            const std::string body = client.inbox.substr(4, size);
+            client.inbox.erase(0, 4 + size);
             open = handle(client, body);
-          } catch (const std::exception&) {  // a malformed number: the client is cut off, the job goes on
-            open = false;
           }
         }
+        if (open && !client.presented_secret && Clock::now() - client.accepted > kHelloWait) {
+          note_refusal(client.peer, "it did not present this job's secret within 5 s");
+          open = false;
+        }
+      } catch (const std::exception&) {  // a malformed number, memory: the client is cut off, the job goes on
+        open = false;
       }
       if (open)
         kept.push_back(std::move(client));
@@ -116,7 +155,7 @@ void RendezvousServer::serve() {
         close(client.fd);
     }
     clients_ = std::move(kept);
-    if (fds[1].revents & POLLIN) accept_client();  // after: the clients polled are the ones above
+    if (listening && (fds[1].revents & POLLIN)) accept_client();  // after: the clients polled are the ones above
   }
 }
 
@@ -138,8 +177,7 @@ bool RendezvousServer::handle(Client& client, const std::string& body) {
       client.presented_secret = true;
       return send(reply(wire::Status::kOk));
     }
-    std::fprintf(stderr, "hprun: refused a rendezvous client from %s: it did not present this job's secret\n",
-                 client.peer.c_str());
+    note_refusal(client.peer, "it did not present this job's secret");
     send(reply(wire::Status::kRefused));
     return false;
   }
@@ -159,7 +197,9 @@ bool RendezvousServer::handle(Client& client, const std::string& body) {
     case wire::Op::kAdd: {
       if (!has(2)) break;
       std::string& value = data_[f[0]];
-      value = std::to_string(number_of(value) + std::stoll(f[1]));
+      int64_t sum = 0;
+      if (__builtin_add_overflow(number_of(value), std::stoll(f[1]), &sum)) break;  // a bad request
+      value = std::to_string(sum);
       return send(reply(wire::Status::kOk, {value}));
     }
     case wire::Op::kCheck: {
