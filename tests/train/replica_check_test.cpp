@@ -46,14 +46,16 @@ TEST(ReplicaCheck, HealthyRunsReportNothing) {
   }
 }
 
-// Guards the detection: rank 2's copy of one parameter gets a flipped bit after step 2; the check
-// after step 3 names the parameter and rank 2 against the majority of its 4 replicas, and stops.
+// Guards the detection: rank 2's copy of one parameter gets a flipped bit after step 7; the check
+// every 5 steps, after step 10, names the parameter and rank 2 against the majority of its 4
+// replicas, and stops.
 TEST(ReplicaCheck, AFlippedBitInOneReplicaIsNamed) {
   TrainConfig c = checked_config("flip", 4, 1, 1);
-  c.resilience.replica_check_interval = 3;
-  const FaultEnv fault("flip:2:2:layers.1.mlp_norm.weight");
+  c.train.steps = 10;
+  c.resilience.replica_check_interval = 5;
+  const FaultEnv fault("flip:2:7:layers.1.mlp_norm.weight");
   test::expect_error([&] { train_on_ranks(c, 4); },
-                     {"replicas of a parameter or of its optimizer state differ after step 3 (silent data corruption)",
+                     {"replicas of a parameter or of its optimizer state differ after step 10 (silent data corruption)",
                       "layers.1.mlp_norm.weight [dp_shard 0]: rank 2 differs from ranks 0, 1, 3",
                       "resilience.on_replica_mismatch: stop"});
 }
