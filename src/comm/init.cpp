@@ -127,13 +127,14 @@ ProcessGroup init_process_group(InitOptions options) {
   shim::StorePtr store;
   // hprun's store on node 0, for a job on several nodes: this rank presents the job's secret.
   const char* secret = std::getenv(store_wire::kSecretEnv);
+  const bool secret_store = secret != nullptr && *secret != '\0';
   try {
-    store = secret != nullptr && *secret != '\0'
+    store = secret_store
                 ? shim::make_rendezvous_client(env.master_addr, env.master_port, secret, options.rendezvous_timeout)
                 : shim::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
                                        options.rendezvous_timeout);
   } catch (const std::exception& e) {
-    if (secret != nullptr && *secret != '\0' && !shim::says_timed_out(shim::first_line(e)))
+    if (secret_store && !shim::says_timed_out(shim::first_line(e)))
       throw Error("init_process_group: rank " + std::to_string(env.rank) + ": " + shim::first_line(e));
     // Every way of not meeting rank 0 in time (refused, unreachable, slow) is a timeout to hp-train.
     throw TimeoutError("init_process_group: rank " + std::to_string(env.rank) + " could not rendezvous at " +

@@ -86,7 +86,7 @@ int64_t Checkpointing::restore_loaded(LRScheduler& scheduler) {
 }
 
 at::Tensor Checkpointing::pack(int64_t step, const LRScheduler& scheduler) {
-  state_.values = values_of(step, scheduler);
+  set_values(step, scheduler);
   return pack_state(state_);
 }
 
@@ -165,7 +165,7 @@ std::optional<std::string> Checkpointing::save_after_error(int64_t step, const M
 
 std::string Checkpointing::start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks) {
   finish();
-  state_.values = values_of(step, scheduler);
+  set_values(step, scheduler);
   state_.values.update(marks);
   dcp::SaveOptions options;
   options.update_latest = true;
@@ -183,7 +183,7 @@ void Checkpointing::finish() {
   committed_step_ = std::exchange(pending_step_, -1), committed_dir_ = pending_dir_;
 }
 
-nlohmann::json Checkpointing::values_of(int64_t step, const LRScheduler& scheduler) {
+void Checkpointing::set_values(int64_t step, const LRScheduler& scheduler) {
   state_.values = {{"step", step},
                    {"seed", config_.seed},
                    {"data", {{"sampler", "stateless"}, {"step", step}}},
@@ -192,7 +192,6 @@ nlohmann::json Checkpointing::values_of(int64_t step, const LRScheduler& schedul
                    {"world_size", world_.size()},
                    {"job", job::dir().value_or("")}};           // a restart of this job resumes only its own saves
   dcp::add_optimizer_state(state_, optimizer_, *parts_.model);  // refreshes the step counts in values
-  return state_.values;
 }
 
 // The state without the copies of tied weights: their parameters and optimizer state.

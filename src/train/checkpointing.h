@@ -77,8 +77,9 @@ class Checkpointing {
   // Starts saving the state of `step` with `marks` added to its values; returns its directory.
   std::string start_save(int64_t step, const LRScheduler& scheduler, const nlohmann::json& marks);
   dcp::StateDict to_save() const;
-  // A checkpoint's values for the state after step `step`; refreshes the optimizer's in state_.
-  nlohmann::json values_of(int64_t step, const LRScheduler& scheduler);
+  // Sets state_'s values to a checkpoint's for the state after step `step` (the optimizer's step
+  // counts refreshed).
+  void set_values(int64_t step, const LRScheduler& scheduler);
   // After loading state_: the optimizer's step counts, the scheduler and the mesh's RNG; returns the step.
   int64_t restore_loaded(LRScheduler& scheduler);
   nlohmann::json mesh_rng_values(const MeshRngState& rng) const;  // the "mesh_rng" value this rank saves

@@ -34,27 +34,34 @@ std::string megabytes(const at::Tensor& packed) {
   return hp::detail::str_cat(static_cast<double>(packed.numel()) / 1e6, " MB");
 }
 
-nlohmann::json header_of(const at::Tensor& packed) {
+// A packed state's header, and where its tensors' bytes begin.
+struct Layout {
+  nlohmann::json header;
+  int64_t data_start = 0;
+};
+
+Layout layout_of(const at::Tensor& packed) {
   const char* in = bytes_of(packed);
   int64_t length = 0;
   std::memcpy(&length, in, 8);
   HP_CHECK(length > 0 && 8 + length <= packed.numel(), "unpack_state: a packed state's header is damaged");
-  return nlohmann::json::parse(in + 8, in + 8 + length);
+  return {nlohmann::json::parse(in + 8, in + 8 + length), aligned(8 + length)};
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
 // A copy of `packed` damaged where it must show: the sign and exponent byte of the middle element
 // of each tensor (one of a rank's shards may hold only elements that its data never uses).
 at::Tensor damaged(const at::Tensor& packed) {
   at::Tensor copy = packed.clone();
-  int64_t length = 0;
-  std::memcpy(&length, bytes_of(packed), 8);
-  const nlohmann::json header = header_of(packed);
-  for (const auto& record : header.at("tensors")) {
-    const auto shape = record.at("shape").get<std::vector<int64_t>>();
-    const int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+  const Layout layout = layout_of(packed);
+  for (const auto& record : layout.header.at("tensors")) {
+    const int64_t numel = numel_of(record.at("shape").get<std::vector<int64_t>>());
     if (numel == 0) continue;
     const int64_t element = c10::elementSize(static_cast<at::ScalarType>(record.at("dtype").get<int>()));
-    const int64_t at = aligned(8 + length) + record.at("offset").get<int64_t>() + numel / 2 * element;
+    const int64_t at = layout.data_start + record.at("offset").get<int64_t>() + numel / 2 * element;
     static_cast<uint8_t*>(copy.data_ptr())[at + element - 1] ^= 0x40;
   }
   return copy;
@@ -92,11 +99,8 @@ void unpack_state(const at::Tensor& packed, dcp::StateDict& state) {
   HP_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() >= 8,
            "unpack_state: not a packed state");
   const char* in = bytes_of(packed);
-  int64_t length = 0;
-  std::memcpy(&length, in, 8);
-  const nlohmann::json header = header_of(packed);
-  const int64_t data_start = aligned(8 + length);
-  const auto& records = header.at("tensors");
+  const Layout layout = layout_of(packed);
+  const auto& records = layout.header.at("tensors");
   HP_CHECK(records.size() == state.tensors.size(), "unpack_state: the packed state has ", records.size(),
            " tensors, this rank's state ", state.tensors.size(), " (another layout or config)");
   at::NoGradGuard no_grad;
@@ -110,13 +114,12 @@ void unpack_state(const at::Tensor& packed, dcp::StateDict& state) {
     HP_CHECK(local.scalar_type() == dtype && local.sizes().vec() == shape, "unpack_state: ", name, " is packed as ",
              c10::toString(dtype), " ", c10::IntArrayRef(shape), " but this rank holds ", local.scalar_type(), " ",
              local.sizes());
-    const int64_t offset = data_start + record.at("offset").get<int64_t>();
-    const int64_t bytes = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()) *
-                          static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t offset = layout.data_start + record.at("offset").get<int64_t>();
+    const int64_t bytes = numel_of(shape) * static_cast<int64_t>(c10::elementSize(dtype));
     HP_CHECK(offset + bytes <= packed.numel(), "unpack_state: ", name, " lies beyond the packed state's end");
     local.detach().copy_(at::from_blob(const_cast<char*>(in) + offset, shape, at::TensorOptions().dtype(dtype)));
   }
-  state.values = header.at("values");
+  state.values = layout.header.at("values");
 }
 
 uint64_t packed_checksum(const at::Tensor& packed) { return hash_bytes(packed.data_ptr(), packed.nbytes()); }

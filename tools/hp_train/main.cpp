@@ -187,11 +187,9 @@ constexpr auto kRecoveryWait = std::chrono::seconds(60);
 
 // Whether hprun started the lost rank's process again as recovery `recovery` of this attempt.
 bool await_recovery(int recovery) {
-  const std::string file =
-      hp::job::dir().value_or(".") + "/" + hp::job::recovery_file(hp::job::restart_count(), recovery);
   for (const auto until = std::chrono::steady_clock::now() + kRecoveryWait; std::chrono::steady_clock::now() < until;
        std::this_thread::sleep_for(std::chrono::milliseconds(20)))
-    if (std::filesystem::exists(file)) return true;
+    if (hp::job::recovery_begun(recovery)) return true;
   return false;
 }
 
