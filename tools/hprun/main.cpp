@@ -631,6 +631,21 @@ class JobDir {
 
 // What each process-level recovery of attempt `index` cost: the steps it had finished beyond the one
 // the ranks recovered from memory.
+// ": 2 steps lost": the steps finished (`reached`) beyond the one training went on from.
+std::string steps_lost(int64_t reached, int64_t from) {
+  const int64_t lost = std::max<int64_t>(0, reached - from);
+  return ": " + std::to_string(lost) + (lost == 1 ? " step lost" : " steps lost");
+}
+
+// ", training again 0.7 s after the failure": when the run that went on reported its first step.
+std::string training_again(std::chrono::system_clock::time_point training,
+                           std::chrono::system_clock::time_point failed) {
+  char again[64];
+  std::snprintf(again, sizeof(again), ", training again %.1f s after the failure",
+                std::chrono::duration<double>(training - failed).count());
+  return again;
+}
+
 void print_recoveries(const Outcome& o, int index, const JobDir& dir) {
   for (const Outcome::Recovery& r : o.recoveries) {
     char head[256];
@@ -642,17 +657,9 @@ void print_recoveries(const Outcome& o, int index, const JobDir& dir) {
     const std::string first_step = hp::job::recovery_first_step_file(index, r.number);
     if (const std::optional<int64_t> from = dir.step(first_step)) {
       line += ", continuing from step " + std::to_string(*from) + " in memory";
-      if (r.reached) {
-        const int64_t lost = std::max<int64_t>(0, *r.reached - *from);
-        line += ": " + std::to_string(lost) + (lost == 1 ? " step lost" : " steps lost");
-      }
+      if (r.reached) line += steps_lost(*r.reached, *from);
     }
-    if (const auto training = dir.written(first_step)) {
-      char again[64];
-      std::snprintf(again, sizeof(again), ", training again %.1f s after the failure",
-                    std::chrono::duration<double>(*training - r.failed_at).count());
-      line += again;
-    }
+    if (const auto training = dir.written(first_step)) line += training_again(*training, r.failed_at);
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
@@ -678,18 +685,12 @@ void print_restart_summary(const std::vector<Outcome>& attempts, const JobDir& d
     if (!reached) reached = dir.step(hp::job::first_step_file(index));  // failed within its first step
     if (reached) line += ", after step " + std::to_string(*reached);
     const std::optional<int64_t> next = dir.step(hp::job::first_step_file(index + 1));
-    if (reached && next) {
-      const int64_t lost = std::max<int64_t>(0, *reached - *next);
-      line += "; attempt " + std::to_string(k + 2) + " resumed from step " + std::to_string(*next) + ": " +
-              std::to_string(lost) + (lost == 1 ? " step lost" : " steps lost");
-    }
+    if (reached && next)
+      line += "; attempt " + std::to_string(k + 2) + " resumed from step " + std::to_string(*next) +
+              steps_lost(*reached, *next);
     // The next attempt wrote its first step when it was about to train.
-    if (const auto training = dir.written(hp::job::first_step_file(index + 1))) {
-      char again[64];
-      std::snprintf(again, sizeof(again), ", training again %.1f s after the failure",
-                    std::chrono::duration<double>(*training - o.failed_at).count());
-      line += again;
-    }
+    if (const auto training = dir.written(hp::job::first_step_file(index + 1)))
+      line += training_again(*training, o.failed_at);
     std::fprintf(stderr, "hprun:   attempt %zu: %s\n", k + 1, line.c_str());
   }
 }
