@@ -7,6 +7,7 @@
 
 #include "hp/core/error.h"
 #include "hp/core/exact_square_sum.h"
+#include "hp/core/storage_tier.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 
@@ -53,27 +54,27 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   if (inf) {
     // Where the gradients are, like the 2-norm's sum below: one number reaches the host.
     at::Tensor largest;
-    for (const at::Tensor& g : counted) {
+    use_in_turn(counted, [&](const at::Tensor& g) {
       const at::Tensor here = g.abs().max().to(at::kDouble);
       largest = largest.defined() ? at::maximum(largest, here) : here;
-    }
+    });
     const at::Tensor most = largest.defined() ? on_host(largest.view({1})) : at::zeros({1}, at::kDouble);
     mine = value_of(most);
     norm = value_of(world.all_reduce(most, {comm::ReduceOp::kMax}));
   } else if (world.options().deterministic) {
     // Exact: the same bits however the gradients are split over ranks (exact_square_sum.h).
     ExactSquareSum squares;
-    for (const at::Tensor& g : counted) squares.add(g);
+    use_in_turn(counted, [&](const at::Tensor& g) { squares.add(g); });
     mine = std::sqrt(squares.value());
     norm = std::sqrt(ExactSquareSum::value_of_digits(world.all_reduce(squares.digits())));
   } else {
     // Accumulated in double (the sum runs over millions of squares) where the gradients are, so that a
     // GPU's gradients reach the host as one number, not one per tensor.
     at::Tensor sum;
-    for (const at::Tensor& g : counted) {
+    use_in_turn(counted, [&](const at::Tensor& g) {
       const at::Tensor squares = g.to(at::kDouble).pow(2).sum();
       sum = sum.defined() ? sum + squares : squares;
-    }
+    });
     const at::Tensor total = sum.defined() ? on_host(sum.view({1})) : at::zeros({1}, at::kDouble);
     mine = std::sqrt(value_of(total));
     norm = std::sqrt(value_of(world.all_reduce(total)));
@@ -82,9 +83,11 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, c
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     at::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
     for (const auto* group : {&params, &copies})
       for (const at::Tensor& p : *group)
-        if (p.grad().defined()) local_tensor(p.grad()).mul_(coef);
+        if (p.grad().defined()) grads.push_back(local_tensor(p.grad()));
+    use_in_turn(grads, [&](const at::Tensor& g) { g.mul_(coef); });
   }
   return norm;
 }

@@ -13,6 +13,7 @@
 #include "hp/dtensor/local.h"
 #include "optim/builtin_kinds.h"
 #include "optim/closure.h"
+#include "optim/state_in_tier.h"
 
 namespace hp {
 
@@ -145,7 +146,7 @@ bool owner_scheme_applies(const at::Tensor& param) {
 // Muon's momentum buffer starts at zero.
 void init_muon_state(const at::Tensor& p, std::unique_ptr<torch::optim::OptimizerParamState>& slot) {
   auto s = std::make_unique<MuonParamState>();
-  s->momentum_buffer(at::zeros_like(p));
+  s->momentum_buffer(detail::zero_state_like(p));
   slot = std::move(s);
 }
 
@@ -161,11 +162,18 @@ void validate_muon_group(const torch::optim::OptimizerParamGroup& group) {
 void muon_step_group(torch::optim::OptimizerParamGroup& group, OptimizerStateMap& state) {
   const auto& o = static_cast<const MuonOptions&>(group.options());
   std::vector<Pending> pending;
+  std::vector<at::Tensor> touched;  // read ahead from an offload tier, settled after the update
   for (const at::Tensor& p : group.params()) {
     if (!p.grad().defined()) continue;
     auto& slot = state[optimizer_state_key(p)];
     if (!slot) init_muon_state(p, slot);
     at::Tensor& buffer = static_cast<MuonParamState&>(*slot).momentum_buffer();
+    for (const at::Tensor& t : {p, p.grad(), buffer}) touched.push_back(local_tensor(t));
+  }
+  prefetch_storage(touched);
+  for (const at::Tensor& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    at::Tensor& buffer = static_cast<MuonParamState&>(*state[optimizer_state_key(p)]).momentum_buffer();
     buffer.lerp_(p.grad(), 1.0 - o.momentum());
     const at::Tensor update = o.nesterov() ? p.grad().lerp(buffer, o.momentum()) : buffer;
     pending.push_back({p, local_tensor(update), at::Tensor()});
@@ -191,6 +199,7 @@ void muon_step_group(torch::optim::OptimizerParamGroup& group, OptimizerStateMap
     if (o.weight_decay() != 0.0) local.mul_(1.0 - o.lr() * o.weight_decay());
     local.add_(item.result.to(local.scalar_type()), -o.lr());
   }
+  settle_storage(touched);
 }
 
 class MuonKind : public OptimizerKind {

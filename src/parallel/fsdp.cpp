@@ -30,6 +30,7 @@
 #include "hp/core/lambda_backward.h"
 #include "hp/core/memory_timeline.h"
 #include "hp/core/recompute.h"
+#include "hp/core/storage_tier.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 #include "parallel/layout.h"
@@ -129,13 +130,39 @@ struct FsdpUnit {
     return local_tensor(params.front().sharded).options().dtype(compute_dtype());
   }
 
+  // With offload, shards found outside the tier (a load that gave them new storage) move back into
+  // it first; all are settled once read.
   at::Tensor pack_shards() const {
     at::Tensor buffer = at::zeros({1, flat}, buffer_options());
+    const std::vector<at::Tensor> shards = offloaded_shards();
     for (const ManagedParam& p : params) {
       const at::Tensor& local = local_tensor(p.sharded);
       buffer[0].narrow(0, p.offset, local.numel()).copy_(local.reshape({-1}));
     }
+    settle_storage(shards);
     return buffer;
+  }
+
+  // The shards' local pieces, moved into the offload tier; none without offload.
+  std::vector<at::Tensor> offloaded_shards() const {
+    std::vector<at::Tensor> shards;
+    if (!options.offload) return shards;
+    for (const ManagedParam& p : params) {
+      shards.push_back(local_tensor(p.sharded));
+      move_storage_to(shards.back(), options.offload->tier());
+    }
+    prefetch_storage(shards);  // one read of each, rather than page by page
+    return shards;
+  }
+
+  // Starts reading the shards of `units` from the offload tier, ahead of their gathers.
+  static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units) {
+    for (const auto& weak : units)
+      if (auto u = weak.lock(); u && u->options.offload) {
+        std::vector<at::Tensor> shards;
+        for (const ManagedParam& p : u->params) shards.push_back(local_tensor(p.sharded));
+        prefetch_storage(shards);
+      }
   }
 
   // Parameter i's full value from the gathered [n, L] buffer (differentiable when `gathered` is).
@@ -252,16 +279,17 @@ struct FsdpUnit {
     for (const ManagedParam& p : params) {
       if (!p.sharded.requires_grad()) continue;
       const at::Tensor& local = local_tensor(p.sharded);
-      at::Tensor g = mine[0]
-                         .narrow(0, p.offset, local.numel())
-                         .view(local.sizes())
-                         .to(local.scalar_type(),
-                             /*non_blocking=*/false, /*copy=*/true);
+      const at::Tensor reduced = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes());
       at::Tensor& slot = p.sharded.mutable_grad();
-      if (slot.defined())
-        local_tensor(slot).add_(g);
-      else
-        slot = from_local_unchecked(g, DTensor(p.sharded).spec());
+      if (slot.defined()) {
+        local_tensor(slot).add_(reduced.to(local.scalar_type()));
+      } else {
+        // With offload, made in the tier, as the shard it belongs to.
+        at::Tensor g = options.offload ? empty_in_tier(options.offload->tier(), local.sizes(), local.options())
+                                       : at::empty(local.sizes(), local.options());
+        slot = from_local_unchecked(g.copy_(reduced), DTensor(p.sharded).spec());
+      }
+      if (options.offload) settle_storage({local_tensor(slot)});
     }
   }
 
@@ -401,6 +429,7 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
     if (unit->keeps_parameters() && unit->kept_version == unit->shards_version()) {
       for (const at::Tensor& k : unit->kept) full.push_back(alias_of(k));  // no communication
     } else {
+      if (!recomputing()) FsdpUnit::read_ahead(unit->forward_prefetch);  // offload: from the tier
       const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
       // Not from a recomputation in backward: the next forward would take stale parameters.
       if (!recomputing()) FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
@@ -447,6 +476,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
            "for HSDP, got ",
            mesh.str());
   HP_CHECK(mesh.get_coordinate().has_value(), "fully_shard: this rank (", mesh.get_rank(), ") is not in ", mesh.str());
+  HP_CHECK(!options.offload || mesh.device_type() == "cpu", "fully_shard: parameter offload keeps CPU tensors; ",
+           "the mesh is on ", mesh.device_type(), " (offload from an accelerator is not built yet)");
   auto unit = std::make_shared<FsdpUnit>();
   unit->name = module.name();
   unit->options = options;
@@ -552,6 +583,9 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       parallel::set_placed_parameter(*mp.owner, mp.name, from_local_unchecked(local, spec));
     }
     mp.sharded = mp.owner->param(mp.name);
+    // Into the tier now: a shard without storage yet (deferred initialization) gets it there, and
+    // optimizer state made before the first forward follows it.
+    if (options.offload) move_storage_to(local_tensor(mp.sharded), options.offload->tier());
   }
   {
     std::lock_guard<std::mutex> lock(detail::registry_mu);
@@ -602,6 +636,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       auto unit = weak.lock();
       if (unit && call->released) {
         const MemoryLabel communication(MemoryLabel::kCommunication);  // gathered again for backward
+        const auto targets = unit->backward_prefetch_targets(detail::forward_order);
+        FsdpUnit::read_ahead(targets);  // offload: from the tier
         at::Tensor gathered;
         if (call->block_rows.defined()) {
           gathered = unit->gather_block_rows(call->block_rows);
@@ -609,7 +645,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
         } else {
           gathered = unit->take_gathered(unit->prefetched_backward);
         }
-        FsdpUnit::prefetch(unit->backward_prefetch_targets(detail::forward_order), &FsdpUnit::prefetched_backward);
+        FsdpUnit::prefetch(targets, &FsdpUnit::prefetched_backward);
         for (size_t i = 0; i < call->params.size(); ++i)
           detail::refill(call->params[i], unit->unpack(gathered, unit->params[i]));
         call->released = false;

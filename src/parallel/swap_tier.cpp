@@ -1,13 +1,16 @@
 #include "parallel/swap_tier.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -50,6 +53,8 @@ int64_t SwapTier::held() const {
   return held_;
 }
 
+void Unmap::operator()(uint8_t* p) const { ::munmap(p, length); }
+
 namespace {
 
 class HostTier final : public SwapTier {
@@ -60,11 +65,16 @@ class HostTier final : public SwapTier {
   void read(const Buffer& from, void* to) override {
     std::memcpy(to, from.bytes.get(), static_cast<size_t>(from.size));
   }
+  void* address(Buffer& buffer) override { return buffer.bytes.get(); }
 
  private:
+  // 64-byte aligned, as the compute allocator's, for the vectorised kernels that run on it.
   Buffer allocate(int64_t size) override {
+    constexpr size_t kAlignment = 64;
+    const size_t rounded = (static_cast<size_t>(std::max<int64_t>(size, 1)) + kAlignment - 1) / kAlignment * kAlignment;
     Buffer buffer;
-    buffer.bytes = std::make_unique<uint8_t[]>(static_cast<size_t>(size));
+    buffer.bytes.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded)));
+    if (!buffer.bytes) throw std::bad_alloc();
     return buffer;
   }
 };
@@ -74,8 +84,9 @@ class HostTier final : public SwapTier {
 // the process's memory nor the kernel's.
 class FileTier final : public SwapTier {
  public:
-  explicit FileTier(std::string directory) : directory_(std::move(directory)), page_(::sysconf(_SC_PAGESIZE)) {
-    HP_CHECK(!directory_.empty(), "activation swap: the file tier needs a directory (SwapOptions::directory)");
+  FileTier(std::string directory, std::string user)
+      : directory_(std::move(directory)), user_(std::move(user)), page_(::sysconf(_SC_PAGESIZE)) {
+    HP_CHECK(!directory_.empty(), user_, ": the file tier needs a directory");
     std::error_code made;
     std::filesystem::create_directories(directory_, made);
     fd_ = ::open(directory_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -85,11 +96,11 @@ class FileTier final : public SwapTier {
       fd_ = ::mkostemp(path.data(), O_CLOEXEC);
       if (fd_ >= 0) ::unlink(path.c_str());
     }
-    HP_CHECK(fd_ >= 0, "activation swap: cannot create the file tier's file in '", directory_,
+    HP_CHECK(fd_ >= 0, user_, ": cannot create the file tier's file in '", directory_,
              "': ", made ? "making the directory failed: " + made.message() : std::string(std::strerror(errno)));
     if (on_memory_file_system(directory_))
-      log::warn("activation swap: '", directory_, "' is a tmpfs or ramfs, which keeps the file tier in memory; ",
-                "give the swap a directory on a disk");
+      log::warn(user_, ": '", directory_, "' is a tmpfs or ramfs, which keeps the file tier in memory; ",
+                "give it a directory on a disk");
   }
   ~FileTier() override { ::close(fd_); }
 
@@ -98,7 +109,7 @@ class FileTier final : public SwapTier {
     for (int64_t done = 0; done < to.size;) {
       const ssize_t n = ::pwrite(fd_, p + done, static_cast<size_t>(to.size - done), to.offset + done);
       if (n < 0 && errno == EINTR) continue;
-      HP_CHECK(n > 0, "activation swap: writing ", to.size, " bytes to the file tier in '", directory_,
+      HP_CHECK(n > 0, user_, ": writing ", to.size, " bytes to the file tier in '", directory_,
                "' failed: ", n == 0 ? "no byte written" : std::strerror(errno));
       done += n;
     }
@@ -107,8 +118,8 @@ class FileTier final : public SwapTier {
     // whatever the disk holds.
     const int synced = ::sync_file_range(
         fd_, to.offset, to.size, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-    HP_CHECK(synced == 0, "activation swap: writing ", to.size, " bytes back to the disk of the file tier in '",
-             directory_, "' failed: ", std::strerror(errno));
+    HP_CHECK(synced == 0, user_, ": writing ", to.size, " bytes back to the disk of the file tier in '", directory_,
+             "' failed: ", std::strerror(errno));
     drop_cached(to);
   }
 
@@ -117,11 +128,44 @@ class FileTier final : public SwapTier {
     for (int64_t done = 0; done < from.size;) {
       const ssize_t n = ::pread(fd_, p + done, static_cast<size_t>(from.size - done), from.offset + done);
       if (n < 0 && errno == EINTR) continue;
-      HP_CHECK(n > 0, "activation swap: reading ", from.size, " bytes back from the file tier in '", directory_,
+      HP_CHECK(n > 0, user_, ": reading ", from.size, " bytes back from the file tier in '", directory_,
                "' failed: ", n == 0 ? "the file is shorter than written" : std::strerror(errno));
       done += n;
     }
     drop_cached(from);
+  }
+
+  // Mapped shared with the file: what the tensor writes reaches the file, and the pages can be
+  // dropped and read in again.
+  void* address(Buffer& buffer) override {
+    if (!buffer.mapped) {
+      void* at = ::mmap(nullptr, static_cast<size_t>(extent(buffer.size)), PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                        buffer.offset);
+      HP_CHECK(at != MAP_FAILED, user_, ": cannot map ", buffer.size, " bytes of the file tier in '", directory_,
+               "': ", std::strerror(errno));
+      buffer.mapped =
+          std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(at), Unmap{static_cast<size_t>(extent(buffer.size))});
+      // No read-ahead on faults: it would bring in the file's next extents, other tensors' bytes.
+      // Each use reads its own range ahead instead (prefetch).
+      ::madvise(at, buffer.mapped.get_deleter().length, MADV_RANDOM);
+    }
+    return buffer.mapped.get();
+  }
+
+  void prefetch(const Buffer& buffer) override {
+    if (buffer.mapped) ::madvise(buffer.mapped.get(), buffer.mapped.get_deleter().length, MADV_WILLNEED);
+  }
+
+  // Written back first: dropping pages whose write failed would lose what they held (the next use
+  // would read whatever the disk has).
+  void settle(const Buffer& buffer) override {
+    if (!buffer.mapped) return;
+    const size_t length = buffer.mapped.get_deleter().length;
+    HP_CHECK(::msync(buffer.mapped.get(), length, MS_SYNC) == 0, user_, ": writing ", buffer.size,
+             " bytes back to the disk of the file tier in '", directory_, "' failed: ", std::strerror(errno),
+             "; they stay in memory");
+    ::madvise(buffer.mapped.get(), length, MADV_DONTNEED);  // out of this process's memory
+    drop_cached(buffer);                                    // and out of the page cache
   }
 
  private:
@@ -140,13 +184,13 @@ class FileTier final : public SwapTier {
     do {
       error = ::posix_fallocate(fd_, end_, size);
     } while (error == EINTR);
-    HP_CHECK(error == 0, "activation swap: cannot reserve ", size, " bytes for the file tier in '", directory_, "' (",
+    HP_CHECK(error == 0, user_, ": cannot reserve ", size, " bytes for the file tier in '", directory_, "' (",
              std::strerror(error), ")");
     end_ += extent(size);
     return buffer;
   }
 
-  std::string directory_;
+  std::string directory_, user_;
   int64_t page_;
   int fd_ = -1;
   int64_t end_ = 0;
@@ -161,8 +205,8 @@ bool on_memory_file_system(const std::string& path) {
          (static_cast<long>(fs.f_type) == kTmpfsMagic || static_cast<long>(fs.f_type) == kRamfsMagic);
 }
 
-std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options) {
-  if (options.tier == SwapOptions::Tier::kFile) return std::make_unique<FileTier>(options.directory);
+std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options, const std::string& user) {
+  if (options.tier == SwapOptions::Tier::kFile) return std::make_unique<FileTier>(options.directory, user);
   return std::make_unique<HostTier>();
 }
 

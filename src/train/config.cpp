@@ -118,6 +118,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("memory.swap", memory.swap),
       HP_CONFIG_FIELD("memory.swap_prefetch", memory.swap_prefetch),
       HP_CONFIG_FIELD("memory.swap_dir", memory.swap_dir),
+      HP_CONFIG_FIELD("memory.offload", memory.offload),
+      HP_CONFIG_FIELD("memory.offload_dir", memory.offload_dir),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -351,6 +353,10 @@ void validate(const TrainConfig& c, int64_t world_size) {
            c.memory.swap, "' is unknown (available: none, host, file)");
   HP_CHECK(c.memory.swap_dir.empty() || c.memory.swap == "file", "memory.swap_dir is the file tier's directory; ",
            "it needs memory.swap file, not ", c.memory.swap);
+  HP_CHECK(c.memory.offload == "none" || c.memory.offload == "host" || c.memory.offload == "file", "memory.offload '",
+           c.memory.offload, "' is unknown (available: none, host, file)");
+  HP_CHECK(c.memory.offload_dir.empty() || c.memory.offload == "file",
+           "memory.offload_dir is the file tier's directory; it needs memory.offload file, not ", c.memory.offload);
   if (c.train.device == "cuda") {
 #ifndef HP_WITH_CUDA
     HP_FAIL("train.device cuda needs the device build (cmake -DHP_CUDA=ON against a CUDA LibTorch 2.x, docs/gpu.md)");
@@ -361,6 +367,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
     HP_CHECK(c.model->family() == "llama", "train.device cuda supports the llama family for now, not ",
              c.model->family());
     HP_CHECK(c.memory.swap == "none", "memory.swap ", c.memory.swap, " is for the CPU; train.device cuda needs none");
+    HP_CHECK(c.memory.offload == "none", "memory.offload ", c.memory.offload,
+             " is for the CPU; train.device cuda needs none");
   }
   HP_CHECK(c.memory.swap == "none" || c.memory.checkpoint == "none", "memory.swap ", c.memory.swap,
            " and memory.checkpoint ", c.memory.checkpoint, " both say what blocks keep for backward; set one of them");

@@ -1,6 +1,7 @@
 // How the training config asks a model family's recipe to apply the parallel dims.
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include "hp/core/error.h"
@@ -43,6 +44,21 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   }
   if (c.train.dtype != c.train.mixed_precision_reduce)
     mixed.reduce_dtype = c.train.mixed_precision_reduce == "bf16" ? at::kBFloat16 : at::kFloat;
+  return options;
+}
+
+// recipe_options, with the tier memory.offload names for every FSDP unit (made here, not in
+// recipe_options, which validation calls too: a file tier makes its file).
+inline models::RecipeOptions recipe_options_for_training(const TrainConfig& c) {
+  models::RecipeOptions options = recipe_options(c);
+  if (c.memory.offload != "none") {
+    OffloadOptions offload;
+    if (c.memory.offload == "file") {
+      offload.tier = OffloadOptions::Tier::kFile;
+      offload.directory = c.memory.offload_dir.empty() ? c.run_dir : c.memory.offload_dir;
+    }
+    options.fsdp.offload = std::make_shared<ParameterOffload>(offload);
+  }
   return options;
 }
 

@@ -39,7 +39,7 @@ at::Tensor Setup::sequence_logits(TrainStep& step, const at::Tensor& tokens) con
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel, c.train.device);
   manual_seed(mesh, c.seed);  // DTensor random ops in a recipe's model draw under the run's seed
-  models::ModelParts parts = c.model->build(mesh, c.parallel, recipe_options(c));
+  models::ModelParts parts = c.model->build(mesh, c.parallel, recipe_options_for_training(c));
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
   const int64_t cp_rank = mesh.get_local_rank("cp");
   return {std::move(mesh), std::move(parts), dp_rank, c.parallel.cp, cp_rank};

@@ -14,7 +14,9 @@
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/core/step_phase.h"
+#include "hp/core/storage_tier.h"
 #include "hp/dtensor/dtensor.h"
+#include "hp/dtensor/local.h"
 #include "hp/nn/moe.h"
 #include "hp/nn/token_coordinates.h"
 #include "hp/parallel/fsdp.h"
@@ -111,8 +113,15 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
     for (size_t i = 0; i < params.size(); ++i)
       if (at::Tensor& grad = params[i].mutable_grad(); grad.defined()) grads[i].add(std::exchange(grad, at::Tensor()));
   }
-  for (size_t i = 0; i < params.size(); ++i)
-    if (!grads[i].empty()) params[i].mutable_grad() = grads[i].take();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (grads[i].empty()) continue;
+    params[i].mutable_grad() = grads[i].take();
+    // With parameter offload, the sum lives where its parameter does, as FSDP's own gradients do.
+    if (StorageTier* tier = storage_tier_of(local_tensor(params[i]))) {
+      move_storage_to(local_tensor(params[i].grad()), *tier);
+      settle_storage({local_tensor(params[i].grad())});
+    }
+  }
   return comm::tree_reduce(losses, comm::ReduceOp::kSum).item<double>() / static_cast<double>(micro);
 }
 

@@ -17,9 +17,12 @@
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"
 #include "hp/core/job.h"
+#include "hp/core/libtorch_version.h"
 #include "hp/core/log.h"
 #include "hp/core/memory_tracker.h"
+#include "hp/core/storage_tier.h"
 #include "hp/data/text_data.h"
+#include "hp/dtensor/local.h"
 #include "hp/dtensor/random.h"
 #include "hp/models/model_spec.h"
 #include "hp/nn/token_coordinates.h"
@@ -314,10 +317,25 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
              ". Stopped before saving or committing anything of this step (resilience.on_replica_mismatch: stop)");
     if (lead) log::warn(what);
   };
+  // optimizer->zero_grad(), with the gradients in a memory.offload tier zeroed one at a time and
+  // settled (zeroing them all at once would bring them all into memory).
+  const auto zero_grad = [&] {
+    std::vector<std::pair<at::Tensor, at::Tensor>> offloaded;  // parameter, its gradient
+    for (const at::Tensor& p : s.parts.parameters())
+      if (p.grad().defined() && storage_tier_of(local_tensor(p.grad())))
+        offloaded.emplace_back(p, std::exchange(p.mutable_grad(), at::Tensor()));
+    optimizer->zero_grad();
+#if !HP_LIBTORCH_2  // 1.13's zero_grad zeroes gradients in place (2.x's sets them to none)
+    std::vector<at::Tensor> grads;
+    for (auto& [p, grad] : offloaded) grads.push_back(local_tensor(grad));
+    use_in_turn(grads, [](const at::Tensor& g) { g.zero_(); });
+    for (auto& [p, grad] : offloaded) p.mutable_grad() = std::move(grad);
+#endif
+  };
   // One run (0, or 1 for a rerun) of the step's forward and backward: its gradients clipped, its
   // numbers into `record`. Returns this rank's loss and the stop request the ranks agree on.
   const auto run_step = [&](StepRecord& record, int64_t run) {
-    optimizer->zero_grad();
+    zero_grad();
     auto [x, y] = data.train.train_batch(step, c.train.global_batch, first_row, rows);
     // Each cp rank's loss is the mean over its equal share of the tokens: the world mean below,
     // and FSDP's gradient average over dp x cp, are those of the mean over all tokens.

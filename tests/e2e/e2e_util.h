@@ -13,12 +13,15 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "hp_build_paths.h"
 
 namespace hp::e2e {
 
@@ -85,6 +88,40 @@ inline Measured run_measuring_memory(const std::vector<std::string>& argv, const
   std::ifstream in(log);
   measured.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return measured;
+}
+
+// The arguments of one hp-train process training examples/tiny_llama.yaml's model resized to
+// `layers` x `dim` (ffn `ffn`) on one rank: one micro-batch of `batch` sequences a step, 2 steps,
+// fp32, one thread, no checkpoint, evaluation or sample; the run in dir/name, then `settings`
+// (each a --set).
+inline std::vector<std::string> one_rank_training(const std::string& dir, const std::string& name, int64_t layers,
+                                                  int64_t dim, int64_t ffn, int64_t batch,
+                                                  const std::vector<std::string>& settings) {
+  std::vector<std::string> argv = {bin_dir() + "/hp-train", "--config",
+                                   std::string(HP_SOURCE_DIR) + "/examples/tiny_llama.yaml", "--no-progress"};
+  std::vector<std::string> all = {"run_dir=" + dir + "/" + name,
+                                  "data.cache_dir=" + dir + "/data",
+                                  "parallel.dp_shard=1",
+                                  "parallel.tp=1",
+                                  "model.layers=" + std::to_string(layers),
+                                  "model.dim=" + std::to_string(dim),
+                                  "model.ffn_hidden=" + std::to_string(ffn),
+                                  "train.global_batch=" + std::to_string(batch),
+                                  "train.micro_batch=" + std::to_string(batch),
+                                  "train.steps=2",
+                                  "schedule.warmup_steps=1",
+                                  "train.dtype=fp32",
+                                  "train.cpu_threads=1",
+                                  "checkpoint.interval=0",
+                                  "eval.interval=0",
+                                  "eval.batches=1",
+                                  "sample.tokens=0"};
+  all.insert(all.end(), settings.begin(), settings.end());
+  for (const std::string& setting : all) {
+    argv.push_back("--set");
+    argv.push_back(setting);
+  }
+  return argv;
 }
 
 // step -> loss of the train records of a run's metrics.jsonl.

@@ -9,11 +9,9 @@
 #include <vector>
 
 #include "e2e/e2e_util.h"
-#include "hp_build_paths.h"
 #include "scratch_dir.h"
 
 namespace {
-using hp::e2e::bin_dir;
 using hp::e2e::Measured;
 using hp::e2e::train_losses;
 
@@ -26,46 +24,8 @@ constexpr int64_t kTokens = 32 * 128;                                // a micro-
 constexpr int64_t kPoolBytes = (kLayers - 1) * kTokens * (2 * kDim + 2 * kKvDim + 2 * kFfn + kDim) * 4;
 
 Measured train(const std::string& dir, const std::string& swap) {
-  const std::vector<std::string> argv = {bin_dir() + "/hp-train",
-                                         "--config",
-                                         std::string(HP_SOURCE_DIR) + "/examples/tiny_llama.yaml",
-                                         "--no-progress",
-                                         "--set",
-                                         "run_dir=" + dir + "/" + swap,
-                                         "--set",
-                                         "data.cache_dir=" + dir + "/data",
-                                         "--set",
-                                         "parallel.dp_shard=1",
-                                         "--set",
-                                         "parallel.tp=1",
-                                         "--set",
-                                         "model.layers=" + std::to_string(kLayers),
-                                         "--set",
-                                         "model.dim=" + std::to_string(kDim),
-                                         "--set",
-                                         "model.ffn_hidden=" + std::to_string(kFfn),
-                                         "--set",
-                                         "train.global_batch=32",
-                                         "--set",
-                                         "train.micro_batch=32",
-                                         "--set",
-                                         "train.steps=2",
-                                         "--set",
-                                         "schedule.warmup_steps=1",
-                                         "--set",
-                                         "train.dtype=fp32",
-                                         "--set",
-                                         "train.cpu_threads=1",
-                                         "--set",
-                                         "checkpoint.interval=0",
-                                         "--set",
-                                         "eval.interval=0",
-                                         "--set",
-                                         "eval.batches=1",
-                                         "--set",
-                                         "sample.tokens=0",
-                                         "--set",
-                                         "memory.swap=" + swap};
+  const std::vector<std::string> argv =
+      hp::e2e::one_rank_training(dir, swap, kLayers, kDim, kFfn, 32, {"memory.swap=" + swap});
   return hp::e2e::run_measuring_memory(argv, dir + "/" + swap + ".log");
 }
 

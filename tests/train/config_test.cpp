@@ -6,6 +6,7 @@
 
 #include "hp/models/llama/spec.h"
 #include "hp/train/config.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 #include "train/recipe_options.h"
 
@@ -47,6 +48,23 @@ TEST(TrainConfig, SwapKeysReachTheRecipe) {
   const models::RecipeOptions named =
       detail::recipe_options(parse_config(kConfig, {"memory.swap=file", "memory.swap_dir=/scratch/swap"}));
   EXPECT_EQ(named.swap.directory, "/scratch/swap");
+}
+
+// memory.offload gives every FSDP unit one tier (made only for training, not by validation); the
+// file tier's directory is memory.offload_dir, else run_dir.
+TEST(TrainConfig, OffloadKeysReachTheRecipe) {
+  EXPECT_EQ(detail::recipe_options_for_training(parse_config(kConfig, {})).fsdp.offload, nullptr);
+  EXPECT_EQ(detail::recipe_options(parse_config(kConfig, {"memory.offload=host"})).fsdp.offload, nullptr);
+  const auto host = detail::recipe_options_for_training(parse_config(kConfig, {"memory.offload=host"})).fsdp.offload;
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(host->options().tier, OffloadOptions::Tier::kHost);
+  const std::string dir = test::scratch_dir("offload_keys");
+  const auto file =
+      detail::recipe_options_for_training(parse_config(kConfig, {"memory.offload=file", "memory.offload_dir=" + dir}))
+          .fsdp.offload;
+  ASSERT_NE(file, nullptr);
+  EXPECT_EQ(file->options().tier, OffloadOptions::Tier::kFile);
+  EXPECT_EQ(file->options().directory, dir);
 }
 
 // The run's config.json (to_json, its keys sorted as hp-train writes it) loads back to the same
@@ -92,6 +110,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"memory.swap=host", "memory.checkpoint=full"}, 4,
           "memory.swap host and memory.checkpoint full both say what blocks keep for backward; set one of them");
   invalid({"memory.swap_prefetch=-1"}, 4, "memory.swap_prefetch (-1) must be >= 0");
+  invalid({"memory.offload=nvme"}, 4, "memory.offload 'nvme' is unknown (available: none, host, file)");
+  invalid({"memory.offload=host", "memory.offload_dir=/data/offload"}, 4,
+          "memory.offload_dir is the file tier's directory; it needs memory.offload file, not host");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4,
           "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1, 0]"}, 4,

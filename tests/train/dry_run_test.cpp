@@ -55,6 +55,7 @@ struct Layout {
   // dry run's (synchronous) peak was 2-5% above the largest of them.
   double tolerance = 0.03;
   std::string pp_schedule = "1f1b";
+  std::string offload = "none";  // memory.offload: what it keeps out of the compute allocator, the dry run leaves out
 };
 
 TrainConfig config_of(const Layout& layout, const std::string& dir) {
@@ -68,6 +69,7 @@ TrainConfig config_of(const Layout& layout, const std::string& dir) {
   c.memory.checkpoint = layout.checkpoint;
   c.optimizer.name = layout.optimizer;
   c.pp_schedule = layout.pp_schedule;
+  c.memory.offload = layout.offload;
   // A zero-bubble schedule ordered for measured costs changes its order (and peak) from step 3 by
   // what step 2 measured, which a dry run has no times for: it replays the order the costs give.
   if (layout.pp_schedule == "zbv") c.pp_costs = "unit";
@@ -166,7 +168,9 @@ TEST(DryRun, PredictsEveryRanksStepPeak) {
                                Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
                                Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
                                Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
-                               Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"}})
+                               Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"},
+                               Layout{"one rank, offload", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "host"},
+                               Layout{"dp_shard 2, offload", dims(2, 1), false, "none", "adamw", 0.08, "1f1b", "file"}})
     expect_peaks_predicted(layout, config_of(layout, dir));
 }
 

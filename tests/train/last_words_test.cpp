@@ -23,30 +23,6 @@
 namespace hp::train {
 namespace {
 
-TrainResult run(const TrainConfig& c, bool resume, int stop_rank = -1, int64_t stop_step = 0) {
-  TrainResult result;
-  std::mutex mu;
-  test::run(
-      2,
-      [&](const comm::ProcessGroup& world) {
-        TrainOptions options;
-        options.progress = false;
-        options.resume = resume;
-        fail_test_on_hang(options);
-        // Only rank stop_rank sees the request, as a signal reaches one process of several: the
-        // others learn of it in the step's exchange of numbers, or they would run on and the
-        // collectives would not match.
-        auto stop = std::make_shared<StopAt>(world.rank() == stop_rank ? stop_step : -1);
-        options.callbacks.push_back(stop);
-        options.stop_request = [stop] { return stop->request(); };
-        TrainResult r = train(c, world, options);
-        std::lock_guard<std::mutex> lock(mu);
-        if (world.rank() == 0) result = std::move(r);
-      },
-      ranks_for(c));
-  return result;
-}
-
 // Guards the agreement (rank 1 alone asks; both stop after step 3), the save (step 3 is not a
 // checkpoint interval, yet it is committed, marked and the latest) and the continuation (bitwise).
 TEST(LastWords, AStopRequestSavesItsStepAndTheResumeIsBitwise) {
@@ -57,11 +33,11 @@ TEST(LastWords, AStopRequestSavesItsStepAndTheResumeIsBitwise) {
   c.train.micro_batch = 2;
   c.checkpoint.interval = 4;
   c.parallel.dp_shard = 2;
-  const std::vector<double> want = run(c, /*resume=*/false).losses;
+  const std::vector<double> want = train_two_ranks(c, /*resume=*/false).losses;
   ASSERT_EQ(want.size(), 6u);
 
   c.run_dir = dir + "/stopped";
-  const TrainResult stopped = run(c, /*resume=*/false, /*stop_rank=*/1, /*stop_step=*/3);
+  const TrainResult stopped = train_two_ranks(c, /*resume=*/false, /*stop_rank=*/1, /*stop_step=*/3);
   EXPECT_EQ(stopped.stop_signal, SIGTERM);
   ASSERT_EQ(stopped.losses.size(), 3u);
   const std::optional<std::string> latest = dcp::latest_checkpoint(c.checkpoint_dir());
@@ -71,7 +47,7 @@ TEST(LastWords, AStopRequestSavesItsStepAndTheResumeIsBitwise) {
   dcp::load(values, *latest);
   EXPECT_EQ(values.values.value("last_words", ""), "SIGTERM (a preemption notice)");
 
-  const TrainResult resumed = run(c, /*resume=*/true);
+  const TrainResult resumed = train_two_ranks(c, /*resume=*/true);
   EXPECT_EQ(resumed.first_step, 3);
   EXPECT_EQ(resumed.stop_signal, 0);
   std::vector<double> got = stopped.losses;

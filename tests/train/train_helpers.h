@@ -123,6 +123,31 @@ inline TrainResult rank0_result(const TrainConfig& config, int world) {
   return rank0_result(config, world, ranks_for(config));
 }
 
+// Trains `c` on 2 ranks (threads), resuming if `resume`; rank 0's result. Rank `stop_rank` alone
+// gets a stop request from `stop_step` on, as a signal reaches one process of several: the others
+// learn of it in the step's exchange of numbers, or they would run on and the collectives would
+// not match.
+inline TrainResult train_two_ranks(const TrainConfig& c, bool resume, int stop_rank = -1, int64_t stop_step = 0) {
+  TrainResult result;
+  std::mutex mu;
+  test::run(
+      2,
+      [&](const comm::ProcessGroup& world) {
+        TrainOptions options;
+        options.progress = false;
+        options.resume = resume;
+        fail_test_on_hang(options);
+        auto stop = std::make_shared<StopAt>(world.rank() == stop_rank ? stop_step : -1);
+        options.callbacks.push_back(stop);
+        options.stop_request = [stop] { return stop->request(); };
+        TrainResult r = train(c, world, options);
+        std::lock_guard<std::mutex> lock(mu);
+        if (world.rank() == 0) result = std::move(r);
+      },
+      ranks_for(c));
+  return result;
+}
+
 // The per-step records (kind "train") of the run's metrics.jsonl, in order.
 inline std::vector<nlohmann::json> train_records(const TrainConfig& c) {
   std::vector<nlohmann::json> out;

@@ -24,7 +24,8 @@ at::Tensor from_local_unchecked(at::Tensor local, DTensorSpec spec);
 // Gives a DTensor whose local piece has no storage yet (a meta piece, from deferred initialization)
 // a piece of the same shape and dtype on its mesh's device, in place: the tensor keeps its identity, so hooks and
 // autograd metadata registered on it stay. Does nothing when the piece has storage. With `device`
-// meta (a dry run) the piece is a new meta piece, so that a meta MemoryTracker counts it.
+// meta (a dry run) the piece is a new meta piece, so that a meta MemoryTracker counts it. A piece
+// placed in a storage tier (hp/core/storage_tier.h: parameter offload) gets its storage in that tier.
 void materialize_local(const at::Tensor& dtensor, std::optional<c10::Device> device = std::nullopt);
 
 }  // namespace hp

@@ -26,6 +26,7 @@
 #include "hp/dtensor/placement.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
+#include "hp/parallel/offload.h"
 
 namespace hp {
 
@@ -72,6 +73,9 @@ struct FullyShardOptions {
   // Parameters (FQN patterns relative to the unit, '*' = one segment) the unit leaves alone: not
   // sharded, not gathered, gradients not reduced.
   std::vector<std::string> ignored_params;
+  // Keep the unit's shards, their gradients and (with hp's optimizers) their optimizer state in this
+  // tier between uses (hp/parallel/offload.h); null: in the compute allocator. Units may share one.
+  std::shared_ptr<ParameterOffload> offload;
 };
 
 namespace detail {

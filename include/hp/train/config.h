@@ -83,6 +83,12 @@ struct TrainConfig {
     std::string swap = "none";
     int64_t swap_prefetch = 1;
     std::string swap_dir;  // the file tier's directory, on a disk; default: run_dir
+    // Parameter offload of every FSDP unit (FSDP units of one rank without data parallelism):
+    // "none"; "host" (sharded parameters, their gradients and optimizer state live in host memory
+    // outside the compute allocator); or "file" (in an unnamed file in offload_dir, mapped, written
+    // back and dropped from memory after each use and read ahead before the next); docs/memory.md.
+    std::string offload = "none";
+    std::string offload_dir;  // the file tier's directory, on a disk; default: run_dir
   } memory;
 
   struct Optimizer {

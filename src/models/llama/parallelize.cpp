@@ -120,9 +120,10 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
                        LlamaMlp mlp) {
   if (dims.tp > 1) apply_tensor_parallel(model, mesh, dims, options, mlp);
   apply_context_parallel(model, mesh, dims, options);
-  // Without data parallelism a mixed-precision policy still needs FSDP units, of one rank each:
-  // they hold the fp32 parameters and compute in the policy's dtype (no communication).
-  if (dims.dp() * dims.cp == 1 && !options.fsdp.mixed_precision.param_dtype) return;
+  // Without data parallelism a mixed-precision policy or parameter offload still needs FSDP units,
+  // of one rank each: they hold the fp32 parameters (offloaded) and compute in the policy's dtype
+  // (no communication).
+  if (dims.dp() * dims.cp == 1 && !options.fsdp.mixed_precision.param_dtype && !options.fsdp.offload) return;
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   // Blocks first, then the root (FSDP2's recipe). A mixed-precision output dtype applies to the
   // root only: blocks hand their outputs on in the compute dtype.
