@@ -17,15 +17,15 @@ namespace {
 // would live, so that the dry run's compute-allocator count leaves it out.
 struct InTier {
   std::unique_ptr<StorageTier::Allocation> allocation;  // null on the meta device
-  StorageTier* tier;  // alive while the allocation is; on meta, only compared, never called
+  std::shared_ptr<StorageTier> tier;
 };
 
 void give_back(void* context) { delete static_cast<InTier*>(context); }
 
 at::DataPtr allocate_in(StorageTier& tier, int64_t bytes, const at::Device& device) {
-  if (device.is_meta()) return at::DataPtr(nullptr, new InTier{nullptr, &tier}, &give_back, device);
+  if (device.is_meta()) return at::DataPtr(nullptr, new InTier{nullptr, tier.shared_from_this()}, &give_back, device);
   HP_CHECK(device.is_cpu(), "storage tier: tensors in a tier are CPU tensors, not ", device);
-  auto held = std::make_unique<InTier>(InTier{tier.allocate(bytes), &tier});
+  auto held = std::make_unique<InTier>(InTier{tier.allocate(bytes), tier.shared_from_this()});
   HP_CHECK(held->allocation && held->allocation->bytes >= bytes, "storage tier: an allocation of ", bytes,
            " bytes came back smaller");
   void* data = held->allocation->data;
@@ -42,7 +42,7 @@ InTier* in_tier(const at::Tensor& t) {
 
 StorageTier* storage_tier_of(const at::Tensor& t) {
   const InTier* held = in_tier(t);
-  return held ? held->tier : nullptr;
+  return held ? held->tier.get() : nullptr;
 }
 
 void move_storage_to(const at::Tensor& t, StorageTier& tier) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "hp/core/error.h"
 #include "hp/dtensor/local.h"
 #include "optim/builtin_kinds.h"
 #include "optim/closure.h"
@@ -155,7 +156,15 @@ class AdamWKind : public AdamStateKind<torch::optim::AdamWOptions, torch::optim:
 }  // namespace
 
 at::Tensor AdamW::step(LossClosure closure) {
-  if (!foreach_) return torch::optim::AdamW::step(std::move(closure));
+  if (!foreach_) {
+    // LibTorch's step makes its state in the compute allocator and steps on all of it at once.
+    for (const auto& group : param_groups())
+      for (const at::Tensor& p : group.params())
+        HP_CHECK(storage_tier_of(local_tensor(p)) == nullptr,
+                 "hp::AdamW: a parameter lives in an offload tier, which the foreach step handles; foreach=false ",
+                 "does not (it would keep the state in the compute allocator)");
+    return torch::optim::AdamW::step(std::move(closure));
+  }
   const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
   for (auto& group : param_groups()) adamw_foreach_step(group, state());

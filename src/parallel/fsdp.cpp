@@ -155,10 +155,11 @@ struct FsdpUnit {
     return shards;
   }
 
-  // Starts reading the shards of `units` from the offload tier, ahead of their gathers.
-  static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units) {
+  // Starts reading the shards of `units` from the offload tier, ahead of their gathers (in backward
+  // not those of units resharded to a block, which gather their block's rows instead).
+  static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units, bool backward) {
     for (const auto& weak : units)
-      if (auto u = weak.lock(); u && u->options.offload) {
+      if (auto u = weak.lock(); u && u->options.offload && !(backward && u->post_forward_group)) {
         std::vector<at::Tensor> shards;
         for (const ManagedParam& p : u->params) shards.push_back(local_tensor(p.sharded));
         prefetch_storage(shards);
@@ -429,7 +430,7 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
     if (unit->keeps_parameters() && unit->kept_version == unit->shards_version()) {
       for (const at::Tensor& k : unit->kept) full.push_back(alias_of(k));  // no communication
     } else {
-      if (!recomputing()) FsdpUnit::read_ahead(unit->forward_prefetch);  // offload: from the tier
+      if (!recomputing()) FsdpUnit::read_ahead(unit->forward_prefetch, /*backward=*/false);  // offload: from the tier
       const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
       // Not from a recomputation in backward: the next forward would take stale parameters.
       if (!recomputing()) FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
@@ -478,6 +479,9 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   HP_CHECK(mesh.get_coordinate().has_value(), "fully_shard: this rank (", mesh.get_rank(), ") is not in ", mesh.str());
   HP_CHECK(!options.offload || mesh.device_type() == "cpu", "fully_shard: parameter offload keeps CPU tensors; ",
            "the mesh is on ", mesh.device_type(), " (offload from an accelerator is not built yet)");
+  HP_CHECK(!options.offload || options.level == ShardingLevel::kParameters,
+           "fully_shard: parameter offload needs ZeRO-3 (level kParameters): ZeRO-1/2 keep the gathered parameters ",
+           "(and ZeRO-1 the whole gradient) in the compute allocator between steps, more than offload takes out");
   auto unit = std::make_shared<FsdpUnit>();
   unit->name = module.name();
   unit->options = options;
@@ -637,7 +641,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       if (unit && call->released) {
         const MemoryLabel communication(MemoryLabel::kCommunication);  // gathered again for backward
         const auto targets = unit->backward_prefetch_targets(detail::forward_order);
-        FsdpUnit::read_ahead(targets);  // offload: from the tier
+        FsdpUnit::read_ahead(targets, /*backward=*/true);  // offload: from the tier
         at::Tensor gathered;
         if (call->block_rows.defined()) {
           gathered = unit->gather_block_rows(call->block_rows);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -158,12 +159,19 @@ class FileTier final : public SwapTier {
 
   // Written back first: dropping pages whose write failed would lose what they held (the next use
   // would read whatever the disk has).
+  // The kernel reports a failed write-back once per file, to whichever range syncs next, and marks
+  // the failed pages clean: after any failure nothing is dropped any more (a dropped page would be
+  // read back from the disk as it was), and the tier refuses to go on.
   void settle(const Buffer& buffer) override {
     if (!buffer.mapped) return;
+    HP_CHECK(!failed_, user_, ": an earlier write-back to the file tier in '", directory_,
+             "' failed; its pages stay in memory and the tier takes no more work");
     const size_t length = buffer.mapped.get_deleter().length;
-    HP_CHECK(::msync(buffer.mapped.get(), length, MS_SYNC) == 0, user_, ": writing ", buffer.size,
-             " bytes back to the disk of the file tier in '", directory_, "' failed: ", std::strerror(errno),
-             "; they stay in memory");
+    if (::msync(buffer.mapped.get(), length, MS_SYNC) != 0) {
+      failed_ = true;
+      HP_FAIL(user_, ": writing back to the disk of the file tier in '", directory_, "' failed: ", std::strerror(errno),
+              "; its pages stay in memory and the tier takes no more work");
+    }
     ::madvise(buffer.mapped.get(), length, MADV_DONTNEED);  // out of this process's memory
     drop_cached(buffer);                                    // and out of the page cache
   }
@@ -178,6 +186,8 @@ class FileTier final : public SwapTier {
   // full disk fails there (on file systems that honour the reservation; copy-on-write ones may
   // still fail the write, on the copy thread).
   Buffer allocate(int64_t size) override {
+    HP_CHECK(!failed_, user_, ": an earlier write-back to the file tier in '", directory_,
+             "' failed; the tier takes no more work");
     Buffer buffer;
     buffer.offset = end_;
     int error = 0;
@@ -192,11 +202,20 @@ class FileTier final : public SwapTier {
 
   std::string directory_, user_;
   int64_t page_;
+  std::atomic<bool> failed_{false};
   int fd_ = -1;
   int64_t end_ = 0;
 };
 
 }  // namespace
+
+bool on_copy_on_write_file_system(const std::string& path) {
+  constexpr uint32_t kBtrfsMagic = 0x9123683e, kZfsMagic = 0x2fc12fc1, kBcachefsMagic = 0xca451a4e;
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  const auto type = static_cast<uint32_t>(fs.f_type);
+  return type == kBtrfsMagic || type == kZfsMagic || type == kBcachefsMagic;
+}
 
 bool on_memory_file_system(const std::string& path) {
   constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;

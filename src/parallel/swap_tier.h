@@ -69,4 +69,9 @@ std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options, const std::
 // saves nothing.
 bool on_memory_file_system(const std::string& path);
 
+// Whether the file system at `path` writes blocks anew on every write (btrfs, ZFS, bcachefs): a
+// space reservation does not hold there, so a write into a mapped file can fail with no caller to
+// report it to (the process gets SIGBUS).
+bool on_copy_on_write_file_system(const std::string& path);
+
 }  // namespace hp::detail

@@ -251,6 +251,40 @@ TEST(StorageTier, AMovedTensorKeepsItsIdentityAndValues) {
   }
 }
 
+// A meta tensor (a dry run) moves into a tier without bytes: it is counted out of the meta
+// allocator, keeps its tier alive, and what is made like it lands in the tier too.
+TEST(StorageTier, AMetaTensorIsInItsTierWithoutBytes) {
+  auto offload = offload_to(OffloadOptions::Tier::kHost);
+  StorageTier* tier = &offload->tier();
+  MemoryTracker tracker(MemoryTracker::kMeta);
+  const at::Tensor t = at::empty({64, 16}, at::TensorOptions().device(at::kMeta));
+  EXPECT_EQ(tracker.current(), 64 * 16 * 4);
+  move_storage_to(t, *tier);
+  EXPECT_EQ(tracker.current(), 0);
+  offload.reset();  // the tensor keeps the tier
+  EXPECT_EQ(storage_tier_of(t), tier);
+  const at::Tensor zeros = zeros_like_in_its_tier(t);
+  EXPECT_TRUE(zeros.is_meta());
+  EXPECT_EQ(storage_tier_of(zeros), tier);
+  EXPECT_EQ(tracker.current(), 0);
+}
+
+// What offload does not cover is refused by name: ZeRO-1/2 units (their gathered parameters stay
+// in the compute allocator), and LibTorch's AdamW step on an offloaded parameter.
+TEST(ParameterOffload, WhatItDoesNotCoverIsRefused) {
+  run(2, [](const comm::ProcessGroup& g) {
+    const DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"dp"});
+    Llama model(config());
+    FullyShardOptions options;
+    options.offload = offload_to(OffloadOptions::Tier::kHost);
+    options.level = ShardingLevel::kGradients;
+    expect_error([&] { fully_shard(model, mesh, options); }, "parameter offload needs ZeRO-3");
+    auto sharded = sharded_llama(mesh, offload_to(OffloadOptions::Tier::kHost));
+    AdamW optimizer(sharded->parameters(), torch::optim::AdamWOptions(1e-2), /*foreach=*/false);
+    expect_error([&] { optimizer.step(); }, "foreach=false does not");
+  });
+}
+
 TEST(ParameterOffload, ATierThatCannotBeMadeSaysWhy) {
   OffloadOptions nowhere{OffloadOptions::Tier::kFile, "/proc/hp-no-such-directory"};
   expect_error([&] { ParameterOffload offload(nowhere); },

@@ -1,6 +1,6 @@
 // memory.offload (hp/parallel/offload.h) in the trainer: keeping the sharded parameters, gradients
 // and optimizer state in the host or the file tier changes no bit of the run, on one rank (units of
-// one rank), under FSDP x TP, through a 1F1B pipeline and with Muon; a run stopped and resumed from
+// one rank), under FSDP x TP, TP alone, HSDP, through a 1F1B pipeline and with Muon; a run stopped and resumed from
 // its checkpoint with the file tier continues bitwise (the load writes into the tier).
 #include <gtest/gtest.h>
 
@@ -32,23 +32,25 @@ TEST(Trainer, ParameterOffloadChangesNoLoss) {
   const std::string dir = test::scratch_dir("trainer_offload");
   struct Layout {
     std::string name;
-    int world;
-    int64_t dp_shard, tp, pp;
+    int64_t dp_replicate, dp_shard, tp, pp;
     std::string optimizer = "adamw";
   };
-  for (const Layout& l : {Layout{"1 rank", 1, 1, 1, 1}, Layout{"dp_shard 2 x tp 2", 4, 2, 2, 1},
-                          Layout{"pp 2 (1F1B)", 2, 1, 1, 2}, Layout{"dp_shard 2, muon", 2, 2, 1, 1, "muon"}}) {
-    TrainConfig c = offload_config(dir + "/" + std::to_string(l.world) + l.optimizer + std::to_string(l.pp));
+  for (const Layout& l : {Layout{"1 rank", 1, 1, 1, 1}, Layout{"dp_shard 2 x tp 2", 1, 2, 2, 1},
+                          Layout{"tp 2", 1, 1, 2, 1}, Layout{"dp_replicate 2 x dp_shard 2 (HSDP)", 2, 2, 1, 1},
+                          Layout{"pp 2 (1F1B)", 1, 1, 1, 2}, Layout{"dp_shard 2, muon", 1, 2, 1, 1, "muon"}}) {
+    TrainConfig c = offload_config(dir + "/" + l.name);
+    c.parallel.dp_replicate = l.dp_replicate;
     c.parallel.dp_shard = l.dp_shard;
     c.parallel.tp = l.tp;
     c.parallel.pp = l.pp;
     c.sequence_parallel = l.tp > 1;
     c.optimizer.name = l.optimizer;
-    const std::vector<double> plain = rank0_losses(c, l.world);
+    const int world = static_cast<int>(c.parallel.world_size());
+    const std::vector<double> plain = rank0_losses(c, world);
     ASSERT_EQ(plain.size(), 8u) << l.name;
     for (const char* tier : {"host", "file"}) {
       c.memory.offload = tier;
-      EXPECT_EQ(rank0_losses(c, l.world), plain) << l.name << ", memory.offload " << tier;
+      EXPECT_EQ(rank0_losses(c, world), plain) << l.name << ", memory.offload " << tier;
     }
   }
 }

@@ -17,7 +17,7 @@
 
 namespace hp {
 
-class StorageTier {
+class StorageTier : public std::enable_shared_from_this<StorageTier> {
  public:
   // Bytes of one storage. Destroying it gives them back to the tier.
   struct Allocation {
@@ -27,13 +27,14 @@ class StorageTier {
   };
 
   virtual ~StorageTier() = default;
-  // `bytes` of storage, contents unspecified. An allocation keeps its tier alive (so a tier is
-  // owned by shared pointers, and its allocations hold one).
+  // `bytes` of storage, contents unspecified. A tier is owned by shared pointers: every tensor in
+  // it holds one.
   virtual std::unique_ptr<Allocation> allocate(int64_t bytes) = 0;
   // Starts bringing an allocation's bytes into memory for a use that follows soon.
   virtual void prefetch(Allocation&) {}
   // A use of the allocation is over until the next one: a file tier writes its bytes back and
-  // drops them from memory. Throws hp::Error when the bytes cannot be kept (they then stay in memory).
+  // drops them from memory. Throws hp::Error when the write-back failed; a file tier then drops
+  // nothing more and fails every later settle and allocation.
   virtual void settle(Allocation&) {}
 };
 

@@ -14,13 +14,17 @@
 //    tensor in the tier of its parameter, and step on them there;
 //  - host tier: the bytes stay in host memory outside the compute allocator (on an accelerator,
 //    off the device; on a CPU, out of what the compute allocator holds, though the process holds them);
-//  - file tier: the bytes are extents of one unnamed file in `directory`, mapped into the process.
-//    After each use (a unit's gather, a gradient's reduction, an optimizer step) they are written
-//    back and dropped from the process's memory and the page cache; before the next use they are
-//    read ahead (a unit's gather starts reading the units it prefetches; an optimizer step starts
-//    reading all it will touch). Resident memory then holds none of them between uses.
+//  - file tier: the bytes are extents of one unnamed file in `directory` (not on a copy-on-write
+//    file system), mapped into the process. After each use in a step (a unit's gather, a
+//    gradient's reduction or zeroing, the optimizer's update) they are written back and dropped
+//    from the process's memory and the page cache; ahead of the next they are read in (a unit's
+//    gather reads its shards in one request and starts on those of the units it prefetches;
+//    hp::AdamW streams chunk by chunk, reading the next while it updates one; hp::Muon brings its
+//    group in at once). A checkpoint save or load, a replica check or initialization leaves what it
+//    touched in memory until its next use in a step settles it.
 // Tensors in the tier are ordinary CPU tensors: checkpoints, gradient clipping and replica checks
-// read and write them as usual. The numbers are bitwise those without offload.
+// read and write them as usual. The numbers are bitwise those without offload. ZeRO-3 units only
+// (ShardingLevel::kParameters); hp::AdamW with its foreach step.
 #pragma once
 
 #include <cstdint>
