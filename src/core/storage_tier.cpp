@@ -16,16 +16,23 @@ namespace {
 // a tier. A meta tensor (a dry run) is in a tier without bytes: it only says where the real one
 // would live, so that the dry run's compute-allocator count leaves it out.
 struct InTier {
+  std::shared_ptr<StorageTier> tier;                    // declared first: it outlives the allocation
   std::unique_ptr<StorageTier::Allocation> allocation;  // null on the meta device
-  std::shared_ptr<StorageTier> tier;
 };
+
+std::shared_ptr<StorageTier> owner_of(StorageTier& tier) {
+  std::shared_ptr<StorageTier> owner = tier.weak_from_this().lock();
+  HP_CHECK(owner != nullptr, "storage tier: a tier must be owned by a std::shared_ptr (its tensors share it)");
+  return owner;
+}
 
 void give_back(void* context) { delete static_cast<InTier*>(context); }
 
 at::DataPtr allocate_in(StorageTier& tier, int64_t bytes, const at::Device& device) {
-  if (device.is_meta()) return at::DataPtr(nullptr, new InTier{nullptr, tier.shared_from_this()}, &give_back, device);
+  std::shared_ptr<StorageTier> owner = owner_of(tier);
+  if (device.is_meta()) return at::DataPtr(nullptr, new InTier{std::move(owner), nullptr}, &give_back, device);
   HP_CHECK(device.is_cpu(), "storage tier: tensors in a tier are CPU tensors, not ", device);
-  auto held = std::make_unique<InTier>(InTier{tier.allocate(bytes), tier.shared_from_this()});
+  auto held = std::make_unique<InTier>(InTier{std::move(owner), tier.allocate(bytes)});
   HP_CHECK(held->allocation && held->allocation->bytes >= bytes, "storage tier: an allocation of ", bytes,
            " bytes came back smaller");
   void* data = held->allocation->data;

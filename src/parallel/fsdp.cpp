@@ -283,6 +283,7 @@ struct FsdpUnit {
       const at::Tensor reduced = mine[0].narrow(0, p.offset, local.numel()).view(local.sizes());
       at::Tensor& slot = p.sharded.mutable_grad();
       if (slot.defined()) {
+        prefetch_storage({local_tensor(slot)});  // offload: in one read, not page by page
         local_tensor(slot).add_(reduced.to(local.scalar_type()));
       } else {
         // With offload, made in the tier, as the shard it belongs to.

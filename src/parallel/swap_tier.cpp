@@ -21,6 +21,7 @@
 namespace hp::detail {
 
 SwapTier::Buffer SwapTier::acquire(int64_t size) {
+  check_usable();
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = free_.find(size); it != free_.end()) {
     Buffer buffer = std::move(it->second);
@@ -158,22 +159,27 @@ class FileTier final : public SwapTier {
   }
 
   // Written back first: dropping pages whose write failed would lose what they held (the next use
-  // would read whatever the disk has).
-  // The kernel reports a failed write-back once per file, to whichever range syncs next, and marks
-  // the failed pages clean: after any failure nothing is dropped any more (a dropped page would be
-  // read back from the disk as it was), and the tier refuses to go on.
+  // would read whatever the disk has). The kernel reports a failed write-back once per file, to
+  // whichever sync comes next, and marks the failed pages clean: so one settle at a time, and after
+  // any failure nothing is dropped any more and the tier refuses to go on.
   void settle(const Buffer& buffer) override {
     if (!buffer.mapped) return;
-    HP_CHECK(!failed_, user_, ": an earlier write-back to the file tier in '", directory_,
-             "' failed; its pages stay in memory and the tier takes no more work");
+    std::lock_guard<std::mutex> lock(settling_);
+    check_usable();
     const size_t length = buffer.mapped.get_deleter().length;
     if (::msync(buffer.mapped.get(), length, MS_SYNC) != 0) {
       failed_ = true;
       HP_FAIL(user_, ": writing back to the disk of the file tier in '", directory_, "' failed: ", std::strerror(errno),
-              "; its pages stay in memory and the tier takes no more work");
+              "; what the tier holds can no longer be trusted (the kernel may drop pages it failed to write), and ",
+              "it takes no more work");
     }
     ::madvise(buffer.mapped.get(), length, MADV_DONTNEED);  // out of this process's memory
     drop_cached(buffer);                                    // and out of the page cache
+  }
+
+  void check_usable() const override {
+    HP_CHECK(!failed_, user_, ": an earlier write-back to the file tier in '", directory_,
+             "' failed; what it holds can no longer be trusted, and it takes no more work");
   }
 
  private:
@@ -186,8 +192,6 @@ class FileTier final : public SwapTier {
   // full disk fails there (on file systems that honour the reservation; copy-on-write ones may
   // still fail the write, on the copy thread).
   Buffer allocate(int64_t size) override {
-    HP_CHECK(!failed_, user_, ": an earlier write-back to the file tier in '", directory_,
-             "' failed; the tier takes no more work");
     Buffer buffer;
     buffer.offset = end_;
     int error = 0;
@@ -203,6 +207,7 @@ class FileTier final : public SwapTier {
   std::string directory_, user_;
   int64_t page_;
   std::atomic<bool> failed_{false};
+  std::mutex settling_;
   int fd_ = -1;
   int64_t end_ = 0;
 };

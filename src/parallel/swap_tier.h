@@ -54,6 +54,8 @@ class SwapTier {
  protected:
   // A new buffer of `size` bytes (the pool's lock is held).
   virtual Buffer allocate(int64_t size) = 0;
+  // Throws when the tier takes no more work (acquire asks first, whether it reuses or allocates).
+  virtual void check_usable() const {}
 
  private:
   mutable std::mutex mu_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -57,6 +58,12 @@ std::shared_ptr<ParameterOffload> offload_to(OffloadOptions::Tier tier) {
 }
 
 const char* tier_name(OffloadOptions::Tier tier) { return tier == OffloadOptions::Tier::kFile ? "file" : "host"; }
+
+// The file tier refuses a copy-on-write file system (btrfs, ZFS): its tests skip where the temp
+// directory is one.
+bool file_tier_refused_here() {
+  return detail::on_copy_on_write_file_system(std::filesystem::temp_directory_path().string());
+}
 
 // A Llama whose blocks and root are fully_shard units on `mesh`, offloaded to `offload` (or not).
 std::unique_ptr<Llama> sharded_llama(const DeviceMesh& mesh, const std::shared_ptr<ParameterOffload>& offload) {
@@ -110,6 +117,8 @@ class OffloadTraining : public ::testing::TestWithParam<std::tuple<int, OffloadO
 // 5 AdamW steps: every loss and every final parameter bitwise those without offload.
 TEST_P(OffloadTraining, IsBitwiseTrainingWithoutOffload) {
   const auto [dp, tier] = GetParam();
+  if (tier == OffloadOptions::Tier::kFile && file_tier_refused_here())
+    GTEST_SKIP() << "the temp directory is on a copy-on-write file system";
   run(dp, [&, dp = dp, tier = tier](const comm::ProcessGroup& g) {
     const DeviceMesh mesh = init_device_mesh(g, "cpu", {dp}, {"dp"});
     std::map<std::string, std::vector<double>> losses;
@@ -196,6 +205,7 @@ int64_t resident_pages(const at::Tensor& t) {
 // Between uses the file tier holds none of its tensors' pages in memory: not after the optimizer
 // step (parameters, gradients, moments), not after a forward (the shards the gathers read).
 TEST(ParameterOffload, TheFileTierHoldsNothingInMemoryBetweenUses) {
+  if (file_tier_refused_here()) GTEST_SKIP() << "the temp directory is on a copy-on-write file system";
   const auto offload = offload_to(OffloadOptions::Tier::kFile);
   if (detail::on_memory_file_system(offload->options().directory))
     GTEST_SKIP() << offload->options().directory << " is a tmpfs or ramfs: its files are memory";
@@ -221,6 +231,7 @@ TEST(ParameterOffload, TheFileTierHoldsNothingInMemoryBetweenUses) {
 // its zeros_like is in the tier; the tier's buffers are free again once the tensors are gone.
 TEST(StorageTier, AMovedTensorKeepsItsIdentityAndValues) {
   for (const OffloadOptions::Tier tier : {OffloadOptions::Tier::kHost, OffloadOptions::Tier::kFile}) {
+    if (tier == OffloadOptions::Tier::kFile && file_tier_refused_here()) continue;
     const auto offload = offload_to(tier);
     const std::string what = tier_name(tier);
     {
@@ -283,6 +294,19 @@ TEST(ParameterOffload, WhatItDoesNotCoverIsRefused) {
     AdamW optimizer(sharded->parameters(), torch::optim::AdamWOptions(1e-2), /*foreach=*/false);
     expect_error([&] { optimizer.step(); }, "foreach=false does not");
   });
+}
+
+// Tensors hold their tier: one that no shared_ptr owns is refused by name, before it allocates.
+TEST(StorageTier, ATierMustBeSharedOwned) {
+  struct Counting : StorageTier {
+    int allocations = 0;
+    std::unique_ptr<Allocation> allocate(int64_t) override {
+      ++allocations;
+      return nullptr;
+    }
+  } on_the_stack;
+  expect_error([&] { move_storage_to(at::ones({4}), on_the_stack); }, "must be owned by a std::shared_ptr");
+  EXPECT_EQ(on_the_stack.allocations, 0);
 }
 
 TEST(ParameterOffload, ATierThatCannotBeMadeSaysWhy) {
