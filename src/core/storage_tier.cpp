@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/accumulate.h>
 #include <c10/util/strides.h>
 
 #include <cstring>
@@ -64,9 +65,8 @@ void move_storage_to(const at::Tensor& t, StorageTier& tier) {
 }
 
 at::Tensor empty_in_tier(StorageTier& tier, at::IntArrayRef sizes, const at::TensorOptions& options) {
-  int64_t numel = 1;
-  for (const int64_t s : sizes) numel *= s;
-  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  const int64_t bytes = c10::multiply_integers(sizes) *
+                        static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
   if (bytes == 0) return at::empty(sizes, options);  // nothing to hold
   // A meta tensor's set_ "resizes" its storage to the size it has (no allocation): the storage
   // must allow it, which takes an allocator.

@@ -143,14 +143,18 @@ struct FsdpUnit {
     return buffer;
   }
 
-  // The shards' local pieces, moved into the offload tier; none without offload.
+  // This rank's pieces of the shards.
+  std::vector<at::Tensor> shard_pieces() const {
+    std::vector<at::Tensor> pieces;
+    for (const ManagedParam& p : params) pieces.push_back(local_tensor(p.sharded));
+    return pieces;
+  }
+
+  // The shards' pieces, moved into the offload tier and read in; none without offload.
   std::vector<at::Tensor> offloaded_shards() const {
-    std::vector<at::Tensor> shards;
-    if (!options.offload) return shards;
-    for (const ManagedParam& p : params) {
-      shards.push_back(local_tensor(p.sharded));
-      move_storage_to(shards.back(), options.offload->tier());
-    }
+    if (!options.offload) return {};
+    std::vector<at::Tensor> shards = shard_pieces();
+    for (const at::Tensor& shard : shards) move_storage_to(shard, options.offload->tier());
     prefetch_storage(shards);  // one read of each, rather than page by page
     return shards;
   }
@@ -159,11 +163,8 @@ struct FsdpUnit {
   // not those of units resharded to a block, which gather their block's rows instead).
   static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units, bool backward) {
     for (const auto& weak : units)
-      if (auto u = weak.lock(); u && u->options.offload && !(backward && u->post_forward_group)) {
-        std::vector<at::Tensor> shards;
-        for (const ManagedParam& p : u->params) shards.push_back(local_tensor(p.sharded));
-        prefetch_storage(shards);
-      }
+      if (auto u = weak.lock(); u && u->options.offload && !(backward && u->post_forward_group))
+        prefetch_storage(u->shard_pieces());
   }
 
   // Parameter i's full value from the gathered [n, L] buffer (differentiable when `gathered` is).

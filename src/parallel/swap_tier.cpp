@@ -214,19 +214,26 @@ class FileTier final : public SwapTier {
 
 }  // namespace
 
+namespace {
+
+// The file system's magic number at `path` (statfs's f_type), or 0 when it cannot be told.
+uint32_t file_system_magic(const std::string& path) {
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 ? static_cast<uint32_t>(fs.f_type) : 0;
+}
+
+}  // namespace
+
 bool on_copy_on_write_file_system(const std::string& path) {
   constexpr uint32_t kBtrfsMagic = 0x9123683e, kZfsMagic = 0x2fc12fc1, kBcachefsMagic = 0xca451a4e;
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return false;
-  const auto type = static_cast<uint32_t>(fs.f_type);
-  return type == kBtrfsMagic || type == kZfsMagic || type == kBcachefsMagic;
+  const uint32_t magic = file_system_magic(path);
+  return magic == kBtrfsMagic || magic == kZfsMagic || magic == kBcachefsMagic;
 }
 
 bool on_memory_file_system(const std::string& path) {
-  constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
-  struct statfs fs {};
-  return ::statfs(path.c_str(), &fs) == 0 &&
-         (static_cast<long>(fs.f_type) == kTmpfsMagic || static_cast<long>(fs.f_type) == kRamfsMagic);
+  constexpr uint32_t kTmpfsMagic = 0x01021994, kRamfsMagic = 0x858458f6;
+  const uint32_t magic = file_system_magic(path);
+  return magic == kTmpfsMagic || magic == kRamfsMagic;
 }
 
 std::unique_ptr<SwapTier> make_swap_tier(const SwapOptions& options, const std::string& user) {

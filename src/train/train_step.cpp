@@ -116,11 +116,10 @@ double TrainStep::forward_backward(int64_t step, const at::Tensor& inputs, const
   for (size_t i = 0; i < params.size(); ++i) {
     if (grads[i].empty()) continue;
     params[i].mutable_grad() = grads[i].take();
-    // With parameter offload, the sum lives where its parameter does, as FSDP's own gradients do.
-    if (StorageTier* tier = storage_tier_of(local_tensor(params[i]))) {
+    // With parameter offload, the sum lives (settled) where its parameter does, as FSDP's own
+    // gradients do.
+    if (StorageTier* tier = storage_tier_of(local_tensor(params[i])))
       move_storage_to(local_tensor(params[i].grad()), *tier);
-      settle_storage({local_tensor(params[i].grad())});
-    }
   }
   return comm::tree_reduce(losses, comm::ReduceOp::kSum).item<double>() / static_cast<double>(micro);
 }

@@ -2,10 +2,12 @@
 // parameters of chosen fully_shard units, their gradients and their optimizer state live in a
 // second memory tier instead of the compute allocator, and are brought in for each use.
 //
-//   auto offload = std::make_shared<hp::ParameterOffload>(hp::OffloadOptions{hp::OffloadOptions::Tier::kFile,
-//   "/nvme"}); hp::FullyShardOptions options; options.offload = offload; for (auto& [fqn, block] :
-//   hp::nn::match_modules(model, "layers.*")) hp::fully_shard(*block, mesh, options); hp::AdamW
-//   optimizer(model.parameters());   // its state follows the parameters into the tier
+//   hp::OffloadOptions file{hp::OffloadOptions::Tier::kFile, "/nvme"};
+//   hp::FullyShardOptions options;
+//   options.offload = std::make_shared<hp::ParameterOffload>(file);
+//   for (auto& [fqn, block] : hp::nn::match_modules(model, "layers.*"))
+//     hp::fully_shard(*block, mesh, options);
+//   hp::AdamW optimizer(model.parameters());  // its state follows the parameters into the tier
 //
 // What moves, and when:
 //  - a unit's shards move into the tier at fully_shard (shards without storage yet, from deferred
