@@ -17,7 +17,7 @@ namespace {
 using hp::e2e::Measured;
 using hp::e2e::train_losses;
 
-constexpr int64_t kVocab = 256, kLayers = 12, kDim = 384, kKvDim = 192, kFfn = 1024;  // 8 heads, 4 for k and v
+constexpr int64_t kVocab = 256, kLayers = 16, kDim = 384, kKvDim = 192, kFfn = 1024;  // 8 heads, 4 for k and v
 
 // The model's parameters, from its shapes: embedding and output head, the final norm, and per block
 // two norms, q and o (dim x dim), k and v (kv_dim x dim) and the three MLP matrices.
