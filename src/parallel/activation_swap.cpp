@@ -17,6 +17,7 @@ size_t SwapRegion::add(const at::Tensor& output) {
   slot.tensor = output;
   slot.shape = output.sizes().vec();
   slot.dtype = output.scalar_type();
+  slot.device = output.device();
   slot.bytes = static_cast<int64_t>(output.numel()) * static_cast<int64_t>(output.element_size());
   slots_.push_back(std::move(slot));
   return slots_.size() - 1;
@@ -125,6 +126,13 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (slot.state != State::kResident || slot.pinned) continue;
+      if (slot.device.is_meta()) {  // a dry run: the bytes leave the count at once, as a copy would take them
+        slot.tensor = at::Tensor();
+        slot.state = State::kSwapped;
+        ++counts_.swapped_tensors;
+        counts_.swapped_bytes += slot.bytes;
+        continue;
+      }
     }
     detail::SwapTier::Buffer stored = tier_->acquire(slot.bytes);
     {
@@ -161,13 +169,20 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
       if (slot.state != State::kSwapped) continue;
     }
     // Allocated here, on the thread that runs the region: its compute memory is counted there.
-    at::Tensor tensor = at::empty(slot.shape, at::TensorOptions().dtype(slot.dtype));
+    at::Tensor tensor = at::empty(slot.shape, at::TensorOptions().dtype(slot.dtype).device(slot.device));
+    started = true;
+    if (slot.device.is_meta()) {  // a dry run: nothing to read back
+      std::lock_guard<std::mutex> lock(mu_);
+      slot.tensor = std::move(tensor);
+      slot.state = State::kReloaded;
+      counts_.reloaded_bytes += slot.bytes;
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       slot.tensor = std::move(tensor);
       slot.state = State::kCopyingIn;
     }
-    started = true;
     run_copy([this, region, i] {
       SwapRegion::Slot& s = region->slots_[i];
       const std::string failed = error_of([&] { tier_->read(s.stored, s.tensor.data_ptr()); });

@@ -27,6 +27,7 @@ class SwapRegion {
     at::Tensor tensor;  // in the compute allocator: until copied out, and again once reloaded
     std::vector<int64_t> shape;
     at::ScalarType dtype;
+    at::Device device = at::kCPU;  // where it is reloaded to; a dry run's meta tensors move no bytes
     int64_t bytes = 0;
     SwapTier::Buffer stored;  // in the tier: while copying out, swapped, copying in
     State state = State::kResident;

@@ -56,13 +56,15 @@ struct Layout {
   double tolerance = 0.03;
   std::string pp_schedule = "1f1b";
   std::string offload = "none";  // memory.offload: what it keeps out of the compute allocator, the dry run leaves out
+  std::string swap = "none";     // memory.swap: the swapped activations leave the count as the copies do
+  int64_t micro_batch = 2;       // 8: a block's products are large enough to swap (64 KiB)
 };
 
 TrainConfig config_of(const Layout& layout, const std::string& dir) {
   TrainConfig c = small_llama_config(dir);
   c.train.steps = 5;
   c.train.global_batch = 8;
-  c.train.micro_batch = 2;
+  c.train.micro_batch = layout.micro_batch;
   c.eval.interval = 0;
   c.parallel = layout.dims;
   c.sequence_parallel = layout.sequence_parallel;
@@ -70,6 +72,7 @@ TrainConfig config_of(const Layout& layout, const std::string& dir) {
   c.optimizer.name = layout.optimizer;
   c.pp_schedule = layout.pp_schedule;
   c.memory.offload = layout.offload;
+  c.memory.swap = layout.swap;
   // A zero-bubble schedule ordered for measured costs changes its order (and peak) from step 3 by
   // what step 2 measured, which a dry run has no times for: it replays the order the costs give.
   if (layout.pp_schedule == "zbv") c.pp_costs = "unit";
@@ -160,17 +163,20 @@ void expect_peaks_predicted(const Layout& layout, const TrainConfig& c) {
 // Each rank's predicted step peak against the trainer's measured one, layout by layout.
 TEST(DryRun, PredictsEveryRanksStepPeak) {
   const std::string dir = test::scratch_dir("dry_run_peaks");
-  for (const Layout& layout : {Layout{"one rank", dims(1, 1)}, Layout{"tp 2 with sp", dims(1, 2), true},
-                               Layout{"one rank, checkpointing, muon", dims(1, 1), false, "full", "muon"},
-                               Layout{"dp_shard 2", dims(2, 1), false, "none", "adamw", 0.08},
-                               Layout{"dp_shard 2 x tp 2 with sp", dims(2, 2), true, "none", "adamw", 0.08},
-                               Layout{"dp_replicate 2", replicas(2), false, "none", "adamw", 0.08},
-                               Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
-                               Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
-                               Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
-                               Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"},
-                               Layout{"one rank, offload", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "host"},
-                               Layout{"dp_shard 2, offload", dims(2, 1), false, "none", "adamw", 0.08, "1f1b", "file"}})
+  for (const Layout& layout :
+       {Layout{"one rank", dims(1, 1)}, Layout{"tp 2 with sp", dims(1, 2), true},
+        Layout{"one rank, checkpointing, muon", dims(1, 1), false, "full", "muon"},
+        Layout{"dp_shard 2", dims(2, 1), false, "none", "adamw", 0.08},
+        Layout{"dp_shard 2 x tp 2 with sp", dims(2, 2), true, "none", "adamw", 0.08},
+        Layout{"dp_replicate 2", replicas(2), false, "none", "adamw", 0.08},
+        Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
+        Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
+        Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
+        Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"},
+        Layout{"one rank, offload", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "host"},
+        Layout{"dp_shard 2, offload", dims(2, 1), false, "none", "adamw", 0.08, "1f1b", "file"},
+        Layout{"one rank, swap", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "none", "host", 8},
+        Layout{"pp 2 (1f1b), swap", pipeline(2), false, "none", "adamw", 0.03, "1f1b", "none", "file", 8}})
     expect_peaks_predicted(layout, config_of(layout, dir));
 }
 
