@@ -6,6 +6,8 @@
 #include <ATen/core/stack.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -350,6 +352,15 @@ nn::Inputs fresh_leaves(const std::vector<at::Tensor>& inputs, const std::vector
   return leaves;
 }
 
+// Wall time since it was made.
+class Stopwatch {
+ public:
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
 // Runs the region's call under `pass`, with `mode` seeing its ops when there is one.
 at::Tensor run_pass(const nn::Module::Run& run, nn::Inputs inputs, ForwardPass pass, Call& call, DispatchMode* mode) {
   ForwardPassScope scope(pass, &call.record);
@@ -391,6 +402,7 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   const std::vector<at::Tensor> param_leaves = fresh_leaves(call.params.tensors);
   call.record.rewind();
   region.stats.recomputed_ops = region.stats.replayed_ops = 0;
+  const Stopwatch recomputing_time;
   if (call.swapped) call.swap->impl().before_backward(call.swapped);
   std::optional<ReplayMode> replay;
   if (region.options.policy) replay.emplace(region.name, call.saved, region.stats, call.swapped.get());
@@ -400,6 +412,7 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
     const MemoryLabel recomputing(MemoryLabel::kModule, call.module);  // the region's activations again
     out = run_pass(run, leaves, ForwardPass::kRecompute, call, replay ? &*replay : nullptr);
   }
+  region.stats.recompute_seconds = recomputing_time.seconds();
   call.record.check_all_taken();
   HP_CHECK(out.requires_grad(), "checkpoint: the recomputation of ", region.name,
            " gave an output that does not require grad, unlike its forward");
@@ -441,6 +454,7 @@ void settle_saved(CheckpointRegion& region, Call& call, const at::Tensor& result
 at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn::Module& module, nn::Inputs inputs,
                              const nn::Module::Run& run) {
   if (forward_pass() != ForwardPass::kPlain || !at::GradMode::is_enabled()) return run(std::move(inputs));
+  const Stopwatch forward_time;
   auto call = std::make_shared<Call>(region->name);
   call->module = &module;
   call->cpu_generator_state = CpuGeneratorState::now();
@@ -465,6 +479,7 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
   out.reset();  // the first pass's graph, and with it every activation it saved, goes here
   if (!differentiable) return result;
   settle_saved(*region, *call, result);
+  region->stats.forward_seconds = forward_time.seconds();
 
   // The node's edges: the inputs and the parameters that require grad.
   std::vector<at::Tensor> edges;
@@ -518,21 +533,55 @@ CheckpointedModule checkpoint(nn::Module& module, CheckpointOptions options) {
   return CheckpointedModule(region);
 }
 
-std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name) {
-  if (name == "none") return CheckpointMode::kNone;
-  if (name == "full") return CheckpointMode::kFull;
-  if (name == "selective") return CheckpointMode::kSelective;
+std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name, bool swap) {
+  for (CheckpointMode mode : {CheckpointMode::kNone, CheckpointMode::kFull, CheckpointMode::kSelective})
+    if (name == checkpoint_mode_name(mode)) return mode;
+  if (swap && name == checkpoint_mode_name(CheckpointMode::kSwap)) return CheckpointMode::kSwap;
   return std::nullopt;
+}
+
+const char* checkpoint_mode_name(CheckpointMode mode) {
+  switch (mode) {
+    case CheckpointMode::kNone:
+      return "none";
+    case CheckpointMode::kFull:
+      return "full";
+    case CheckpointMode::kSelective:
+      return "selective";
+    case CheckpointMode::kSwap:
+      return "swap";
+  }
+  return "?";
 }
 
 std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode,
                                                    SwapOptions swap) {
   std::vector<CheckpointedModule> regions;
   if (mode == CheckpointMode::kNone) return regions;
-  CheckpointOptions options;
-  if (mode == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;
-  if (mode == CheckpointMode::kSwap) options = {default_swap_policy, std::make_shared<SwapManager>(swap)};
-  for (auto& [fqn, module] : nn::match_modules(root, pattern)) regions.push_back(checkpoint(*module, options));
+  const size_t matches = nn::match_modules(root, pattern).size();
+  for (auto& [fqn, region] :
+       checkpoint_modules(root, pattern, std::vector<CheckpointMode>(matches, mode), std::move(swap)))
+    regions.push_back(std::move(region));
+  return regions;
+}
+
+std::vector<std::pair<std::string, CheckpointedModule>> checkpoint_modules(nn::Module& root, const std::string& pattern,
+                                                                           const std::vector<CheckpointMode>& modes,
+                                                                           SwapOptions swap) {
+  const auto matches = nn::match_modules(root, pattern);
+  HP_CHECK(modes.size() == matches.size(), "checkpoint_modules: ", modes.size(), " modes for the ", matches.size(),
+           " modules matching '", pattern, "'");
+  std::shared_ptr<SwapManager> manager;
+  if (std::count(modes.begin(), modes.end(), CheckpointMode::kSwap) > 0)
+    manager = std::make_shared<SwapManager>(std::move(swap));
+  std::vector<std::pair<std::string, CheckpointedModule>> regions;
+  for (size_t i = 0; i < matches.size(); ++i) {
+    CheckpointOptions options;
+    if (modes[i] == CheckpointMode::kNone) continue;
+    if (modes[i] == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;
+    if (modes[i] == CheckpointMode::kSwap) options = {default_swap_policy, manager};
+    regions.emplace_back(matches[i].first, checkpoint(*matches[i].second, options));
+  }
   return regions;
 }
 

@@ -120,6 +120,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("memory.swap_dir", memory.swap_dir),
       HP_CONFIG_FIELD("memory.offload", memory.offload),
       HP_CONFIG_FIELD("memory.offload_dir", memory.offload_dir),
+      HP_CONFIG_FIELD("memory.blocks", memory.blocks),
+      HP_CONFIG_FIELD("memory.budget_mb", memory.budget_mb),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
       HP_CONFIG_FIELD("optimizer.lr", optimizer.lr),
       HP_CONFIG_FIELD("optimizer.weight_decay", optimizer.weight_decay),
@@ -373,17 +375,45 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(c.memory.swap == "none" || c.memory.checkpoint == "none", "memory.swap ", c.memory.swap,
            " and memory.checkpoint ", c.memory.checkpoint, " both say what blocks keep for backward; set one of them");
   HP_CHECK(c.memory.swap_prefetch >= 0, "memory.swap_prefetch (", c.memory.swap_prefetch, ") must be >= 0");
-  const std::string recomputes =
-      c.memory.swap == "none" ? "memory.checkpoint " + c.memory.checkpoint : "memory.swap " + c.memory.swap;
+  const auto& blocks = c.memory.blocks;
+  if (!blocks.empty()) {
+    HP_CHECK(static_cast<int64_t>(blocks.size()) == c.model->layers(), "memory.blocks has ", blocks.size(),
+             " entries for the ", c.model->layers(), " layers of the model (one per layer, in layer order)");
+    for (const std::string& block : blocks) {
+      HP_CHECK(checkpoint_mode_named(block, /*swap=*/true).has_value(), "memory.blocks: '", block,
+               "' is unknown (available: none, full, selective, swap)");
+      HP_CHECK(block != "swap" || c.memory.swap != "none",
+               "memory.blocks: swap needs memory.swap to name its tier (host or file)");
+    }
+    HP_CHECK(c.memory.checkpoint == "none", "memory.blocks and memory.checkpoint ", c.memory.checkpoint,
+             " both say what blocks keep for backward; set one of them");
+  }
+  HP_CHECK(c.memory.budget_mb >= 0, "memory.budget_mb (", c.memory.budget_mb, ") must be >= 0");
+  if (c.memory.budget_mb > 0) {
+    HP_CHECK(blocks.empty() && c.memory.checkpoint == "none",
+             "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
+    HP_CHECK(c.train.device == "cpu", "memory.budget_mb plans with dry runs, which cover train.device cpu only");
+  }
+  std::string recomputes;  // what makes blocks recompute, if anything does
+  if (c.memory.budget_mb > 0)
+    recomputes = "memory.budget_mb";
+  else if (!blocks.empty())
+    recomputes = std::all_of(blocks.begin(), blocks.end(), [](const std::string& b) { return b == "none"; })
+                     ? ""
+                     : "memory.blocks";
+  else if (c.memory.swap != "none")
+    recomputes = "memory.swap " + c.memory.swap;
+  else if (c.memory.checkpoint != "none")
+    recomputes = "memory.checkpoint " + c.memory.checkpoint;
   const bool splits_backward = pp::orders_for_costs(c.pp_schedule);
   detail::pipeline_costs(c);  // names what is wrong with parallel.pp_costs
   HP_CHECK(c.pp_costs == "measured" || (c.parallel.pp > 1 && splits_backward), "parallel.pp_costs (", c.pp_costs,
            ") orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has parallel.pp ",
            c.parallel.pp, " and parallel.pp_schedule ", c.pp_schedule);
-  HP_CHECK((c.memory.checkpoint == "none" && c.memory.swap == "none") || c.parallel.pp == 1 || !splits_backward,
-           recomputes, " does not work with parallel.pp_schedule ", c.pp_schedule,
+  HP_CHECK(recomputes.empty() || c.parallel.pp == 1 || !splits_backward, recomputes,
+           " does not work with parallel.pp_schedule ", c.pp_schedule,
            " yet (it splits the backward into input and weight passes); "
-           "use another schedule, or neither memory.checkpoint nor memory.swap");
+           "use another schedule, or no checkpointing (memory.checkpoint, swap, blocks, budget_mb)");
   HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
            "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
   const CpMode cp_mode = cp_mode_named(c.cp_mode);

@@ -30,6 +30,8 @@ class LayoutStep {
   // gradient clipping, the optimizer step; from the clipping on, `recorder`'s optimizer phase.
   void run(int64_t rows, WorkRecorder* recorder = nullptr);
 
+  const models::ModelParts& parts() const { return s_->parts; }
+
  private:
   TrainConfig c_;
   comm::ProcessGroup world_;

@@ -29,8 +29,10 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   if (c.parallel.cp > 1)
     options.cp.set_mode(cp_mode_named(c.cp_mode)).set_ulysses_degree(c.cp_ulysses).set_async(c.cp_async);
   options.checkpoint = *checkpoint_mode_named(c.memory.checkpoint);
+  for (const std::string& block : c.memory.blocks)
+    options.block_checkpoint.push_back(*checkpoint_mode_named(block, /*swap=*/true));
   if (c.memory.swap != "none") {
-    options.checkpoint = CheckpointMode::kSwap;
+    if (c.memory.blocks.empty()) options.checkpoint = CheckpointMode::kSwap;
     options.swap.prefetch = static_cast<int>(c.memory.swap_prefetch);
     if (c.memory.swap == "file") {
       options.swap.tier = SwapOptions::Tier::kFile;

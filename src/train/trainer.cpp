@@ -45,6 +45,7 @@
 #include "train/job_peak.h"
 #include "train/job_progress.h"
 #include "train/lead_first.h"
+#include "train/memory_budget.h"
 #include "train/memory_checkpointing.h"
 #include "train/metrics_callback.h"
 #include "train/plan.h"
@@ -182,6 +183,8 @@ TrainResult train(const TrainConfig& c, const comm::ProcessGroup& world, const T
       "train: TrainOptions::recover_from_memory needs in-memory checkpoints (resilience.in_memory_checkpoint_interval "
       "> 0)");
   HP_CHECK(!options.recover_from_memory || !options.dry_run, "train: a dry run recovers nothing");
+  // The automatic memory strategy: the run goes on with the blocks it chose (a dry run shows them).
+  if (c.memory.budget_mb > 0) return train(detail::with_memory_plan(c, world), world, options);
   if (options.dry_run) {
     const detail::Setup s = detail::build(c, world);
     detail::print_plan(c, world, s.mesh, s.parts, options);

@@ -69,6 +69,17 @@ TEST(TrainConfig, OffloadKeysReachTheRecipe) {
   EXPECT_EQ(file->options().directory, dir);
 }
 
+// memory.blocks reach the recipe as a mode per block; memory.swap then names their tier only.
+TEST(TrainConfig, BlockModesReachTheRecipe) {
+  const models::RecipeOptions options =
+      detail::recipe_options(parse_config(kConfig, {"memory.blocks=[swap, selective]", "memory.swap=host"}));
+  EXPECT_EQ(options.checkpoint, CheckpointMode::kNone);
+  EXPECT_EQ(options.block_checkpoint, (std::vector<CheckpointMode>{CheckpointMode::kSwap, CheckpointMode::kSelective}));
+  EXPECT_EQ(options.swap.tier, SwapOptions::Tier::kHost);
+  EXPECT_EQ(detail::recipe_options(parse_config(kConfig, {"memory.swap=host"})).checkpoint, CheckpointMode::kSwap);
+  EXPECT_TRUE(detail::recipe_options(parse_config(kConfig, {})).block_checkpoint.empty());
+}
+
 // The run's config.json (to_json, its keys sorted as hp-train writes it) loads back to the same
 // config, for every family: model.family is read first wherever it sorts.
 TEST(TrainConfig, TheRunsConfigJsonLoadsBack) {
@@ -112,6 +123,23 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"memory.swap=host", "memory.checkpoint=full"}, 4,
           "memory.swap host and memory.checkpoint full both say what blocks keep for backward; set one of them");
   invalid({"memory.swap_prefetch=-1"}, 4, "memory.swap_prefetch (-1) must be >= 0");
+  invalid({"memory.blocks=[full]"}, 4,
+          "memory.blocks has 1 entries for the 2 layers of the model (one per layer, in layer order)");
+  invalid({"memory.blocks=[full, most]"}, 4,
+          "memory.blocks: 'most' is unknown (available: none, full, selective, swap)");
+  invalid({"memory.blocks=[swap, none]"}, 4, "memory.blocks: swap needs memory.swap to name its tier (host or file)");
+  invalid({"memory.blocks=[full, none]", "memory.checkpoint=selective"}, 4,
+          "memory.blocks and memory.checkpoint selective both say what blocks keep for backward; set one of them");
+  invalid({"memory.budget_mb=-1"}, 4, "memory.budget_mb (-1) must be >= 0");
+  invalid({"memory.budget_mb=100", "memory.blocks=[full, none]"}, 4,
+          "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
+  invalid({"memory.budget_mb=100", "memory.checkpoint=full"}, 4,
+          "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4",
+           "memory.blocks=[none, full, none, none]"},
+          4, "memory.blocks does not work with parallel.pp_schedule zbv yet");
+  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4", "memory.budget_mb=100"}, 4,
+          "memory.budget_mb does not work with parallel.pp_schedule zbv yet");
   invalid({"memory.offload=nvme"}, 4, "memory.offload 'nvme' is unknown (available: none, host, file)");
   invalid({"memory.offload=host", "memory.offload_dir=/data/offload"}, 4,
           "memory.offload_dir is the file tier's directory; it needs memory.offload file, not host");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hp/nn/module.h"
+#include "hp/parallel/checkpoint.h"
 #include "hp/pp/executor.h"
 
 namespace hp::models {
@@ -30,6 +31,8 @@ struct ModelParts {
   std::shared_ptr<nn::Module> model;
   // The modules this rank runs: {model}, or its pipeline stages in schedule order.
   std::vector<std::shared_ptr<nn::Module>> modules;
+  // The blocks the recipe checkpointed (or swaps), by FQN in model order, with their stats.
+  std::vector<std::pair<std::string, CheckpointedModule>> checkpointed;
   // Runs the stages with the other pipeline ranks; null without pipeline parallelism.
   std::unique_ptr<pp::PipelineExecutor> pipeline;
   // The training loss of the model's output and the targets (also the pipeline's).

@@ -4,6 +4,7 @@
 // knows no family.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,7 +47,16 @@ struct RecipeOptions {
   PipelineOptions pipeline;
   ContextParallel cp;  // applied to the core attention with parallel.cp > 1
   CheckpointMode checkpoint = CheckpointMode::kNone;
-  SwapOptions swap;  // with checkpoint kSwap
+  // One mode per block, in layer order, in place of `checkpoint` (empty: `checkpoint` for all).
+  std::vector<CheckpointMode> block_checkpoint;
+  SwapOptions swap;  // for the blocks of mode kSwap
+
+  // Whether any block is checkpointed (or swapped).
+  bool checkpoints() const {
+    return checkpoint != CheckpointMode::kNone ||
+           std::any_of(block_checkpoint.begin(), block_checkpoint.end(),
+                       [](CheckpointMode m) { return m != CheckpointMode::kNone; });
+  }
 };
 
 // A config field of one of four types, pointing into the spec that owns it.

@@ -39,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/nn/module.h"
@@ -98,6 +99,10 @@ struct CheckpointStats {
   int64_t swapped_bytes = 0;    // their bytes
   int64_t recomputed_ops = 0;   // ops the recomputation ran again
   int64_t replayed_ops = 0;     // ops whose saved outputs it used instead
+  // Wall seconds of the last forward (the first pass, and queueing the previous swapped region's
+  // copies) and of the last recomputation (waiting for swapped outputs' reloads, and running the
+  // forward again; not the backward through it): what the automatic memory strategy prices.
+  double forward_seconds = 0.0, recompute_seconds = 0.0;
 };
 
 namespace detail {
@@ -124,11 +129,19 @@ enum class CheckpointMode {
   kSelective,  // checkpoint(block, {default_checkpoint_policy})
   kSwap,       // checkpoint(block, {default_swap_policy, manager}), one manager for all blocks
 };
-// The mode named "none", "full" or "selective" (memory.checkpoint's values); nullopt for any other.
-std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name);
+// The mode named "none", "full" or "selective" (memory.checkpoint's values), or also "swap" with
+// `swap` (memory.blocks' values); nullopt for any other.
+std::optional<CheckpointMode> checkpoint_mode_named(const std::string& name, bool swap = false);
+// "none", "full", "selective" or "swap".
+const char* checkpoint_mode_name(CheckpointMode mode);
 // Checkpoints every module of `root` matching `pattern` (hp::nn::match_modules) as `mode` says;
 // kSwap's manager takes `swap`.
 std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::string& pattern, CheckpointMode mode,
                                                    SwapOptions swap = {});
+// The same with a mode per match, in model order (one each; an error says how many there are);
+// the swapped ones share one manager, made with `swap`. Returns the checkpointed ones by FQN.
+std::vector<std::pair<std::string, CheckpointedModule>> checkpoint_modules(nn::Module& root, const std::string& pattern,
+                                                                           const std::vector<CheckpointMode>& modes,
+                                                                           SwapOptions swap = {});
 
 }  // namespace hp

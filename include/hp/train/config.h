@@ -89,6 +89,14 @@ struct TrainConfig {
     // back and dropped from memory after each use and read ahead before the next); docs/memory.md.
     std::string offload = "none";
     std::string offload_dir;  // the file tier's directory, on a disk; default: run_dir
+    // What each block keeps for backward, one entry per model layer in layer order: "none", "full",
+    // "selective" or "swap" (to swap's tier, which swap names: host or file), in place of checkpoint
+    // and swap's every block. Empty: as checkpoint and swap say.
+    std::vector<std::string> blocks;
+    // N > 0: the automatic strategy chooses `blocks` (among none, full, selective, and swap where
+    // swap names a tier) for the fastest step whose peak, predicted by dry runs, stays under N MiB
+    // per rank, from the costs one profiled step measures; docs/memory.md.
+    int64_t budget_mb = 0;
   } memory;
 
   struct Optimizer {

@@ -152,8 +152,7 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
     return std::any_of(program.begin(), program.end(),
                        [](const pp::Action& a) { return a.kind == pp::ActionKind::kBackwardInput; });
   });
-  HP_CHECK(options.checkpoint == CheckpointMode::kNone || !splits_backward, "parallelize_llama: schedule ",
-           schedule.name,
+  HP_CHECK(!options.checkpoints() || !splits_backward, "parallelize_llama: schedule ", schedule.name,
            " splits the backward into input and weight passes, which activation checkpointing does not support yet "
            "(use another schedule or no checkpointing)");
   const auto all = split_llama(
@@ -197,10 +196,12 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
                              const RecipeOptions& options, LlamaMlp mlp) {
   HP_CHECK(model != nullptr, "parallelize_llama: no model");
   validate_llama_dims(dims, model->config(), mlp);
-  // Checkpointing wraps each block's whole call, the plans' hooks included: order does not matter.
-  checkpoint_modules(*model, "layers.*", options.checkpoint, options.swap);
   ModelParts parts;
   parts.model = model;
+  // Checkpointing wraps each block's whole call, the plans' hooks included: order does not matter.
+  std::vector<CheckpointMode> modes = options.block_checkpoint;
+  if (modes.empty()) modes.assign(nn::match_modules(*model, "layers.*").size(), options.checkpoint);
+  parts.checkpointed = checkpoint_modules(*model, "layers.*", modes, options.swap);
   parts.loss = [](const at::Tensor& logits, const at::Tensor& targets) { return cross_entropy(logits, targets); };
   for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate", "mlp.up", "mlp.down"})
     parts.hidden_matrices.push_back(std::string("layers.*.") + m + ".weight");

@@ -1,0 +1,119 @@
+// memory.blocks (what each block keeps for backward) and memory.budget_mb (the automatic strategy
+// that chooses them, train/memory_budget.h): a run whose plain peak is over the budget trains under
+// it with the same losses, bit for bit; mixed blocks change no bit; a budget that nothing meets, or
+// that plain training meets, is said so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/models/llama/spec.h"
+#include "hp/testing/run_ranks.h"
+#include "hp/train/trainer.h"
+#include "scratch_dir.h"
+#include "test_util.h"
+#include "train/later_step_peak.h"
+#include "train/memory_budget.h"
+#include "train/train_helpers.h"
+
+namespace hp::train {
+namespace {
+
+// A Llama whose activations are most of a step's memory: 4 blocks, 8 sequences of 128 tokens a rank.
+TrainConfig budget_config(const std::string& dir) {
+  TrainConfig c = small_llama_config(dir);
+  c.model.as<models::LlamaConfig>() = models::LlamaConfig{256, 64, 4, 4, 2, 128, 128};
+  c.data.seq_len = 128;
+  c.seed = 5;
+  c.train.steps = 3;
+  c.train.global_batch = 16;
+  c.train.micro_batch = 8;
+  c.eval.interval = 0;
+  c.parallel.dp_shard = 2;
+  return c;
+}
+
+// Each rank's losses and largest peak of the steps after the first.
+struct RunRecord {
+  std::vector<double> losses;
+  std::vector<double> peaks;  // by rank
+};
+
+RunRecord run(const TrainConfig& c) {
+  const int world = static_cast<int>(c.parallel.world_size());
+  struct Record : LaterStepPeak {
+    std::vector<double> losses;
+    void on_step_end(const StepRecord& record) override {
+      LaterStepPeak::on_step_end(record);
+      losses.push_back(record.loss);
+    }
+  };
+  std::vector<std::shared_ptr<Record>> records(world);
+  for (auto& r : records) r = std::make_shared<Record>();
+  train_on_ranks(c, world, [&](int rank) { return std::vector<std::shared_ptr<Callback>>{records[rank]}; });
+  RunRecord out{records[0]->losses, {}};
+  for (const auto& r : records) out.peaks.push_back(r->bytes);
+  return out;
+}
+
+// The test: a budget that plain training exceeds is met, measured, with bitwise-equal losses.
+TEST(MemoryBudget, MeetsABudgetThatPlainTrainingExceeds) {
+  const std::string dir = test::scratch_dir("memory_budget_meets");
+  TrainConfig c = budget_config(dir);
+  const RunRecord plain = run(c);
+  ASSERT_EQ(plain.losses.size(), 3u);
+  const double plain_peak = *std::max_element(plain.peaks.begin(), plain.peaks.end());
+  // 85% of plain training's peak: more than full checkpointing of every block needs (about 70%
+  // here), so the strategy has a choice to make.
+  c.memory.budget_mb = static_cast<int64_t>(0.85 * plain_peak / (1 << 20));
+  const double budget = static_cast<double>(c.memory.budget_mb) * (1 << 20);
+  ASSERT_LT(budget, plain_peak);
+  std::cout << "plain peak " << plain_peak / (1 << 20) << " MiB, budget " << c.memory.budget_mb << " MiB\n";
+  const RunRecord planned = run(c);
+  EXPECT_EQ(planned.losses, plain.losses);
+  for (size_t rank = 0; rank < planned.peaks.size(); ++rank) {
+    std::cout << "rank " << rank << ": measured peak " << planned.peaks[rank] / (1 << 20) << " MiB\n";
+    EXPECT_LT(planned.peaks[rank], budget) << "rank " << rank;
+  }
+}
+
+// Blocks in every mode at once (two share a swap tier) give the losses of none, bit for bit.
+TEST(MemoryBudget, MixedBlocksChangeNoLoss) {
+  const std::string dir = test::scratch_dir("memory_blocks_mixed");
+  TrainConfig c = budget_config(dir);
+  c.train.global_batch = 4;
+  c.train.micro_batch = 2;
+  c.model.as<models::LlamaConfig>().layers = 5;
+  const std::vector<double> plain = rank0_losses(c, 2);
+  c.memory.swap = "host";
+  c.memory.blocks = {"swap", "full", "swap", "selective", "none"};
+  EXPECT_EQ(rank0_losses(c, 2), plain);
+}
+
+// Plain training under the budget: no block is checkpointed, and nothing is profiled. A budget
+// below full checkpointing's peak: an error with that peak.
+TEST(MemoryBudget, SaysWhenPlainTrainingFitsAndWhenNothingDoes) {
+  const std::string dir = test::scratch_dir("memory_budget_edges");
+  TrainConfig c = budget_config(dir);
+  c.parallel.dp_shard = 1;
+  testing::run_ranks(
+      1,
+      [&](const comm::ProcessGroup& world) {
+        c.memory.budget_mb = 1 << 20;
+        const detail::MemoryPlan roomy = detail::plan_memory(c, world);
+        EXPECT_EQ(roomy.blocks, std::vector<std::string>(4, "none"));
+        EXPECT_EQ(roomy.seconds_per_micro_batch, 0.0);
+        EXPECT_NE(roomy.report.find("which fits: no block is checkpointed"), std::string::npos) << roomy.report;
+        c.memory.budget_mb = 1;
+        test::expect_error([&] { detail::plan_memory(c, world); },
+                           {"memory.budget_mb 1 is below what any plan needs: full checkpointing of every block "
+                            "peaks at",
+                            "raise the budget"});
+      },
+      ranks_for(c));
+}
+
+}  // namespace
+}  // namespace hp::train
