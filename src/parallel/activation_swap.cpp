@@ -13,6 +13,9 @@ namespace hp {
 namespace detail {
 
 size_t SwapRegion::add(const at::Tensor& output) {
+  // The tiers copy host memory (an accelerator's copies would need its streams).
+  HP_CHECK(output.is_cpu() || output.is_meta(), "activation swap: ", output.device(),
+           " tensors are not supported (the tiers copy host memory)");
   Slot slot;
   slot.tensor = output;
   slot.shape = output.sizes().vec();

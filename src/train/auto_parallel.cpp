@@ -40,6 +40,8 @@ std::string PlannedLayout::describe() const {
 std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, const PlanOptions& o) {
   HP_CHECK(o.world_size >= 1, "hp-plan: the world size must be >= 1, got ", o.world_size);
   HP_CHECK(o.micro_batch_choices >= 1, "hp-plan: micro_batch_choices must be >= 1");
+  HP_CHECK(c.memory.budget_mb == 0 && c.memory.blocks.empty(), "hp-plan: it searches memory.checkpoint itself; ",
+           "leave memory.blocks and memory.budget_mb (hp-train's choice per block) unset");
   std::vector<std::vector<int64_t>> dims;
   std::vector<int64_t> prefix;
   factorizations(o.world_size, 5, prefix, dims);  // dp_replicate, dp_shard, tp, pp, cp

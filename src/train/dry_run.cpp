@@ -234,6 +234,8 @@ std::vector<DryRunReport> dry_run_pipeline(const TrainConfig& c, int world_size,
                                            const DryRunOptions& options) {
   const auto routing = std::make_shared<const RoutingModel>(options.routing);
   validate(c, world_size);
+  HP_CHECK(c.memory.budget_mb == 0, "dry run: memory.budget_mb chooses memory.blocks when a run starts, from a ",
+           "profiled step; dry-run the memory.blocks it logs, or run hp-train --dry-run, which plans first");
   HP_CHECK(c.train.device == "cpu", "dry run: train.device ", c.train.device,
            " is not covered yet: it predicts the host memory of train.device cpu");
   try {

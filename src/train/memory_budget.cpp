@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <exception>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
@@ -45,19 +46,22 @@ std::string listed(const std::vector<std::string>& blocks) {
 
 // The layers of each pipeline stage, in stage order (one stage without pipeline parallelism).
 std::vector<int64_t> stage_layers(const TrainConfig& c) {
+  if (c.parallel.pp == 1) return {c.model->layers()};
   if (!c.pp_layers_per_stage.empty()) return c.pp_layers_per_stage;
-  const int64_t stages = c.parallel.pp > 1 ? c.pipeline_stages() : 1;
+  const int64_t stages = c.pipeline_stages();
   return std::vector<int64_t>(stages, c.model->layers() / stages);
 }
 
-// Within each stage, counts[m] blocks of modes[m] in that order from its first block, the rest none.
+// Within each stage, counts[m] blocks of modes[m] in that order from its first block, the rest
+// none, its last block always: backward starts there, so checkpointing it saves nothing (its
+// recomputation rebuilds what it kept at once), and a swapped last block never leaves.
 std::vector<std::string> assign(const std::vector<int64_t>& stages, const std::vector<std::string>& modes,
                                 const std::vector<int64_t>& counts) {
   std::vector<std::string> blocks;
   for (const int64_t layers : stages) {
     int64_t placed = 0;
     for (size_t m = 0; m < modes.size(); ++m)
-      for (int64_t k = 0; k < counts[m] && placed < layers; ++k, ++placed) blocks.push_back(modes[m]);
+      for (int64_t k = 0; k < counts[m] && placed < layers - 1; ++k, ++placed) blocks.push_back(modes[m]);
     for (; placed < layers; ++placed) blocks.push_back("none");
   }
   return blocks;
@@ -78,18 +82,60 @@ int64_t predicted_peak(const TrainConfig& c, int world_size, std::vector<std::st
   return peak;
 }
 
-// What each of `modes` (modes[0] is "full") adds to a step per block and micro-batch: one profiled
-// step (after one that warms up) of `c`'s layout on `world` with block i in modes[i mod M] (and
-// again with the modes rotated, where there are fewer blocks than modes). Every rank returns the
-// same costs: the sums over the ranks' blocks, as rank 0 has them.
+// Runs `local` (work without collectives) on every rank of `world`; where it throws on any rank,
+// every rank throws: its own error, or one naming the ranks that failed. So a failure on one rank
+// (its file tier's directory, say) does not leave the others waiting in the profile's collectives.
+template <typename Local>
+auto agreed(const comm::ProcessGroup& world, Local&& local) {
+  std::exception_ptr failure;
+  decltype(local()) result{};
+  try {
+    result = local();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const at::Tensor failed = world.all_gather(at::full({1}, failure ? 1.0 : 0.0, at::kDouble));
+  if (failure) std::rethrow_exception(failure);
+  std::string ranks;
+  for (int r = 0; r < world.size(); ++r)
+    if (failed[r].item<double>() != 0.0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  HP_CHECK(ranks.empty(), "memory.budget_mb: planning failed on rank ", ranks, " (its error is on its output)");
+  return result;
+}
+
+// The blocks of the profiled steps: in each, block i in modes[(i + step's rotation) mod M], so that
+// every mode is timed on real blocks (rotated where there are fewer blocks than modes).
+std::vector<std::vector<std::string>> round_robin(int64_t layers, const std::vector<std::string>& modes) {
+  const int64_t count = static_cast<int64_t>(modes.size());
+  std::vector<std::vector<std::string>> steps;
+  for (int64_t rotation = 0; rotation * layers < count; ++rotation) {
+    steps.emplace_back();
+    for (int64_t i = 0; i < layers; ++i) steps.back().push_back(modes[(i + rotation * layers) % count]);
+  }
+  return steps;
+}
+
+// The fewest blocks that time each mode: the first blocks of the last pipeline stage (which holds
+// the fewest micro-batches; its first blocks are not the last one, whose swapped outputs would
+// never leave) in the modes after the first, one each; every other block in the first mode.
+std::vector<std::string> fewest_blocks(const std::vector<int64_t>& stages, const std::vector<std::string>& modes) {
+  const int64_t layers = std::accumulate(stages.begin(), stages.end(), int64_t{0});
+  const int64_t others = static_cast<int64_t>(modes.size()) - 1;
+  const int64_t start = std::min(layers - stages.back(), layers - others);
+  std::vector<std::string> blocks(layers, modes.front());
+  for (int64_t m = 1; m <= others; ++m) blocks[start + m - 1] = modes[m];
+  return blocks;
+}
+
+// What each of `modes` (modes[0] is "full") adds to a step per block and micro-batch, from a step
+// (after one that warms up) of `c`'s layout on `world` with each of `steps`' blocks. Every rank
+// returns the same costs: the sums over the ranks' blocks, as rank 0 has them.
 std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& world,
-                            const std::vector<std::string>& modes) {
+                            const std::vector<std::string>& modes, const std::vector<std::vector<std::string>>& steps) {
   const int64_t layers = c.model->layers(), count = static_cast<int64_t>(modes.size());
   // By mode: forward seconds, recomputation seconds, blocks timed (this rank's).
   at::Tensor sums = at::zeros({count, 3}, at::kDouble);
-  for (int64_t rotation = 0; rotation * layers < count; ++rotation) {
-    std::vector<std::string> blocks;
-    for (int64_t i = 0; i < layers; ++i) blocks.push_back(modes[(i + rotation * layers) % count]);
+  for (const std::vector<std::string>& blocks : steps) {
     LayoutStep step(with_blocks(c, blocks), world);
     step.run(c.per_rank_batch());  // first allocations, kernels' first calls
     step.run(c.per_rank_batch());
@@ -99,12 +145,14 @@ std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& worl
     for (int64_t i = 0; i < layers; ++i) {
       const CheckpointStats& stats = checkpointed[i].second.stats();
       if (stats.forward_seconds == 0.0) continue;  // another pipeline stage's block
-      at::Tensor row = sums[(i + rotation * layers) % count];
+      at::Tensor row = sums[std::find(modes.begin(), modes.end(), blocks[i]) - modes.begin()];
       row[0] += stats.forward_seconds;
       row[1] += stats.recompute_seconds;
       row[2] += 1.0;
     }
   }
+  // Rank 0's sums for all: a reduction need not give every rank the same bits, and every rank must
+  // choose the same plan.
   sums = world.broadcast(world.all_reduce(sums), 0);
   const auto mean = [&](int64_t m, int64_t column) {
     return sums[m][column].item<double>() / std::max(1.0, sums[m][2].item<double>());
@@ -120,10 +168,18 @@ struct Candidate {
   double estimated_peak = 0.0;  // from the uniform dry runs
 };
 
-// Every split of up to `layers` blocks among the modes whose estimated peak (linear in the blocks
-// between none's peak and each mode's) is at most `target`, cheapest first.
-std::vector<Candidate> candidates(int64_t layers, double none_peak, const std::vector<double>& saving_per_block,
-                                  const std::vector<double>& costs, double target) {
+// Blocks of `mode` (`count` of them, in a row) that keep less than they would without
+// checkpointing: a swapped block's outputs leave when the next swapped block's forward ends, so
+// the last of a row stays.
+int64_t saving_blocks(const std::string& mode, int64_t count) {
+  return mode == "swap" ? std::max<int64_t>(0, count - 1) : count;
+}
+
+// Every split of up to `blocks` blocks among the modes whose estimated peak (none's, less each
+// mode's saving per block) is at most `target`, cheapest first.
+std::vector<Candidate> candidates(int64_t blocks, double none_peak, const std::vector<std::string>& modes,
+                                  const std::vector<double>& saving_per_block, const std::vector<double>& costs,
+                                  double target) {
   std::vector<Candidate> out;
   std::vector<int64_t> counts(costs.size(), 0);
   const auto visit = [&](const auto& self, size_t m, int64_t left) -> void {
@@ -131,7 +187,7 @@ std::vector<Candidate> candidates(int64_t layers, double none_peak, const std::v
       Candidate c{counts, 0.0, none_peak};
       for (size_t k = 0; k < counts.size(); ++k) {
         c.seconds += static_cast<double>(counts[k]) * costs[k];
-        c.estimated_peak -= static_cast<double>(counts[k]) * saving_per_block[k];
+        c.estimated_peak -= static_cast<double>(saving_blocks(modes[k], counts[k])) * saving_per_block[k];
       }
       if (c.estimated_peak <= target) out.push_back(std::move(c));
       return;
@@ -139,7 +195,7 @@ std::vector<Candidate> candidates(int64_t layers, double none_peak, const std::v
     for (counts[m] = 0; counts[m] <= left; ++counts[m]) self(self, m + 1, left - counts[m]);
     counts[m] = 0;
   };
-  visit(visit, 0, layers);
+  visit(visit, 0, blocks);
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     return a.seconds != b.seconds ? a.seconds < b.seconds : a.estimated_peak < b.estimated_peak;
   });
@@ -153,52 +209,86 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   const int64_t layers = c.model->layers();
   const double budget = static_cast<double>(c.memory.budget_mb) * (1 << 20), target = budget / kMargin;
   const std::vector<int64_t> stages = stage_layers(c);
+  const int64_t largest_stage = *std::max_element(stages.begin(), stages.end());
+  std::vector<std::string> modes = {"full", "selective"};
+  if (c.memory.swap != "none") modes.push_back("swap");
   std::ostringstream report;
   report << "memory.budget_mb " << c.memory.budget_mb << ": plans keep the dry run's step peak under " << mib(target)
          << " (the budget less a " << std::setprecision(2) << (kMargin - 1) * 100 << "% margin)\n";
+
+  // Dry runs, each rank its own (the same ones): without checkpointing; full checkpointing of every
+  // block (the least any plan keeps); each mode in every block but each stage's last; the blocks to
+  // profile.
+  struct Peaks {
+    int64_t none = 0, full = 0;
+    std::vector<int64_t> all_but_last;  // by mode
+    std::vector<std::vector<std::string>> profiled;
+    int64_t profiled_peak = 0;
+  };
+  const auto all_but_last = [&](const std::string& mode) { return assign(stages, {mode}, {largest_stage}); };
+  const Peaks peaks = agreed(world, [&] {
+    Peaks p;
+    p.none = predicted_peak(c, world.size(), std::vector<std::string>(layers, "none"));
+    if (static_cast<double>(p.none) <= target) return p;
+    p.full = predicted_peak(c, world.size(), std::vector<std::string>(layers, "full"));
+    if (static_cast<double>(p.full) > target) return p;
+    for (const std::string& mode : modes) p.all_but_last.push_back(predicted_peak(c, world.size(), all_but_last(mode)));
+    const auto peak_of = [&](const std::vector<std::vector<std::string>>& steps) {
+      int64_t peak = 0;
+      for (const auto& blocks : steps) peak = std::max(peak, predicted_peak(c, world.size(), blocks));
+      return peak;
+    };
+    p.profiled = round_robin(layers, modes);
+    p.profiled_peak = peak_of(p.profiled);
+    if (static_cast<double>(p.profiled_peak) > target && layers >= static_cast<int64_t>(modes.size())) {
+      p.profiled = {fewest_blocks(stages, modes)};
+      p.profiled_peak = peak_of(p.profiled);
+    }
+    return p;
+  });
   MemoryPlan plan;
-  const int64_t none_peak = predicted_peak(c, world.size(), std::vector<std::string>(layers, "none"));
-  report << "  without checkpointing: " << mib(static_cast<double>(none_peak));
-  if (static_cast<double>(none_peak) <= target) {
+  report << "  without checkpointing: " << mib(static_cast<double>(peaks.none));
+  if (static_cast<double>(peaks.none) <= target) {
     plan.blocks.assign(layers, "none");
-    plan.peak_bytes = none_peak;
+    plan.peak_bytes = peaks.none;
     plan.report = report.str() + ", which fits: no block is checkpointed";
     return plan;
   }
-  report << "\n";
+  report << "; full checkpointing of every block: " << mib(static_cast<double>(peaks.full)) << "\n";
+  HP_CHECK(static_cast<double>(peaks.full) <= target, "memory.budget_mb ", c.memory.budget_mb,
+           " is below what any plan needs: full checkpointing of every block peaks at ",
+           mib(static_cast<double>(peaks.full)), " (dry run), ", mib(target),
+           " at most with the margin; raise the budget, shard more (parallel.*), or offload (memory.offload)");
+  if (static_cast<double>(peaks.profiled_peak) > target)
+    report << "  the profiled step peaks at " << mib(static_cast<double>(peaks.profiled_peak))
+           << " (dry run), over that: timing a mode needs a block in it\n";
+  const std::vector<double> measured = profile(c, world, modes, peaks.profiled);
 
-  // The modes, those that keep the least first.
-  std::vector<std::string> modes = {"full", "selective"};
-  if (c.memory.swap != "none") modes.push_back("swap");
-  std::vector<int64_t> uniform_peaks;
-  for (const std::string& mode : modes)
-    uniform_peaks.push_back(predicted_peak(c, world.size(), std::vector<std::string>(layers, mode)));
+  // The modes, those that keep the least first; what each saves per block it keeps less in.
   std::vector<size_t> order(modes.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return uniform_peaks[a] < uniform_peaks[b]; });
-  HP_CHECK(static_cast<double>(uniform_peaks[order.front()]) <= target, "memory.budget_mb ", c.memory.budget_mb,
-           " is below what any plan needs: ", modes[order.front()], " checkpointing of every block peaks at ",
-           mib(static_cast<double>(uniform_peaks[order.front()])), " (dry run), ", mib(target),
-           " at most with the margin; raise the budget, shard more (parallel.*), or offload (memory.offload)");
-  const std::vector<double> measured = profile(c, world, modes);
-  const int64_t largest_stage = *std::max_element(stages.begin(), stages.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return peaks.all_but_last[a] < peaks.all_but_last[b]; });
   std::vector<std::string> sorted_modes;
   std::vector<double> costs, saving;
-  report << "  every block (dry run; measured cost per block and micro-batch):";
+  report << "  every block but each stage's last (dry run; measured cost per block and micro-batch):";
   for (size_t m : order) {
     sorted_modes.push_back(modes[m]);
     costs.push_back(measured[m]);
-    saving.push_back(static_cast<double>(none_peak - uniform_peaks[m]) / static_cast<double>(largest_stage));
-    report << " " << modes[m] << " " << mib(static_cast<double>(uniform_peaks[m])) << " +" << ms(measured[m]) << ";";
+    const int64_t blocks = saving_blocks(modes[m], largest_stage - 1);
+    saving.push_back(blocks > 0 ? static_cast<double>(peaks.none - peaks.all_but_last[m]) / static_cast<double>(blocks)
+                                : 0.0);
+    report << " " << modes[m] << " " << mib(static_cast<double>(peaks.all_but_last[m])) << " +" << ms(measured[m])
+           << ";";
   }
   report << "\n";
 
-  const auto chosen = [&](const std::vector<int64_t>& counts, int64_t peak) {
-    plan.blocks = assign(stages, sorted_modes, counts);
+  const auto chosen = [&](std::vector<std::string> blocks, int64_t peak) {
+    plan.blocks = std::move(blocks);
     plan.peak_bytes = peak;
-    plan.seconds_per_micro_batch = 0.0;
-    for (size_t m = 0; m < counts.size(); ++m)
-      plan.seconds_per_micro_batch += static_cast<double>(counts[m] * static_cast<int64_t>(stages.size())) * costs[m];
+    for (const std::string& block : plan.blocks)
+      for (size_t m = 0; m < sorted_modes.size(); ++m)
+        if (block == sorted_modes[m]) plan.seconds_per_micro_batch += costs[m];
     report << "  plan: memory.blocks " << listed(plan.blocks) << ": peak " << mib(static_cast<double>(peak))
            << " (dry run), recomputation and copies about " << ms(plan.seconds_per_micro_batch) << " per micro-batch"
            << (stages.size() > 1 ? " (its stages together)" : "");
@@ -206,18 +296,21 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
     return plan;
   };
   int tried = 0;
-  for (const Candidate& candidate : candidates(largest_stage, static_cast<double>(none_peak), saving, costs, target)) {
+  for (const Candidate& candidate :
+       candidates(largest_stage - 1, static_cast<double>(peaks.none), sorted_modes, saving, costs, target)) {
     if (tried++ == kDryRunsOfCandidates) break;
-    const int64_t peak = predicted_peak(c, world.size(), assign(stages, sorted_modes, candidate.counts));
-    if (static_cast<double>(peak) <= target) return chosen(candidate.counts, peak);
+    std::vector<std::string> blocks = assign(stages, sorted_modes, candidate.counts);
+    const int64_t peak = predicted_peak(c, world.size(), blocks);
+    if (static_cast<double>(peak) <= target) return chosen(std::move(blocks), peak);
+    report << "  tried " << listed(blocks) << " (+" << ms(candidate.seconds) << "): peak "
+           << mib(static_cast<double>(peak)) << " (dry run), over\n";
   }
-  // The cheapest mode that fits in every block (the least-keeping one does).
-  size_t fallback = 0;
-  for (size_t m = 1; m < sorted_modes.size(); ++m)
-    if (static_cast<double>(uniform_peaks[order[m]]) <= target && costs[m] < costs[fallback]) fallback = m;
-  std::vector<int64_t> counts(sorted_modes.size(), 0);
-  counts[fallback] = largest_stage;
-  return chosen(counts, uniform_peaks[order[fallback]]);
+  // Full checkpointing of every block but each stage's last, or of every block.
+  const size_t full =
+      static_cast<size_t>(std::find(sorted_modes.begin(), sorted_modes.end(), "full") - sorted_modes.begin());
+  if (static_cast<double>(peaks.all_but_last[order[full]]) <= target)
+    return chosen(all_but_last("full"), peaks.all_but_last[order[full]]);
+  return chosen(std::vector<std::string>(layers, "full"), peaks.full);
 }
 
 TrainConfig with_memory_plan(const TrainConfig& c, const comm::ProcessGroup& world) {

@@ -1,14 +1,15 @@
 // memory.budget_mb, the automatic memory strategy: what each block keeps for backward (none, full,
 // selective, or swap where memory.swap names a tier) so that a step fits a per-rank memory budget at
-// the least cost in time (docs/memory.md#automatic-strategy).
+// the least cost in time (docs/memory.md#block-by-block-and-the-automatic-strategy).
 //
-// Memory comes from dry runs (hp/train/dry_run.h): the step's peak with every block in each mode,
-// then the candidates' own. Time comes from one profiled step of the real layout, on the job's
-// ranks, with every block checkpointed in one of the modes: a mode's cost per block is its
-// recomputation (and reload waits) plus what its forward takes beyond a fully checkpointed one's
-// (saving, queueing copies). Within each pipeline stage the modes that keep the least come first
-// (the blocks backward reaches last: their recomputation runs once later blocks' activations are
-// gone) and blocks without checkpointing last.
+// Memory comes from dry runs (hp/train/dry_run.h): the step's peak without checkpointing, with every
+// block fully checkpointed, with each mode in every block but each stage's last, then the
+// candidates' own. Time comes from one profiled step of the real layout, on the job's ranks, with
+// every block checkpointed in one of the modes: a mode's cost per block is its recomputation (and
+// reload waits) plus what its forward takes beyond a fully checkpointed one's (saving, queueing
+// copies). Within each pipeline stage the modes that keep the least come first and blocks without
+// checkpointing last, the stage's last block always (backward starts there: checkpointing it
+// saves nothing).
 #pragma once
 
 #include <cstdint>

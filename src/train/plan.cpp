@@ -94,9 +94,9 @@ void print_plan(const TrainConfig& c, const comm::ProcessGroup& world, const Dev
             << c.per_rank_batch() << " per data-parallel rank in " << c.micro_batches() << " micro-batch(es)\n";
   if (!not_covered.empty()) {
     std::cout << "memory: estimated (" << not_covered << ")\n";
-    if (c.memory.checkpoint != "none" || c.memory.swap != "none")
-      std::cout << "activations: estimated as without memory.checkpoint and memory.swap, which keep less in the "
-                   "compute allocator (an upper bound)\n";
+    if (c.memory.checkpoint != "none" || c.memory.swap != "none" || !c.memory.blocks.empty())
+      std::cout << "activations: estimated as without memory.checkpoint, memory.swap and memory.blocks, which keep "
+                   "less in the compute allocator (an upper bound)\n";
   } else {
     std::cout << "memory: each rank's step peak from a dry run on the meta device (docs/planning.md)";
     if (!nn::routers_of(*parts.model).empty())

@@ -330,6 +330,11 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   // ep 1 or 2 where dp_shard x tp x cp is 2 (a dense model refuses ep 2 when validated), two
   // schedules with pp 2: (1 + 2 + 2 + 2 + 2) x 2 x 2.
   EXPECT_EQ(candidate_layouts(c, options).size(), 36u);
+  // Checkpointing is the search's: hp-train's choice per block is refused, not silently dropped.
+  TrainConfig budget = c;
+  budget.memory.budget_mb = 100;
+  test::expect_error([&] { candidate_layouts(budget, options); },
+                     "hp-plan: it searches memory.checkpoint itself; leave memory.blocks and memory.budget_mb");
   Calibration cal = known_calibration();
   cal.compute.clear();
   cal.compute["matmul Float"][20] = {1 << 20, 1e-3};

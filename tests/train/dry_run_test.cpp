@@ -426,6 +426,10 @@ TEST(DryRun, RefusesWhatItDoesNotCoverYet) {
   const std::string dir = test::scratch_dir("dry_run_refuses");
   TrainConfig c = config_of(Layout{"one rank", dims(1, 1)}, dir);
   test::expect_error([&] { dry_run(c, 1, 1); }, "fake_world: rank 1 is not in [0, 1)");
+  TrainConfig budget = c;
+  budget.memory.budget_mb = 100;
+  test::expect_error([&] { dry_run(budget, 1, 0); },
+                     "dry run: memory.budget_mb chooses memory.blocks when a run starts, from a profiled step");
   // A routing model that does not fit the layer fails inside a pipeline stage, named by the rank
   // that failed (the last stage's peer here).
   TrainConfig moe_pipeline = moe_config_of(Layout{"pp 2", pipeline(2)}, dir);

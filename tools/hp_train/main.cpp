@@ -63,7 +63,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        }},
       {{"--dry-run"},
        "",
-       "print the plan (mesh, each rank's parameters, estimated memory) and exit",
+       "print the plan (mesh, each rank's parameters, estimated memory) and exit (with memory.budget_mb, after the "
+       "profiled steps that choose memory.blocks)",
        [](Args& a, const std::string&) { a.options.dry_run = true; }},
       {{"--memory-limit"},
        "GIB",
