@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
@@ -23,7 +24,7 @@ namespace {
 // to 3% above its dry run's where collectives run asynchronously (docs/planning.md#accuracy).
 constexpr double kMargin = 1.05;
 // Candidates checked by a dry run of their own, cheapest first, before the strategy settles for
-// the cheapest mode that fits every block.
+// full checkpointing.
 constexpr int kDryRunsOfCandidates = 8;
 
 std::string mib(double bytes) {
@@ -115,26 +116,42 @@ std::vector<std::vector<std::string>> round_robin(int64_t layers, const std::vec
   return steps;
 }
 
+// The blocks that time `mode` with its copies: a swapped block's outputs leave when the next
+// swapped block's forward ends, so a swapped block times its copies only with another after it.
+int64_t blocks_to_time(const std::string& mode) { return mode == "swap" ? 2 : 1; }
+
 // The fewest blocks that time each mode: the first blocks of the last pipeline stage (which holds
-// the fewest micro-batches; its first blocks are not the last one, whose swapped outputs would
-// never leave) in the modes after the first, one each; every other block in the first mode.
+// the fewest micro-batches) in the modes after the first (swap in two blocks in a row), every
+// other block in the first mode. Needs more blocks than those.
 std::vector<std::string> fewest_blocks(const std::vector<int64_t>& stages, const std::vector<std::string>& modes) {
   const int64_t layers = std::accumulate(stages.begin(), stages.end(), int64_t{0});
-  const int64_t others = static_cast<int64_t>(modes.size()) - 1;
+  std::vector<std::string> timed;
+  for (size_t m = 1; m < modes.size(); ++m) timed.insert(timed.end(), blocks_to_time(modes[m]), modes[m]);
+  const int64_t others = static_cast<int64_t>(timed.size());
+  HP_CHECK(others < layers, "memory.budget_mb: ", layers, " blocks cannot time ", modes.size(), " modes");
   const int64_t start = std::min(layers - stages.back(), layers - others);
   std::vector<std::string> blocks(layers, modes.front());
-  for (int64_t m = 1; m <= others; ++m) blocks[start + m - 1] = modes[m];
+  std::copy(timed.begin(), timed.end(), blocks.begin() + start);
   return blocks;
 }
 
 // What each of `modes` (modes[0] is "full") adds to a step per block and micro-batch, from a step
 // (after one that warms up) of `c`'s layout on `world` with each of `steps`' blocks. Every rank
-// returns the same costs: the sums over the ranks' blocks, as rank 0 has them.
+// returns the same costs: the sums over the ranks' blocks, as rank 0 has them. A rank's last
+// swapped block, whose outputs never leave, times swap without its copies: it counts only where no
+// other swapped block was timed.
 std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& world,
                             const std::vector<std::string>& modes, const std::vector<std::vector<std::string>>& steps) {
   const int64_t layers = c.model->layers(), count = static_cast<int64_t>(modes.size());
-  // By mode: forward seconds, recomputation seconds, blocks timed (this rank's).
-  at::Tensor sums = at::zeros({count, 3}, at::kDouble);
+  // By mode, then the last swapped blocks: forward seconds, recomputation seconds, blocks timed
+  // (this rank's).
+  at::Tensor sums = at::zeros({count + 1, 3}, at::kDouble);
+  const auto add = [&](int64_t row, const CheckpointStats& stats) {
+    at::Tensor r = sums[row];
+    r[0] += stats.forward_seconds;
+    r[1] += stats.recompute_seconds;
+    r[2] += 1.0;
+  };
   for (const std::vector<std::string>& blocks : steps) {
     LayoutStep step(with_blocks(c, blocks), world);
     step.run(c.per_rank_batch());  // first allocations, kernels' first calls
@@ -142,30 +159,40 @@ std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& worl
     const auto& checkpointed = step.parts().checkpointed;  // every block, in layer order
     HP_CHECK(static_cast<int64_t>(checkpointed.size()) == layers, "memory.budget_mb: the profiled step checkpointed ",
              checkpointed.size(), " of ", layers, " blocks");
+    const CheckpointStats* last_swapped = nullptr;
     for (int64_t i = 0; i < layers; ++i) {
       const CheckpointStats& stats = checkpointed[i].second.stats();
       if (stats.forward_seconds == 0.0) continue;  // another pipeline stage's block
-      at::Tensor row = sums[std::find(modes.begin(), modes.end(), blocks[i]) - modes.begin()];
-      row[0] += stats.forward_seconds;
-      row[1] += stats.recompute_seconds;
-      row[2] += 1.0;
+      const int64_t m = std::find(modes.begin(), modes.end(), blocks[i]) - modes.begin();
+      if (blocks[i] != "swap") {
+        add(m, stats);
+        continue;
+      }
+      if (last_swapped != nullptr) add(m, *last_swapped);
+      last_swapped = &stats;
     }
+    if (last_swapped != nullptr) add(count, *last_swapped);
   }
   // Rank 0's sums for all: a reduction need not give every rank the same bits, and every rank must
   // choose the same plan.
   sums = world.broadcast(world.all_reduce(sums), 0);
+  const auto timed = [&](int64_t m) { return sums[m][2].item<double>() > 0.0; };
   const auto mean = [&](int64_t m, int64_t column) {
-    return sums[m][column].item<double>() / std::max(1.0, sums[m][2].item<double>());
+    return sums[m][column].item<double>() / sums[m][2].item<double>();
   };
   std::vector<double> costs;
-  for (int64_t m = 0; m < count; ++m) costs.push_back(std::max(0.0, mean(m, 0) + mean(m, 1) - mean(0, 0)));
+  for (int64_t m = 0; m < count; ++m) {
+    const int64_t row = timed(m) || modes[m] != "swap" ? m : count;
+    HP_CHECK(timed(row), "memory.budget_mb: the profiled steps timed no block in ", modes[m]);
+    costs.push_back(std::max(0.0, mean(row, 0) + mean(row, 1) - mean(0, 0)));
+  }
   return costs;
 }
 
 struct Candidate {
   std::vector<int64_t> counts;  // per stage, of each mode
   double seconds = 0.0;         // per micro-batch
-  double estimated_peak = 0.0;  // from the uniform dry runs
+  double estimated_peak = 0.0;  // none's, less the modes' savings
 };
 
 // Blocks of `mode` (`count` of them, in a row) that keep less than they would without
@@ -240,9 +267,15 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
     };
     p.profiled = round_robin(layers, modes);
     p.profiled_peak = peak_of(p.profiled);
-    if (static_cast<double>(p.profiled_peak) > target && layers >= static_cast<int64_t>(modes.size())) {
-      p.profiled = {fewest_blocks(stages, modes)};
-      p.profiled_peak = peak_of(p.profiled);
+    int64_t timing_blocks = 0;
+    for (size_t m = 1; m < modes.size(); ++m) timing_blocks += blocks_to_time(modes[m]);
+    if (static_cast<double>(p.profiled_peak) > target && layers > timing_blocks) {
+      std::vector<std::vector<std::string>> fewest = {fewest_blocks(stages, modes)};
+      const int64_t fewest_peak = peak_of(fewest);
+      if (fewest_peak < p.profiled_peak) {
+        p.profiled = std::move(fewest);
+        p.profiled_peak = fewest_peak;
+      }
     }
     return p;
   });
@@ -295,22 +328,33 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
     plan.report = report.str();
     return plan;
   };
-  int tried = 0;
-  for (const Candidate& candidate :
-       candidates(largest_stage - 1, static_cast<double>(peaks.none), sorted_modes, saving, costs, target)) {
-    if (tried++ == kDryRunsOfCandidates) break;
-    std::vector<std::string> blocks = assign(stages, sorted_modes, candidate.counts);
-    const int64_t peak = predicted_peak(c, world.size(), blocks);
-    if (static_cast<double>(peak) <= target) return chosen(std::move(blocks), peak);
-    report << "  tried " << listed(blocks) << " (+" << ms(candidate.seconds) << "): peak "
-           << mib(static_cast<double>(peak)) << " (dry run), over\n";
-  }
-  // Full checkpointing of every block but each stage's last, or of every block.
-  const size_t full =
-      static_cast<size_t>(std::find(sorted_modes.begin(), sorted_modes.end(), "full") - sorted_modes.begin());
-  if (static_cast<double>(peaks.all_but_last[order[full]]) <= target)
-    return chosen(all_but_last("full"), peaks.all_but_last[order[full]]);
-  return chosen(std::vector<std::string>(layers, "full"), peaks.full);
+  // Dry runs again (each rank its own), agreed as before.
+  plan = agreed(world, [&] {
+    int tried = 0;
+    for (const Candidate& candidate :
+         candidates(largest_stage - 1, static_cast<double>(peaks.none), sorted_modes, saving, costs, target)) {
+      if (tried++ == kDryRunsOfCandidates) break;
+      std::vector<std::string> blocks = assign(stages, sorted_modes, candidate.counts);
+      const int64_t peak = predicted_peak(c, world.size(), blocks);
+      if (static_cast<double>(peak) <= target) return chosen(std::move(blocks), peak);
+      report << "  tried " << listed(blocks) << " (+" << ms(candidate.seconds) << "): peak "
+             << mib(static_cast<double>(peak)) << " (dry run), over\n";
+    }
+    // Full checkpointing of every block but each stage's last, or of every block.
+    const size_t full =
+        static_cast<size_t>(std::find(sorted_modes.begin(), sorted_modes.end(), "full") - sorted_modes.begin());
+    if (static_cast<double>(peaks.all_but_last[order[full]]) <= target)
+      return chosen(all_but_last("full"), peaks.all_but_last[order[full]]);
+    return chosen(std::vector<std::string>(layers, "full"), peaks.full);
+  });
+  // Every rank must checkpoint the same blocks: a recomputation runs the collectives inside a block
+  // again. The dry runs are deterministic; this says so if that ever stops being true.
+  const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(listed(plan.blocks)));
+  const at::Tensor all = world.all_gather(at::tensor({mine}, at::kLong));
+  for (int r = 0; r < world.size(); ++r)
+    HP_CHECK(all[r].item<int64_t>() == all[0].item<int64_t>(), "memory.budget_mb: rank ", r,
+             " chose other blocks than rank 0 (its dry runs differ); set memory.blocks instead");
+  return plan;
 }
 
 TrainConfig with_memory_plan(const TrainConfig& c, const comm::ProcessGroup& world) {

@@ -4,9 +4,9 @@
 //
 // Memory comes from dry runs (hp/train/dry_run.h): the step's peak without checkpointing, with every
 // block fully checkpointed, with each mode in every block but each stage's last, then the
-// candidates' own. Time comes from one profiled step of the real layout, on the job's ranks, with
-// every block checkpointed in one of the modes: a mode's cost per block is its recomputation (and
-// reload waits) plus what its forward takes beyond a fully checkpointed one's (saving, queueing
+// candidates' own. Time comes from a profiled step of the real layout (one to three, each after a
+// warm-up step), on the job's ranks, with every block checkpointed in one of the modes: a mode's cost per block is its
+// recomputation (and reload waits) plus what its forward takes beyond a fully checkpointed one's (saving, queueing
 // copies). Within each pipeline stage the modes that keep the least come first and blocks without
 // checkpointing last, the stage's last block always (backward starts there: checkpointing it
 // saves nothing).
@@ -36,6 +36,7 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world);
 
 // `c` with its plan's memory.blocks in place of memory.budget_mb, the plan logged by world rank 0.
+// Collective over `world`, as plan_memory is.
 TrainConfig with_memory_plan(const TrainConfig& c, const comm::ProcessGroup& world);
 
 }  // namespace hp::train::detail

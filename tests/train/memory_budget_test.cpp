@@ -11,6 +11,7 @@
 
 #include "hp/models/llama/spec.h"
 #include "hp/testing/run_ranks.h"
+#include "hp/train/dry_run.h"
 #include "hp/train/trainer.h"
 #include "scratch_dir.h"
 #include "test_util.h"
@@ -98,6 +99,39 @@ TEST(MemoryBudget, MixedBlocksChangeNoLoss) {
               << mixed.peaks[rank] / (1 << 20) << " MiB mixed\n";
     EXPECT_LT(mixed.peaks[rank], 0.9 * plain.peaks[rank]) << "rank " << rank;
   }
+}
+
+// Through a pipeline with swap: every rank takes the same plan, each stage's last block is never
+// checkpointed, and the plan's dry-run peak is under the budget less the margin.
+TEST(MemoryBudget, PlansEveryPipelineStage) {
+  const std::string dir = test::scratch_dir("memory_budget_pipeline");
+  TrainConfig c = budget_config(dir);
+  c.parallel.dp_shard = 1;
+  c.parallel.pp = 2;
+  c.memory.swap = "host";
+  c.model.as<models::LlamaConfig>().layers = 6;
+  const auto peak = [&](const std::string& mode) {
+    TrainConfig every = c;
+    every.memory.blocks.assign(6, mode);
+    int64_t most = 0;
+    for (const DryRunReport& report : dry_run_pipeline(every, 2, 0)) most = std::max(most, report.peak_bytes);
+    return static_cast<double>(most);
+  };
+  const double none = peak("none"), full = peak("full");
+  // Halfway between, with the margin: something must be checkpointed, and full everywhere fits.
+  c.memory.budget_mb = static_cast<int64_t>(1.05 * (none + full) / 2 / (1 << 20));
+  ASSERT_GT(static_cast<double>(c.memory.budget_mb) * (1 << 20), 1.05 * full);
+  ASSERT_LT(static_cast<double>(c.memory.budget_mb) * (1 << 20), 1.05 * none);
+  std::vector<detail::MemoryPlan> plans(2);
+  testing::run_ranks(
+      2, [&](const comm::ProcessGroup& world) { plans[world.rank()] = detail::plan_memory(c, world); }, ranks_for(c));
+  std::cout << plans[0].report << "\n";
+  EXPECT_EQ(plans[0].blocks, plans[1].blocks);
+  ASSERT_EQ(plans[0].blocks.size(), 6u);
+  EXPECT_EQ(plans[0].blocks[2], "none");
+  EXPECT_EQ(plans[0].blocks[5], "none");
+  EXPECT_NE(plans[0].blocks[0], "none");
+  EXPECT_LE(static_cast<double>(plans[0].peak_bytes), static_cast<double>(c.memory.budget_mb) * (1 << 20) / 1.05);
 }
 
 // Plain training under the budget: no block is checkpointed, and nothing is profiled. A budget

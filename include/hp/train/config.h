@@ -95,7 +95,7 @@ struct TrainConfig {
     std::vector<std::string> blocks;
     // N > 0: the automatic strategy chooses `blocks` (among none, full, selective, and swap where
     // swap names a tier) for the fastest step whose peak, predicted by dry runs, stays under N MiB
-    // per rank, from the costs one profiled step measures; docs/memory.md.
+    // per rank, from the costs a profiled step measures; docs/memory.md.
     int64_t budget_mb = 0;
   } memory;
 
