@@ -14,6 +14,7 @@
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/models/model_spec.h"
+#include "hp/pp/schedule.h"
 #include "hp/train/dry_run.h"
 #include "train/layout_step.h"
 
@@ -53,17 +54,37 @@ std::vector<int64_t> stage_layers(const TrainConfig& c) {
   return std::vector<int64_t>(stages, c.model->layers() / stages);
 }
 
-// Within each stage, counts[m] blocks of modes[m] in that order from its first block, the rest
+// The pipeline positions (world rank 0's pipeline, dry_run_pipeline's order) and their stages.
+struct Position {
+  std::vector<size_t> stages;
+  int64_t largest = 0;  // layers of its largest stage
+};
+std::vector<Position> positions_of(const TrainConfig& c, const std::vector<int64_t>& stages) {
+  std::vector<Position> positions(c.parallel.pp);
+  std::vector<int> stage_rank(stages.size(), 0);
+  if (c.parallel.pp > 1)
+    stage_rank = pp::schedule_by_name(c.pp_schedule, static_cast<int>(c.parallel.pp),
+                                      static_cast<int>(c.micro_batches()), static_cast<int>(c.pp_stages_per_rank))
+                     .stage_rank;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    Position& at = positions.at(stage_rank[s]);
+    at.stages.push_back(s);
+    at.largest = std::max(at.largest, stages[s]);
+  }
+  return positions;
+}
+
+// Within stage s, counts[s][m] blocks of modes[m] in that order from its first block, the rest
 // none, its last block always: backward starts there, so checkpointing it saves nothing (its
 // recomputation rebuilds what it kept at once), and a swapped last block never leaves.
 std::vector<std::string> assign(const std::vector<int64_t>& stages, const std::vector<std::string>& modes,
-                                const std::vector<int64_t>& counts) {
+                                const std::vector<std::vector<int64_t>>& counts) {
   std::vector<std::string> blocks;
-  for (const int64_t layers : stages) {
+  for (size_t s = 0; s < stages.size(); ++s) {
     int64_t placed = 0;
     for (size_t m = 0; m < modes.size(); ++m)
-      for (int64_t k = 0; k < counts[m] && placed < layers - 1; ++k, ++placed) blocks.push_back(modes[m]);
-    for (; placed < layers; ++placed) blocks.push_back("none");
+      for (int64_t k = 0; k < counts[s][m] && placed < stages[s] - 1; ++k, ++placed) blocks.push_back(modes[m]);
+    for (; placed < stages[s]; ++placed) blocks.push_back("none");
   }
   return blocks;
 }
@@ -75,13 +96,15 @@ TrainConfig with_blocks(const TrainConfig& c, std::vector<std::string> blocks) {
   return planned;
 }
 
-// The dry-run peak of `c` with `blocks`: the largest of world rank 0's pipeline positions'.
-int64_t predicted_peak(const TrainConfig& c, int world_size, std::vector<std::string> blocks) {
-  int64_t peak = 0;
+// The dry-run peaks of `c` with `blocks`, by pipeline position of world rank 0's pipeline.
+std::vector<int64_t> predicted_peaks(const TrainConfig& c, int world_size, std::vector<std::string> blocks) {
+  std::vector<int64_t> peaks;
   for (const DryRunReport& report : dry_run_pipeline(with_blocks(c, std::move(blocks)), world_size, 0))
-    peak = std::max(peak, report.peak_bytes);
-  return peak;
+    peaks.push_back(report.peak_bytes);
+  return peaks;
 }
+
+int64_t largest(const std::vector<int64_t>& peaks) { return *std::max_element(peaks.begin(), peaks.end()); }
 
 // Runs `local` (work without collectives) on every rank of `world`; where it throws on any rank,
 // every rank throws: its own error, or one naming the ranks that failed. So a failure on one rank
@@ -190,7 +213,7 @@ std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& worl
 }
 
 struct Candidate {
-  std::vector<int64_t> counts;  // per stage, of each mode
+  std::vector<int64_t> counts;  // a stage's blocks of each mode
   double seconds = 0.0;         // per micro-batch
   double estimated_peak = 0.0;  // none's, less the modes' savings
 };
@@ -237,32 +260,39 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   const double budget = static_cast<double>(c.memory.budget_mb) * (1 << 20), target = budget / kMargin;
   const std::vector<int64_t> stages = stage_layers(c);
   const int64_t largest_stage = *std::max_element(stages.begin(), stages.end());
+  const std::vector<Position> positions = positions_of(c, stages);
   std::vector<std::string> modes = {"full", "selective"};
   if (c.memory.swap != "none") modes.push_back("swap");
   std::ostringstream report;
   report << "memory.budget_mb " << c.memory.budget_mb << ": plans keep the dry run's step peak under " << mib(target)
          << " (the budget less a " << std::setprecision(2) << (kMargin - 1) * 100 << "% margin)\n";
 
-  // Dry runs, each rank its own (the same ones): without checkpointing; full checkpointing of every
-  // block (the least any plan keeps); each mode in every block but each stage's last; the blocks to
-  // profile.
+  // Dry runs, each rank its own (the same ones), each giving every pipeline position's peak:
+  // without checkpointing; full checkpointing of every block (the least any plan keeps); each mode
+  // in every block but each stage's last; the blocks to profile.
   struct Peaks {
-    int64_t none = 0, full = 0;
-    std::vector<int64_t> all_but_last;  // by mode
+    std::vector<int64_t> none, full;
+    std::vector<std::vector<int64_t>> all_but_last;  // by mode
     std::vector<std::vector<std::string>> profiled;
     int64_t profiled_peak = 0;
   };
-  const auto all_but_last = [&](const std::string& mode) { return assign(stages, {mode}, {largest_stage}); };
+  const auto every_stage = [&](const std::vector<int64_t>& counts) {
+    return std::vector<std::vector<int64_t>>(stages.size(), counts);
+  };
+  const auto all_but_last = [&](const std::string& mode) {
+    return assign(stages, {mode}, every_stage({largest_stage}));
+  };
   const Peaks peaks = agreed(world, [&] {
     Peaks p;
-    p.none = predicted_peak(c, world.size(), std::vector<std::string>(layers, "none"));
-    if (static_cast<double>(p.none) <= target) return p;
-    p.full = predicted_peak(c, world.size(), std::vector<std::string>(layers, "full"));
-    if (static_cast<double>(p.full) > target) return p;
-    for (const std::string& mode : modes) p.all_but_last.push_back(predicted_peak(c, world.size(), all_but_last(mode)));
+    p.none = predicted_peaks(c, world.size(), std::vector<std::string>(layers, "none"));
+    if (static_cast<double>(largest(p.none)) <= target) return p;
+    p.full = predicted_peaks(c, world.size(), std::vector<std::string>(layers, "full"));
+    if (static_cast<double>(largest(p.full)) > target) return p;
+    for (const std::string& mode : modes)
+      p.all_but_last.push_back(predicted_peaks(c, world.size(), all_but_last(mode)));
     const auto peak_of = [&](const std::vector<std::vector<std::string>>& steps) {
       int64_t peak = 0;
-      for (const auto& blocks : steps) peak = std::max(peak, predicted_peak(c, world.size(), blocks));
+      for (const auto& blocks : steps) peak = std::max(peak, largest(predicted_peaks(c, world.size(), blocks)));
       return peak;
     };
     p.profiled = round_robin(layers, modes);
@@ -280,41 +310,51 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
     return p;
   });
   MemoryPlan plan;
-  report << "  without checkpointing: " << mib(static_cast<double>(peaks.none));
-  if (static_cast<double>(peaks.none) <= target) {
+  report << "  without checkpointing: " << mib(static_cast<double>(largest(peaks.none)));
+  if (static_cast<double>(largest(peaks.none)) <= target) {
     plan.blocks.assign(layers, "none");
-    plan.peak_bytes = peaks.none;
+    plan.peak_bytes = largest(peaks.none);
     plan.report = report.str() + ", which fits: no block is checkpointed";
     return plan;
   }
-  report << "; full checkpointing of every block: " << mib(static_cast<double>(peaks.full)) << "\n";
-  HP_CHECK(static_cast<double>(peaks.full) <= target, "memory.budget_mb ", c.memory.budget_mb,
+  report << "; full checkpointing of every block: " << mib(static_cast<double>(largest(peaks.full))) << "\n";
+  HP_CHECK(static_cast<double>(largest(peaks.full)) <= target, "memory.budget_mb ", c.memory.budget_mb,
            " is below what any plan needs: full checkpointing of every block peaks at ",
-           mib(static_cast<double>(peaks.full)), " (dry run), ", mib(target),
+           mib(static_cast<double>(largest(peaks.full))), " (dry run), ", mib(target),
            " at most with the margin; raise the budget, shard more (parallel.*), or offload (memory.offload)");
   if (static_cast<double>(peaks.profiled_peak) > target)
     report << "  the profiled step peaks at " << mib(static_cast<double>(peaks.profiled_peak))
            << " (dry run), over that: timing a mode needs a block in it\n";
   const std::vector<double> measured = profile(c, world, modes, peaks.profiled);
 
-  // The modes, those that keep the least first; what each saves per block it keeps less in.
+  // The modes, those that keep the least first.
   std::vector<size_t> order(modes.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return peaks.all_but_last[a] < peaks.all_but_last[b]; });
+                   [&](size_t a, size_t b) { return largest(peaks.all_but_last[a]) < largest(peaks.all_but_last[b]); });
   std::vector<std::string> sorted_modes;
-  std::vector<double> costs, saving;
+  std::vector<double> costs;
   report << "  every block but each stage's last (dry run; measured cost per block and micro-batch):";
   for (size_t m : order) {
     sorted_modes.push_back(modes[m]);
     costs.push_back(measured[m]);
-    const int64_t blocks = saving_blocks(modes[m], largest_stage - 1);
-    saving.push_back(blocks > 0 ? static_cast<double>(peaks.none - peaks.all_but_last[m]) / static_cast<double>(blocks)
-                                : 0.0);
-    report << " " << modes[m] << " " << mib(static_cast<double>(peaks.all_but_last[m])) << " +" << ms(measured[m])
-           << ";";
+    report << " " << modes[m] << " " << mib(static_cast<double>(largest(peaks.all_but_last[m]))) << " +"
+           << ms(measured[m]) << ";";
   }
   report << "\n";
+  // Each pipeline position's candidates, cheapest first: its stages' peak depends on their blocks.
+  std::vector<std::vector<Candidate>> choices;
+  for (size_t p = 0; p < positions.size(); ++p) {
+    const int64_t per_stage = positions[p].largest - 1;  // blocks a stage may checkpoint
+    std::vector<double> saving;                          // by sorted mode: per block it keeps less in
+    for (size_t m : order) {
+      const int64_t blocks = saving_blocks(modes[m], per_stage);
+      saving.push_back(blocks > 0
+                           ? static_cast<double>(peaks.none[p] - peaks.all_but_last[m][p]) / static_cast<double>(blocks)
+                           : 0.0);
+    }
+    choices.push_back(candidates(per_stage, static_cast<double>(peaks.none[p]), sorted_modes, saving, costs, target));
+  }
 
   const auto chosen = [&](std::vector<std::string> blocks, int64_t peak) {
     plan.blocks = std::move(blocks);
@@ -328,24 +368,32 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
     plan.report = report.str();
     return plan;
   };
-  // Dry runs again (each rank its own), agreed as before.
+  // Dry runs again (each rank its own), agreed as before: every position starts at its cheapest
+  // candidate, and those over the limit move on to their next, until all fit.
   plan = agreed(world, [&] {
-    int tried = 0;
-    for (const Candidate& candidate :
-         candidates(largest_stage - 1, static_cast<double>(peaks.none), sorted_modes, saving, costs, target)) {
-      if (tried++ == kDryRunsOfCandidates) break;
-      std::vector<std::string> blocks = assign(stages, sorted_modes, candidate.counts);
-      const int64_t peak = predicted_peak(c, world.size(), blocks);
-      if (static_cast<double>(peak) <= target) return chosen(std::move(blocks), peak);
-      report << "  tried " << listed(blocks) << " (+" << ms(candidate.seconds) << "): peak "
-             << mib(static_cast<double>(peak)) << " (dry run), over\n";
+    std::vector<size_t> next(positions.size(), 0);
+    for (int tried = 0; tried < kDryRunsOfCandidates; ++tried) {
+      std::vector<std::vector<int64_t>> counts(stages.size());
+      bool exhausted = false;
+      for (size_t p = 0; p < positions.size(); ++p) {
+        exhausted = exhausted || next[p] >= choices[p].size();
+        if (exhausted) break;
+        for (size_t s : positions[p].stages) counts[s] = choices[p][next[p]].counts;
+      }
+      if (exhausted) break;
+      std::vector<std::string> blocks = assign(stages, sorted_modes, counts);
+      const std::vector<int64_t> at = predicted_peaks(c, world.size(), blocks);
+      if (static_cast<double>(largest(at)) <= target) return chosen(std::move(blocks), largest(at));
+      report << "  tried " << listed(blocks) << ": peak " << mib(static_cast<double>(largest(at)))
+             << " (dry run), over\n";
+      for (size_t p = 0; p < positions.size(); ++p)
+        if (static_cast<double>(at[p]) > target) ++next[p];
     }
     // Full checkpointing of every block but each stage's last, or of every block.
-    const size_t full =
-        static_cast<size_t>(std::find(sorted_modes.begin(), sorted_modes.end(), "full") - sorted_modes.begin());
-    if (static_cast<double>(peaks.all_but_last[order[full]]) <= target)
-      return chosen(all_but_last("full"), peaks.all_but_last[order[full]]);
-    return chosen(std::vector<std::string>(layers, "full"), peaks.full);
+    const std::vector<int64_t>& full_but_last = peaks.all_but_last[0];  // modes[0] is full
+    if (static_cast<double>(largest(full_but_last)) <= target)
+      return chosen(all_but_last("full"), largest(full_but_last));
+    return chosen(std::vector<std::string>(layers, "full"), largest(peaks.full));
   });
   // Every rank must checkpoint the same blocks: a recomputation runs the collectives inside a block
   // again. The dry runs are deterministic; this says so if that ever stops being true.

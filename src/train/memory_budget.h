@@ -7,9 +7,9 @@
 // candidates' own. Time comes from a profiled step of the real layout (one to three, each after a
 // warm-up step), on the job's ranks, with every block checkpointed in one of the modes: a mode's cost per block is its
 // recomputation (and reload waits) plus what its forward takes beyond a fully checkpointed one's (saving, queueing
-// copies). Within each pipeline stage the modes that keep the least come first and blocks without
-// checkpointing last, the stage's last block always (backward starts there: checkpointing it
-// saves nothing).
+// copies). Each pipeline position chooses for its stages: the modes that keep the least first and
+// blocks without checkpointing last, a stage's last block always (backward starts there:
+// checkpointing it saves nothing).
 #pragma once
 
 #include <cstdint>
