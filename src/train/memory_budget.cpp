@@ -371,28 +371,36 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   // Dry runs again (each rank its own), agreed as before: every position starts at its cheapest
   // candidate, and those over the limit move on to their next, until all fit.
   plan = agreed(world, [&] {
+    const size_t full =
+        static_cast<size_t>(std::find(sorted_modes.begin(), sorted_modes.end(), "full") - sorted_modes.begin());
+    std::vector<int64_t> full_but_last(sorted_modes.size(), 0);
+    full_but_last[full] = largest_stage;
+    // Each position's current candidate; past its list: full checkpointing of all but the last.
     std::vector<size_t> next(positions.size(), 0);
-    for (int tried = 0; tried < kDryRunsOfCandidates; ++tried) {
+    const auto blocks_now = [&] {
       std::vector<std::vector<int64_t>> counts(stages.size());
-      bool exhausted = false;
-      for (size_t p = 0; p < positions.size(); ++p) {
-        exhausted = exhausted || next[p] >= choices[p].size();
-        if (exhausted) break;
-        for (size_t s : positions[p].stages) counts[s] = choices[p][next[p]].counts;
-      }
-      if (exhausted) break;
-      std::vector<std::string> blocks = assign(stages, sorted_modes, counts);
+      for (size_t p = 0; p < positions.size(); ++p)
+        for (size_t s : positions[p].stages)
+          counts[s] = next[p] < choices[p].size() ? choices[p][next[p]].counts : full_but_last;
+      return assign(stages, sorted_modes, counts);
+    };
+    for (int tried = 0; tried < kDryRunsOfCandidates; ++tried) {
+      std::vector<std::string> blocks = blocks_now();
       const std::vector<int64_t> at = predicted_peaks(c, world.size(), blocks);
       if (static_cast<double>(largest(at)) <= target) return chosen(std::move(blocks), largest(at));
       report << "  tried " << listed(blocks) << ": peak " << mib(static_cast<double>(largest(at)))
              << " (dry run), over\n";
+      bool moved = false;
       for (size_t p = 0; p < positions.size(); ++p)
-        if (static_cast<double>(at[p]) > target) ++next[p];
+        if (static_cast<double>(at[p]) > target && next[p] < choices[p].size()) {
+          ++next[p];
+          moved = true;
+        }
+      if (!moved) break;  // the positions over are at full checkpointing of all but the last block
     }
     // Full checkpointing of every block but each stage's last, or of every block.
-    const std::vector<int64_t>& full_but_last = peaks.all_but_last[0];  // modes[0] is full
-    if (static_cast<double>(largest(full_but_last)) <= target)
-      return chosen(all_but_last("full"), largest(full_but_last));
+    if (static_cast<double>(largest(peaks.all_but_last[0])) <= target)  // modes[0] is full
+      return chosen(all_but_last("full"), largest(peaks.all_but_last[0]));
     return chosen(std::vector<std::string>(layers, "full"), largest(peaks.full));
   });
   // Every rank must checkpoint the same blocks: a recomputation runs the collectives inside a block
