@@ -14,8 +14,8 @@
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/models/model_spec.h"
-#include "hp/pp/schedule.h"
 #include "hp/train/dry_run.h"
+#include "train/block_plan_search.h"
 #include "train/layout_step.h"
 
 namespace hp::train::detail {
@@ -44,49 +44,6 @@ std::string listed(const std::vector<std::string>& blocks) {
   std::string out = "[";
   for (size_t i = 0; i < blocks.size(); ++i) out += (i ? ", " : "") + blocks[i];
   return out + "]";
-}
-
-// The layers of each pipeline stage, in stage order (one stage without pipeline parallelism).
-std::vector<int64_t> stage_layers(const TrainConfig& c) {
-  if (c.parallel.pp == 1) return {c.model->layers()};
-  if (!c.pp_layers_per_stage.empty()) return c.pp_layers_per_stage;
-  const int64_t stages = c.pipeline_stages();
-  return std::vector<int64_t>(stages, c.model->layers() / stages);
-}
-
-// The pipeline positions (world rank 0's pipeline, dry_run_pipeline's order) and their stages.
-struct Position {
-  std::vector<size_t> stages;
-  int64_t largest = 0;  // layers of its largest stage
-};
-std::vector<Position> positions_of(const TrainConfig& c, const std::vector<int64_t>& stages) {
-  std::vector<Position> positions(c.parallel.pp);
-  std::vector<int> stage_rank(stages.size(), 0);
-  if (c.parallel.pp > 1)
-    stage_rank = pp::schedule_by_name(c.pp_schedule, static_cast<int>(c.parallel.pp),
-                                      static_cast<int>(c.micro_batches()), static_cast<int>(c.pp_stages_per_rank))
-                     .stage_rank;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    Position& at = positions.at(stage_rank[s]);
-    at.stages.push_back(s);
-    at.largest = std::max(at.largest, stages[s]);
-  }
-  return positions;
-}
-
-// Within stage s, counts[s][m] blocks of modes[m] in that order from its first block, the rest
-// none, its last block always: backward starts there, so checkpointing it saves nothing (its
-// recomputation rebuilds what it kept at once), and a swapped last block never leaves.
-std::vector<std::string> assign(const std::vector<int64_t>& stages, const std::vector<std::string>& modes,
-                                const std::vector<std::vector<int64_t>>& counts) {
-  std::vector<std::string> blocks;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    int64_t placed = 0;
-    for (size_t m = 0; m < modes.size(); ++m)
-      for (int64_t k = 0; k < counts[s][m] && placed < stages[s] - 1; ++k, ++placed) blocks.push_back(modes[m]);
-    for (; placed < stages[s]; ++placed) blocks.push_back("none");
-  }
-  return blocks;
 }
 
 TrainConfig with_blocks(const TrainConfig& c, std::vector<std::string> blocks) {
@@ -125,37 +82,6 @@ auto agreed(const comm::ProcessGroup& world, Local&& local) {
     if (failed[r].item<double>() != 0.0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   HP_CHECK(ranks.empty(), "memory.budget_mb: planning failed on rank ", ranks, " (its error is on its output)");
   return result;
-}
-
-// The blocks of the profiled steps: in each, block i in modes[(i + step's rotation) mod M], so that
-// every mode is timed on real blocks (rotated where there are fewer blocks than modes).
-std::vector<std::vector<std::string>> round_robin(int64_t layers, const std::vector<std::string>& modes) {
-  const int64_t count = static_cast<int64_t>(modes.size());
-  std::vector<std::vector<std::string>> steps;
-  for (int64_t rotation = 0; rotation * layers < count; ++rotation) {
-    steps.emplace_back();
-    for (int64_t i = 0; i < layers; ++i) steps.back().push_back(modes[(i + rotation * layers) % count]);
-  }
-  return steps;
-}
-
-// The blocks that time `mode` with its copies: a swapped block's outputs leave when the next
-// swapped block's forward ends, so a swapped block times its copies only with another after it.
-int64_t blocks_to_time(const std::string& mode) { return mode == "swap" ? 2 : 1; }
-
-// The fewest blocks that time each mode: the first blocks of the last pipeline stage (which holds
-// the fewest micro-batches) in the modes after the first (swap in two blocks in a row), every
-// other block in the first mode. Needs more blocks than those.
-std::vector<std::string> fewest_blocks(const std::vector<int64_t>& stages, const std::vector<std::string>& modes) {
-  const int64_t layers = std::accumulate(stages.begin(), stages.end(), int64_t{0});
-  std::vector<std::string> timed;
-  for (size_t m = 1; m < modes.size(); ++m) timed.insert(timed.end(), blocks_to_time(modes[m]), modes[m]);
-  const int64_t others = static_cast<int64_t>(timed.size());
-  HP_CHECK(others < layers, "memory.budget_mb: ", layers, " blocks cannot time ", modes.size(), " modes");
-  const int64_t start = std::min(layers - stages.back(), layers - others);
-  std::vector<std::string> blocks(layers, modes.front());
-  std::copy(timed.begin(), timed.end(), blocks.begin() + start);
-  return blocks;
 }
 
 // What each of `modes` (modes[0] is "full") adds to a step per block and micro-batch, from a step
@@ -212,46 +138,6 @@ std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& worl
   return costs;
 }
 
-struct Candidate {
-  std::vector<int64_t> counts;  // a stage's blocks of each mode
-  double seconds = 0.0;         // per micro-batch
-  double estimated_peak = 0.0;  // none's, less the modes' savings
-};
-
-// Blocks of `mode` (`count` of them, in a row) that keep less than they would without
-// checkpointing: a swapped block's outputs leave when the next swapped block's forward ends, so
-// the last of a row stays.
-int64_t saving_blocks(const std::string& mode, int64_t count) {
-  return mode == "swap" ? std::max<int64_t>(0, count - 1) : count;
-}
-
-// Every split of up to `blocks` blocks among the modes whose estimated peak (none's, less each
-// mode's saving per block) is at most `target`, cheapest first.
-std::vector<Candidate> candidates(int64_t blocks, double none_peak, const std::vector<std::string>& modes,
-                                  const std::vector<double>& saving_per_block, const std::vector<double>& costs,
-                                  double target) {
-  std::vector<Candidate> out;
-  std::vector<int64_t> counts(costs.size(), 0);
-  const auto visit = [&](const auto& self, size_t m, int64_t left) -> void {
-    if (m == counts.size()) {
-      Candidate c{counts, 0.0, none_peak};
-      for (size_t k = 0; k < counts.size(); ++k) {
-        c.seconds += static_cast<double>(counts[k]) * costs[k];
-        c.estimated_peak -= static_cast<double>(saving_blocks(modes[k], counts[k])) * saving_per_block[k];
-      }
-      if (c.estimated_peak <= target) out.push_back(std::move(c));
-      return;
-    }
-    for (counts[m] = 0; counts[m] <= left; ++counts[m]) self(self, m + 1, left - counts[m]);
-    counts[m] = 0;
-  };
-  visit(visit, 0, blocks);
-  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    return a.seconds != b.seconds ? a.seconds < b.seconds : a.estimated_peak < b.estimated_peak;
-  });
-  return out;
-}
-
 }  // namespace
 
 MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
@@ -260,7 +146,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   const double budget = static_cast<double>(c.memory.budget_mb) * (1 << 20), target = budget / kMargin;
   const std::vector<int64_t> stages = stage_layers(c);
   const int64_t largest_stage = *std::max_element(stages.begin(), stages.end());
-  const std::vector<Position> positions = positions_of(c, stages);
+  const std::vector<PipelinePosition> positions = positions_of(c, stages);
   std::vector<std::string> modes = {"full", "selective"};
   if (c.memory.swap != "none") modes.push_back("swap");
   std::ostringstream report;
@@ -343,7 +229,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   }
   report << "\n";
   // Each pipeline position's candidates, cheapest first: its stages' peak depends on their blocks.
-  std::vector<std::vector<Candidate>> choices;
+  std::vector<std::vector<BlockSplit>> choices;
   for (size_t p = 0; p < positions.size(); ++p) {
     const int64_t per_stage = positions[p].largest - 1;  // blocks a stage may checkpoint
     std::vector<double> saving;                          // by sorted mode: per block it keeps less in
