@@ -130,10 +130,7 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
       std::lock_guard<std::mutex> lock(mu_);
       if (slot.state != State::kResident || slot.pinned) continue;
       if (slot.device.is_meta()) {  // a dry run: the bytes leave the count at once, as a copy would take them
-        slot.tensor = at::Tensor();
-        slot.state = State::kSwapped;
-        ++counts_.swapped_tensors;
-        counts_.swapped_bytes += slot.bytes;
+        swapped_out(slot);
         continue;
       }
     }
@@ -148,10 +145,7 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
       const std::string failed = error_of([&] { tier_->write(s.stored, s.tensor.data_ptr()); });
       std::lock_guard<std::mutex> lock(mu_);
       if (failed.empty()) {
-        s.tensor = at::Tensor();  // the compute allocator's memory goes back now
-        s.state = State::kSwapped;
-        ++counts_.swapped_tensors;
-        counts_.swapped_bytes += s.bytes;
+        swapped_out(s);
       } else {
         tier_->release(s.stored);
         s.state = State::kResident;
@@ -160,6 +154,19 @@ void SwapManager::Impl::copy_out(const std::shared_ptr<SwapRegion>& region) {
       changed_.notify_all();
     });
   }
+}
+
+void SwapManager::Impl::swapped_out(SwapRegion::Slot& slot) {
+  slot.tensor = at::Tensor();  // the compute allocator's memory goes back now
+  slot.state = State::kSwapped;
+  ++counts_.swapped_tensors;
+  counts_.swapped_bytes += slot.bytes;
+}
+
+void SwapManager::Impl::reloaded(SwapRegion::Slot& slot) {
+  tier_->release(slot.stored);  // none for a dry run's slot
+  slot.state = State::kReloaded;
+  counts_.reloaded_bytes += slot.bytes;
 }
 
 bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) {
@@ -177,8 +184,7 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
     if (slot.device.is_meta()) {  // a dry run: nothing to read back
       std::lock_guard<std::mutex> lock(mu_);
       slot.tensor = std::move(tensor);
-      slot.state = State::kReloaded;
-      counts_.reloaded_bytes += slot.bytes;
+      reloaded(slot);
       continue;
     }
     {
@@ -191,9 +197,7 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
       const std::string failed = error_of([&] { tier_->read(s.stored, s.tensor.data_ptr()); });
       std::lock_guard<std::mutex> lock(mu_);
       if (failed.empty()) {
-        tier_->release(s.stored);
-        s.state = State::kReloaded;
-        counts_.reloaded_bytes += s.bytes;
+        reloaded(s);
       } else {
         s.tensor = at::Tensor();
         s.state = State::kSwapped;  // lost: the backward that waits for it throws

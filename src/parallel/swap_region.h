@@ -73,6 +73,9 @@ struct SwapManager::Impl {
   void copy_out(const std::shared_ptr<detail::SwapRegion>& region);
   // Starts the region's reloads; whether any had not started before.
   bool start_reload(const std::shared_ptr<detail::SwapRegion>& region);
+  // A slot's tensor has left for the tier, or come back from it (mu_ held).
+  void swapped_out(detail::SwapRegion::Slot& slot);
+  void reloaded(detail::SwapRegion::Slot& slot);
   void run_copy(std::function<void()> copy);
   void copy_loop();
   // Throws a failure of the copy engine, once (on the region's thread); mu_ held.

@@ -32,11 +32,8 @@ namespace {
 
 // Each rank's measured peak of `c`'s steps after the first, by world rank.
 std::vector<double> measured_peaks(const TrainConfig& c, int world) {
-  std::vector<std::shared_ptr<LaterStepPeak>> peaks(world);
-  for (auto& p : peaks) p = std::make_shared<LaterStepPeak>();
-  train_on_ranks(c, world, [&](int rank) { return std::vector<std::shared_ptr<Callback>>{peaks[rank]}; });
   std::vector<double> out;
-  for (const auto& p : peaks) out.push_back(p->bytes);
+  for (const auto& p : train_watching_peaks(c, world)) out.push_back(p->bytes);
   return out;
 }
 

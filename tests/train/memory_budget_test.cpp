@@ -43,19 +43,9 @@ struct RunRecord {
 };
 
 RunRecord run(const TrainConfig& c) {
-  const int world = static_cast<int>(c.parallel.world_size());
-  struct Record : LaterStepPeak {
-    std::vector<double> losses;
-    void on_step_end(const StepRecord& record) override {
-      LaterStepPeak::on_step_end(record);
-      losses.push_back(record.loss);
-    }
-  };
-  std::vector<std::shared_ptr<Record>> records(world);
-  for (auto& r : records) r = std::make_shared<Record>();
-  train_on_ranks(c, world, [&](int rank) { return std::vector<std::shared_ptr<Callback>>{records[rank]}; });
-  RunRecord out{records[0]->losses, {}};
-  for (const auto& r : records) out.peaks.push_back(r->bytes);
+  const auto watched = train_watching_peaks(c, static_cast<int>(c.parallel.world_size()));
+  RunRecord out{watched[0]->losses, {}};
+  for (const auto& w : watched) out.peaks.push_back(w->bytes);
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "test_util.h"
+#include "train/later_step_peak.h"
 
 namespace hp::train {
 
@@ -99,6 +100,15 @@ inline void train_on_ranks(const TrainConfig& config, int world,
 inline void train_on_ranks(const TrainConfig& config, int world,
                            const std::vector<std::shared_ptr<Callback>>& callbacks = {}) {
   train_on_ranks(config, world, [&](int) { return callbacks; });
+}
+
+// Trains `config` on `world` ranks as train_on_ranks does, watching each: its LaterStepPeak (its
+// largest peak of the steps after the first, and the losses), by world rank.
+inline std::vector<std::shared_ptr<LaterStepPeak>> train_watching_peaks(const TrainConfig& config, int world) {
+  std::vector<std::shared_ptr<LaterStepPeak>> peaks(world);
+  for (auto& p : peaks) p = std::make_shared<LaterStepPeak>();
+  train_on_ranks(config, world, [&](int rank) { return std::vector<std::shared_ptr<Callback>>{peaks[rank]}; });
+  return peaks;
 }
 
 // Trains `config` on `world` ranks (threads) without progress output; rank 0's result.
