@@ -1,9 +1,11 @@
 #include "hp/models/model_parts.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 
 #include "hp/nn/init.h"
+#include "hp/parallel/fsdp.h"
 
 namespace hp::models {
 namespace {
@@ -25,6 +27,25 @@ std::vector<at::Tensor> parameters_where(const ModelParts& parts, bool copy) {
 }
 
 }  // namespace
+
+bool unit_selected(const std::vector<std::string>& patterns, const std::string& unit) {
+  if (patterns.empty()) return true;
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& pattern) {
+    if (pattern == "root" || unit == "root") return pattern == unit;
+    // The unit's name and each module it lies in: "layers", "layers.3", "layers.3.mlp", ...
+    for (size_t end = unit.find('.');; end = unit.find('.', end + 1)) {
+      if (nn::fqn_matches(pattern, unit.substr(0, end))) return true;
+      if (end == std::string::npos) return false;
+    }
+  });
+}
+
+std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages) {
+  std::vector<std::string> names;
+  for (const auto& [fqn, unit] : named_fsdp_units(model)) names.push_back(fqn.empty() ? "root" : fqn);
+  for (int s = 0; s < stages; ++s) names.push_back("stage." + std::to_string(s));
+  return names;
+}
 
 void ModelParts::init_parameters(uint64_t seed, c10::Device device) const {
   std::set<std::string> mine;

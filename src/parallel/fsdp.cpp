@@ -78,7 +78,9 @@ struct FsdpUnit {
   at::Tensor pending_sum;
   bool tree_order = false;
   // Prefetching: the units whose gather this unit issues early, and a gather issued for this unit.
-  std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch, backward_prefetch;
+  // Backward without a list set: the unit that ran before this one in forward.
+  std::vector<std::weak_ptr<FsdpUnit>> forward_prefetch;
+  std::optional<std::vector<std::weak_ptr<FsdpUnit>>> backward_prefetch;
   struct Prefetched {
     comm::Work work;
     int64_t version;  // the shards' version when issued: stale data is never used
@@ -207,12 +209,14 @@ struct FsdpUnit {
         (*u).*slot = Prefetched{u->shard_group.all_gather_async(u->pack_shards()), u->shards_version()};
   }
 
-  // Backward: the units whose gathers to issue early — the explicit list, else the unit that ran
+  // Backward: the units whose gathers to issue early — the list set, else the unit that ran
   // before this one in forward — if they will need a gather (their parameters were released).
   std::vector<std::weak_ptr<FsdpUnit>> backward_prefetch_targets(
       const std::vector<std::weak_ptr<FsdpUnit>>& order) const {
-    std::vector<std::weak_ptr<FsdpUnit>> targets = backward_prefetch;
-    if (targets.empty() && forward_index > 0 && forward_index <= static_cast<int64_t>(order.size()))
+    std::vector<std::weak_ptr<FsdpUnit>> targets;
+    if (backward_prefetch)
+      targets = *backward_prefetch;
+    else if (forward_index > 0 && forward_index <= static_cast<int64_t>(order.size()))
       targets.push_back(order[forward_index - 1]);
     std::vector<std::weak_ptr<FsdpUnit>> needed;
     for (const auto& weak : targets)
@@ -342,6 +346,13 @@ bool is_unit(const nn::Module* m) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = registry().find(m);
   return it != registry().end() && !it->second.expired();
+}
+
+// The unit `m` itself is, or null.
+std::shared_ptr<FsdpUnit> unit_of(const nn::Module& m) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = registry().find(&m);
+  return it != registry().end() ? it->second.lock() : nullptr;
 }
 
 }  // namespace
@@ -670,13 +681,55 @@ void FSDPModule::unshard() {
   unit_->set_params(full);
 }
 
-std::vector<FSDPModule> fsdp_units(nn::Module& root) {
-  std::vector<FSDPModule> units;
+std::vector<std::pair<std::string, FSDPModule>> named_fsdp_units(nn::Module& root) {
+  std::vector<std::pair<std::string, FSDPModule>> units;
   std::lock_guard<std::mutex> lock(detail::registry_mu);
   for (const auto& [fqn, m] : root.named_modules_fqn())
     if (auto it = detail::registry().find(m); it != detail::registry().end())
-      if (auto unit = it->second.lock()) units.emplace_back(std::move(unit));
+      if (auto unit = it->second.lock()) units.emplace_back(fqn, FSDPModule(std::move(unit)));
   return units;
+}
+
+std::vector<FSDPModule> fsdp_units(nn::Module& root) {
+  std::vector<FSDPModule> units;
+  for (auto& [fqn, unit] : named_fsdp_units(root)) units.push_back(std::move(unit));
+  return units;
+}
+
+void set_prefetch_depth(nn::Module& root, const std::vector<nn::Module*>& chain, int depth) {
+  HP_CHECK(depth >= 0, "set_prefetch_depth: depth ", depth, " must be >= 0");
+  // Each link's units: its own first, then those below it.
+  std::vector<std::vector<FSDPModule>> links;
+  for (nn::Module* m : chain) links.push_back(fsdp_units(*m));
+  const auto n = static_cast<int64_t>(links.size());
+  // The units of up to `depth` links from `first` on, stepping by `step` (+1 forward, -1 backward),
+  // in the order they will run: each gather is issued ahead of those needed later.
+  auto units_from = [&](int64_t first, int64_t step) {
+    std::vector<FSDPModule> units;
+    for (int64_t i = first, k = 0; k < depth && i >= 0 && i < n; i += step, ++k)
+      units.insert(units.end(), links[i].begin(), links[i].end());
+    return units;
+  };
+  // No unit prefetches but those given lists below: a link's inner units gather with their link.
+  for (FSDPModule& unit : fsdp_units(root)) {
+    unit.set_modules_to_forward_prefetch({});
+    unit.set_modules_to_backward_prefetch({});
+  }
+  if (depth == 0) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto own = detail::unit_of(*chain[i]);
+    if (!own) continue;  // not a unit itself: no hook of its own to issue them from
+    FSDPModule link(own);
+    link.set_modules_to_forward_prefetch(units_from(i + 1, +1));
+    link.set_modules_to_backward_prefetch(units_from(i - 1, -1));
+  }
+  if (auto own = detail::unit_of(root)) {
+    // The root runs first both ways: its forward starts before the first link's, its backward
+    // (that of its output) before the last link's.
+    FSDPModule root_unit(own);
+    root_unit.set_modules_to_forward_prefetch(units_from(0, +1));
+    root_unit.set_modules_to_backward_prefetch(units_from(n - 1, -1));
+  }
 }
 
 void FSDPModule::reshard() { unit_->put_shards_back(); }
@@ -694,8 +747,8 @@ void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& 
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  unit_->backward_prefetch.clear();
-  for (const FSDPModule& m : modules) unit_->backward_prefetch.push_back(m.unit_);
+  unit_->backward_prefetch.emplace();
+  for (const FSDPModule& m : modules) unit_->backward_prefetch->push_back(m.unit_);
 }
 
 }  // namespace hp

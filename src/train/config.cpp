@@ -120,6 +120,8 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("memory.swap_dir", memory.swap_dir),
       HP_CONFIG_FIELD("memory.offload", memory.offload),
       HP_CONFIG_FIELD("memory.offload_dir", memory.offload_dir),
+      HP_CONFIG_FIELD("memory.offload_units", memory.offload_units),
+      HP_CONFIG_FIELD("memory.offload_prefetch", memory.offload_prefetch),
       HP_CONFIG_FIELD("memory.blocks", memory.blocks),
       HP_CONFIG_FIELD("memory.budget_mb", memory.budget_mb),
       HP_CONFIG_FIELD("optimizer.name", optimizer.name),
@@ -359,6 +361,16 @@ void validate(const TrainConfig& c, int64_t world_size) {
            c.memory.offload, "' is unknown (available: none, host, file)");
   HP_CHECK(c.memory.offload_dir.empty() || c.memory.offload == "file",
            "memory.offload_dir is the file tier's directory; it needs memory.offload file, not ", c.memory.offload);
+  HP_CHECK(c.memory.offload_units.empty() || c.memory.offload != "none",
+           "memory.offload_units chooses the units memory.offload moves to its tier; it needs memory.offload host or "
+           "file");
+  HP_CHECK(c.memory.offload_prefetch >= 0, "memory.offload_prefetch (", c.memory.offload_prefetch, ") must be >= 0");
+  HP_CHECK(c.memory.offload_prefetch == 1 || c.memory.offload != "none",
+           "memory.offload_prefetch is how far ahead memory.offload's units gather; it needs memory.offload host or "
+           "file");
+  HP_CHECK(c.memory.offload_prefetch == 1 || c.parallel.pp == 1,
+           "memory.offload_prefetch orders the gathers of a model's blocks; with parallel.pp > 1 each pipeline stage "
+           "is one FSDP unit that gathers at its use: leave it at 1");
   if (c.train.device == "cuda") {
 #ifndef HP_WITH_CUDA
     HP_FAIL("train.device cuda needs the device build (cmake -DHP_CUDA=ON against a CUDA LibTorch 2.x, docs/gpu.md)");

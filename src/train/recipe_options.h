@@ -54,6 +54,8 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
 inline models::RecipeOptions recipe_options_for_training(const TrainConfig& c) {
   models::RecipeOptions options = recipe_options(c);
   if (c.memory.offload != "none") {
+    options.offload_units = c.memory.offload_units;
+    options.offload_prefetch = static_cast<int>(c.memory.offload_prefetch);
     OffloadOptions offload;
     if (c.memory.offload == "file") {
       offload.tier = OffloadOptions::Tier::kFile;

@@ -1,5 +1,6 @@
 // ModelParts on pipeline ranks: init_parameters draws only the rank's own stages, each parameter
-// with the value a whole-model initialization gives it; stages take the layers they are given.
+// with the value a whole-model initialization gives it; stages take the layers they are given;
+// offload patterns select units by name and the units inside the modules they match.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -89,6 +90,28 @@ TEST(ModelParts, PipelineStagesTakeTheirConfiguredLayers) {
     test::expect_error([&] { c.model->build(build_mesh(world, dims), dims, options); },
                        "3 layer counts for the 2 stages");
   });
+}
+
+// A pattern selects the unit it names, and the units inside a module it matches ("layers.*" a
+// block's experts too, "layers.1.mlp" its experts and not its block); "root" the model's own unit
+// only; no patterns every unit.
+TEST(ModelParts, OffloadPatternsSelectUnitsAndTheUnitsInside) {
+  using models::unit_selected;
+  EXPECT_TRUE(unit_selected({}, "root"));
+  EXPECT_TRUE(unit_selected({}, "layers.3"));
+  EXPECT_TRUE(unit_selected({"layers.*"}, "layers.3"));
+  EXPECT_TRUE(unit_selected({"layers.*"}, "layers.3.mlp.experts"));
+  EXPECT_FALSE(unit_selected({"layers.*"}, "root"));
+  EXPECT_FALSE(unit_selected({"layers.*"}, "stage.0"));
+  EXPECT_TRUE(unit_selected({"layers.1.mlp"}, "layers.1.mlp.experts"));
+  EXPECT_FALSE(unit_selected({"layers.1.mlp"}, "layers.1"));
+  EXPECT_FALSE(unit_selected({"layers.1"}, "layers.10"));
+  EXPECT_FALSE(unit_selected({"layers.*.mlp.experts"}, "layers.3"));
+  EXPECT_TRUE(unit_selected({"root"}, "root"));
+  EXPECT_FALSE(unit_selected({"root"}, "layers.0"));
+  EXPECT_FALSE(unit_selected({"*"}, "root"));
+  EXPECT_TRUE(unit_selected({"stage.*"}, "stage.1"));
+  EXPECT_TRUE(unit_selected({"root", "stage.1"}, "stage.1"));
 }
 
 }  // namespace

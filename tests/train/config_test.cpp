@@ -69,6 +69,19 @@ TEST(TrainConfig, OffloadKeysReachTheRecipe) {
   EXPECT_EQ(file->options().directory, dir);
 }
 
+// memory.offload_units and memory.offload_prefetch reach the recipe with the tier.
+TEST(TrainConfig, OffloadUnitsAndPrefetchReachTheRecipe) {
+  const models::RecipeOptions options = detail::recipe_options_for_training(parse_config(
+      kConfig,
+      {"memory.offload=host", "memory.offload_units=[root, layers.*.mlp.experts]", "memory.offload_prefetch=2"}));
+  EXPECT_EQ(options.offload_units, (std::vector<std::string>{"root", "layers.*.mlp.experts"}));
+  EXPECT_EQ(options.offload_prefetch, 2);
+  // The tier only for the units they select.
+  EXPECT_NE(options.unit_fsdp("root", options.fsdp).offload, nullptr);
+  EXPECT_NE(options.unit_fsdp("layers.3.mlp.experts", options.fsdp).offload, nullptr);
+  EXPECT_EQ(options.unit_fsdp("layers.3", options.fsdp).offload, nullptr);
+}
+
 // memory.blocks reach the recipe as a mode per block; memory.swap then names their tier only.
 TEST(TrainConfig, BlockModesReachTheRecipe) {
   const models::RecipeOptions options =
@@ -143,6 +156,16 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"memory.offload=nvme"}, 4, "memory.offload 'nvme' is unknown (available: none, host, file)");
   invalid({"memory.offload=host", "memory.offload_dir=/data/offload"}, 4,
           "memory.offload_dir is the file tier's directory; it needs memory.offload file, not host");
+  invalid({"memory.offload_units=[root]"}, 4,
+          "memory.offload_units chooses the units memory.offload moves to its tier; it needs memory.offload host or "
+          "file");
+  invalid({"memory.offload_prefetch=2"}, 4,
+          "memory.offload_prefetch is how far ahead memory.offload's units gather; it needs memory.offload host or "
+          "file");
+  invalid({"memory.offload=host", "memory.offload_prefetch=-1"}, 4, "memory.offload_prefetch (-1) must be >= 0");
+  invalid({"memory.offload=host", "memory.offload_prefetch=0", "parallel.pp=2", "parallel.tp=1"}, 4,
+          "memory.offload_prefetch orders the gathers of a model's blocks; with parallel.pp > 1 each pipeline stage "
+          "is one FSDP unit that gathers at its use: leave it at 1");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=dualpipe"}, 4,
           "parallel.pp_schedule 'dualpipe' is unknown");
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_layers_per_stage=[1, 1, 0]"}, 4,

@@ -1,17 +1,22 @@
 // memory.offload (hp/parallel/offload.h) in the trainer: keeping the sharded parameters, gradients
 // and optimizer state in the host or the file tier changes no bit of the run, on one rank (units of
 // one rank), under FSDP x TP, TP alone, HSDP, through a 1F1B pipeline and with Muon; a run stopped and resumed from
-// its checkpoint with the file tier continues bitwise (the load writes into the tier).
+// its checkpoint with the file tier continues bitwise (the load writes into the tier);
+// memory.offload_units moves exactly the units it names, and memory.offload_prefetch changes no bit.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "hp/core/storage_tier.h"
+#include "hp/dtensor/local.h"
 #include "hp/models/llama/spec.h"
 #include "hp/train/trainer.h"
 #include "parallel/swap_tier.h"
 #include "scratch_dir.h"
 #include "test_util.h"
+#include "train/setup.h"
 #include "train/train_helpers.h"
 
 namespace hp::train {
@@ -75,6 +80,79 @@ TEST(Trainer, AnOffloadedRunResumesBitwise) {
   got.insert(got.end(), resumed.losses.begin(), resumed.losses.end());
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+}
+
+// The units a layout's recipe makes, with memory.offload_units `units`: on every rank, the
+// parameters whose storage is in the offload tier are exactly those `in_tier(rank, fqn)` says.
+void expect_offloaded(TrainConfig c, const std::vector<std::string>& units,
+                      const std::function<bool(int rank, const std::string& fqn)>& in_tier) {
+  c.memory.offload = "host";
+  c.memory.offload_units = units;
+  testing::run_ranks(
+      static_cast<int>(c.parallel.world_size()),
+      [&](const comm::ProcessGroup& world) {
+        const detail::Setup s = detail::build(c, world);
+        s.parts.init_parameters(c.seed);
+        for (const auto& [fqn, p] : s.parts.named_parameters())
+          EXPECT_EQ(storage_tier_of(local_tensor(p)) != nullptr, in_tier(world.rank(), fqn))
+              << "rank " << world.rank() << ", " << fqn;
+      },
+      ranks_for(c));
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// "layers.1" takes block 1 (one rank: units of one rank); "root" the model's own unit (the
+// embedding, final norm and head); "layers.*.mlp.experts" a MoE's experts and nothing else of
+// their blocks; "stage.1" the second stage of a 1F1B pipeline, which rank 1 runs.
+TEST(Trainer, OffloadUnitsMoveOnlyTheUnitsTheyName) {
+  const std::string dir = test::scratch_dir("trainer_offload_units");
+  TrainConfig c = offload_config(dir);
+  expect_offloaded(c, {"layers.1"}, [](int, const std::string& fqn) { return starts_with(fqn, "layers.1."); });
+  c.parallel.dp_shard = 2;
+  expect_offloaded(c, {"root"}, [](int, const std::string& fqn) { return !starts_with(fqn, "layers."); });
+  TrainConfig moe = c;
+  moe.model = parse_config(
+                  "model: {family: qwen3_moe, vocab: 256, dim: 64, layers: 2, heads: 4, kv_heads: 2, "
+                  "max_seq: 32, experts: 4, top_k: 2, expert_hidden: 48}",
+                  {})
+                  .model;
+  expect_offloaded(moe, {"layers.*.mlp.experts"},
+                   [](int, const std::string& fqn) { return fqn.find(".mlp.experts.") != std::string::npos; });
+  c.parallel.dp_shard = 1;
+  c.parallel.pp = 2;
+  expect_offloaded(c, {"stage.1"}, [](int rank, const std::string&) { return rank == 1; });
+}
+
+// A pattern that selects no unit of the layout is an error naming the layout's units: a block the
+// model does not have, a stage without a pipeline.
+TEST(Trainer, OffloadUnitsThatSelectNothingAreAnError) {
+  const std::string dir = test::scratch_dir("trainer_offload_units_error");
+  TrainConfig c = offload_config(dir);
+  c.memory.offload = "host";
+  for (const std::string unit : {"layers.2", "stage.0"}) {
+    c.memory.offload_units = {"layers.0", unit};
+    test::expect_error([&] { train_on_ranks(c, 1); },
+                       "memory.offload_units: '" + unit +
+                           "' selects no FSDP unit of this layout (its units: root, layers.0, layers.1)");
+  }
+}
+
+// Which units are offloaded and how far ahead they gather change no bit: dp_shard 2 with the file
+// tier for block 1 and the root, prefetch 0, 1 and 2, against no offload.
+TEST(Trainer, OffloadUnitsAndPrefetchChangeNoLoss) {
+  const std::string dir = test::scratch_dir("trainer_offload_prefetch");
+  if (hp::detail::on_copy_on_write_file_system(dir)) GTEST_SKIP() << dir << " is on a copy-on-write file system";
+  TrainConfig c = offload_config(dir);
+  c.parallel.dp_shard = 2;
+  const std::vector<double> plain = rank0_losses(c, 2);
+  ASSERT_EQ(plain.size(), 8u);
+  c.memory.offload = "file";
+  c.memory.offload_units = {"layers.1", "root"};
+  for (int64_t prefetch : {0, 1, 2}) {
+    c.memory.offload_prefetch = prefetch;
+    EXPECT_EQ(rank0_losses(c, 2), plain) << "memory.offload_prefetch " << prefetch;
+  }
 }
 
 }  // namespace

@@ -19,6 +19,16 @@
 
 namespace hp::models {
 
+// Whether `patterns` (RecipeOptions::offload_units) select the FSDP unit named `unit` (as
+// ModelParts::fsdp_units names it): one matches its name, or the name of a module it lies in
+// ("layers.*" takes "layers.3" and "layers.3.mlp.experts"; "root" only the model's own unit). No
+// patterns select every unit.
+bool unit_selected(const std::vector<std::string>& patterns, const std::string& unit);
+
+// The names of the FSDP units below `model` ("root" for its own) and, with `stages` > 0, of the
+// stages of a pipeline ("stage.0", ...): what a recipe lists in ModelParts::fsdp_units.
+std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages);
+
 // Numbers a recipe's step hook reports for one step.
 struct StepStats {
   std::vector<std::pair<std::string, double>> values;  // fields of the step's metrics.jsonl record
@@ -43,6 +53,10 @@ struct ModelParts {
   // FQN patterns for hp::get_hyper_optimizer: the hidden weight matrices (what Muon steps) and every
   // other parameter (stepped by AdamW beside it).
   std::vector<std::string> hidden_matrices, other_parameters;
+  // The layout's FSDP units by name, every rank's (RecipeOptions::offload_units picks among them):
+  // "root" for the model's own, a module's FQN for the others ("layers.3"), "stage.N" for the
+  // stages of a pipeline, which are units of their own.
+  std::vector<std::string> fsdp_units;
   // Runs on every rank once per step, after backward and before the optimizer steps (a mixture of
   // experts' load balancing); collective over the ranks the recipe gave it. Null: nothing to run.
   std::function<StepStats()> before_optimizer_step;

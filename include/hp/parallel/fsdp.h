@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/comm/types.h"
@@ -97,9 +98,11 @@ class FSDPModule {
   // Multiplies gradients before they are reduced (e.g. 1 / accumulation steps).
   void set_gradient_scaling_factor(double factor);
   // Prefetching: when this unit gathers its parameters for forward (for backward), it also issues,
-  // asynchronously, the gathers of `modules`, so their communication overlaps this unit's compute.
-  // Name units that run next, once per step, in the same order on every rank (e.g. forward: the
-  // next block; backward: the previous block).
+  // asynchronously, the gathers of `modules` (and, with parameter offload, starts reading their
+  // shards from the tier), so that this overlaps this unit's compute. Name units that run next,
+  // once per step, in the same order on every rank (e.g. forward: the next block; backward: the
+  // previous block). By default a unit prefetches nothing in forward and, in backward, the unit
+  // that ran before it in forward; an empty list prefetches nothing.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
@@ -113,5 +116,18 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
 // The fully_shard units of `root` and of the modules below it, depth first: e.g. to turn gradient
 // sync off for every unit of a model during gradient accumulation.
 std::vector<FSDPModule> fsdp_units(nn::Module& root);
+// The same, each with the FQN of its module below `root` ("" for root itself).
+std::vector<std::pair<std::string, FSDPModule>> named_fsdp_units(nn::Module& root);
+
+// Prefetching `depth` modules ahead along `chain`, modules below `root` that run one after the
+// other in forward and in the reverse order in backward (a model's blocks): each one's unit
+// issues, when it gathers, the gathers of the units of the next `depth` modules in forward and of
+// the previous `depth` in backward (a module's units: its own and those below it, which then
+// prefetch nothing themselves); root's own unit, which runs first both ways, those of the first
+// `depth` modules in forward and of the last `depth` in backward. Every other unit below root
+// prefetches nothing, and with depth 0 none does: each gathers at its own use. Call it once every
+// unit is made. A prefetched gather holds its unit's parameters from then on: depth d costs up to
+// d modules' gathered parameters more at the peak.
+void set_prefetch_depth(nn::Module& root, const std::vector<nn::Module*>& chain, int depth);
 
 }  // namespace hp

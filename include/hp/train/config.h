@@ -83,12 +83,18 @@ struct TrainConfig {
     std::string swap = "none";
     int64_t swap_prefetch = 1;
     std::string swap_dir;  // the file tier's directory, on a disk; default: run_dir
-    // Parameter offload of every FSDP unit (FSDP units of one rank without data parallelism):
+    // Parameter offload of the FSDP units offload_units names, every one by default (FSDP units of
+    // one rank without data parallelism):
     // "none"; "host" (sharded parameters, their gradients and optimizer state live in host memory
     // outside the compute allocator); or "file" (in an unnamed file in offload_dir, mapped, written
     // back and dropped from memory after each use and read ahead before the next); docs/memory.md.
     std::string offload = "none";
     std::string offload_dir;  // the file tier's directory, on a disk; default: run_dir
+    // The units offload applies to, as patterns of unit names (models::RecipeOptions::offload_units):
+    // "root", "layers.3", "layers.*.mlp.experts", "stage.1"; empty: every unit.
+    std::vector<std::string> offload_units;
+    // Offload: how many blocks ahead the units gather and read their shards in (0: each at its use).
+    int64_t offload_prefetch = 1;
     // What each block keeps for backward, one entry per model layer in layer order: "none", "full",
     // "selective" or "swap" (to swap's tier, which swap names: host or file), in place of checkpoint
     // and swap's every block. Empty: as checkpoint and swap say.

@@ -72,19 +72,21 @@ ShardPlacementFn split_short_matrices_by_columns(ShardPlacementFn user, int64_t 
 }
 
 void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& patterns, const DeviceMesh& mesh,
-                            const ParallelDims& dims, FullyShardOptions options) {
+                            const ParallelDims& dims, const RecipeOptions& recipe) {
   HP_CHECK(dims.tp > 1, "shard_over_data_and_tp: needs parallel.tp > 1");
   // The expert mesh without expert parallelism: (pp, dp_replicate, dp_shard x cp x tp).
   ParallelDims flat = dims;
   flat.ep = 1;
   const DeviceMesh data_and_tp = build_expert_mesh(mesh.world(), flat, mesh.device_type());
+  FullyShardOptions options = recipe.fsdp;
   options.shard_placement_fn =
       split_short_matrices_by_columns(std::move(options.shard_placement_fn), data_and_tp.size("efsdp"));
   options.mixed_precision.output_dtype.reset();
   const DeviceMesh unit_mesh = expert_data_parallel_mesh(data_and_tp, dims);
   for (const std::string& pattern : patterns)
     for (auto& [fqn, module] : nn::match_modules(model, pattern))
-      fully_shard(*module, unit_mesh, options).set_gradient_scaling_factor(static_cast<double>(dims.tp));
+      fully_shard(*module, unit_mesh, recipe.unit_fsdp(fqn, options))
+          .set_gradient_scaling_factor(static_cast<double>(dims.tp));
 }
 
 namespace {
@@ -105,7 +107,7 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, const ParallelD
   for (auto& [fqn, core] : nn::match_modules(model, "layers.*.attn.core"))
     static_cast<nn::CoreAttention*>(core)->set_heads(mesh.get_local_rank("tp") * local_heads, model.config().heads);
   if (model.config().qk_norm)
-    shard_over_data_and_tp(model, {"layers.*.attn.q_norm", "layers.*.attn.k_norm"}, mesh, dims, options.fsdp);
+    shard_over_data_and_tp(model, {"layers.*.attn.q_norm", "layers.*.attn.k_norm"}, mesh, dims, options);
 }
 
 // CP on mesh["cp"]: every layer's core attention works across the cp ranks.
@@ -129,8 +131,14 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
   // root only: blocks hand their outputs on in the compute dtype.
   FullyShardOptions block_options = options.fsdp;
   block_options.mixed_precision.output_dtype.reset();
-  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) fully_shard(*block, dp_mesh, block_options);
-  fully_shard(model, dp_mesh, options.fsdp);
+  std::vector<nn::Module*> blocks;
+  for (auto& [fqn, block] : nn::match_modules(model, "layers.*")) {
+    fully_shard(*block, dp_mesh, options.unit_fsdp(fqn, block_options));
+    blocks.push_back(block);
+  }
+  fully_shard(model, dp_mesh, options.unit_fsdp("root", options.fsdp));
+  // Offloaded units gather, and read their shards from the tier, offload_prefetch blocks ahead.
+  if (options.fsdp.offload) set_prefetch_depth(model, blocks, options.offload_prefetch);
 }
 
 namespace {
@@ -158,12 +166,13 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   const auto all = split_llama(
       model, chosen.empty() ? std::vector<int64_t>(schedule.stages, config.layers / schedule.stages) : chosen);
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
+  parts.fsdp_units = fsdp_unit_names(model, schedule.stages);  // the other ranks' stages too
   // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.
   const int64_t boundary_dim = options.tp.sequence_parallel ? 1 : -1;
   std::vector<pp::PipelineStage> local;
   for (int st = 0; st < schedule.stages; ++st)
     if (schedule.stage_rank[st] == pp_rank) {
-      fully_shard(*all[st], dp_mesh, options.fsdp);
+      fully_shard(*all[st], dp_mesh, options.unit_fsdp("stage." + std::to_string(st), options.fsdp));
       pp::PipelineStage stage{all[st], st};
       if (st > 0) stage.input_shard_dim = boundary_dim;
       if (st < schedule.stages - 1) stage.output_shard_dim = boundary_dim;
@@ -210,6 +219,7 @@ ModelParts parallelize_llama(std::shared_ptr<Llama> model, const DeviceMesh& mes
   if (dims.pp == 1) {
     parallelize_llama(*model, mesh, dims, options, mlp);
     parts.modules = {model};
+    parts.fsdp_units = fsdp_unit_names(*model, 0);
     return parts;
   }
   // Tensor parallelism first, on every rank over the whole model: each rank then runs its stages' share.

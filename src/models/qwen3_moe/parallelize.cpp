@@ -31,7 +31,8 @@ namespace {
 // every layer's: a stage's layers are chosen later, by parallelize_llama, and a unit that never
 // runs only holds its shard.
 void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDims& dims, const Qwen3MoeConfig& config,
-                   FullyShardOptions options) {
+                   const RecipeOptions& recipe) {
+  FullyShardOptions options = recipe.fsdp;
   const DeviceMesh data = expert_data_parallel_mesh(expert_mesh, dims);
   // Split the local experts when there are enough for every rank, else dim 1 of each weight (the
   // hidden size of w1 and w3, the model dim of w2).
@@ -41,7 +42,7 @@ void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDi
   };
   options.mixed_precision.output_dtype.reset();
   for (auto& [fqn, experts] : nn::match_modules(model, "layers.*.mlp.experts")) {
-    FSDPModule unit = fully_shard(*experts, data, options);
+    FSDPModule unit = fully_shard(*experts, data, recipe.unit_fsdp(fqn, options));
     // A rank's expert gradients already sum the losses of its ep group's ranks (the rows came to
     // it); averaging over the efsdp ranks then leaves a factor ep above the mean over the dp x cp
     // ranks (each one's loss a mean over its tokens, as for the dense blocks). The tp ranks' rows,
@@ -139,12 +140,12 @@ ModelParts parallelize_qwen3_moe(std::shared_ptr<Llama> model, const DeviceMesh&
   if (dims.dp() * dims.cp * dims.tp > 1 || dims.ep > 1) {
     const DeviceMesh expert_mesh = build_expert_mesh(mesh.world(), dims, mesh.device_type());
     if (dims.ep > 1) parallelize_module(*model, expert_mesh["ep"], {{"layers.*.mlp", ExpertParallel()}});
-    shard_experts(*model, expert_mesh, dims, config, options.fsdp);
+    shard_experts(*model, expert_mesh, dims, config, options);
   }
   // Each tp rank routes its own tokens: the routers are data-parallel over the tp ranks too. The
   // unit is the whole MoE (its experts are their own units already), whose forward FSDP sees; the
   // router is called through route().
-  if (dims.tp > 1) shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options.fsdp);
+  if (dims.tp > 1) shard_over_data_and_tp(*model, {"layers.*.mlp"}, mesh, dims, options);
   split_tokens_over_sequence_shards(*model, mesh, dims);
   ParallelDims dense = dims;
   dense.ep = 1;  // the experts are placed; the rest is a Llama

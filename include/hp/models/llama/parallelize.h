@@ -54,9 +54,10 @@ ShardPlacementFn split_short_matrices_by_columns(ShardPlacementFn user, int64_t 
 // scaled by tp. For replicated parameters that each tp rank applies to its own share of the data
 // (the QK-norms to its heads, a router to its tokens): their gradients are partial sums over the tp
 // ranks, to be summed there and averaged over the data-parallel ranks. Call with tp > 1, before the
-// units that contain the modules. Collective over the world the mesh was built from.
+// units that contain the modules. options.fsdp for each, offloaded as options.offload_units says.
+// Collective over the world the mesh was built from.
 void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& patterns, const DeviceMesh& mesh,
-                            const ParallelDims& dims, FullyShardOptions options);
+                            const ParallelDims& dims, const RecipeOptions& options);
 
 // Applies TP on mesh["tp"] (when tp > 1), options.cp to every layer's core attention on mesh["cp"]
 // (when cp > 1; the inputs are then this rank's cp_shard of each sequence) and FSDP on the
