@@ -216,10 +216,12 @@ void SwapManager::Impl::after_forward(const std::shared_ptr<SwapRegion>& region)
     throw_if_failed();
     leaving = pending_.lock();
     pending_ = region;
-    order_.push_back(region);
+    if (region) order_.push_back(region);
   }
   if (leaving) copy_out(leaving);
 }
+
+void SwapManager::Impl::later_forward_ended() { after_forward(nullptr); }
 
 void SwapManager::Impl::before_backward(const std::shared_ptr<SwapRegion>& region) {
   std::vector<std::shared_ptr<SwapRegion>> next;

@@ -575,7 +575,19 @@ std::vector<std::pair<std::string, CheckpointedModule>> checkpoint_modules(nn::M
   if (std::count(modes.begin(), modes.end(), CheckpointMode::kSwap) > 0)
     manager = std::make_shared<SwapManager>(std::move(swap));
   std::vector<std::pair<std::string, CheckpointedModule>> regions;
+  bool after_swap = false;
   for (size_t i = 0; i < matches.size(); ++i) {
+    if (after_swap && modes[i] != CheckpointMode::kSwap)
+      // A module after a swapped one that swaps nothing: the end of its forward lets the swapped
+      // region before it leave, as the next swapped region's would (a lone swapped block leaves
+      // too). In a training forward only: the first pass of its own checkpointed region (which may
+      // run without grad) or a plain forward with grad; not in its recomputation in backward.
+      matches[i].second->register_forward_hook([manager](nn::Module&, const nn::Inputs&, at::Tensor&) {
+        const ForwardPass pass = forward_pass();
+        if (pass == ForwardPass::kFirst || (pass == ForwardPass::kPlain && at::GradMode::is_enabled()))
+          manager->impl().later_forward_ended();
+      });
+    after_swap = after_swap || modes[i] == CheckpointMode::kSwap;
     CheckpointOptions options;
     if (modes[i] == CheckpointMode::kNone) continue;
     if (modes[i] == CheckpointMode::kSelective) options.policy = default_checkpoint_policy;

@@ -58,6 +58,9 @@ struct SwapManager::Impl {
 
   // The first pass of `region` ended: the region before it may now leave (see activation_swap.h).
   void after_forward(const std::shared_ptr<detail::SwapRegion>& region);
+  // The forward of a module that runs after the swapped regions ended (a block that swaps nothing):
+  // the region before it leaves too, as before the next region.
+  void later_forward_ended();
   // Backward reached `region`: its tensors must be back when this returns; reloads of the regions
   // whose backward comes next start.
   void before_backward(const std::shared_ptr<detail::SwapRegion>& region);

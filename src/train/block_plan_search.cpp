@@ -69,13 +69,8 @@ std::vector<std::string> fewest_blocks(const std::vector<int64_t>& stages, const
   return blocks;
 }
 
-int64_t saving_blocks(const std::string& mode, int64_t count) {
-  return mode == "swap" ? std::max<int64_t>(0, count - 1) : count;
-}
-
-std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::vector<std::string>& modes,
-                                   const std::vector<double>& saving_per_block, const std::vector<double>& costs,
-                                   double target) {
+std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::vector<double>& saving_per_block,
+                                   const std::vector<double>& costs, double target) {
   std::vector<BlockSplit> out;
   std::vector<int64_t> counts(costs.size(), 0);
   const auto visit = [&](const auto& self, size_t m, int64_t left) -> void {
@@ -83,7 +78,7 @@ std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::
       BlockSplit c{counts, 0.0, none_peak};
       for (size_t k = 0; k < counts.size(); ++k) {
         c.seconds += static_cast<double>(counts[k]) * costs[k];
-        c.estimated_peak -= static_cast<double>(saving_blocks(modes[k], counts[k])) * saving_per_block[k];
+        c.estimated_peak -= static_cast<double>(counts[k]) * saving_per_block[k];
       }
       if (c.estimated_peak <= target) out.push_back(std::move(c));
       return;

@@ -28,29 +28,26 @@ std::vector<PipelinePosition> positions_of(const TrainConfig& c, const std::vect
 std::vector<std::string> assign(const std::vector<int64_t>& stages, const std::vector<std::string>& modes,
                                 const std::vector<std::vector<int64_t>>& counts);
 
-// Blocks of `mode` (`count` of them, in a row) that keep less than they would without
-// checkpointing: a swapped block's outputs leave when the next swapped block's forward ends, so
-// the last of a row stays.
-int64_t saving_blocks(const std::string& mode, int64_t count);
-
 // A split of a stage's blocks among the modes.
 struct BlockSplit {
   std::vector<int64_t> counts;  // blocks of each mode
   double seconds = 0.0;         // what they add per micro-batch
   double estimated_peak = 0.0;  // none's peak, less the modes' savings
 };
-// Every split of up to `blocks` blocks among `modes` (whose savings per block and costs are given)
-// whose estimated peak is at most `target`, cheapest first (equal costs: lower peak first).
-std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::vector<std::string>& modes,
-                                   const std::vector<double>& saving_per_block, const std::vector<double>& costs,
-                                   double target);
+// Every split of up to `blocks` blocks among the modes whose savings per block and costs are given
+// whose estimated peak is at most `target`, cheapest first (equal costs: lower peak first). Each
+// block saves its mode's saving, a swapped one too: never a stage's last, it has a block after it,
+// whose forward's end sends its outputs away.
+std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::vector<double>& saving_per_block,
+                                   const std::vector<double>& costs, double target);
 
 // The blocks of the profiled steps: in each, block i in modes[(i + step's rotation) mod M], so that
 // every mode is timed on real blocks (rotated where there are fewer blocks than modes).
 std::vector<std::vector<std::string>> round_robin(int64_t layers, const std::vector<std::string>& modes);
 
 // The blocks that time `mode` with its copies: a swapped block's outputs leave when the next
-// swapped block's forward ends, so a swapped block times its copies only with another after it.
+// block's forward ends, and the timed blocks may end a stage, so swap takes two in a row (the first
+// timed with its copies).
 int64_t blocks_to_time(const std::string& mode);
 
 // The fewest blocks that time each mode: the first blocks of the last pipeline stage (which holds

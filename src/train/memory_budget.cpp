@@ -87,8 +87,8 @@ auto agreed(const comm::ProcessGroup& world, Local&& local) {
 // What each of `modes` (modes[0] is "full") adds to a step per block and micro-batch, from a step
 // (after one that warms up) of `c`'s layout on `world` with each of `steps`' blocks. Every rank
 // returns the same costs: the sums over the ranks' blocks, as rank 0 has them. A rank's last
-// swapped block, whose outputs never leave, times swap without its copies: it counts only where no
-// other swapped block was timed.
+// swapped block, whose outputs may stay (when it ends its stage), may time swap without its copies:
+// it counts only where no other swapped block was timed.
 std::vector<double> profile(const TrainConfig& c, const comm::ProcessGroup& world,
                             const std::vector<std::string>& modes, const std::vector<std::vector<std::string>>& steps) {
   const int64_t layers = c.model->layers(), count = static_cast<int64_t>(modes.size());
@@ -233,13 +233,11 @@ MemoryPlan plan_memory(const TrainConfig& c, const comm::ProcessGroup& world) {
   for (size_t p = 0; p < positions.size(); ++p) {
     const int64_t per_stage = positions[p].largest - 1;  // blocks a stage may checkpoint
     std::vector<double> saving;                          // by sorted mode: per block it keeps less in
-    for (size_t m : order) {
-      const int64_t blocks = saving_blocks(modes[m], per_stage);
-      saving.push_back(blocks > 0
-                           ? static_cast<double>(peaks.none[p] - peaks.all_but_last[m][p]) / static_cast<double>(blocks)
-                           : 0.0);
-    }
-    choices.push_back(candidates(per_stage, static_cast<double>(peaks.none[p]), sorted_modes, saving, costs, target));
+    for (size_t m : order)
+      saving.push_back(per_stage > 0 ? static_cast<double>(peaks.none[p] - peaks.all_but_last[m][p]) /
+                                           static_cast<double>(per_stage)
+                                     : 0.0);
+    choices.push_back(candidates(per_stage, static_cast<double>(peaks.none[p]), saving, costs, target));
   }
 
   const auto chosen = [&](std::vector<std::string> blocks, int64_t peak) {

@@ -113,6 +113,32 @@ TEST(ActivationSwap, ComputeBytesSavedAreTheBytesSwappedAndBackwardRecomputesNoP
     }
 }
 
+// With hp::checkpoint_modules a swapped block's outputs leave when the next block's forward ends,
+// whether that block swaps or not: block 0 alone swapped, before a plain block, sends its first
+// product away (the compute allocator holds exactly that less after forward; a fully checkpointed
+// block 1 drops its own first product on top); the last block swapped alone keeps its outputs, as
+// its backward comes first. Gradients bitwise those without swapping.
+TEST(ActivationSwap, AnyLaterBlockSendsASwappedBlocksOutputsAway) {
+  auto plain_model = blocks();
+  const Measured plain = train(*plain_model, nullptr);
+  using M = CheckpointMode;
+  struct Case {
+    std::vector<M> modes;
+    int64_t matrices_less;  // than plain training holds after forward
+  };
+  for (const Case& c :
+       {Case{{M::kSwap, M::kNone, M::kNone, M::kNone}, 1}, Case{{M::kSwap, M::kFull, M::kNone, M::kNone}, 2},
+        Case{{M::kNone, M::kNone, M::kNone, M::kSwap}, 0}}) {
+    auto model = blocks();
+    checkpoint_modules(*model, "*", c.modes, {1, 64 * 1024, /*inline_copies=*/true});
+    const Measured m = train(*model, nullptr);
+    std::string what = "blocks";
+    for (M mode : c.modes) what += std::string(" ") + checkpoint_mode_name(mode);
+    EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - c.matrices_less * kMatrixBytes) << what;
+    for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
+  }
+}
+
 // The real copy thread: the same gradients, the pool empty after backward, its buffers reused by
 // the next step (none allocated after the first).
 TEST(ActivationSwap, TheCopyThreadGivesTheSameGradientsAndReusesItsBuffers) {

@@ -46,29 +46,21 @@ TEST(BlockPlanSearch, AssignLeavesEachStagesLastBlockUnchecked) {
   EXPECT_EQ(assign({4}, {"full", "swap"}, {{0, 2}}), (Blocks{"swap", "swap", "none", "none"}));
 }
 
-// A row of swapped blocks saves one block less than its length; other modes save every block.
-TEST(BlockPlanSearch, ARowOfSwappedBlocksSavesOneLess) {
-  EXPECT_EQ(saving_blocks("swap", 3), 2);
-  EXPECT_EQ(saving_blocks("swap", 1), 0);
-  EXPECT_EQ(saving_blocks("swap", 0), 0);
-  EXPECT_EQ(saving_blocks("full", 3), 3);
-}
-
-// Candidates are the splits whose estimate fits, cheapest first; a swapped block saves only with
-// another after it.
+// Candidates are the splits whose estimate fits, cheapest first; every block saves its mode's
+// saving, a swapped one too.
 TEST(BlockPlanSearch, CandidatesFitByEstimateCheapestFirst) {
   // 2 blocks; full saves 10 and costs 3, selective saves 4 and costs 1; none peaks at 100.
-  const std::vector<BlockSplit> splits = candidates(2, 100.0, {"full", "selective"}, {10.0, 4.0}, {3.0, 1.0}, 92.0);
+  const std::vector<BlockSplit> splits = candidates(2, 100.0, {10.0, 4.0}, {3.0, 1.0}, 92.0);
   std::vector<std::vector<int64_t>> counts;
   for (const BlockSplit& s : splits) counts.push_back(s.counts);
   EXPECT_EQ(counts, (std::vector<std::vector<int64_t>>{{0, 2}, {1, 0}, {1, 1}, {2, 0}}));
   EXPECT_EQ(splits.front().seconds, 2.0);
   EXPECT_EQ(splits.front().estimated_peak, 92.0);
-  const std::vector<BlockSplit> swapped = candidates(3, 100.0, {"swap"}, {5.0}, {1.0}, 95.0);
-  ASSERT_EQ(swapped.size(), 2u);
-  EXPECT_EQ(swapped[0].counts, (std::vector<int64_t>{2}));
-  EXPECT_EQ(swapped[1].counts, (std::vector<int64_t>{3}));
-  EXPECT_TRUE(candidates(2, 100.0, {"full"}, {1.0}, {1.0}, 50.0).empty());
+  const std::vector<BlockSplit> swapped = candidates(3, 100.0, {5.0}, {1.0}, 95.0);
+  ASSERT_EQ(swapped.size(), 3u);
+  EXPECT_EQ(swapped[0].counts, (std::vector<int64_t>{1}));
+  EXPECT_EQ(swapped[0].estimated_peak, 95.0);
+  EXPECT_TRUE(candidates(2, 100.0, {1.0}, {1.0}, 50.0).empty());
 }
 
 // The profiled steps time every mode on real blocks: round robin, rotated where there are fewer
