@@ -1,9 +1,11 @@
 #include "hp/models/model_parts.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "hp/core/error.h"
 #include "hp/nn/init.h"
 #include "hp/parallel/fsdp.h"
 
@@ -26,18 +28,49 @@ std::vector<at::Tensor> parameters_where(const ModelParts& parts, bool copy) {
   return out;
 }
 
+// What `pattern` matches of the unit named `unit`: its name, or the name of the first module it
+// lies in that matches ("layers.3" for "layers.*" and "layers.3.mlp.experts"); none.
+std::optional<std::string> matched_module(const std::string& pattern, const std::string& unit) {
+  if (pattern == "root" || unit == "root") return pattern == unit ? std::optional<std::string>(unit) : std::nullopt;
+  // The modules it lies in, outermost first ("layers", "layers.3", "layers.3.mlp"), then the unit.
+  for (size_t end = unit.find('.');; end = unit.find('.', end + 1)) {
+    if (nn::fqn_matches(pattern, unit.substr(0, end))) return unit.substr(0, end);
+    if (end == std::string::npos) return std::nullopt;
+  }
+}
+
+// The first few of `units`, enough to see how they are named.
+std::string some_of(const std::vector<std::string>& units) {
+  std::string named;
+  const size_t shown = std::min<size_t>(units.size(), 8);
+  for (size_t i = 0; i < shown; ++i) named += (i ? ", " : "") + units[i];
+  if (shown < units.size()) named += ", ... (" + std::to_string(units.size()) + " units)";
+  return named;
+}
+
 }  // namespace
 
 bool unit_selected(const std::vector<std::string>& patterns, const std::string& unit) {
-  if (patterns.empty()) return true;
-  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& pattern) {
-    if (pattern == "root" || unit == "root") return pattern == unit;
-    // The unit's name and each module it lies in: "layers", "layers.3", "layers.3.mlp", ...
-    for (size_t end = unit.find('.');; end = unit.find('.', end + 1)) {
-      if (nn::fqn_matches(pattern, unit.substr(0, end))) return true;
-      if (end == std::string::npos) return false;
+  return patterns.empty() || std::any_of(patterns.begin(), patterns.end(), [&](const std::string& pattern) {
+           return matched_module(pattern, unit).has_value();
+         });
+}
+
+void check_offload_units(const std::vector<std::string>& patterns, const std::vector<std::string>& units) {
+  const std::set<std::string> names(units.begin(), units.end());
+  for (const std::string& pattern : patterns) {
+    bool selects = false;
+    for (const std::string& unit : units) {
+      const std::optional<std::string> matched = matched_module(pattern, unit);
+      if (!matched) continue;
+      selects = true;
+      HP_CHECK(names.count(*matched), "memory.offload_units: '", pattern, "' matches ", *matched,
+               ", which is not an FSDP unit of this layout (its units: ", some_of(units),
+               "; with parallel.pp > 1 each pipeline stage is one, stage.N, and its blocks are none)");
     }
-  });
+    HP_CHECK(selects, "memory.offload_units: '", pattern,
+             "' selects no FSDP unit of this layout (its units: ", some_of(units), ")");
+  }
 }
 
 std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages) {

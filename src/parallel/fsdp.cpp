@@ -161,12 +161,17 @@ struct FsdpUnit {
     return shards;
   }
 
-  // Starts reading the shards of `units` from the offload tier, ahead of their gathers (in backward
-  // not those of units resharded to a block, which gather their block's rows instead).
-  static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units, bool backward) {
+  // Whether prefetch() issues a gather for this unit into `slot`: it has parameters, no gather in
+  // the slot yet, and (backward) is not resharded to a block, which gathers its block's rows instead.
+  bool takes_prefetch(std::optional<Prefetched> FsdpUnit::*slot) const {
+    return !params.empty() && !(this->*slot) && !(slot == &FsdpUnit::prefetched_backward && post_forward_group);
+  }
+
+  // Starts reading from the offload tier the shards of the units of `units` that prefetch() will
+  // pack into `slot` next: all of them in one go, rather than each when its gather is issued.
+  static void read_ahead(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<Prefetched> FsdpUnit::*slot) {
     for (const auto& weak : units)
-      if (auto u = weak.lock(); u && u->options.offload && !(backward && u->post_forward_group))
-        prefetch_storage(u->shard_pieces());
+      if (auto u = weak.lock(); u && u->options.offload && u->takes_prefetch(slot)) prefetch_storage(u->shard_pieces());
   }
 
   // Parameter i's full value from the gathered [n, L] buffer (differentiable when `gathered` is).
@@ -203,9 +208,7 @@ struct FsdpUnit {
   // Issues the gathers of `units` now, asynchronously, so they overlap this unit's compute.
   static void prefetch(const std::vector<std::weak_ptr<FsdpUnit>>& units, std::optional<Prefetched> FsdpUnit::*slot) {
     for (const auto& weak : units)
-      // Units resharded to a block gather their block's rows for backward, not the shards.
-      if (auto u = weak.lock();
-          u && !((*u).*slot) && !(slot == &FsdpUnit::prefetched_backward && u->post_forward_group))
+      if (auto u = weak.lock(); u && u->takes_prefetch(slot))
         (*u).*slot = Prefetched{u->shard_group.all_gather_async(u->pack_shards()), u->shards_version()};
   }
 
@@ -443,7 +446,7 @@ std::shared_ptr<Gathered> gather_for_forward(const std::shared_ptr<FsdpUnit>& un
     if (unit->keeps_parameters() && unit->kept_version == unit->shards_version()) {
       for (const at::Tensor& k : unit->kept) full.push_back(alias_of(k));  // no communication
     } else {
-      if (!recomputing()) FsdpUnit::read_ahead(unit->forward_prefetch, /*backward=*/false);  // offload: from the tier
+      if (!recomputing()) FsdpUnit::read_ahead(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
       const at::Tensor gathered = unit->take_gathered(unit->prefetched_forward);
       // Not from a recomputation in backward: the next forward would take stale parameters.
       if (!recomputing()) FsdpUnit::prefetch(unit->forward_prefetch, &FsdpUnit::prefetched_forward);
@@ -654,7 +657,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
       if (unit && call->released) {
         const MemoryLabel communication(MemoryLabel::kCommunication);  // gathered again for backward
         const auto targets = unit->backward_prefetch_targets(detail::forward_order);
-        FsdpUnit::read_ahead(targets, /*backward=*/true);  // offload: from the tier
+        FsdpUnit::read_ahead(targets, &FsdpUnit::prefetched_backward);
         at::Tensor gathered;
         if (call->block_rows.defined()) {
           gathered = unit->gather_block_rows(call->block_rows);
@@ -703,11 +706,20 @@ void set_prefetch_depth(nn::Module& root, const std::vector<nn::Module*>& chain,
   for (nn::Module* m : chain) links.push_back(fsdp_units(*m));
   const auto n = static_cast<int64_t>(links.size());
   // The units of up to `depth` links from `first` on, stepping by `step` (+1 forward, -1 backward),
-  // in the order they will run: each gather is issued ahead of those needed later.
+  // in the order they will run, so that each gather is issued ahead of those needed later: a link's
+  // own unit first (its hooks run around the inner ones), then its inner units in forward order, or
+  // in backward the reverse.
   auto units_from = [&](int64_t first, int64_t step) {
     std::vector<FSDPModule> units;
-    for (int64_t i = first, k = 0; k < depth && i >= 0 && i < n; i += step, ++k)
-      units.insert(units.end(), links[i].begin(), links[i].end());
+    for (int64_t i = first, k = 0; k < depth && i >= 0 && i < n; i += step, ++k) {
+      const auto& link = links[i];
+      if (step > 0) {
+        units.insert(units.end(), link.begin(), link.end());
+      } else if (!link.empty()) {
+        units.push_back(link.front());
+        units.insert(units.end(), link.rbegin(), link.rend() - 1);
+      }
+    }
     return units;
   };
   // No unit prefetches but those given lists below: a link's inner units gather with their link.

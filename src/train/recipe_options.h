@@ -49,8 +49,9 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   return options;
 }
 
-// recipe_options, with the tier memory.offload names for every FSDP unit (made here, not in
-// recipe_options, which validation calls too: a file tier makes its file).
+// recipe_options, with the tier memory.offload names for the FSDP units memory.offload_units
+// selects, and its prefetch depth (made here, not in recipe_options, which validation calls too: a
+// file tier makes its file).
 inline models::RecipeOptions recipe_options_for_training(const TrainConfig& c) {
   models::RecipeOptions options = recipe_options(c);
   if (c.memory.offload != "none") {

@@ -3,10 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
-#include <algorithm>
-#include <string>
-#include <vector>
-
 #include "hp/dtensor/random.h"
 #include "hp/models/model_spec.h"
 #include "hp/optim/adamw.h"
@@ -40,30 +36,11 @@ at::Tensor Setup::sequence_logits(TrainStep& step, const at::Tensor& tokens) con
   return cp_unshard(step.logits(shard_sequence(whole)), 1, mesh.get_group("cp")).narrow(1, 0, n).to(at::kCPU);
 }
 
-namespace {
-
-// Each pattern of memory.offload_units selects a unit of the layout: one that selects none is a
-// typo or a unit of another layout, and would offload less than asked without a word.
-void check_offload_units(const std::vector<std::string>& patterns, const std::vector<std::string>& units) {
-  for (const std::string& pattern : patterns) {
-    if (std::any_of(units.begin(), units.end(),
-                    [&](const std::string& unit) { return models::unit_selected({pattern}, unit); }))
-      continue;
-    std::string named;  // the first few, enough to see the scheme
-    const size_t shown = std::min<size_t>(units.size(), 8);
-    for (size_t i = 0; i < shown; ++i) named += (i ? ", " : "") + units[i];
-    if (shown < units.size()) named += ", ... (" + std::to_string(units.size()) + " units)";
-    HP_FAIL("memory.offload_units: '", pattern, "' selects no FSDP unit of this layout (its units: ", named, ")");
-  }
-}
-
-}  // namespace
-
 Setup build(const TrainConfig& c, const comm::ProcessGroup& world) {
   DeviceMesh mesh = build_mesh(world, c.parallel, c.train.device);
   manual_seed(mesh, c.seed);  // DTensor random ops in a recipe's model draw under the run's seed
   models::ModelParts parts = c.model->build(mesh, c.parallel, recipe_options_for_training(c));
-  check_offload_units(c.memory.offload_units, parts.fsdp_units);
+  models::check_offload_units(c.memory.offload_units, parts.fsdp_units);
   const int64_t dp_rank = mesh.get_local_rank("dp_replicate") * c.parallel.dp_shard + mesh.get_local_rank("dp_shard");
   const int64_t cp_rank = mesh.get_local_rank("cp");
   return {std::move(mesh), std::move(parts), dp_rank, c.parallel.cp, cp_rank};

@@ -47,6 +47,7 @@ struct Chain {
 
 struct Counts {
   std::vector<int64_t> forward, backward;  // gathers issued in that pass when block k starts it
+  std::vector<int64_t> inner_backward;     // ... when block k's inner unit starts its backward
   std::map<std::string, at::Tensor> gradients;
 };
 
@@ -57,6 +58,7 @@ Counts run_chain(const comm::ProcessGroup& world, std::optional<int> depth) {
   Counts counts;
   counts.forward.assign(kBlocks, -1);
   counts.backward.assign(kBlocks, -1);
+  counts.inner_backward.assign(kBlocks, -1);
   comm::CommDebugMode comm;
   int64_t backward_start = 0;
   std::vector<nn::HookHandle> hooks;
@@ -65,14 +67,19 @@ Counts run_chain(const comm::ProcessGroup& world, std::optional<int> depth) {
     // Forward: once the block's units (its own, then the inner one) have their parameters.
     hooks.push_back(block[1].register_forward_pre_hook(
         [&, k](nn::Module&, nn::Inputs&) { counts.forward[k] = comm.count("all_gather"); }));
-    // Backward: the block's output hook, behind FSDP's (registered at fully_shard), which gathers
-    // the block's own parameters again and issues its prefetches.
-    hooks.push_back(block.register_forward_hook([&, k](nn::Module&, const nn::Inputs&, at::Tensor& output) {
-      output.register_hook([&, k](const at::Tensor& grad) {
-        counts.backward[k] = comm.count("all_gather") - backward_start;
-        return grad;
-      });
-    }));
+    // Backward: the output hooks of the block and of its inner unit, each behind FSDP's (registered
+    // at fully_shard), which gathers the unit's parameters again (or takes its prefetched gather)
+    // and issues its prefetches.
+    const auto count_backward = [&](std::vector<int64_t>& into, int k) {
+      return [&into, &comm, &backward_start, k](nn::Module&, const nn::Inputs&, at::Tensor& output) {
+        output.register_hook([&into, &comm, &backward_start, k](const at::Tensor& grad) {
+          into[k] = comm.count("all_gather") - backward_start;
+          return grad;
+        });
+      };
+    };
+    hooks.push_back(block.register_forward_hook(count_backward(counts.backward, k)));
+    hooks.push_back(block[0].register_forward_hook(count_backward(counts.inner_backward, k)));
   }
   const at::Tensor out = (*chain.root)(rank_data(world.rank(), {3, 8}, at::kFloat, 2));
   backward_start = comm.count("all_gather");
@@ -85,7 +92,9 @@ Counts run_chain(const comm::ProcessGroup& world, std::optional<int> depth) {
 // of the next min(d, kBlocks - 1 - k) blocks are issued. When block k starts its backward: the
 // root's gather, both units of each later block, then block k's own unit and, with d > 0, its inner
 // unit (prefetched with it) and both units of the previous min(d, k) blocks. With d = 0 the inner
-// unit gathers later, at its own use. The gradients are bitwise those of FSDP's default prefetching.
+// unit gathers later, at its own use: when its backward starts, one gather more has been issued;
+// with d > 0 none (it takes its prefetched gather). The gradients are bitwise those of FSDP's default
+// prefetching.
 TEST(FsdpPrefetch, EachBlockGathersDepthBlocksAheadInForwardAndBackward) {
   run(2, [](const comm::ProcessGroup& world) {
     const Counts plain = run_chain(world, std::nullopt);
@@ -96,6 +105,8 @@ TEST(FsdpPrefetch, EachBlockGathersDepthBlocksAheadInForwardAndBackward) {
         EXPECT_EQ(got.forward[k], 1 + 2 * (k + 1) + 2 * ahead) << "depth " << d << ", forward of block " << k;
         EXPECT_EQ(got.backward[k], 1 + 2 * (kBlocks - 1 - k) + (d > 0 ? 2 : 1) + 2 * behind)
             << "depth " << d << ", backward of block " << k;
+        EXPECT_EQ(got.inner_backward[k], got.backward[k] + (d > 0 ? 0 : 1))
+            << "depth " << d << ", backward of block " << k << "'s inner unit";
       }
       for (const auto& [fqn, grad] : plain.gradients)
         check_close(got.gradients.at(fqn), grad, "depth " + std::to_string(d) + ": " + fqn, /*bitwise=*/true);

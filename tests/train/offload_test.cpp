@@ -83,9 +83,9 @@ TEST(Trainer, AnOffloadedRunResumesBitwise) {
 }
 
 // The units a layout's recipe makes, with memory.offload_units `units`: on every rank, the
-// parameters whose storage is in the offload tier are exactly those `in_tier(rank, fqn)` says.
+// parameters whose storage is in the offload tier are exactly those `in_tier(pp_rank, fqn)` says.
 void expect_offloaded(TrainConfig c, const std::vector<std::string>& units,
-                      const std::function<bool(int rank, const std::string& fqn)>& in_tier) {
+                      const std::function<bool(int64_t pp_rank, const std::string& fqn)>& in_tier) {
   c.memory.offload = "host";
   c.memory.offload_units = units;
   testing::run_ranks(
@@ -94,39 +94,46 @@ void expect_offloaded(TrainConfig c, const std::vector<std::string>& units,
         const detail::Setup s = detail::build(c, world);
         s.parts.init_parameters(c.seed);
         for (const auto& [fqn, p] : s.parts.named_parameters())
-          EXPECT_EQ(storage_tier_of(local_tensor(p)) != nullptr, in_tier(world.rank(), fqn))
-              << "rank " << world.rank() << ", " << fqn;
+          EXPECT_EQ(storage_tier_of(local_tensor(p)) != nullptr, in_tier(s.mesh.get_local_rank("pp"), fqn))
+              << units.front() << ": rank " << world.rank() << ", " << fqn;
       },
       ranks_for(c));
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
+TrainConfig moe_config(TrainConfig c) {
+  c.model = parse_config(
+                "model: {family: qwen3_moe, vocab: 256, dim: 64, layers: 2, heads: 4, kv_heads: 2, "
+                "max_seq: 32, experts: 4, top_k: 2, expert_hidden: 48}",
+                {})
+                .model;
+  return c;
+}
+
 // "layers.1" takes block 1 (one rank: units of one rank); "root" the model's own unit (the
 // embedding, final norm and head); "layers.*.mlp.experts" a MoE's experts and nothing else of
-// their blocks; "stage.1" the second stage of a 1F1B pipeline, which rank 1 runs.
+// their blocks; "stage.1" the second stage of a 1F1B pipeline, which pipeline rank 1 runs, with
+// the experts inside it (a MoE on pp 2 x dp_shard 2, where the experts are units of their own).
 TEST(Trainer, OffloadUnitsMoveOnlyTheUnitsTheyName) {
   const std::string dir = test::scratch_dir("trainer_offload_units");
   TrainConfig c = offload_config(dir);
-  expect_offloaded(c, {"layers.1"}, [](int, const std::string& fqn) { return starts_with(fqn, "layers.1."); });
+  expect_offloaded(c, {"layers.1"}, [](int64_t, const std::string& fqn) { return starts_with(fqn, "layers.1."); });
   c.parallel.dp_shard = 2;
-  expect_offloaded(c, {"root"}, [](int, const std::string& fqn) { return !starts_with(fqn, "layers."); });
-  TrainConfig moe = c;
-  moe.model = parse_config(
-                  "model: {family: qwen3_moe, vocab: 256, dim: 64, layers: 2, heads: 4, kv_heads: 2, "
-                  "max_seq: 32, experts: 4, top_k: 2, expert_hidden: 48}",
-                  {})
-                  .model;
-  expect_offloaded(moe, {"layers.*.mlp.experts"},
-                   [](int, const std::string& fqn) { return fqn.find(".mlp.experts.") != std::string::npos; });
-  c.parallel.dp_shard = 1;
+  expect_offloaded(c, {"root"}, [](int64_t, const std::string& fqn) { return !starts_with(fqn, "layers."); });
+  expect_offloaded(moe_config(c), {"layers.*.mlp.experts"},
+                   [](int64_t, const std::string& fqn) { return fqn.find(".mlp.experts.") != std::string::npos; });
   c.parallel.pp = 2;
-  expect_offloaded(c, {"stage.1"}, [](int rank, const std::string&) { return rank == 1; });
+  const auto stage_1 = [](int64_t pp_rank, const std::string&) { return pp_rank == 1; };
+  expect_offloaded(moe_config(c), {"stage.1"}, stage_1);
+  c.parallel.dp_shard = 1;
+  expect_offloaded(c, {"stage.1"}, stage_1);
 }
 
-// A pattern that selects no unit of the layout is an error naming the layout's units: a block the
-// model does not have, a stage without a pipeline.
-TEST(Trainer, OffloadUnitsThatSelectNothingAreAnError) {
+// A pattern that selects no unit of the layout is an error naming the layout's units (a block the
+// model does not have, a stage without a pipeline), and so is one that matches a module that is no
+// unit: a block under a pipeline (a MoE on pp 2 x dp_shard 2, whose experts are units inside it).
+TEST(Trainer, OffloadUnitsThatNameNoUnitAreAnError) {
   const std::string dir = test::scratch_dir("trainer_offload_units_error");
   TrainConfig c = offload_config(dir);
   c.memory.offload = "host";
@@ -136,15 +143,23 @@ TEST(Trainer, OffloadUnitsThatSelectNothingAreAnError) {
                        "memory.offload_units: '" + unit +
                            "' selects no FSDP unit of this layout (its units: root, layers.0, layers.1)");
   }
+  TrainConfig moe = moe_config(c);
+  moe.parallel.pp = 2;
+  moe.parallel.dp_shard = 2;
+  moe.memory.offload_units = {"layers.*"};
+  test::expect_error([&] { train_on_ranks(moe, 4); },
+                     "memory.offload_units: 'layers.*' matches layers.0, which is not an FSDP unit of this layout");
 }
 
 // Which units are offloaded and how far ahead they gather change no bit: dp_shard 2 with the file
-// tier for block 1 and the root, prefetch 0, 1 and 2, against no offload.
+// tier for block 1 and the root, prefetch 0, 1 and 2, against no offload, over 8 steps with an
+// evaluation every 3; and prefetch 2 with every block fully checkpointed (recomputed in backward).
 TEST(Trainer, OffloadUnitsAndPrefetchChangeNoLoss) {
   const std::string dir = test::scratch_dir("trainer_offload_prefetch");
   if (hp::detail::on_copy_on_write_file_system(dir)) GTEST_SKIP() << dir << " is on a copy-on-write file system";
   TrainConfig c = offload_config(dir);
   c.parallel.dp_shard = 2;
+  c.eval.interval = 3;
   const std::vector<double> plain = rank0_losses(c, 2);
   ASSERT_EQ(plain.size(), 8u);
   c.memory.offload = "file";
@@ -153,6 +168,8 @@ TEST(Trainer, OffloadUnitsAndPrefetchChangeNoLoss) {
     c.memory.offload_prefetch = prefetch;
     EXPECT_EQ(rank0_losses(c, 2), plain) << "memory.offload_prefetch " << prefetch;
   }
+  c.memory.checkpoint = "full";
+  EXPECT_EQ(rank0_losses(c, 2), plain) << "memory.offload_prefetch 2, memory.checkpoint full";
 }
 
 }  // namespace

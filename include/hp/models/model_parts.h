@@ -22,8 +22,14 @@ namespace hp::models {
 // Whether `patterns` (RecipeOptions::offload_units) select the FSDP unit named `unit` (as
 // ModelParts::fsdp_units names it): one matches its name, or the name of a module it lies in
 // ("layers.*" takes "layers.3" and "layers.3.mlp.experts"; "root" only the model's own unit). No
-// patterns select every unit.
+// patterns select every unit. (A pipeline stage's units inside it: RecipeOptions::unit_fsdp.)
 bool unit_selected(const std::vector<std::string>& patterns, const std::string& unit);
+
+// Throws hp::Error (naming memory.offload_units) unless each of `patterns` selects a unit of
+// `units` (ModelParts::fsdp_units) and each module it matches is one of them: with a pipeline a
+// block is no unit (each stage is one), and a pattern naming blocks would offload only the units
+// inside them.
+void check_offload_units(const std::vector<std::string>& patterns, const std::vector<std::string>& units);
 
 // The names of the FSDP units below `model` ("root" for its own) and, with `stages` > 0, of the
 // stages of a pipeline ("stage.0", ...): what a recipe lists in ModelParts::fsdp_units.

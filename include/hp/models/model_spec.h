@@ -51,17 +51,19 @@ struct RecipeOptions {
   std::vector<CheckpointMode> block_checkpoint;
   SwapOptions swap;  // for the blocks of mode kSwap
   // With parameter offload (fsdp.offload set), the FSDP units it applies to, as patterns of unit
-  // names ('*' = one segment) that also take the units inside the modules they match: "root" (the
+  // names ('*' = one segment) that also take the units inside the units they match: "root" (the
   // model's own unit), "layers.3", "layers.*.mlp.experts", "stage.1" (docs/memory.md). Empty: every
-  // unit. ModelParts::fsdp_units lists a layout's names.
+  // unit. ModelParts::fsdp_units lists a layout's names; check_offload_units checks the patterns.
   std::vector<std::string> offload_units;
   // With parameter offload, how many blocks ahead each block's units gather and start reading their
   // shards from the tier (hp::set_prefetch_depth). Without a pipeline only.
   int offload_prefetch = 1;
 
-  // fsdp for the unit named `unit`, without the offload tier when offload_units leaves it out.
-  FullyShardOptions unit_fsdp(const std::string& unit, FullyShardOptions fsdp) const {
-    if (!unit_selected(offload_units, unit)) fsdp.offload.reset();
+  // fsdp for the unit named `unit`, without the offload tier when offload_units selects neither it
+  // nor the pipeline stage (`stage`, "stage.N") it lies in.
+  FullyShardOptions unit_fsdp(const std::string& unit, FullyShardOptions fsdp, const std::string& stage = {}) const {
+    if (!unit_selected(offload_units, unit) && (stage.empty() || !unit_selected(offload_units, stage)))
+      fsdp.offload.reset();
     return fsdp;
   }
 

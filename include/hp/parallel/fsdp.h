@@ -98,8 +98,9 @@ class FSDPModule {
   // Multiplies gradients before they are reduced (e.g. 1 / accumulation steps).
   void set_gradient_scaling_factor(double factor);
   // Prefetching: when this unit gathers its parameters for forward (for backward), it also issues,
-  // asynchronously, the gathers of `modules` (and, with parameter offload, starts reading their
-  // shards from the tier), so that this overlaps this unit's compute. Name units that run next,
+  // asynchronously, the gathers of `modules`, so that their communication overlaps this unit's
+  // compute (with parameter offload their shards are read from the tier when the gather is issued,
+  // on this thread). Name units that run next,
   // once per step, in the same order on every rank (e.g. forward: the next block; backward: the
   // previous block). By default a unit prefetches nothing in forward and, in backward, the unit
   // that ran before it in forward; an empty list prefetches nothing.
@@ -126,8 +127,10 @@ std::vector<std::pair<std::string, FSDPModule>> named_fsdp_units(nn::Module& roo
 // prefetch nothing themselves); root's own unit, which runs first both ways, those of the first
 // `depth` modules in forward and of the last `depth` in backward. Every other unit below root
 // prefetches nothing, and with depth 0 none does: each gathers at its own use. Call it once every
-// unit is made. A prefetched gather holds its unit's parameters from then on: depth d costs up to
-// d modules' gathered parameters more at the peak.
+// unit is made. A prefetched gather holds its unit's gathered parameters from then on, and its
+// packed shards until it completes: depth d costs up to d x (1 + 1/n) modules' parameters more at
+// the peak, n the units' shard ranks. Checkpointed modules gather again in their recomputation, at
+// their use: backward prefetches none of their gathers.
 void set_prefetch_depth(nn::Module& root, const std::vector<nn::Module*>& chain, int depth);
 
 }  // namespace hp

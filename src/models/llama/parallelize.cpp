@@ -83,9 +83,11 @@ void shard_over_data_and_tp(nn::Module& model, const std::vector<std::string>& p
       split_short_matrices_by_columns(std::move(options.shard_placement_fn), data_and_tp.size("efsdp"));
   options.mixed_precision.output_dtype.reset();
   const DeviceMesh unit_mesh = expert_data_parallel_mesh(data_and_tp, dims);
+  const auto stages =
+      llama_layer_stages(dims, recipe, static_cast<int64_t>(nn::match_modules(model, "layers.*").size()));
   for (const std::string& pattern : patterns)
     for (auto& [fqn, module] : nn::match_modules(model, pattern))
-      fully_shard(*module, unit_mesh, recipe.unit_fsdp(fqn, options))
+      fully_shard(*module, unit_mesh, recipe.unit_fsdp(fqn, options, layer_stage(stages, fqn)))
           .set_gradient_scaling_factor(static_cast<double>(dims.tp));
 }
 
@@ -137,8 +139,47 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelDims&
     blocks.push_back(block);
   }
   fully_shard(model, dp_mesh, options.unit_fsdp("root", options.fsdp));
-  // Offloaded units gather, and read their shards from the tier, offload_prefetch blocks ahead.
+  // With offload, every unit gathers (reading offloaded shards from the tier) offload_prefetch
+  // blocks ahead.
   if (options.fsdp.offload) set_prefetch_depth(model, blocks, options.offload_prefetch);
+}
+
+namespace {
+
+// The layers of each stage of `schedule`: options.layers_per_stage, else equal ranges.
+std::vector<int64_t> stage_layer_counts(const pp::Schedule& schedule, const PipelineOptions& options, int64_t layers) {
+  const std::vector<int64_t>& chosen = options.layers_per_stage;
+  HP_CHECK(chosen.empty() || static_cast<int>(chosen.size()) == schedule.stages, "parallelize_llama: ", chosen.size(),
+           " layer counts for the ", schedule.stages, " stages of ", schedule.name);
+  return chosen.empty() ? std::vector<int64_t>(schedule.stages, layers / schedule.stages) : chosen;
+}
+
+pp::Schedule pipeline_schedule(const ParallelDims& dims, const PipelineOptions& options) {
+  return pp::schedule_by_name(options.schedule, static_cast<int>(dims.pp), options.micro_batches,
+                              options.stages_per_rank, options.costs);
+}
+
+}  // namespace
+
+std::vector<std::string> llama_layer_stages(const ParallelDims& dims, const RecipeOptions& options, int64_t layers) {
+  std::vector<std::string> stages(static_cast<size_t>(layers));
+  if (dims.pp == 1) return stages;
+  const std::vector<int64_t> counts =
+      stage_layer_counts(pipeline_schedule(dims, options.pipeline), options.pipeline, layers);
+  size_t layer = 0;
+  for (size_t s = 0; s < counts.size(); ++s)
+    for (int64_t i = 0; i < counts[s] && layer < stages.size(); ++i) stages[layer++] = "stage." + std::to_string(s);
+  return stages;
+}
+
+std::string layer_stage(const std::vector<std::string>& stages, const std::string& fqn) {
+  const std::string prefix = "layers.";
+  if (stages.empty() || stages.front().empty() || fqn.rfind(prefix, 0) != 0) return {};
+  // "layers.3.mlp.experts" -> 3
+  const std::string index = fqn.substr(prefix.size(), fqn.find('.', prefix.size()) - prefix.size());
+  if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return {};
+  const size_t layer = std::stoul(index);
+  return layer < stages.size() ? stages[layer] : std::string();
 }
 
 namespace {
@@ -150,12 +191,7 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
                          const RecipeOptions& options) {
   const LlamaConfig& config = model.config();
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
-  const pp::Schedule schedule =
-      pp::schedule_by_name(options.pipeline.schedule, static_cast<int>(dims.pp), options.pipeline.micro_batches,
-                           options.pipeline.stages_per_rank, options.pipeline.costs);
-  const std::vector<int64_t>& chosen = options.pipeline.layers_per_stage;
-  HP_CHECK(chosen.empty() || static_cast<int>(chosen.size()) == schedule.stages, "parallelize_llama: ", chosen.size(),
-           " layer counts for the ", schedule.stages, " stages of ", schedule.name);
+  const pp::Schedule schedule = pipeline_schedule(dims, options.pipeline);
   const bool splits_backward = std::any_of(schedule.programs.begin(), schedule.programs.end(), [](const auto& program) {
     return std::any_of(program.begin(), program.end(),
                        [](const pp::Action& a) { return a.kind == pp::ActionKind::kBackwardInput; });
@@ -163,8 +199,7 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   HP_CHECK(!options.checkpoints() || !splits_backward, "parallelize_llama: schedule ", schedule.name,
            " splits the backward into input and weight passes, which activation checkpointing does not support yet "
            "(use another schedule or no checkpointing)");
-  const auto all = split_llama(
-      model, chosen.empty() ? std::vector<int64_t>(schedule.stages, config.layers / schedule.stages) : chosen);
+  const auto all = split_llama(model, stage_layer_counts(schedule, options.pipeline, config.layers));
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   parts.fsdp_units = fsdp_unit_names(model, schedule.stages);  // the other ranks' stages too
   // Between stages, the residual stream is whole on every TP rank, or sharded on the sequence with SP.

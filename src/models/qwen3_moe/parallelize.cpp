@@ -41,8 +41,9 @@ void shard_experts(Llama& model, const DeviceMesh& expert_mesh, const ParallelDi
     return split_experts ? Shard(0) : Shard(1);
   };
   options.mixed_precision.output_dtype.reset();
+  const auto stages = llama_layer_stages(dims, recipe, config.llama.layers);
   for (auto& [fqn, experts] : nn::match_modules(model, "layers.*.mlp.experts")) {
-    FSDPModule unit = fully_shard(*experts, data, recipe.unit_fsdp(fqn, options));
+    FSDPModule unit = fully_shard(*experts, data, recipe.unit_fsdp(fqn, options, layer_stage(stages, fqn)));
     // A rank's expert gradients already sum the losses of its ep group's ranks (the rows came to
     // it); averaging over the efsdp ranks then leaves a factor ep above the mean over the dp x cp
     // ranks (each one's loss a mean over its tokens, as for the dense blocks). The tp ranks' rows,

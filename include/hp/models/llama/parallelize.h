@@ -49,6 +49,13 @@ using ShardPlacementFn = decltype(FullyShardOptions::shard_placement_fn);
 // at least as many columns (a router's gate: one row per expert), else FSDP's default (Shard(0)).
 ShardPlacementFn split_short_matrices_by_columns(ShardPlacementFn user, int64_t ranks);
 
+// With a pipeline (dims.pp > 1), the name of the stage each of the model's `layers` layers runs in
+// ("stage.0", ...), as options.pipeline splits them; empty names without one.
+std::vector<std::string> llama_layer_stages(const ParallelDims& dims, const RecipeOptions& options, int64_t layers);
+// The stage of the layer a module's FQN ("layers.3.mlp.experts") lies in, from llama_layer_stages;
+// empty for none.
+std::string layer_stage(const std::vector<std::string>& stages, const std::string& fqn);
+
 // Makes each module of `model` matching one of `patterns` one FSDP unit over the data-parallel and
 // tp ranks together (this pipeline position's dp_replicate x (dp_shard x tp) ranks), its gradients
 // scaled by tp. For replicated parameters that each tp rank applies to its own share of the data
