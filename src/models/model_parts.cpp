@@ -64,9 +64,10 @@ void check_offload_units(const std::vector<std::string>& patterns, const std::ve
       const std::optional<std::string> matched = matched_module(pattern, unit);
       if (!matched) continue;
       selects = true;
+      const bool pipeline = names.count("stage.0") > 0;
       HP_CHECK(names.count(*matched), "memory.offload_units: '", pattern, "' matches ", *matched,
-               ", which is not an FSDP unit of this layout (its units: ", some_of(units),
-               "; with parallel.pp > 1 each pipeline stage is one, stage.N, and its blocks are none)");
+               ", which is not an FSDP unit of this layout (its units: ", some_of(units), ")",
+               pipeline ? "; with a pipeline each stage is one unit and its blocks are none" : "");
     }
     HP_CHECK(selects, "memory.offload_units: '", pattern,
              "' selects no FSDP unit of this layout (its units: ", some_of(units), ")");
@@ -75,8 +76,8 @@ void check_offload_units(const std::vector<std::string>& patterns, const std::ve
 
 std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages) {
   std::vector<std::string> names;
+  for (int s = 0; s < stages; ++s) names.push_back("stage." + std::to_string(s));  // first: error messages show a few
   for (const auto& [fqn, unit] : named_fsdp_units(model)) names.push_back(fqn.empty() ? "root" : fqn);
-  for (int s = 0; s < stages; ++s) names.push_back("stage." + std::to_string(s));
   return names;
 }
 

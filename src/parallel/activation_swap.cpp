@@ -209,19 +209,32 @@ bool SwapManager::Impl::start_reload(const std::shared_ptr<SwapRegion>& region) 
   return started;
 }
 
+std::shared_ptr<SwapRegion> SwapManager::Impl::replace_pending(const std::shared_ptr<SwapRegion>& next) {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_if_failed();
+  std::shared_ptr<SwapRegion> leaving = pending_.lock();
+  pending_ = next;
+  if (next) order_.push_back(next);
+  return leaving;
+}
+
 void SwapManager::Impl::after_forward(const std::shared_ptr<SwapRegion>& region) {
-  std::shared_ptr<SwapRegion> leaving;
+  if (const auto leaving = replace_pending(region)) copy_out(leaving);
+}
+
+std::shared_ptr<SwapRegion> SwapManager::Impl::later_forward_ended() {
+  const auto leaving = replace_pending(nullptr);
+  if (leaving) copy_out(leaving);
+  return leaving;
+}
+
+void SwapManager::Impl::reload_ahead(const std::shared_ptr<SwapRegion>& region) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     throw_if_failed();
-    leaving = pending_.lock();
-    pending_ = region;
-    if (region) order_.push_back(region);
   }
-  if (leaving) copy_out(leaving);
+  start_reload(region);
 }
-
-void SwapManager::Impl::later_forward_ended() { after_forward(nullptr); }
 
 void SwapManager::Impl::before_backward(const std::shared_ptr<SwapRegion>& region) {
   std::vector<std::shared_ptr<SwapRegion>> next;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -518,6 +519,7 @@ CheckpointPolicy default_checkpoint_policy(const CheckpointOp& op) {
 }
 
 const CheckpointStats& CheckpointedModule::stats() const { return region_->stats; }
+const std::shared_ptr<SwapManager>& CheckpointedModule::swap() const { return region_->options.swap; }
 
 CheckpointedModule checkpoint(nn::Module& module, CheckpointOptions options) {
   auto region = std::make_shared<CheckpointRegion>();
@@ -565,6 +567,49 @@ std::vector<CheckpointedModule> checkpoint_modules(nn::Module& root, const std::
   return regions;
 }
 
+namespace {
+
+// `module` comes after a swapped one and swaps nothing: the end of its forward (with grad: not an
+// evaluation, not its recomputation) sends the swapped region before it away, as the next swapped
+// region's would, so that a lone swapped block leaves too. No swapped region's backward comes
+// before that region's to start its reload ahead (with prefetch): the module's own backward starts
+// it, a plain module's when backward reaches its output, a checkpointed one's when its
+// recomputation runs (its first pass's output is dropped), for the regions that left at its
+// forwards in their order (a pipeline runs backwards in the order of their forwards).
+void send_away_after(nn::Module& module, const std::shared_ptr<SwapManager>& manager) {
+  auto left = std::make_shared<std::deque<std::weak_ptr<detail::SwapRegion>>>();
+  const bool ahead = manager->options().prefetch >= 1;
+  module.register_forward_hook([manager, left, ahead](nn::Module&, const nn::Inputs&, at::Tensor& output) {
+    SwapManager::Impl& swap = manager->impl();
+    const ForwardPass pass = forward_pass();
+    if (pass == ForwardPass::kRecompute) {
+      while (!left->empty()) {
+        const std::shared_ptr<detail::SwapRegion> region = left->front().lock();
+        left->pop_front();
+        if (region) {
+          swap.reload_ahead(region);
+          break;
+        }
+      }
+      return;
+    }
+    if (!at::GradMode::is_enabled()) return;
+    const std::shared_ptr<detail::SwapRegion> gone = swap.later_forward_ended();
+    if (!gone || !ahead) return;
+    if (pass == ForwardPass::kFirst) {
+      while (!left->empty() && left->front().expired()) left->pop_front();  // their graphs are gone
+      left->push_back(gone);
+    } else if (output.requires_grad()) {
+      output.register_hook([manager, weak = std::weak_ptr<detail::SwapRegion>(gone)](const at::Tensor& grad) {
+        if (const auto region = weak.lock()) manager->impl().reload_ahead(region);
+        return grad;
+      });
+    }
+  });
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, CheckpointedModule>> checkpoint_modules(nn::Module& root, const std::string& pattern,
                                                                            const std::vector<CheckpointMode>& modes,
                                                                            SwapOptions swap) {
@@ -577,16 +622,7 @@ std::vector<std::pair<std::string, CheckpointedModule>> checkpoint_modules(nn::M
   std::vector<std::pair<std::string, CheckpointedModule>> regions;
   bool after_swap = false;
   for (size_t i = 0; i < matches.size(); ++i) {
-    if (after_swap && modes[i] != CheckpointMode::kSwap)
-      // A module after a swapped one that swaps nothing: the end of its forward lets the swapped
-      // region before it leave, as the next swapped region's would (a lone swapped block leaves
-      // too). In a training forward only: the first pass of its own checkpointed region (which may
-      // run without grad) or a plain forward with grad; not in its recomputation in backward.
-      matches[i].second->register_forward_hook([manager](nn::Module&, const nn::Inputs&, at::Tensor&) {
-        const ForwardPass pass = forward_pass();
-        if (pass == ForwardPass::kFirst || (pass == ForwardPass::kPlain && at::GradMode::is_enabled()))
-          manager->impl().later_forward_ended();
-      });
+    if (after_swap && modes[i] != CheckpointMode::kSwap) send_away_after(*matches[i].second, manager);
     after_swap = after_swap || modes[i] == CheckpointMode::kSwap;
     CheckpointOptions options;
     if (modes[i] == CheckpointMode::kNone) continue;

@@ -59,8 +59,11 @@ struct SwapManager::Impl {
   // The first pass of `region` ended: the region before it may now leave (see activation_swap.h).
   void after_forward(const std::shared_ptr<detail::SwapRegion>& region);
   // The forward of a module that runs after the swapped regions ended (a block that swaps nothing):
-  // the region before it leaves too, as before the next region.
-  void later_forward_ended();
+  // the region before it leaves too, as before the next region. Returns that region, if any.
+  std::shared_ptr<detail::SwapRegion> later_forward_ended();
+  // Starts bringing `region` back ahead of its backward, from a backward that comes before it
+  // other than a swapped region's (which starts its own prefetches).
+  void reload_ahead(const std::shared_ptr<detail::SwapRegion>& region);
   // Backward reached `region`: its tensors must be back when this returns; reloads of the regions
   // whose backward comes next start.
   void before_backward(const std::shared_ptr<detail::SwapRegion>& region);
@@ -73,6 +76,9 @@ struct SwapManager::Impl {
   SwapStats stats() const;
 
  private:
+  // `next` is the region whose outputs wait for the next forward's end now (null: none); returns
+  // the one that did, which is to leave.
+  std::shared_ptr<detail::SwapRegion> replace_pending(const std::shared_ptr<detail::SwapRegion>& next);
   void copy_out(const std::shared_ptr<detail::SwapRegion>& region);
   // Starts the region's reloads; whether any had not started before.
   bool start_reload(const std::shared_ptr<detail::SwapRegion>& region);

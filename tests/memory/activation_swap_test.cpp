@@ -117,26 +117,39 @@ TEST(ActivationSwap, ComputeBytesSavedAreTheBytesSwappedAndBackwardRecomputesNoP
 // whether that block swaps or not: block 0 alone swapped, before a plain block, sends its first
 // product away (the compute allocator holds exactly that less after forward; a fully checkpointed
 // block 1 drops its own first product on top); the last block swapped alone keeps its outputs, as
-// its backward comes first. Gradients bitwise those without swapping.
+// its backward comes first. The block after the swapped one starts its reload from its own
+// backward (plain) or recomputation (checkpointed): with prefetch 1 backward never waits for it,
+// with 0 it waits once. Gradients bitwise those without swapping; the pool empty after backward.
 TEST(ActivationSwap, AnyLaterBlockSendsASwappedBlocksOutputsAway) {
   auto plain_model = blocks();
   const Measured plain = train(*plain_model, nullptr);
   using M = CheckpointMode;
   struct Case {
     std::vector<M> modes;
-    int64_t matrices_less;  // than plain training holds after forward
+    int64_t matrices_less;  // than plain training holds after forward; -1: not derived here
+    int64_t left;           // regions sent away
   };
   for (const Case& c :
-       {Case{{M::kSwap, M::kNone, M::kNone, M::kNone}, 1}, Case{{M::kSwap, M::kFull, M::kNone, M::kNone}, 2},
-        Case{{M::kNone, M::kNone, M::kNone, M::kSwap}, 0}}) {
-    auto model = blocks();
-    checkpoint_modules(*model, "*", c.modes, {1, 64 * 1024, /*inline_copies=*/true});
-    const Measured m = train(*model, nullptr);
-    std::string what = "blocks";
-    for (M mode : c.modes) what += std::string(" ") + checkpoint_mode_name(mode);
-    EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - c.matrices_less * kMatrixBytes) << what;
-    for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
-  }
+       {Case{{M::kSwap, M::kNone, M::kNone, M::kNone}, 1, 1}, Case{{M::kSwap, M::kFull, M::kNone, M::kNone}, 2, 1},
+        Case{{M::kSwap, M::kSelective, M::kNone, M::kNone}, -1, 1},
+        Case{{M::kSwap, M::kNone, M::kSwap, M::kNone}, 2, 2}, Case{{M::kNone, M::kNone, M::kNone, M::kSwap}, 0, 0}})
+    for (const int prefetch : {1, 0}) {
+      auto model = blocks();
+      const auto regions = checkpoint_modules(*model, "*", c.modes, {prefetch, 64 * 1024, /*inline_copies=*/true});
+      std::shared_ptr<SwapManager> swap;
+      for (const auto& [fqn, region] : regions)
+        if (region.swap()) swap = region.swap();
+      ASSERT_NE(swap, nullptr);
+      const Measured m = train(*model, swap);
+      std::string what = "prefetch " + std::to_string(prefetch) + ", blocks";
+      for (M mode : c.modes) what += std::string(" ") + checkpoint_mode_name(mode);
+      if (c.matrices_less >= 0)
+        EXPECT_EQ(m.bytes_after_forward, plain.bytes_after_forward - c.matrices_less * kMatrixBytes) << what;
+      EXPECT_EQ(m.after_forward.swapped_bytes, c.left * kMatrixBytes) << what;
+      EXPECT_EQ(m.after_backward.reload_waits, prefetch == 0 ? c.left : 0) << what;
+      EXPECT_EQ(m.after_backward.pool_in_use, 0) << what;
+      for (const auto& [name, grad] : plain.grads) check_close(m.grads.at(name), grad, what + ": " + name, true);
+    }
 }
 
 // The real copy thread: the same gradients, the pool empty after backward, its buffers reused by

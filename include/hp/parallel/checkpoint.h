@@ -113,6 +113,8 @@ class CheckpointedModule {
  public:
   explicit CheckpointedModule(std::shared_ptr<detail::CheckpointRegion> region) : region_(std::move(region)) {}
   const CheckpointStats& stats() const;
+  // The region's swap manager (CheckpointOptions::swap); null when it swaps nothing.
+  const std::shared_ptr<SwapManager>& swap() const;
 
  private:
   std::shared_ptr<detail::CheckpointRegion> region_;
