@@ -587,6 +587,7 @@ void send_away_after(nn::Module& module, const std::shared_ptr<SwapManager>& man
         const std::shared_ptr<detail::SwapRegion> region = left->front().lock();
         left->pop_front();
         if (region) {
+          const NotRegionComputation machinery;  // in a recomputation only: not one of the region's ops
           swap.reload_ahead(region);
           break;
         }
@@ -594,6 +595,7 @@ void send_away_after(nn::Module& module, const std::shared_ptr<SwapManager>& man
       return;
     }
     if (!at::GradMode::is_enabled()) return;
+    const NotRegionComputation machinery;  // in a first pass only: not an op its recomputation replays
     const std::shared_ptr<detail::SwapRegion> gone = swap.later_forward_ended();
     if (!gone || !ahead) return;
     if (pass == ForwardPass::kFirst) {

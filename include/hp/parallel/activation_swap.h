@@ -10,8 +10,8 @@
 // the matrix products and attention probabilities). Its backward then rebuilds the region's graph
 // from the swapped outputs and recomputes only what the policy did not keep. How the tier works:
 //  - a region's outputs leave when the next region's forward ends (with hp::checkpoint_modules, the
-//    next module's among those after the first swapped one, swapped or not: that module's backward
-//    then starts the region's reload ahead): the last region's forward before backward stays
+//    next module's among those after the first swapped one, swapped or not: with prefetch >= 1 that
+//    module's backward then starts the region's reload ahead): the last region's forward before backward stays
 //    resident, since its backward comes first;
 //  - copies run on one copy thread (a side stream is the CUDA build's counterpart); a tensor's
 //    compute memory is released when its copy completes;
@@ -24,8 +24,8 @@
 // (which no op outputs). Gradients are bitwise those without swapping. A tier that fails raises
 // hp::Error saying why: reserving space for a region's outputs fails the forward of the region
 // or module after it (when they leave); a failed copy fails the next forward or backward of a
-// swapped region (or the forward or backward of a module after one, with hp::checkpoint_modules),
-// once (a failed write leaves the tensor in place;
+// swapped region (or, with hp::checkpoint_modules, the forward of a module after one, or its
+// backward where it starts a reload ahead), once (a failed write leaves the tensor in place;
 // a failed read fails that backward).
 #pragma once
 
