@@ -58,13 +58,13 @@ bool unit_selected(const std::vector<std::string>& patterns, const std::string& 
 
 void check_offload_units(const std::vector<std::string>& patterns, const std::vector<std::string>& units) {
   const std::set<std::string> names(units.begin(), units.end());
+  const bool pipeline = names.count(stage_unit_name(0)) > 0;
   for (const std::string& pattern : patterns) {
     bool selects = false;
     for (const std::string& unit : units) {
       const std::optional<std::string> matched = matched_module(pattern, unit);
       if (!matched) continue;
       selects = true;
-      const bool pipeline = names.count("stage.0") > 0;
       HP_CHECK(names.count(*matched), "memory.offload_units: '", pattern, "' matches ", *matched,
                ", which is not an FSDP unit of this layout (its units: ", some_of(units), ")",
                pipeline ? "; with a pipeline each stage is one unit and its blocks are none" : "");
@@ -74,9 +74,11 @@ void check_offload_units(const std::vector<std::string>& patterns, const std::ve
   }
 }
 
+std::string stage_unit_name(int64_t stage) { return "stage." + std::to_string(stage); }
+
 std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages) {
   std::vector<std::string> names;
-  for (int s = 0; s < stages; ++s) names.push_back("stage." + std::to_string(s));  // first: error messages show a few
+  for (int s = 0; s < stages; ++s) names.push_back(stage_unit_name(s));  // first: error messages show a few
   for (const auto& [fqn, unit] : named_fsdp_units(model)) names.push_back(fqn.empty() ? "root" : fqn);
   return names;
 }

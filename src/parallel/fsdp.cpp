@@ -345,18 +345,14 @@ std::map<const nn::Module*, std::weak_ptr<FsdpUnit>>& registry() {
   return *r;
 }
 
-bool is_unit(const nn::Module* m) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = registry().find(m);
-  return it != registry().end() && !it->second.expired();
-}
-
 // The unit `m` itself is, or null.
 std::shared_ptr<FsdpUnit> unit_of(const nn::Module& m) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = registry().find(&m);
   return it != registry().end() ? it->second.lock() : nullptr;
 }
+
+bool is_unit(const nn::Module* m) { return unit_of(*m) != nullptr; }
 
 }  // namespace
 

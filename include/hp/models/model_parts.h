@@ -31,6 +31,9 @@ bool unit_selected(const std::vector<std::string>& patterns, const std::string& 
 // inside them.
 void check_offload_units(const std::vector<std::string>& patterns, const std::vector<std::string>& units);
 
+// The name of pipeline stage `stage`'s FSDP unit: "stage.N".
+std::string stage_unit_name(int64_t stage);
+
 // The names of the FSDP units below `model` ("root" for its own) and, with `stages` > 0, of the
 // stages of a pipeline ("stage.0", ...): what a recipe lists in ModelParts::fsdp_units.
 std::vector<std::string> fsdp_unit_names(nn::Module& model, int stages);

@@ -11,8 +11,8 @@
 // from the swapped outputs and recomputes only what the policy did not keep. How the tier works:
 //  - a region's outputs leave when the next region's forward ends (with hp::checkpoint_modules, the
 //    next module's among those after the first swapped one, swapped or not: with prefetch >= 1 that
-//    module's backward then starts the region's reload ahead): the last region's forward before backward stays
-//    resident, since its backward comes first;
+//    module's backward then starts the region's reload ahead): the last region's forward before
+//    backward stays resident, since its backward comes first;
 //  - copies run on one copy thread (a side stream is the CUDA build's counterpart); a tensor's
 //    compute memory is released when its copy completes;
 //  - the tier keeps buffers for reuse by size: the host tier, in host memory outside the

@@ -100,10 +100,9 @@ class FSDPModule {
   // Prefetching: when this unit gathers its parameters for forward (for backward), it also issues,
   // asynchronously, the gathers of `modules`, so that their communication overlaps this unit's
   // compute (with parameter offload their shards are read from the tier when the gather is issued,
-  // on this thread). Name units that run next,
-  // once per step, in the same order on every rank (e.g. forward: the next block; backward: the
-  // previous block). By default a unit prefetches nothing in forward and, in backward, the unit
-  // that ran before it in forward; an empty list prefetches nothing.
+  // on this thread). Name units that run next, once per step, in the same order on every rank
+  // (e.g. forward: the next block; backward: the previous block). By default a unit prefetches nothing in forward and,
+  // in backward, the unit that ran before it in forward; an empty list prefetches nothing.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 

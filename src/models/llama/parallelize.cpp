@@ -168,7 +168,8 @@ std::vector<std::string> llama_layer_stages(const ParallelDims& dims, const Reci
       stage_layer_counts(pipeline_schedule(dims, options.pipeline), options.pipeline, layers);
   size_t layer = 0;
   for (size_t s = 0; s < counts.size(); ++s)
-    for (int64_t i = 0; i < counts[s] && layer < stages.size(); ++i) stages[layer++] = "stage." + std::to_string(s);
+    for (int64_t i = 0; i < counts[s] && layer < stages.size(); ++i)
+      stages[layer++] = stage_unit_name(static_cast<int64_t>(s));
   return stages;
 }
 
@@ -207,7 +208,7 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   std::vector<pp::PipelineStage> local;
   for (int st = 0; st < schedule.stages; ++st)
     if (schedule.stage_rank[st] == pp_rank) {
-      fully_shard(*all[st], dp_mesh, options.unit_fsdp("stage." + std::to_string(st), options.fsdp));
+      fully_shard(*all[st], dp_mesh, options.unit_fsdp(stage_unit_name(st), options.fsdp));
       pp::PipelineStage stage{all[st], st};
       if (st > 0) stage.input_shard_dim = boundary_dim;
       if (st < schedule.stages - 1) stage.output_shard_dim = boundary_dim;
