@@ -15,15 +15,21 @@ namespace {
 class LambdaBackward final : public torch::autograd::Node {
  public:
   LambdaBackward(std::string name, MultiBackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  LambdaBackward(std::string name, TrimmedBackwardFn backward)
+      : name_(std::move(name)), trimmed_backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     HP_CHECK(grads[0].defined(), name_, ": backward got no gradient; every rank must take part in backward");
-    return backward_(grads[0]);
+    if (backward_) return backward_(grads[0]);
+    std::vector<bool> asked(num_outputs());
+    for (size_t i = 0; i < asked.size(); ++i) asked[i] = task_should_compute_output(i);
+    return trimmed_backward_(grads[0], asked);
   }
 
  private:
   std::string name_;
-  MultiBackwardFn backward_;
+  MultiBackwardFn backward_;  // or
+  TrimmedBackwardFn trimmed_backward_;
 };
 
 class ManyToManyBackward final : public torch::autograd::Node {
@@ -46,16 +52,28 @@ bool any_requires_grad(const std::vector<at::Tensor>& inputs) {
          });
 }
 
-}  // namespace
-
-at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
-                           MultiBackwardFn backward) {
+// `output` made to depend on `inputs` through a LambdaBackward running `backward`.
+template <typename Backward>
+at::Tensor record_lambda(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                         Backward backward) {
   if (!any_requires_grad(inputs)) return output;
   auto node =
       std::shared_ptr<LambdaBackward>(new LambdaBackward(name, std::move(backward)), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(output, node);
   return output;
+}
+
+}  // namespace
+
+at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                           MultiBackwardFn backward) {
+  return record_lambda(name, inputs, std::move(output), std::move(backward));
+}
+
+at::Tensor record_trimmed_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                                   TrimmedBackwardFn backward) {
+  return record_lambda(name, inputs, std::move(output), std::move(backward));
 }
 
 std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,

@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "hp/core/lambda_backward.h"
 #include "hp/core/memory_timeline.h"
 #include "hp/core/recompute.h"
+#include "hp/core/weight_split.h"
 #include "hp/nn/moe.h"
 #include "parallel/swap_region.h"
 
@@ -318,6 +320,14 @@ class InstalledParameters {
   std::vector<at::Tensor> previous_;  // of the slots installed so far
 };
 
+// What a call's recomputation built: fresh leaves for its inputs and parameters, and its output
+// through the graph they start.
+struct Recomputed {
+  nn::Inputs leaves;
+  std::vector<at::Tensor> param_leaves;
+  at::Tensor out;
+};
+
 // What one call of a region keeps for its recomputation.
 struct Call {
   explicit Call(const std::string& region) : record(region) {}
@@ -333,6 +343,10 @@ struct Call {
   bool swap_released = false;                   // its backward ran and gave the swapped outputs back
   std::shared_ptr<SwapManager> swap;            // the region's tier, or null
   std::shared_ptr<detail::SwapRegion> swapped;  // this call's outputs in it
+  // Between the I and the W pass of a split backward: the recomputation I made, and the split of
+  // its graph that W finishes.
+  std::optional<Recomputed> kept_for_w;
+  std::shared_ptr<WeightGradientSplit> split;
   ~Call() {
     if (swapped) swap->impl().forget(*swapped);
   }
@@ -382,13 +396,9 @@ void check_versions(const CheckpointRegion& region, const Call& call) {
              " was changed in place between its forward and backward; the recomputation would see other values");
 }
 
-// The backward of one call: recompute on fresh leaves (the inputs and the parameters the call
-// started with), backward through the recomputed graph, and hand the leaves' gradients to the
-// node's edges. Parameters that FSDP units inside the region gather themselves get theirs through
-// those units' reduce-scatters, run by this nested backward.
-std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const nn::Module::Run& run, Call& call,
-                                               const std::vector<size_t>& edge_inputs,
-                                               const std::vector<size_t>& edge_params, const at::Tensor& grad) {
+// Recomputes the call on fresh leaves (the inputs and the parameters the call started with),
+// its swapped outputs reloaded, the outputs its first pass saved replayed.
+Recomputed recompute(CheckpointRegion& region, const nn::Module::Run& run, Call& call) {
   HP_CHECK(!at::GradMode::is_enabled(), "checkpoint: ", region.name,
            ": a backward that records its own graph (create_graph, double backward) through a checkpointed region "
            "is not supported");
@@ -399,32 +409,87 @@ std::vector<at::Tensor> recompute_and_backward(CheckpointRegion& region, const n
   at::AutoGradMode grad_mode(true);
   const CpuGeneratorState generator(call.cpu_generator_state);
   const nn::AuxLossScale aux_scale(call.aux_loss_scale);
-  const nn::Inputs leaves = fresh_leaves(call.inputs, call.inputs_require_grad);
-  const std::vector<at::Tensor> param_leaves = fresh_leaves(call.params.tensors);
+  Recomputed r{fresh_leaves(call.inputs, call.inputs_require_grad), fresh_leaves(call.params.tensors), {}};
   call.record.rewind();
   region.stats.recomputed_ops = region.stats.replayed_ops = 0;
   const Stopwatch recomputing_time;
   if (call.swapped) call.swap->impl().before_backward(call.swapped);
   std::optional<ReplayMode> replay;
   if (region.options.policy) replay.emplace(region.name, call.saved, region.stats, call.swapped.get());
-  at::Tensor out;
   {
-    const InstalledParameters installed(call.params, param_leaves);
+    const InstalledParameters installed(call.params, r.param_leaves);
     const MemoryLabel recomputing(MemoryLabel::kModule, call.module);  // the region's activations again
-    out = run_pass(run, leaves, ForwardPass::kRecompute, call, replay ? &*replay : nullptr);
+    r.out = run_pass(run, r.leaves, ForwardPass::kRecompute, call, replay ? &*replay : nullptr);
   }
   region.stats.recompute_seconds = recomputing_time.seconds();
   call.record.check_all_taken();
-  HP_CHECK(out.requires_grad(), "checkpoint: the recomputation of ", region.name,
+  HP_CHECK(r.out.requires_grad(), "checkpoint: the recomputation of ", region.name,
            " gave an output that does not require grad, unlike its forward");
-  torch::autograd::backward({out}, {grad});
-  if (call.swapped) {
-    call.swap->impl().after_backward(*call.swapped);
-    call.swap_released = true;
-  }
+  return r;
+}
+
+// The node's gradients, from the leaves of its recomputation: its inputs' (at `edge_inputs`; none
+// where `with_inputs` is false), then its parameters' (at `edge_params`).
+std::vector<at::Tensor> node_gradients(const Recomputed& r, const std::vector<size_t>& edge_inputs,
+                                       const std::vector<size_t>& edge_params, bool with_inputs) {
   std::vector<at::Tensor> grads;
-  for (size_t i : edge_inputs) grads.push_back(leaves[i].grad());
-  for (size_t i : edge_params) grads.push_back(param_leaves[i].grad());
+  for (size_t i : edge_inputs) grads.push_back(with_inputs ? r.leaves[i].grad() : at::Tensor());
+  for (size_t i : edge_params) grads.push_back(r.param_leaves[i].grad());
+  return grads;
+}
+
+// The call's backward is over: its swapped outputs go back to the tier's pool.
+void release_swapped(Call& call) {
+  if (!call.swapped || call.swap_released) return;
+  call.swap->impl().after_backward(*call.swapped);
+  call.swap_released = true;
+}
+
+// The backward of one call: recompute, then backward through the recomputed graph, and hand the
+// leaves' gradients to the node's edges. Parameters that FSDP units inside the region gather
+// themselves get theirs through those units' reduce-scatters, run by this nested backward.
+//
+// A backward split into I and W (a zero-bubble pipeline's, hp/core/weight_split.h) asks the node
+// for its inputs' gradients alone, then for its parameters' alone: I recomputes, computes the
+// inputs' gradients and keeps the recomputed graph; W computes the parameters' from it, so the
+// region recomputes once and its weight gradients wait for W as the stage's do.
+std::vector<at::Tensor> call_backward(CheckpointRegion& region, const nn::Module::Run& run, Call& call,
+                                      const std::vector<size_t>& edge_inputs, const std::vector<size_t>& edge_params,
+                                      const at::Tensor& grad, const std::vector<bool>& asked) {
+  const auto first_param = asked.begin() + static_cast<std::ptrdiff_t>(edge_inputs.size());
+  const bool inputs_asked = std::find(asked.begin(), first_param, true) != first_param;
+  const bool params_asked = std::find(first_param, asked.end(), true) != asked.end();
+  if (call.kept_for_w && !inputs_asked) {  // W, after I
+    const std::optional<Recomputed> r = std::exchange(call.kept_for_w, std::nullopt);
+    std::exchange(call.split, nullptr)->weight_gradients();
+    return node_gradients(*r, edge_inputs, edge_params, /*with_inputs=*/false);
+  }
+  call.kept_for_w.reset();  // an I without its W (a backward that asks for the inputs again)
+  call.split.reset();
+  Recomputed r = recompute(region, run, call);
+  // A backward that keeps its graph may come back for the parameters' gradients (a split
+  // backward's W): the rebuilt graph waits for it. One that lets the graph go never comes back.
+  const bool graph_kept = torch::autograd::get_current_graph_task_keep_graph();
+  std::vector<at::Tensor> grads;
+  if (inputs_asked && !params_asked && !edge_params.empty()) {
+    std::vector<at::Tensor> inputs;
+    for (size_t i : edge_inputs) inputs.push_back(r.leaves[i]);
+    if (graph_kept) call.split = WeightGradientSplit::prepare_for_leaves(r.out, inputs);
+    const std::vector<at::Tensor> dx =
+        call.split ? call.split->input_gradients(r.out, inputs, grad)  // I
+                   : torch::autograd::grad({r.out}, inputs, {grad}, graph_kept, /*create_graph=*/false,
+                                           /*allow_unused=*/true);
+    grads.assign(edge_inputs.size() + edge_params.size(), at::Tensor());
+    std::copy(dx.begin(), dx.end(), grads.begin());
+    if (call.split) call.kept_for_w = std::move(r);
+  } else {
+    torch::autograd::backward({r.out}, {grad});
+    grads = node_gradients(r, edge_inputs, edge_params, /*with_inputs=*/true);
+  }
+  // The outputs the first pass saved serve another recomputation: none comes after I (W takes the
+  // rebuilt graph) or once the graph is let go. Swapped ones serve one backward only.
+  if (call.kept_for_w || !graph_kept) call.saved.clear();
+  release_swapped(call);
   return grads;
 }
 
@@ -498,10 +563,11 @@ at::Tensor checkpointed_call(const std::shared_ptr<CheckpointRegion>& region, nn
   HP_CHECK(!edges.empty(), "checkpoint: the output of ", region->name,
            " requires grad through a tensor that is neither its input nor its parameter; a checkpointed module may "
            "read only those (and tensors that need no gradient)");
-  return record_backward("checkpoint(" + region->name + ")", edges, result,
-                         [region, run, call, edge_inputs, edge_params](const at::Tensor& grad) {
-                           return recompute_and_backward(*region, run, *call, edge_inputs, edge_params, grad);
-                         });
+  return record_trimmed_backward(
+      "checkpoint(" + region->name + ")", edges, result,
+      [region, run, call, edge_inputs, edge_params](const at::Tensor& grad, const std::vector<bool>& asked) {
+        return call_backward(*region, run, *call, edge_inputs, edge_params, grad, asked);
+      });
 }
 
 }  // namespace

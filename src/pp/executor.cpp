@@ -13,13 +13,13 @@
 #include "hp/comm/leave.h"
 #include "hp/core/error.h"
 #include "hp/core/step_phase.h"
+#include "hp/core/weight_split.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/dtensor/local.h"
 #include "hp/nn/token_coordinates.h"
 #include "pp/failure_notice.h"
 #include "pp/messages.h"
 #include "pp/placement.h"
-#include "pp/weight_split.h"
 
 namespace hp::pp {
 namespace {

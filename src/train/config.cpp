@@ -406,26 +406,11 @@ void validate(const TrainConfig& c, int64_t world_size) {
              "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
     HP_CHECK(c.train.device == "cpu", "memory.budget_mb plans with dry runs, which cover train.device cpu only");
   }
-  std::string recomputes;  // what makes blocks recompute, if anything does
-  if (c.memory.budget_mb > 0)
-    recomputes = "memory.budget_mb";
-  else if (!blocks.empty())
-    recomputes = std::all_of(blocks.begin(), blocks.end(), [](const std::string& b) { return b == "none"; })
-                     ? ""
-                     : "memory.blocks";
-  else if (c.memory.swap != "none")
-    recomputes = "memory.swap " + c.memory.swap;
-  else if (c.memory.checkpoint != "none")
-    recomputes = "memory.checkpoint " + c.memory.checkpoint;
   const bool splits_backward = pp::orders_for_costs(c.pp_schedule);
   detail::pipeline_costs(c);  // names what is wrong with parallel.pp_costs
   HP_CHECK(c.pp_costs == "measured" || (c.parallel.pp > 1 && splits_backward), "parallel.pp_costs (", c.pp_costs,
            ") orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has parallel.pp ",
            c.parallel.pp, " and parallel.pp_schedule ", c.pp_schedule);
-  HP_CHECK(recomputes.empty() || c.parallel.pp == 1 || !splits_backward, recomputes,
-           " does not work with parallel.pp_schedule ", c.pp_schedule,
-           " yet (it splits the backward into input and weight passes); "
-           "use another schedule, or no checkpointing (memory.checkpoint, swap, blocks, budget_mb)");
   HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
            "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
   const CpMode cp_mode = cp_mode_named(c.cp_mode);

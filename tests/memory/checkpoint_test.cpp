@@ -11,6 +11,7 @@
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/core/host_sync.h"
 #include "hp/core/op_counter.h"
+#include "hp/core/weight_split.h"
 #include "hp/models/llama/model.h"
 #include "hp/models/model_spec.h"
 #include "hp/nn/init.h"
@@ -119,6 +120,73 @@ TEST(ActivationCheckpoint, ToyLinearsKeepExactlyWhatTheModeSaysAndRecomputeWhatI
       EXPECT_EQ(m.stats.replayed_ops, 3 - c.recomputed_products) << c.name;
     }
     expect_same_gradients(m, plain, c.name);
+  }
+}
+
+// A backward split into I and W (hp/core/weight_split.h, a zero-bubble pipeline's) asks a region
+// for its input's gradient, then for its weights': I recomputes the three products and runs the
+// three input-side ones, W the three weight-side ones alone, as W does without checkpointing,
+// with the same gradients bit for bit. An autograd::grad of the input alone (the graph not kept)
+// recomputes and runs the input side, and holds nothing afterwards.
+TEST(ActivationCheckpoint, ASplitBackwardRecomputesInIAndRunsOnlyTheWeightSideInW) {
+  const at::Tensor x0 = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(3));
+  struct Passes {
+    OpCounter input, weight;
+    at::Tensor dx;
+    std::map<std::string, at::Tensor> grads;
+  };
+  const auto split_backward = [&](nn::Module& model) {
+    Passes p;
+    const at::Tensor x = x0.clone().requires_grad_();
+    const at::Tensor loss = model(x).pow(2).mean();
+    const auto split = WeightGradientSplit::prepare(loss, x, model.parameters());
+    EXPECT_NE(split, nullptr);
+    {
+      DispatchModeGuard on(p.input);
+      p.dx = split->input_gradient(loss, x, at::Tensor());
+    }
+    for (const at::Tensor& w : model.parameters()) EXPECT_FALSE(w.grad().defined()) << "a weight gradient in I";
+    {
+      DispatchModeGuard on(p.weight);
+      split->weight_gradients();
+    }
+    for (const auto& item : model.named_parameters()) p.grads[item.key()] = item.value().grad();
+    return p;
+  };
+  auto plain_model = three_linears();
+  const Passes plain = split_backward(*plain_model);
+  EXPECT_EQ(plain.input.count("aten::mm"), 3);
+  EXPECT_EQ(plain.weight.count("aten::mm"), 3);
+  for (const bool selective : {false, true}) {
+    const std::string what = selective ? "selective" : "full";
+    auto model = three_linears();
+    CheckpointOptions options;
+    if (selective) options.policy = default_checkpoint_policy;
+    checkpoint(*model, options);
+    const Passes p = split_backward(*model);
+    EXPECT_EQ(p.input.count("aten::addmm"), selective ? 1 : 3) << what << ": the recomputed products";
+    EXPECT_EQ(p.input.count("aten::mm"), 3) << what;
+    EXPECT_EQ(p.weight.count("aten::mm"), 3) << what;
+    EXPECT_EQ(p.weight.count("aten::addmm"), 0) << what << ": W recomputed";
+    check_close(p.dx, plain.dx, what + ": input gradient", /*bitwise=*/true);
+    for (const auto& [name, grad] : plain.grads) check_close(p.grads.at(name), grad, what + ": " + name, true);
+
+    const at::Tensor x = x0.clone().requires_grad_();
+    at::Tensor dx;
+    OpCounter ops;
+    MemoryTracker tracker;
+    const at::Tensor loss = (*model)(x).pow(2).mean();
+    const int64_t after_forward = tracker.current();
+    {
+      DispatchModeGuard on(ops);
+      dx = torch::autograd::grad({loss}, {x})[0];
+    }
+    check_close(dx, plain.dx, what + ": autograd::grad of the input", true);
+    EXPECT_EQ(ops.count("aten::mm"), 3) << what << ": the input side alone";
+    // What forward kept (the output; selective: and the first product's) is gone with the graph's
+    // buffers, the input gradient has come, and no recomputed graph stays behind.
+    const int64_t kept = (selective ? 2 : 1) * kMatrixBytes;
+    EXPECT_EQ(tracker.current(), after_forward - kept + kMatrixBytes) << what << ": the graph, still alive, holds more";
   }
 }
 

@@ -7,9 +7,12 @@
 #include <mutex>
 
 #include "hp/core/memory_tracker.h"
+#include "hp/core/recompute.h"
 #include "hp/models/llama/parallelize.h"
 #include "hp/models/llama/pipeline.h"
 #include "hp/nn/init.h"
+#include "hp/parallel/activation_swap.h"
+#include "hp/parallel/checkpoint.h"
 #include "hp/parallel/fsdp.h"
 #include "hp/parallel/loss_parallel.h"
 #include "hp/pp/executor.h"
@@ -303,6 +306,57 @@ TEST(Pipeline, GradientHooksInsideAStageRunOnceUnderZbv) {
                              "stage " + std::to_string(st.index) + " " + item.key(), 2e-6);  // 1.3e-6 seen
     expect_every_w_split(pipe, schedule.programs[world.rank()], "hooked stages");
   });
+}
+
+// Checkpointed blocks under the schedules that split the backward into I and W: I recomputes each
+// block once per micro-batch and keeps the rebuilt graph, W takes the blocks' weight gradients from
+// it (every W splits), and the gradients are bitwise those of the same schedule without
+// checkpointing. Swapped blocks hand their reloaded outputs back once W is done.
+TEST(Pipeline, CheckpointedBlocksRecomputeOnceUnderZeroBubbleSchedules) {
+  for (const Schedule& schedule : {zero_bubble_v(2, 4), zero_bubble_h1(2, 4)})
+    for (CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSelective, CheckpointMode::kSwap})
+      test::run(2, [&](const comm::ProcessGroup& world) {
+        const std::string what = schedule.name + ", " + checkpoint_mode_name(mode);
+        const std::pair<at::Tensor, at::Tensor> data = batch();
+        int recomputed = 0;
+        std::shared_ptr<SwapManager> swap;
+        // This rank's parameter gradients after a step, its blocks checkpointed as `as` says.
+        const auto gradients = [&](CheckpointMode as) {
+          models::Llama model(config());
+          nn::init_parameters(model, kSeed);
+          SwapOptions options;
+          options.min_bytes = 0;  // the test model's outputs are small
+          const std::vector<CheckpointedModule> regions = checkpoint_modules(model, "layers.*", as, options);
+          if (!regions.empty()) swap = regions.front().swap();
+          for (auto& [fqn, layer] : nn::match_modules(model, "layers.*"))
+            layer->register_forward_hook([&recomputed](nn::Module&, const nn::Inputs&, at::Tensor&) {
+              recomputed += forward_pass() == ForwardPass::kRecompute;
+            });
+          const std::vector<PipelineStage> mine = stages_of(model, schedule, world.rank());
+          PipelineExecutor pipe(schedule, mine, world, loss_fn);
+          pipe.step(data.first, data.second);
+          expect_every_w_split(pipe, schedule.programs[world.rank()], what);
+          std::vector<at::Tensor> grads;
+          for (const PipelineStage& st : mine)
+            for (const at::Tensor& p : st.module->parameters()) grads.push_back(p.grad());
+          return std::make_pair(grads, mine.size());
+        };
+        const auto [plain, stages] = gradients(CheckpointMode::kNone);
+        const auto [checkpointed, same_stages] = gradients(mode);
+        ASSERT_EQ(plain.size(), checkpointed.size());
+        for (size_t i = 0; i < plain.size(); ++i)
+          if (!checkpointed[i].defined() || !at::equal(checkpointed[i], plain[i]))
+            throw std::runtime_error(what + ": parameter gradient " + std::to_string(i) + " differs");
+        const int blocks = static_cast<int>(stages) * kLayers / schedule.stages;
+        if (recomputed != blocks * 4)
+          throw std::runtime_error(what + ": " + std::to_string(recomputed) + " recomputations of " +
+                                   std::to_string(blocks) + " blocks over 4 micro-batches");
+        if (mode == CheckpointMode::kSwap) {
+          const SwapStats stats = swap->stats();
+          if (stats.swapped_tensors == 0) throw std::runtime_error(what + ": nothing was swapped");
+          if (stats.pool_in_use != 0) throw std::runtime_error(what + ": the pool holds bytes after the step");
+        }
+      });
 }
 
 // A stage 0 that takes [seq, batch] tokens (and its loss [seq, batch] targets): micro-batches split

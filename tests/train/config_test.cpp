@@ -128,8 +128,6 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv"}, 4,
           "model.layers (2) must be divisible by the 4 pipeline stages of parallel.pp_schedule zbv on 2 ranks");
   invalid({"memory.checkpoint=some"}, 4, "memory.checkpoint 'some' is unknown (available: none, full, selective)");
-  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4", "memory.checkpoint=full"}, 4,
-          "memory.checkpoint full does not work with parallel.pp_schedule zbv yet");
   invalid({"memory.swap=disk"}, 4, "memory.swap 'disk' is unknown (available: none, host, file)");
   invalid({"memory.swap=host", "memory.swap_dir=/data/swap"}, 4,
           "memory.swap_dir is the file tier's directory; it needs memory.swap file, not host");
@@ -148,11 +146,6 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
           "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
   invalid({"memory.budget_mb=100", "memory.checkpoint=full"}, 4,
           "memory.budget_mb chooses memory.blocks itself; leave memory.blocks and memory.checkpoint unset");
-  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4",
-           "memory.blocks=[none, full, none, none]"},
-          4, "memory.blocks does not work with parallel.pp_schedule zbv yet");
-  invalid({"parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zbv", "model.layers=4", "memory.budget_mb=100"}, 4,
-          "memory.budget_mb does not work with parallel.pp_schedule zbv yet");
   invalid({"memory.offload=nvme"}, 4, "memory.offload 'nvme' is unknown (available: none, host, file)");
   invalid({"memory.offload=host", "memory.offload_dir=/data/offload"}, 4,
           "memory.offload_dir is the file tier's directory; it needs memory.offload file, not host");

@@ -170,10 +170,12 @@ TEST(DryRun, PredictsEveryRanksStepPeak) {
         Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
         Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
         Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"},
+        Layout{"pp 2 (zbv), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "zbv"},
         Layout{"one rank, offload", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "host"},
         Layout{"dp_shard 2, offload", dims(2, 1), false, "none", "adamw", 0.08, "1f1b", "file"},
         Layout{"one rank, swap", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "none", "host", 8},
-        Layout{"pp 2 (1f1b), swap", pipeline(2), false, "none", "adamw", 0.03, "1f1b", "none", "file", 8}})
+        Layout{"pp 2 (1f1b), swap", pipeline(2), false, "none", "adamw", 0.03, "1f1b", "none", "file", 8},
+        Layout{"pp 2 (zbv), swap", pipeline(2), false, "none", "adamw", 0.03, "zbv", "none", "host", 8}})
     expect_peaks_predicted(layout, config_of(layout, dir));
 }
 

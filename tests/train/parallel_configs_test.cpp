@@ -351,22 +351,29 @@ TEST(Trainer, GeneratesUnderContextParallelismAsOneRank) {
 }
 
 // memory.checkpoint and memory.swap: recomputing the blocks, or rebuilding them from the host
-// tier, changes no bit of the run, on one rank, under FSDP x TP and through a 1F1B pipeline (20
-// steps, the same seed).
+// tier, changes no bit of the run, on one rank, under FSDP x TP and through pipelines: 1F1B, and
+// the zero-bubble schedules, whose split backward recomputes a block in I and takes its weight
+// gradients in W (20 steps, the same seed).
 TEST(Trainer, ActivationCheckpointingChangesNoLoss) {
   const fs::path dir = fs::temp_directory_path() / ("hp_trainer_checkpointing_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  ParallelDims dp2tp2, pp2;
+  ParallelDims dp2tp2, pp2, pp2dp2;
   dp2tp2.dp_shard = 2;
   dp2tp2.tp = 2;
-  pp2.pp = 2;
+  pp2.pp = pp2dp2.pp = 2;
+  pp2dp2.dp_shard = 2;
+  Parallel zbv{2, pp2, false, false, "pp 2 (ZBV)", "zbv"},
+      zbh1{4, pp2dp2, false, false, "pp 2 (ZB-H1) x dp_shard 2", "zbh1"};
+  zbv.layers = 4;  // a layer per stage
   for (const Parallel& p :
        {Parallel{1, {}, false, false, "1 rank"}, Parallel{4, dp2tp2, true, false, "dp_shard 2 x tp 2"},
-        Parallel{2, pp2, false, false, "pp 2 (1F1B)"}}) {
+        Parallel{2, pp2, false, false, "pp 2 (1F1B)"}, zbv, zbh1}) {
     TrainConfig c = tiny_config(dir);
     c.parallel = p.dims;
     c.sequence_parallel = p.sequence_parallel;
-    c.run_dir += "_" + std::to_string(p.world);
+    c.pp_schedule = p.pp_schedule;
+    c.model.as<models::LlamaConfig>().layers = p.layers;
+    c.run_dir += "_" + std::to_string(p.world) + p.pp_schedule;
     const std::vector<double> plain = rank0_losses(c, p.world);
     for (const char* mode : {"full", "selective"}) {
       c.memory.checkpoint = mode;

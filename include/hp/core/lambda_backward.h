@@ -23,6 +23,15 @@ using MultiBackwardFn = std::function<std::vector<at::Tensor>(const at::Tensor& 
 at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
                            MultiBackwardFn backward);
 
+// The same, where `backward` also gets which inputs' gradients the running backward asks for (one
+// flag per input): the engine trims the rest when asked for some tensors' gradients only
+// (torch::autograd::grad, the I and W passes of hp/core/weight_split.h). It may leave the others
+// undefined.
+using TrimmedBackwardFn =
+    std::function<std::vector<at::Tensor>(const at::Tensor& grad_output, const std::vector<bool>& asked)>;
+at::Tensor record_trimmed_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
+                                   TrimmedBackwardFn backward);
+
 // Several outputs from several inputs: `backward` gets one gradient per output (undefined where
 // an output received none; it owns them, so it can free each as soon as it is used) and returns one
 // per input. The outputs must be fresh tensors computed

@@ -4,7 +4,6 @@
 // knows no family.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,13 +64,6 @@ struct RecipeOptions {
     if (!unit_selected(offload_units, unit) && (stage.empty() || !unit_selected(offload_units, stage)))
       fsdp.offload.reset();
     return fsdp;
-  }
-
-  // Whether any block is checkpointed (or swapped).
-  bool checkpoints() const {
-    return checkpoint != CheckpointMode::kNone ||
-           std::any_of(block_checkpoint.begin(), block_checkpoint.end(),
-                       [](CheckpointMode m) { return m != CheckpointMode::kNone; });
   }
 };
 

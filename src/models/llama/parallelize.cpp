@@ -193,13 +193,6 @@ void split_into_pipeline(ModelParts& parts, Llama& model, const DeviceMesh& mesh
   const LlamaConfig& config = model.config();
   const int pp_rank = static_cast<int>(mesh.get_local_rank("pp"));
   const pp::Schedule schedule = pipeline_schedule(dims, options.pipeline);
-  const bool splits_backward = std::any_of(schedule.programs.begin(), schedule.programs.end(), [](const auto& program) {
-    return std::any_of(program.begin(), program.end(),
-                       [](const pp::Action& a) { return a.kind == pp::ActionKind::kBackwardInput; });
-  });
-  HP_CHECK(!options.checkpoints() || !splits_backward, "parallelize_llama: schedule ", schedule.name,
-           " splits the backward into input and weight passes, which activation checkpointing does not support yet "
-           "(use another schedule or no checkpointing)");
   const auto all = split_llama(model, stage_layer_counts(schedule, options.pipeline, config.layers));
   const DeviceMesh dp_mesh = data_parallel_mesh(mesh, dims);
   parts.fsdp_units = fsdp_unit_names(model, schedule.stages);  // the other ranks' stages too
