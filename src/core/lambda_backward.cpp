@@ -6,30 +6,51 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <optional>
+#include <variant>
 
 #include "hp/core/error.h"
 
 namespace hp {
 namespace {
 
+// A node's lambda goes, with what it captured (saved activations, often), once autograd will not
+// run the node again: after a backward that lets the graph go, or after the I pass of a split
+// backward when W does not run the node (hp/core/weight_split.h).
+template <typename Fn>
+class ReleasableLambda {
+ public:
+  explicit ReleasableLambda(Fn fn) : fn_(std::move(fn)) {}
+  const Fn& get(const std::string& name) const {
+    HP_CHECK(fn_.has_value(), name,
+             ": backward reached this node again after it was done with (a second backward without "
+             "retain_graph, or a weight pass into what the input pass finished)");
+    return *fn_;
+  }
+  void release() { fn_.reset(); }
+
+ private:
+  std::optional<Fn> fn_;
+};
+
 class LambdaBackward final : public torch::autograd::Node {
  public:
-  LambdaBackward(std::string name, MultiBackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
-  LambdaBackward(std::string name, TrimmedBackwardFn backward)
-      : name_(std::move(name)), trimmed_backward_(std::move(backward)) {}
+  using Fn = std::variant<MultiBackwardFn, TrimmedBackwardFn>;
+  LambdaBackward(std::string name, Fn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     HP_CHECK(grads[0].defined(), name_, ": backward got no gradient; every rank must take part in backward");
-    if (backward_) return backward_(grads[0]);
+    const Fn& fn = backward_.get(name_);
+    if (const auto* plain = std::get_if<MultiBackwardFn>(&fn)) return (*plain)(grads[0]);
     std::vector<bool> asked(num_outputs());
     for (size_t i = 0; i < asked.size(); ++i) asked[i] = task_should_compute_output(i);
-    return trimmed_backward_(grads[0], asked);
+    return std::get<TrimmedBackwardFn>(fn)(grads[0], asked);
   }
+  void release_variables() override { backward_.release(); }
 
  private:
   std::string name_;
-  MultiBackwardFn backward_;  // or
-  TrimmedBackwardFn trimmed_backward_;
+  ReleasableLambda<Fn> backward_;
 };
 
 class ManyToManyBackward final : public torch::autograd::Node {
@@ -38,12 +59,13 @@ class ManyToManyBackward final : public torch::autograd::Node {
       : name_(std::move(name)), backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    return backward_(std::move(grads));
+    return backward_.get(name_)(std::move(grads));
   }
+  void release_variables() override { backward_.release(); }
 
  private:
   std::string name_;
-  ManyToManyBackwardFn backward_;
+  ReleasableLambda<ManyToManyBackwardFn> backward_;
 };
 
 bool any_requires_grad(const std::vector<at::Tensor>& inputs) {

@@ -151,8 +151,10 @@ std::shared_ptr<WeightGradientSplit> WeightGradientSplit::prepare_for_leaves(con
   const std::shared_ptr<Node> root = output.grad_fn();
   if (!root) return nullptr;
   std::vector<Node*> input_nodes;
-  for (const at::Tensor& x : inputs) {
-    HP_CHECK(x.is_leaf(), "WeightGradientSplit::prepare_for_leaves: an input is no leaf");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& x = inputs[i];
+    HP_CHECK(x.is_leaf(), "WeightGradientSplit::prepare_for_leaves: input ", i,
+             " is no leaf (it has a grad_fn); give the leaves I ends at");
     if (const Edge edge = torch::autograd::impl::gradient_edge(x); edge.function)
       input_nodes.push_back(edge.function.get());
   }

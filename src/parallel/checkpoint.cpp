@@ -328,6 +328,16 @@ struct Recomputed {
   at::Tensor out;
 };
 
+// What the I pass of a split backward leaves for its W: the leaves of the recomputation (its graph
+// lives on in `split`, which W finishes), which inputs I answered (the others' gradients come in
+// W, with the parameters'), and the output gradient I got, which W must get again.
+struct WeightPass {
+  Recomputed recomputed;  // its output dropped: W starts where the parameters' branches leave the path
+  std::vector<bool> answered;
+  at::Tensor grad;
+  std::shared_ptr<WeightGradientSplit> split;
+};
+
 // What one call of a region keeps for its recomputation.
 struct Call {
   explicit Call(const std::string& region) : record(region) {}
@@ -343,10 +353,7 @@ struct Call {
   bool swap_released = false;                   // its backward ran and gave the swapped outputs back
   std::shared_ptr<SwapManager> swap;            // the region's tier, or null
   std::shared_ptr<detail::SwapRegion> swapped;  // this call's outputs in it
-  // Between the I and the W pass of a split backward: the recomputation I made, and the split of
-  // its graph that W finishes.
-  std::optional<Recomputed> kept_for_w;
-  std::shared_ptr<WeightGradientSplit> split;
+  std::optional<WeightPass> pending_w;          // between the I and the W pass of a split backward
   ~Call() {
     if (swapped) swap->impl().forget(*swapped);
   }
@@ -428,16 +435,6 @@ Recomputed recompute(CheckpointRegion& region, const nn::Module::Run& run, Call&
   return r;
 }
 
-// The node's gradients, from the leaves of its recomputation: its inputs' (at `edge_inputs`; none
-// where `with_inputs` is false), then its parameters' (at `edge_params`).
-std::vector<at::Tensor> node_gradients(const Recomputed& r, const std::vector<size_t>& edge_inputs,
-                                       const std::vector<size_t>& edge_params, bool with_inputs) {
-  std::vector<at::Tensor> grads;
-  for (size_t i : edge_inputs) grads.push_back(with_inputs ? r.leaves[i].grad() : at::Tensor());
-  for (size_t i : edge_params) grads.push_back(r.param_leaves[i].grad());
-  return grads;
-}
-
 // The call's backward is over: its swapped outputs go back to the tier's pool.
 void release_swapped(Call& call) {
   if (!call.swapped || call.swap_released) return;
@@ -445,51 +442,80 @@ void release_swapped(Call& call) {
   call.swap_released = true;
 }
 
+// W after I: the parameters' gradients from the graph I rebuilt, and those of the inputs I did not
+// answer (an input off the path to the stage's input reaches parameters too).
+std::vector<at::Tensor> weight_pass(const CheckpointRegion& region, Call& call, const std::vector<size_t>& edge_inputs,
+                                    const std::vector<size_t>& edge_params, const at::Tensor& grad) {
+  const WeightPass w = std::move(*call.pending_w);
+  call.pending_w.reset();
+  HP_CHECK(grad.is_same(w.grad), "checkpoint: ", region.name,
+           ": the weight pass of a split backward got another output gradient than its input pass; both passes "
+           "must come from one split (hp::WeightGradientSplit)");
+  w.split->weight_gradients();
+  std::vector<at::Tensor> grads;
+  for (size_t k = 0; k < edge_inputs.size(); ++k)
+    grads.push_back(w.answered[k] ? at::Tensor() : w.recomputed.leaves[edge_inputs[k]].grad());
+  for (size_t i : edge_params) grads.push_back(w.recomputed.param_leaves[i].grad());
+  return grads;
+}
+
 // The backward of one call: recompute, then backward through the recomputed graph, and hand the
 // leaves' gradients to the node's edges. Parameters that FSDP units inside the region gather
 // themselves get theirs through those units' reduce-scatters, run by this nested backward.
 //
 // A backward split into I and W (a zero-bubble pipeline's, hp/core/weight_split.h) asks the node
-// for its inputs' gradients alone, then for its parameters' alone: I recomputes, computes the
-// inputs' gradients and keeps the recomputed graph; W computes the parameters' from it, so the
-// region recomputes once and its weight gradients wait for W as the stage's do.
+// for its inputs' gradients alone, keeping the graph, then for its parameters' alone: I
+// recomputes, computes the inputs' gradients through a split of the rebuilt graph and keeps it; W
+// finishes that split. The region recomputes once and its weight gradients wait for W, as the
+// stage's do.
 std::vector<at::Tensor> call_backward(CheckpointRegion& region, const nn::Module::Run& run, Call& call,
                                       const std::vector<size_t>& edge_inputs, const std::vector<size_t>& edge_params,
                                       const at::Tensor& grad, const std::vector<bool>& asked) {
-  const auto first_param = asked.begin() + static_cast<std::ptrdiff_t>(edge_inputs.size());
-  const bool inputs_asked = std::find(asked.begin(), first_param, true) != first_param;
-  const bool params_asked = std::find(first_param, asked.end(), true) != asked.end();
-  if (call.kept_for_w && !inputs_asked) {  // W, after I
-    const std::optional<Recomputed> r = std::exchange(call.kept_for_w, std::nullopt);
-    std::exchange(call.split, nullptr)->weight_gradients();
-    return node_gradients(*r, edge_inputs, edge_params, /*with_inputs=*/false);
+  const size_t inputs = edge_inputs.size();
+  if (call.pending_w) {
+    bool again = false;  // asked for an input I answered: not the W of that I
+    for (size_t k = 0; k < inputs; ++k) again = again || (asked[k] && call.pending_w->answered[k]);
+    if (!again) return weight_pass(region, call, edge_inputs, edge_params, grad);
+    call.pending_w.reset();  // an I without its W: this backward recomputes again
   }
-  call.kept_for_w.reset();  // an I without its W (a backward that asks for the inputs again)
-  call.split.reset();
+  std::vector<bool> answered(asked.begin(), asked.begin() + static_cast<std::ptrdiff_t>(inputs));
+  const bool inputs_asked = std::find(answered.begin(), answered.end(), true) != answered.end();
+  const bool params_asked =
+      std::find(asked.begin() + static_cast<std::ptrdiff_t>(inputs), asked.end(), true) != asked.end();
   Recomputed r = recompute(region, run, call);
   // A backward that keeps its graph may come back for the parameters' gradients (a split
   // backward's W): the rebuilt graph waits for it. One that lets the graph go never comes back.
   const bool graph_kept = torch::autograd::get_current_graph_task_keep_graph();
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads(inputs + edge_params.size());
+  bool whole = false;
   if (inputs_asked && !params_asked && !edge_params.empty()) {
-    std::vector<at::Tensor> inputs;
-    for (size_t i : edge_inputs) inputs.push_back(r.leaves[i]);
-    if (graph_kept) call.split = WeightGradientSplit::prepare_for_leaves(r.out, inputs);
+    std::vector<at::Tensor> leaves;  // of the inputs asked for; the others count as parameters
+    for (size_t k = 0; k < inputs; ++k)
+      if (answered[k]) leaves.push_back(r.leaves[edge_inputs[k]]);
+    std::shared_ptr<WeightGradientSplit> split;
+    if (graph_kept) split = WeightGradientSplit::prepare_for_leaves(r.out, leaves);
     const std::vector<at::Tensor> dx =
-        call.split ? call.split->input_gradients(r.out, inputs, grad)  // I
-                   : torch::autograd::grad({r.out}, inputs, {grad}, graph_kept, /*create_graph=*/false,
-                                           /*allow_unused=*/true);
-    grads.assign(edge_inputs.size() + edge_params.size(), at::Tensor());
-    std::copy(dx.begin(), dx.end(), grads.begin());
-    if (call.split) call.kept_for_w = std::move(r);
+        split ? split->input_gradients(r.out, leaves, grad)  // I
+              : torch::autograd::grad({r.out}, leaves, {grad}, graph_kept, /*create_graph=*/false,
+                                      /*allow_unused=*/true);
+    for (size_t k = 0, j = 0; k < inputs; ++k)
+      if (answered[k]) grads[k] = dx[j++];
+    if (split) {
+      r.out.reset();
+      call.pending_w = WeightPass{std::move(r), std::move(answered), grad, std::move(split)};
+    }
   } else {
     torch::autograd::backward({r.out}, {grad});
-    grads = node_gradients(r, edge_inputs, edge_params, /*with_inputs=*/true);
+    for (size_t k = 0; k < inputs; ++k) grads[k] = r.leaves[edge_inputs[k]].grad();
+    for (size_t k = 0; k < edge_params.size(); ++k) grads[inputs + k] = r.param_leaves[edge_params[k]].grad();
+    whole = true;
   }
   // The outputs the first pass saved serve another recomputation: none comes after I (W takes the
-  // rebuilt graph) or once the graph is let go. Swapped ones serve one backward only.
-  if (call.kept_for_w || !graph_kept) call.saved.clear();
-  release_swapped(call);
+  // rebuilt graph) or once the graph is let go. Swapped ones serve one backward: they go then, or
+  // after a whole one.
+  const bool recomputed_for_good = call.pending_w || !graph_kept;
+  if (recomputed_for_good) call.saved.clear();
+  if (recomputed_for_good || whole) release_swapped(call);
   return grads;
 }
 

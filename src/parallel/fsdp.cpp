@@ -642,7 +642,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     u->put_shards_back();
     if (const auto dtype = u->options.mixed_precision.output_dtype; dtype && output.is_floating_point())
       output = output.to(*dtype);
-    // A recomputation's backward follows at once: the parameters stay gathered for it.
+    // A recomputation's backward follows (its weight pass later, under a split backward): the
+    // parameters stay gathered for it.
     if (!u->options.reshard_after_forward || u->keeps_parameters() || !output.requires_grad() || recomputing()) return;
     const NotRegionComputation machinery;  // not in a recomputation
     for (const at::Tensor& t : call->params) detail::release(t);

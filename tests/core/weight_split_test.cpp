@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <utility>
+
 #include "hp/core/lambda_backward.h"
 
 namespace hp {
@@ -49,19 +51,25 @@ TEST(WeightGradientSplit, IAndWGiveTheGradientsOfOnePlainBackward) {
 }
 
 // What a node on the path from output to input saved without a branch toward a weight (sin's
-// input) is freed when I ends; W never runs that node.
+// input, what a lambda node captured) is freed when I ends; W never runs those nodes.
 TEST(WeightGradientSplit, IFreesWhatOnlyItNeeded) {
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   const Weights w = weights();
   const at::Tensor x = at::randn({4, 8}).requires_grad_();
-  at::Tensor h;
-  const at::Tensor out = forward(x, w, &h);
-  const c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> saved(h.getIntrusivePtr());
+  at::Tensor h, scale = at::full({4, 8}, 3.0);
+  const at::Tensor y = forward(x, w, &h);
+  const WeakTensor sin_input(h.getIntrusivePtr()), captured(scale.getIntrusivePtr());
   h.reset();
+  at::Tensor scaled = (y * scale).detach();
+  const at::Tensor out =
+      record_backward("scale", y, std::move(scaled),
+                      [scale = std::exchange(scale, at::Tensor())](const at::Tensor& grad) { return grad * scale; });
   const auto s = WeightGradientSplit::prepare(out, x, {w.w1, w.w2, w.norm});
   ASSERT_NE(s, nullptr);
-  EXPECT_FALSE(saved.expired()) << "sin's backward keeps its input until I";
+  EXPECT_FALSE(sin_input.expired() || captured.expired()) << "the nodes keep them until I";
   s->input_gradient(out, x, at::ones_like(out));
-  EXPECT_TRUE(saved.expired()) << "sin's input outlived I";
+  EXPECT_TRUE(sin_input.expired()) << "sin's input outlived I";
+  EXPECT_TRUE(captured.expired()) << "what the lambda node captured outlived I";
   s->weight_gradients();
   EXPECT_TRUE(w.w1.grad().defined() && w.w2.grad().defined() && w.norm.grad().defined());
 }

@@ -124,8 +124,9 @@ TEST(ActivationCheckpoint, ToyLinearsKeepExactlyWhatTheModeSaysAndRecomputeWhatI
 }
 
 // A backward split into I and W (hp/core/weight_split.h, a zero-bubble pipeline's) asks a region
-// for its input's gradient, then for its weights': I recomputes the three products and runs the
-// three input-side ones, W the three weight-side ones alone, as W does without checkpointing,
+// for its input's gradient, then for its weights': I recomputes the products its policy did not
+// save and runs the three input-side ones, W the three weight-side ones alone, as W does without
+// checkpointing,
 // with the same gradients bit for bit. An autograd::grad of the input alone (the graph not kept)
 // recomputes and runs the input side, and holds nothing afterwards.
 TEST(ActivationCheckpoint, ASplitBackwardRecomputesInIAndRunsOnlyTheWeightSideInW) {
@@ -188,6 +189,51 @@ TEST(ActivationCheckpoint, ASplitBackwardRecomputesInIAndRunsOnlyTheWeightSideIn
     const int64_t kept = (selective ? 2 : 1) * kMatrixBytes;
     EXPECT_EQ(tracker.current(), after_forward - kept + kMatrixBytes) << what << ": the graph, still alive, holds more";
   }
+}
+
+// A region whose second input is made from a weight outside it: that input is off the path from
+// the output to the split's input, so its gradient comes in W, with the weights'. The region still
+// recomputes once, in I.
+struct AddsABias : nn::Module {
+  AddsABias()
+      : nn::Module("AddsABias"), linear(register_module("linear", std::make_shared<nn::Linear>(kWidth, kWidth))) {
+    nn::init_parameters(*this, 5);
+  }
+  at::Tensor forward_inputs(const nn::Inputs& in) override { return (*linear)(in[0]) + in[1]; }
+  std::shared_ptr<nn::Linear> linear;
+};
+
+TEST(ActivationCheckpoint, AnInputOffTheSplitsPathGetsItsGradientInW) {
+  const at::Tensor x0 = at::randn({kWidth, kWidth}, at::make_generator<at::CPUGeneratorImpl>(3));
+  const at::Tensor b0 = at::randn({kWidth}, at::make_generator<at::CPUGeneratorImpl>(4));
+  struct Result {
+    at::Tensor dx, db, dweight;
+    OpCounter weight_pass;
+  };
+  const auto run = [&](bool checkpointed) {
+    AddsABias region;
+    if (checkpointed) checkpoint(region, CheckpointOptions{});
+    const at::Tensor x = x0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const at::Tensor loss = region(x, b * 2).pow(2).mean();
+    const auto split =
+        WeightGradientSplit::prepare(loss, x, {region.linear->param("weight"), region.linear->param("bias"), b});
+    EXPECT_NE(split, nullptr);
+    Result r;
+    r.dx = split->input_gradient(loss, x, at::Tensor());
+    EXPECT_FALSE(b.grad().defined()) << "b's gradient came in I";
+    {
+      DispatchModeGuard on(r.weight_pass);
+      split->weight_gradients();
+    }
+    r.db = b.grad();
+    r.dweight = region.linear->param("weight").grad();
+    return r;
+  };
+  const Result plain = run(false), checkpointed = run(true);
+  check_close(checkpointed.dx, plain.dx, "input gradient", /*bitwise=*/true);
+  check_close(checkpointed.db, plain.db, "the outside weight's gradient", true);
+  check_close(checkpointed.dweight, plain.dweight, "the linear's weight gradient", true);
+  EXPECT_EQ(checkpointed.weight_pass.count("aten::addmm"), 0) << "W recomputed the region";
 }
 
 // Dropout inside the region: the recomputation draws the same mask (its stream is replayed), so

@@ -1,7 +1,8 @@
 // Recording a differentiable step whose backward is a C++ lambda. Used by the layers above core for
-// collectives (hp::comm::functional), DTensor conversions (from_local, to_local, redistribute) and
-// FSDP's all-gather, whose backward needs C++ state (groups, specs) that autograd::Function's IValue
-// context cannot hold.
+// collectives (hp::comm::functional), DTensor conversions (from_local, to_local, redistribute),
+// FSDP's all-gather and checkpointed regions, whose backward needs C++ state (groups, specs, a
+// recomputation) that autograd::Function's IValue context cannot hold. The lambda, with what it
+// captured, goes once autograd will not run its node again.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -34,7 +34,8 @@ class WeightGradientSplit {
   static std::shared_ptr<WeightGradientSplit> prepare_for_leaves(const at::Tensor& output,
                                                                  const std::vector<at::Tensor>& inputs);
 
-  // I: the gradients of the inputs (the graph is kept for W).
+  // I: the gradients of the inputs. The graph is kept for W, without what only I needed (freed
+  // here): no other backward can go through it.
   at::Tensor input_gradient(const at::Tensor& output, const at::Tensor& input, const at::Tensor& grad_output);
   std::vector<at::Tensor> input_gradients(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                           const at::Tensor& grad_output);
@@ -46,9 +47,8 @@ class WeightGradientSplit {
   WeightGradientSplit(const WeightGradientSplit&) = delete;
   WeightGradientSplit& operator=(const WeightGradientSplit&) = delete;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -25,13 +25,20 @@
 // backward through it and hands the leaves' gradients to the edges. FSDP units inside the region
 // reduce-scatter their own gradients in that nested backward.
 //
+// A backward split into an input pass and a weight pass (hp/core/weight_split.h, as zero-bubble
+// pipeline schedules run it) asks the node first for the gradients of its inputs alone, keeping
+// the graph: the node recomputes once, computes those from the rebuilt graph and keeps it; asked
+// then for its parameters' gradients alone, it takes them from that graph. Any backward of the
+// inputs alone that keeps the graph (autograd::grad with retain_graph) is taken for such an input
+// pass: the rebuilt graph stays until a backward asks for the parameters' gradients or the graph
+// goes.
+//
 // Limits, each an hp::Error naming the region when broken: a region reads only its inputs, its
 // parameters and tensors that need no gradient; its inputs and parameters do not change in place
 // between its forward and backward; its backward does not record a graph (no create_graph), and a
 // swapped region is backpropagated once. A region returns one tensor (hp::nn::Module's forward
 // does). Under no_grad (evaluation) or inside another checkpointed region a checkpointed module
-// runs plainly. Weight gradients of a checkpointed region are computed when its input gradients
-// are, so recipes refuse checkpointing with zero-bubble schedules, whose weight pass is separate.
+// runs plainly.
 #pragma once
 
 #include <cstdint>
