@@ -443,14 +443,12 @@ void release_swapped(Call& call) {
 }
 
 // W after I: the parameters' gradients from the graph I rebuilt, and those of the inputs I did not
-// answer (an input off the path to the stage's input reaches parameters too).
+// answer (an input off the path to the stage's input reaches parameters too). W comes with the
+// output gradient I recorded.
 std::vector<at::Tensor> weight_pass(const CheckpointRegion& region, Call& call, const std::vector<size_t>& edge_inputs,
                                     const std::vector<size_t>& edge_params, const at::Tensor& grad) {
   const WeightPass w = std::move(*call.pending_w);
   call.pending_w.reset();
-  HP_CHECK(grad.is_same(w.grad), "checkpoint: ", region.name,
-           ": the weight pass of a split backward got another output gradient than its input pass; both passes "
-           "must come from one split (hp::WeightGradientSplit)");
   w.split->weight_gradients();
   std::vector<at::Tensor> grads;
   for (size_t k = 0; k < edge_inputs.size(); ++k)
@@ -473,10 +471,13 @@ std::vector<at::Tensor> call_backward(CheckpointRegion& region, const nn::Module
                                       const at::Tensor& grad, const std::vector<bool>& asked) {
   const size_t inputs = edge_inputs.size();
   if (call.pending_w) {
-    bool again = false;  // asked for an input I answered: not the W of that I
-    for (size_t k = 0; k < inputs; ++k) again = again || (asked[k] && call.pending_w->answered[k]);
-    if (!again) return weight_pass(region, call, edge_inputs, edge_params, grad);
-    call.pending_w.reset();  // an I without its W: this backward recomputes again
+    // The W of that I: the split restarts the node with the gradient I got, and asks for none of
+    // the inputs I answered. Another backward (a second autograd::grad, a backward() after one
+    // that kept the graph) recomputes again.
+    bool w = grad.is_same(call.pending_w->grad);
+    for (size_t k = 0; k < inputs; ++k) w = w && !(asked[k] && call.pending_w->answered[k]);
+    if (w) return weight_pass(region, call, edge_inputs, edge_params, grad);
+    call.pending_w.reset();
   }
   std::vector<bool> answered(asked.begin(), asked.begin() + static_cast<std::ptrdiff_t>(inputs));
   const bool inputs_asked = std::find(answered.begin(), answered.end(), true) != answered.end();

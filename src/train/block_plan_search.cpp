@@ -87,8 +87,15 @@ std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::
     counts[m] = 0;
   };
   visit(visit, 0, blocks);
-  std::stable_sort(out.begin(), out.end(), [](const BlockSplit& a, const BlockSplit& b) {
-    return a.seconds != b.seconds ? a.seconds < b.seconds : a.estimated_peak < b.estimated_peak;
+  // Equal costs (a mode measured at no cost, its noise clamped to 0): the split that changes fewest
+  // blocks, then the lower peak.
+  const auto changed = [](const BlockSplit& s) {
+    return std::accumulate(s.counts.begin(), s.counts.end(), int64_t{0});
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const BlockSplit& a, const BlockSplit& b) {
+    if (a.seconds != b.seconds) return a.seconds < b.seconds;
+    if (changed(a) != changed(b)) return changed(a) < changed(b);
+    return a.estimated_peak < b.estimated_peak;
   });
   return out;
 }

@@ -152,6 +152,44 @@ TEST(ActivationSwap, AnyLaterBlockSendsASwappedBlocksOutputsAway) {
     }
 }
 
+// Two micro-batches forward, then both backward in the order of their forwards (a GPipe stage's
+// order): the block after the swapped one starts each micro-batch's reload from its own backward,
+// a checkpointed block's recomputation taking the swapped regions first in, first out. So with
+// prefetch 1 no backward waits for a reload; with 0 each swapped region waits once. Gradients
+// bitwise those of the same two micro-batches without swapping.
+TEST(ActivationSwap, MicroBatchesForwardThenBackwardInOrderWaitForNoReload) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const std::vector<at::Tensor> inputs = {at::randn({kWidth, kWidth}, gen), at::randn({kWidth, kWidth}, gen)};
+  const auto forward_forward_backward_backward = [&](nn::Module& model) {
+    std::vector<at::Tensor> losses;
+    for (const at::Tensor& x : inputs) losses.push_back(model(x).pow(2).mean());
+    for (const at::Tensor& loss : losses) loss.backward();
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& item : model.named_parameters()) grads[item.key()] = item.value().grad().clone();
+    return grads;
+  };
+  auto plain_model = blocks();
+  const std::map<std::string, at::Tensor> plain = forward_forward_backward_backward(*plain_model);
+  using M = CheckpointMode;
+  for (const std::vector<M>& modes : {std::vector<M>{M::kSwap, M::kFull, M::kNone, M::kNone},
+                                      std::vector<M>{M::kSwap, M::kSelective, M::kNone, M::kNone},
+                                      std::vector<M>{M::kSwap, M::kNone, M::kNone, M::kNone}})
+    for (const int prefetch : {1, 0}) {
+      auto model = blocks();
+      const auto regions = checkpoint_modules(*model, "*", modes, {prefetch, 64 * 1024, /*inline_copies=*/true});
+      const std::shared_ptr<SwapManager> swap = regions.front().second.swap();
+      const std::map<std::string, at::Tensor> grads = forward_forward_backward_backward(*model);
+      std::string what = "prefetch " + std::to_string(prefetch) + ", blocks";
+      for (M mode : modes) what += std::string(" ") + checkpoint_mode_name(mode);
+      const SwapStats stats = swap->stats();
+      EXPECT_EQ(stats.swapped_bytes, 2 * kMatrixBytes) << what << ": one region per micro-batch";
+      EXPECT_EQ(stats.reloaded_bytes, stats.swapped_bytes) << what;
+      EXPECT_EQ(stats.reload_waits, prefetch == 0 ? 2 : 0) << what;
+      EXPECT_EQ(stats.pool_in_use, 0) << what;
+      for (const auto& [name, grad] : plain) check_close(grads.at(name), grad, what + ": " + name, true);
+    }
+}
+
 // The real copy thread: the same gradients, the pool empty after backward, its buffers reused by
 // the next step (none allocated after the first).
 TEST(ActivationSwap, TheCopyThreadGivesTheSameGradientsAndReusesItsBuffers) {

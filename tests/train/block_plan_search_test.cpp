@@ -61,6 +61,10 @@ TEST(BlockPlanSearch, CandidatesFitByEstimateCheapestFirst) {
   EXPECT_EQ(swapped[0].counts, (std::vector<int64_t>{1}));
   EXPECT_EQ(swapped[0].estimated_peak, 95.0);
   EXPECT_TRUE(candidates(2, 100.0, {1.0}, {1.0}, 50.0).empty());
+  // A mode measured at no cost (noise clamped to 0) changes no block it need not: fewest first.
+  std::vector<std::vector<int64_t>> free_counts;
+  for (const BlockSplit& s : candidates(2, 100.0, {4.0}, {0.0}, 100.0)) free_counts.push_back(s.counts);
+  EXPECT_EQ(free_counts, (std::vector<std::vector<int64_t>>{{0}, {1}, {2}}));
 }
 
 // The profiled steps time every mode on real blocks: round robin, rotated where there are fewer

@@ -39,7 +39,7 @@ struct PipelineOptions {
 };
 
 // How a recipe applies the parallel dims (TP details, FSDP's options, the pipeline's schedule) and
-// activation checkpointing (of every block; not with schedules that split the backward, zbv).
+// activation checkpointing (of every block, or block by block).
 struct RecipeOptions {
   TpOptions tp;
   FullyShardOptions fsdp;

@@ -30,8 +30,8 @@
 // the graph: the node recomputes once, computes those from the rebuilt graph and keeps it; asked
 // then for its parameters' gradients alone, it takes them from that graph. Any backward of the
 // inputs alone that keeps the graph (autograd::grad with retain_graph) is taken for such an input
-// pass: the rebuilt graph stays until a backward asks for the parameters' gradients or the graph
-// goes.
+// pass: the rebuilt graph stays until the split's weight pass or the graph goes; another backward
+// through the region recomputes it (a swapped region's cannot: its outputs went after the first).
 //
 // Limits, each an hp::Error naming the region when broken: a region reads only its inputs, its
 // parameters and tensors that need no gradient; its inputs and parameters do not change in place
