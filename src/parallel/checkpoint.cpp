@@ -489,7 +489,9 @@ std::vector<at::Tensor> call_backward(CheckpointRegion& region, const nn::Module
   const bool graph_kept = torch::autograd::get_current_graph_task_keep_graph();
   std::vector<at::Tensor> grads(inputs + edge_params.size());
   bool whole = false;
-  if (inputs_asked && !params_asked && !edge_params.empty()) {
+  // Something left for a W: parameters, or inputs off the path to the inputs asked for.
+  const bool left_for_w = !edge_params.empty() || std::find(answered.begin(), answered.end(), false) != answered.end();
+  if (inputs_asked && !params_asked && left_for_w) {
     std::vector<at::Tensor> leaves;  // of the inputs asked for; the others count as parameters
     for (size_t k = 0; k < inputs; ++k)
       if (answered[k]) leaves.push_back(r.leaves[edge_inputs[k]]);

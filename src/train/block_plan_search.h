@@ -36,9 +36,8 @@ struct BlockSplit {
 };
 // Every split of up to `blocks` blocks among the modes whose savings per block and costs are given
 // whose estimated peak is at most `target`, cheapest first (equal costs: fewest blocks changed,
-// then lower peak). Each
-// block saves its mode's saving, a swapped one too: never a stage's last, it has a block after it,
-// whose forward's end sends its outputs away.
+// then lower peak). Each block saves its mode's saving, a swapped one too: never a stage's last,
+// it has a block after it, whose forward's end sends its outputs away.
 std::vector<BlockSplit> candidates(int64_t blocks, double none_peak, const std::vector<double>& saving_per_block,
                                    const std::vector<double>& costs, double target);
 

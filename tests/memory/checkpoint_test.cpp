@@ -209,6 +209,11 @@ TEST(ActivationCheckpoint, ABackwardAfterAnInputPassThatKeptTheGraphRecomputes) 
     checkpoint(*model, options);
     const at::Tensor x = x0.clone().requires_grad_();
     const at::Tensor out = (*model)(x);
+    // The same output gradient, asking for the answered input again: no W either.
+    const at::Tensor g = at::ones_like(out);
+    const at::Tensor first = torch::autograd::grad({out}, {x}, {g}, /*retain_graph=*/true)[0];
+    const at::Tensor again = torch::autograd::grad({out}, {x}, {g}, /*retain_graph=*/true)[0];
+    check_close(again, first, what + ": the input's gradient asked again", true);
     const at::Tensor dx = torch::autograd::grad({out.pow(2).mean()}, {x}, {}, /*retain_graph=*/true)[0];
     check_close(dx, dx_p, what + ": autograd::grad of the input", true);
     OpCounter ops;

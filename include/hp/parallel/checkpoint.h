@@ -27,11 +27,13 @@
 //
 // A backward split into an input pass and a weight pass (hp/core/weight_split.h, as zero-bubble
 // pipeline schedules run it) asks the node first for the gradients of its inputs alone, keeping
-// the graph: the node recomputes once, computes those from the rebuilt graph and keeps it; asked
-// then for its parameters' gradients alone, it takes them from that graph. Any backward of the
-// inputs alone that keeps the graph (autograd::grad with retain_graph) is taken for such an input
-// pass: the rebuilt graph stays until the split's weight pass or the graph goes; another backward
-// through the region recomputes it (a swapped region's cannot: its outputs went after the first).
+// the graph: the node recomputes once, computes those from the rebuilt graph and keeps it. The
+// split's weight pass restarts the node with the output gradient the input pass got, asking for
+// none of the inputs that pass answered: the node takes the rest from that graph. Any backward of
+// the inputs alone that keeps the graph (autograd::grad with retain_graph) is taken for such an
+// input pass. Its rebuilt graph stays until the weight pass, until another backward through the
+// region (which recomputes: a swapped region cannot, its outputs went after the first backward),
+// or until the graph goes.
 //
 // Limits, each an hp::Error naming the region when broken: a region reads only its inputs, its
 // parameters and tensors that need no gradient; its inputs and parameters do not change in place
