@@ -38,6 +38,15 @@ std::shared_ptr<nn::Sequential> three_linears(bool dropout = false) {
   return model;
 }
 
+// three_linears, checkpointed whole: fully, or selectively under the default policy.
+std::shared_ptr<nn::Sequential> checkpointed_linears(bool selective, bool dropout = false) {
+  auto model = three_linears(dropout);
+  CheckpointOptions options;
+  if (selective) options.policy = default_checkpoint_policy;
+  checkpoint(*model, options);
+  return model;
+}
+
 struct Measured {
   int64_t bytes_after_forward = 0;  // allocated by forward and still held
   OpCounter backward;               // the ops backward ran
@@ -160,10 +169,7 @@ TEST(ActivationCheckpoint, ASplitBackwardRecomputesInIAndRunsOnlyTheWeightSideIn
   EXPECT_EQ(plain.weight.count("aten::mm"), 3);
   for (const bool selective : {false, true}) {
     const std::string what = selective ? "selective" : "full";
-    auto model = three_linears();
-    CheckpointOptions options;
-    if (selective) options.policy = default_checkpoint_policy;
-    checkpoint(*model, options);
+    auto model = checkpointed_linears(selective);
     const Passes p = split_backward(*model);
     EXPECT_EQ(p.input.count("aten::addmm"), selective ? 1 : 3) << what << ": the recomputed products";
     EXPECT_EQ(p.input.count("aten::mm"), 3) << what;
@@ -203,10 +209,7 @@ TEST(ActivationCheckpoint, ABackwardAfterAnInputPassThatKeptTheGraphRecomputes) 
   torch::autograd::backward({out_p.sum()}, {}, false, false, plain_model->parameters());
   for (const bool selective : {false, true}) {
     const std::string what = selective ? "selective" : "full";
-    auto model = three_linears();
-    CheckpointOptions options;
-    if (selective) options.policy = default_checkpoint_policy;
-    checkpoint(*model, options);
+    auto model = checkpointed_linears(selective);
     const at::Tensor x = x0.clone().requires_grad_();
     const at::Tensor out = (*model)(x);
     // The same output gradient, asking for the answered input again: no W either.
@@ -280,10 +283,7 @@ TEST(ActivationCheckpoint, DropoutRecomputesTheSameMask) {
   auto plain_model = three_linears(/*dropout=*/true);
   const Measured plain = forward_backward(*plain_model);
   for (const bool selective : {false, true}) {
-    auto model = three_linears(/*dropout=*/true);
-    CheckpointOptions options;
-    if (selective) options.policy = default_checkpoint_policy;
-    checkpoint(*model, options);
+    auto model = checkpointed_linears(selective, /*dropout=*/true);
     expect_same_gradients(forward_backward(*model), plain, selective ? "selective" : "full");
   }
 }
