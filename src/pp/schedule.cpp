@@ -2,7 +2,9 @@
 #include "hp/pp/schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "hp/core/error.h"
@@ -190,15 +192,18 @@ struct Named {
   const char* name;
   int stages_per_rank;  // 0: the interleaved schedule's argument
   bool zero_bubble;     // orders for costs
+  bool v_shape;         // rank r holds stages r and 2 ranks - 1 - r
   Schedule (*build)(int ranks, int micro_batches, int stages_per_rank, const ActionCosts& costs);
 };
 constexpr Named kNamed[] = {
-    {"gpipe", 1, false, [](int p, int m, int, const ActionCosts&) { return gpipe(p, m); }},
-    {"1f1b", 1, false, [](int p, int m, int, const ActionCosts&) { return one_f_one_b(p, m); }},
-    {"interleaved", 0, false, [](int p, int m, int v, const ActionCosts&) { return interleaved_1f1b(p, v, m); }},
-    {"zbv", 2, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_v(p, m, c); }},
-    {"zbh1", 1, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h1(p, m, c); }},
-    {"zbh2", 1, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h2(p, m, c); }},
+    {"gpipe", 1, false, false, [](int p, int m, int, const ActionCosts&) { return gpipe(p, m); }},
+    {"1f1b", 1, false, false, [](int p, int m, int, const ActionCosts&) { return one_f_one_b(p, m); }},
+    {"interleaved", 0, false, false, [](int p, int m, int v, const ActionCosts&) { return interleaved_1f1b(p, v, m); }},
+    {"zbv", 2, true, true, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_v(p, m, c); }},
+    {"zbh1", 1, true, false, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h1(p, m, c); }},
+    {"zbh2", 1, true, false, [](int p, int m, int, const ActionCosts& c) { return zero_bubble_h2(p, m, c); }},
+    {"vhalf", 2, true, true, [](int p, int m, int, const ActionCosts& c) { return v_half(p, m, c); }},
+    {"vmin", 2, true, true, [](int p, int m, int, const ActionCosts& c) { return v_min(p, m, c); }},
 };
 
 const Named* named(const std::string& name) {
@@ -207,15 +212,28 @@ const Named* named(const std::string& name) {
   return nullptr;
 }
 
+std::string names_where(bool (*keep)(const Named&)) {
+  std::string all;
+  for (const Named& n : kNamed)
+    if (keep(n)) all += (all.empty() ? "" : ", ") + std::string(n.name);
+  return all;
+}
+
 }  // namespace
 
 const std::string& schedule_names() {
-  static const std::string names = [] {
-    std::string all;
-    for (const Named& n : kNamed) all += (all.empty() ? "" : ", ") + std::string(n.name);
-    return all;
-  }();
+  static const std::string names = names_where([](const Named&) { return true; });
   return names;
+}
+
+const std::string& cost_ordered_schedule_names() {
+  static const std::string names = names_where([](const Named& n) { return n.zero_bubble; });
+  return names;
+}
+
+bool places_in_a_v(const std::string& name) {
+  const Named* n = named(name);
+  return n && n->v_shape;
 }
 
 int64_t schedule_stages(const std::string& name, int64_t ranks, int64_t stages_per_rank) {
@@ -226,6 +244,29 @@ int64_t schedule_stages(const std::string& name, int64_t ranks, int64_t stages_p
 bool orders_for_costs(const std::string& name) {
   const Named* n = named(name);
   return n && n->zero_bubble;
+}
+
+double peak_memory_in_1f1b_stages(const Schedule& schedule) {
+  const std::vector<int> peaks = peak_in_flight(schedule);
+  return *std::max_element(peaks.begin(), peaks.end()) * static_cast<double>(schedule.ranks) / schedule.stages;
+}
+
+Schedule lowest_bubble_within(int ranks, int micro_batches, double max_stages, const ActionCosts& costs) {
+  HP_CHECK(costs.by_stage.empty(), "pp: lowest_bubble_within compares schedules of different stage counts, so it ",
+           "takes costs without per-stage values");
+  std::optional<Schedule> best;
+  double lowest = 0.0, least = std::numeric_limits<double>::infinity();
+  for (const Named& n : kNamed) {
+    Schedule s = n.build(ranks, micro_batches, 2, costs);
+    const double held = peak_memory_in_1f1b_stages(s);
+    least = std::min(least, held);
+    if (held > max_stages + 1e-9) continue;
+    const double bubble = simulate(s, costs).bubble;
+    if (!best || bubble < lowest - 1e-12) best = std::move(s), lowest = bubble;
+  }
+  HP_CHECK(best, "pp: no schedule of ", ranks, " ranks and ", micro_batches, " micro-batches holds at most ",
+           max_stages, " micro-batches of a 1F1B stage per rank; the least is ", least);
+  return std::move(*best);
 }
 
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank) {

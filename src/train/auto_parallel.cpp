@@ -2,9 +2,12 @@
 #include "hp/train/auto_parallel.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "hp/core/error.h"
+#include "hp/pp/schedule.h"
 
 namespace hp::train {
 namespace {
@@ -23,6 +26,30 @@ void factorizations(int64_t n, int parts, std::vector<int64_t>& prefix, std::vec
     factorizations(n / f, parts - 1, prefix, out);
     prefix.pop_back();
   }
+}
+
+// `schedules` less those that an earlier one of the same stage count matches or beats at equal
+// costs, on `ranks` ranks with `micro_batches`: it holds no more activations and idles no more.
+std::set<std::string> worth_trying(const std::vector<std::string>& schedules, int ranks, int micro_batches,
+                                   int stages_per_rank) {
+  struct Tried {
+    std::string name;
+    int stages;
+    double memory, bubble;
+  };
+  std::vector<Tried> kept;
+  std::set<std::string> out;
+  for (const std::string& name : schedules) {
+    const pp::Schedule s = pp::schedule_by_name(name, ranks, micro_batches, stages_per_rank);
+    const Tried t{name, s.stages, pp::peak_memory_in_1f1b_stages(s), pp::simulate(s).bubble};
+    const bool beaten = std::any_of(kept.begin(), kept.end(), [&](const Tried& k) {
+      return k.stages == t.stages && k.memory <= t.memory && k.bubble <= t.bubble + 1e-12;
+    });
+    if (beaten) continue;
+    kept.push_back(t);
+    out.insert(name);
+  }
+  return out;
 }
 
 }  // namespace
@@ -59,16 +86,23 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
     for (int64_t ep = 1; ep <= d[1] * d[2] * d[4]; ++ep)
       if ((d[1] * d[2] * d[4]) % ep == 0) eps.push_back(ep);
     const std::vector<std::string> schedules = pp > 1 ? o.schedules : std::vector<std::string>{c.pp_schedule};
+    std::map<int64_t, std::set<std::string>> worth;  // by micro-batch size
+    if (pp > 1)
+      for (int64_t m : micro)
+        worth[m] = worth_trying(o.schedules, static_cast<int>(pp), static_cast<int>(per_rank / m),
+                                static_cast<int>(c.pp_stages_per_rank));
     for (int64_t ep : eps)
       for (const std::string& schedule : schedules)
         for (int64_t m : micro)
           for (const std::string& checkpoint : o.checkpointing)
-            out.push_back({"parallel.dp_replicate=" + std::to_string(d[0]), "parallel.dp_shard=" + std::to_string(d[1]),
-                           "parallel.tp=" + std::to_string(d[2]), "parallel.pp=" + std::to_string(pp),
-                           "parallel.cp=" + std::to_string(d[4]), "parallel.ep=" + std::to_string(ep),
-                           std::string("parallel.sequence_parallel=") + (d[2] > 1 ? "true" : "false"),
-                           "parallel.pp_schedule=" + schedule, "train.micro_batch=" + std::to_string(m),
-                           "memory.checkpoint=" + checkpoint});
+            if (pp == 1 || worth.at(m).count(schedule))
+              out.push_back({"parallel.dp_replicate=" + std::to_string(d[0]),
+                             "parallel.dp_shard=" + std::to_string(d[1]), "parallel.tp=" + std::to_string(d[2]),
+                             "parallel.pp=" + std::to_string(pp), "parallel.cp=" + std::to_string(d[4]),
+                             "parallel.ep=" + std::to_string(ep),
+                             std::string("parallel.sequence_parallel=") + (d[2] > 1 ? "true" : "false"),
+                             "parallel.pp_schedule=" + schedule, "train.micro_batch=" + std::to_string(m),
+                             "memory.checkpoint=" + checkpoint});
   }
   return out;
 }

@@ -409,8 +409,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
   const bool splits_backward = pp::orders_for_costs(c.pp_schedule);
   detail::pipeline_costs(c);  // names what is wrong with parallel.pp_costs
   HP_CHECK(c.pp_costs == "measured" || (c.parallel.pp > 1 && splits_backward), "parallel.pp_costs (", c.pp_costs,
-           ") orders the zero-bubble schedules (zbv, zbh1, zbh2) of parallel.pp > 1; this run has parallel.pp ",
-           c.parallel.pp, " and parallel.pp_schedule ", c.pp_schedule);
+           ") orders the zero-bubble schedules (", pp::cost_ordered_schedule_names(),
+           ") of parallel.pp > 1; this run has parallel.pp ", c.parallel.pp, " and parallel.pp_schedule ",
+           c.pp_schedule);
   HP_CHECK(c.cp_mode == "ring" || c.cp_mode == "allgather" || c.cp_mode == "ulysses" || c.cp_mode == "hybrid",
            "parallel.cp_mode '", c.cp_mode, "' is unknown (available: ring, allgather, ulysses, hybrid)");
   const CpMode cp_mode = cp_mode_named(c.cp_mode);

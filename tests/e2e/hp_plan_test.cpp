@@ -81,6 +81,8 @@ TEST(HpPlan, BadArgumentsAreRefusedWithExit2) {
            {small_model(dir) + " --world 0", "--world expects a positive whole number"},
            {small_model(dir) + " --world 2 --memory-limit -1", "--memory-limit expects a positive number"},
            {small_model(dir) + " --world 2 --routing skewed:2", "--routing: routing model"},
+           {small_model(dir) + " --world 2 --schedules zbv,nope", "--schedules: 'nope' is not a schedule"},
+           {small_model(dir) + " --world 2 --schedules ,", "--schedules: '' is not a schedule"},
            {small_model(dir) + " --world 2 --set parallel.nope=1", "hp-plan: error: "}}) {
     const hp::e2e::Result r = hp::e2e::run_command(plan(args));
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;

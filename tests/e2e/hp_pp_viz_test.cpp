@@ -41,6 +41,22 @@ TEST(HpPpViz, DrawsASchedulePrintsItsBubbleAndReadsItsOwnCsv) {
   EXPECT_EQ(summary(read.output).substr(summary(read.output).find(':')), want.substr(want.find(':')));
 }
 
+// --max-memory chooses the schedule: on 4 ranks with 8 micro-batches at equal costs, ZBV within
+// 1F1B's memory (4 stages), V-Half within 3, V-Min within 2; none within 1.5 (exit 2, naming the least).
+TEST(HpPpViz, MaxMemoryChoosesTheScheduleThatFits) {
+  for (const auto& [limit, chosen] : std::vector<std::pair<std::string, std::string>>{
+           {"4", "ZBV: 4 ranks, 8 stages"}, {"3", "V-Half: 4 ranks, 8 stages"}, {"2.5", "V-Min: 4 ranks, 8 stages"}}) {
+    const hp::e2e::Result r = hp::e2e::run_command(viz("--max-memory " + limit + " --ranks 4 --micro-batches 8"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(summary(r.output).rfind(chosen, 0), 0u) << limit << ": " << r.output;
+  }
+  const hp::e2e::Result none = hp::e2e::run_command(viz("--max-memory 1.5 --ranks 4 --micro-batches 8"));
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("holds at most 1.5 micro-batches of a 1F1B stage per rank; the least is 2"),
+            std::string::npos)
+      << none.output;
+}
+
 // Bad arguments: exit 2 with a one-line reason.
 TEST(HpPpViz, BadArgumentsAreRefusedWithExit2) {
   for (const auto& [args, reason] : std::vector<std::pair<std::string, std::string>>{
@@ -48,6 +64,8 @@ TEST(HpPpViz, BadArgumentsAreRefusedWithExit2) {
            {"--schedule 1f1b --ranks 0 --micro-batches 8", "--ranks"},
            {"--schedule 1f1b --ranks 4 --micro-batches 8 --costs 1,2", "--costs takes F,I,W"},
            {"--schedule 1f1b", "--ranks and --micro-batches are required"},
+           {"--schedule zbv --max-memory 2 --ranks 4 --micro-batches 8", "give one"},
+           {"--max-memory 0 --ranks 4 --micro-batches 8", "--max-memory takes a positive number"},
            {"--csv /nonexistent/mine.csv", "cannot read /nonexistent/mine.csv"}}) {
     const hp::e2e::Result r = hp::e2e::run_command(viz(args));
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;

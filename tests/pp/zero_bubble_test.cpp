@@ -8,8 +8,10 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
+#include "hp/core/error.h"
 #include "hp/pp/schedule.h"
 #include "pp/placer.h"
 
@@ -106,6 +108,74 @@ TEST(ZeroBubble, H2HasNoBubbleWithinAStageAtTwice1F1BsMemory) {
   });
 }
 
+// V-Half and V-Min hold the paper's memory exactly: (p + 2) / 2 and (p + 4) / 3 micro-batches of a
+// 1F1B stage (rounded down), each two of our half-size stages, from m = p on (never more below).
+// At equal costs neither idles more as m grows, and per rank V-Half idles at most half of 1F1B's
+// time and V-Min at most three quarters (the paper's bubbles: about p / 2m and 2p / 3m against p / m).
+// Under costs that meet the paper's condition for V-Half (W + 2I >= 2F and W + 2F >= 2I) V-Half
+// idles less than 1F1B.
+TEST(ZeroBubble, VHalfAndVMinHoldTheirMemory) {
+  for (int p = 2; p <= 8; ++p)
+    for (int m : {1, p / 2 + 1, p, 2 * p, 4 * p}) {
+      const std::string where = "p " + std::to_string(p) + ", m " + std::to_string(m);
+      const Schedule half = v_half(p, m), min = v_min(p, m);
+      const int half_cap = 2 * ((p + 2) / 2), min_cap = 2 * ((p + 4) / 3);
+      EXPECT_LE(peak(half), half_cap) << where;
+      EXPECT_LE(peak(min), min_cap) << where;
+      if (m >= p) {
+        EXPECT_EQ(peak(half), half_cap) << where;
+        EXPECT_EQ(peak(min), min_cap) << where;
+        // Idle time per rank, each of the V's stages costing what a 1F1B stage does (so a V rank
+        // works 6m, a 1F1B rank 3m; 1F1B at twice the stage cost idles 6 (p - 1)).
+        const double idle_half = simulate(half).makespan - 6.0 * m, idle_min = simulate(min).makespan - 6.0 * m;
+        EXPECT_LE(idle_half, 0.5 * 6 * (p - 1) + 1e-9) << where;
+        EXPECT_LE(idle_min, 0.75 * 6 * (p - 1) + 1e-9) << where;
+        EXPECT_NEAR(idle_half, simulate(v_half(p, p)).makespan - 6.0 * p, 1e-9) << where << ": grows with m";
+        EXPECT_NEAR(idle_min, simulate(v_min(p, p)).makespan - 6.0 * p, 1e-9) << where << ": grows with m";
+      }
+    }
+  for_each_case([](const Costs& costs, int p, int m, int) {
+    const std::string where = "F:I:W " + std::to_string(costs.f) + ":" + std::to_string(costs.i) + ":" +
+                              std::to_string(costs.w) + ", p " + std::to_string(p) + ", m " + std::to_string(m);
+    const ActionCosts actions = costs.actions();
+    const Schedule half = v_half(p, m, actions), min = v_min(p, m, actions);
+    EXPECT_EQ(peak(half), 2 * ((p + 2) / 2)) << where;
+    EXPECT_EQ(peak(min), 2 * ((p + 4) / 3)) << where;
+    if (costs.w + 2 * costs.i >= 2 * costs.f && costs.w + 2 * costs.f >= 2 * costs.i) {
+      EXPECT_LT(simulate(half, actions).bubble, simulate(one_f_one_b(p, m), actions).bubble) << where;
+    }
+  });
+}
+
+// lowest_bubble_within returns, of every named schedule, the lowest bubble among those within the
+// memory limit (in 1F1B stages): checked against each named builder, for limits from V-Min's to
+// ZB-H2's, under equal and measured-CPU costs.
+TEST(ZeroBubble, LowestBubbleWithinAMemoryLimit) {
+  for (const ActionCosts& costs : {ActionCosts{}, ActionCosts{1, 1.2, 0.7}})
+    for (int p : {3, 4, 8})
+      for (int m : {p, 4 * p}) {
+        std::vector<Schedule> all;
+        for (const char* name : {"gpipe", "1f1b", "interleaved", "zbv", "zbh1", "zbh2", "vhalf", "vmin"})
+          all.push_back(schedule_by_name(name, p, m, 2, costs));
+        for (double limit : {(p + 4) / 3.0, (p + 2) / 2.0, p - 0.5, double(p), 2.0 * p - 1}) {
+          const std::string where = "p " + std::to_string(p) + ", m " + std::to_string(m) + ", limit " +
+                                    std::to_string(limit) + ", F:I:W 1:" + std::to_string(costs.backward_input);
+          const Schedule chosen = lowest_bubble_within(p, m, limit, costs);
+          EXPECT_LE(peak_memory_in_1f1b_stages(chosen), limit + 1e-9) << where;
+          const double bubble = simulate(chosen, costs).bubble;
+          for (const Schedule& s : all)
+            if (peak_memory_in_1f1b_stages(s) <= limit + 1e-9) {
+              EXPECT_LE(bubble, simulate(s, costs).bubble + 1e-12) << where << ": " << s.name << " fits and idles less";
+            }
+        }
+      }
+  EXPECT_EQ(lowest_bubble_within(8, 32, 5).name, "V-Half");  // (8 + 2) / 2
+  EXPECT_EQ(lowest_bubble_within(8, 32, 4).name, "V-Min");   // (8 + 4) / 3
+  EXPECT_DOUBLE_EQ(peak_memory_in_1f1b_stages(v_min(8, 32)), 4.0);
+  EXPECT_DOUBLE_EQ(peak_memory_in_1f1b_stages(zero_bubble_h2(8, 32)), 15.0);
+  EXPECT_THROW(lowest_bubble_within(8, 32, 3.5), Error);
+}
+
 // Each stage runs its F, I and W passes in micro-batch order, whatever the costs: so orders built
 // for different costs accumulate every gradient in the same order (bitwise-equal training).
 void expect_micro_batches_in_order(const Schedule& s, const std::string& what) {
@@ -123,12 +193,17 @@ TEST(ZeroBubble, BuildersAreValidForEveryShape) {
   for (int p : {1, 2, 3, 4, 5})
     for (int m : {1, 2, 3, 5, 8, 13})
       for (const ActionCosts& costs : {ActionCosts{}, ActionCosts{1, 2, 0.5, 0.1}, ActionCosts{1, 0.3, 0.3}}) {
-        for (const Schedule& s :
-             {zero_bubble_v(p, m, costs), zero_bubble_h1(p, m, costs), zero_bubble_h2(p, m, costs)}) {
+        for (const Schedule& s : {zero_bubble_v(p, m, costs), zero_bubble_h1(p, m, costs), zero_bubble_h2(p, m, costs),
+                                  v_half(p, m, costs), v_min(p, m, costs)}) {
           validate(s);
           expect_micro_batches_in_order(s, s.name + " p " + std::to_string(p) + " m " + std::to_string(m));
           const std::vector<int> peaks = peak_in_flight(s);
-          const int cap = s.name == "ZBV" ? 2 * p : s.name == "ZB-H1" ? p : 2 * p - 1;
+          const std::map<std::string, int> caps = {{"ZBV", 2 * p},
+                                                   {"ZB-H1", p},
+                                                   {"ZB-H2", 2 * p - 1},
+                                                   {"V-Half", 2 * ((p + 2) / 2)},
+                                                   {"V-Min", 2 * ((p + 4) / 3)}};
+          const int cap = caps.at(s.name);
           for (int r = 0; r < p; ++r) EXPECT_LE(peaks[r], cap) << s.name << " p " << p << " m " << m;
         }
       }
@@ -156,8 +231,8 @@ TEST(ZeroBubble, RandomCostsGiveValidOrders) {
                              std::to_string(costs.forward) + ":" + std::to_string(costs.backward_input) + ":" +
                              std::to_string(costs.backward_weight) + ":" + std::to_string(costs.send);
     const ActionCosts v_costs = draw % 2 ? per_stage(2 * p) : costs, h_costs = draw % 2 ? per_stage(p) : costs;
-    for (const Schedule& s :
-         {zero_bubble_v(p, m, v_costs), zero_bubble_h1(p, m, h_costs), zero_bubble_h2(p, m, h_costs)}) {
+    for (const Schedule& s : {zero_bubble_v(p, m, v_costs), zero_bubble_h1(p, m, h_costs),
+                              zero_bubble_h2(p, m, h_costs), v_half(p, m, v_costs), v_min(p, m, v_costs)}) {
       validate(s);
       expect_micro_batches_in_order(s, s.name + " " + what);
     }

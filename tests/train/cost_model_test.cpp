@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -330,6 +331,25 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   // ep 1 or 2 where dp_shard x tp x cp is 2 (a dense model refuses ep 2 when validated), two
   // schedules with pp 2: (1 + 2 + 2 + 2 + 2) x 2 x 2.
   EXPECT_EQ(candidate_layouts(c, options).size(), 36u);
+  // V-Half and V-Min are tried where they hold less than ZBV (pp 4 with 4 or more micro-batches: 3
+  // and 2 of 1F1B's 4 stages), not at pp 2, where they hold what ZBV holds and idle more.
+  PlanOptions four = options;
+  four.world_size = 4;
+  four.micro_batch_choices = 8;
+  std::map<std::string, std::set<std::string>> pp_of;  // schedule -> the parallel.pp overrides tried
+  for (const std::vector<std::string>& overrides : candidate_layouts(c, four)) {
+    std::string pp, schedule;
+    for (const std::string& o : overrides) {
+      if (o.rfind("parallel.pp=", 0) == 0) pp = o;
+      if (o.rfind("parallel.pp_schedule=", 0) == 0) schedule = o.substr(o.find('=') + 1);
+    }
+    if (pp != "parallel.pp=1") pp_of[schedule].insert(pp);
+  }
+  const std::set<std::string> both = {"parallel.pp=2", "parallel.pp=4"}, four_only = {"parallel.pp=4"};
+  EXPECT_EQ(pp_of["1f1b"], both);
+  EXPECT_EQ(pp_of["zbv"], both);
+  EXPECT_EQ(pp_of["vhalf"], four_only);
+  EXPECT_EQ(pp_of["vmin"], four_only);
   // Checkpointing is the search's: hp-train's choice per block is refused, not silently dropped.
   TrainConfig budget = c;
   budget.memory.budget_mb = 100;

@@ -19,6 +19,7 @@
 #include "hp/dtensor/local.h"
 #include "hp/models/qwen3_moe/model.h"
 #include "hp/optim/optimizer_kind.h"
+#include "hp/pp/schedule.h"
 #include "hp/train/dry_run.h"
 #include "hp/train/train_step.h"
 #include "later_step_peak.h"
@@ -72,7 +73,7 @@ TrainConfig config_of(const Layout& layout, const std::string& dir) {
   c.memory.swap = layout.swap;
   // A zero-bubble schedule ordered for measured costs changes its order (and peak) from step 3 by
   // what step 2 measured, which a dry run has no times for: it replays the order the costs give.
-  if (layout.pp_schedule == "zbv") c.pp_costs = "unit";
+  if (pp::orders_for_costs(layout.pp_schedule)) c.pp_costs = "unit";
   if (c.pipeline_stages() > 2) c.model.as<models::LlamaConfig>().layers = c.pipeline_stages();  // a layer per stage
   return c;
 }
@@ -169,6 +170,7 @@ TEST(DryRun, PredictsEveryRanksStepPeak) {
         Layout{"cp 2", context(2), false, "none", "adamw", 0.08},
         Layout{"pp 2 (1f1b)", pipeline(2), false, "none", "adamw", 0.03, "1f1b"},
         Layout{"pp 2 (zbv)", pipeline(2), false, "none", "adamw", 0.03, "zbv"},
+        Layout{"pp 2 (vmin)", pipeline(2), false, "none", "adamw", 0.03, "vmin"},
         Layout{"pp 2 (1f1b), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "1f1b"},
         Layout{"pp 2 (zbv), checkpointing", pipeline(2), false, "full", "adamw", 0.03, "zbv"},
         Layout{"one rank, offload", dims(1, 1), false, "none", "adamw", 0.03, "1f1b", "host"},

@@ -181,6 +181,21 @@ TEST(Trainer, ZeroBubbleSchedulesAgreeWithOneRank) {
   fs::remove_all(dir);
 }
 
+// V-Half and V-Min (the V of ZBV with less memory): 4 stages of one layer on 2 ranks, alone and
+// under FSDP.
+TEST(Trainer, MemoryControllableSchedulesAgreeWithOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_vmem_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ParallelDims pp2, pp2dp2;
+  pp2.pp = pp2dp2.pp = 2;
+  pp2dp2.dp_shard = 2;
+  expect_agreement(run_config({1, {}, false, false, "1 rank, 4 layers", "1f1b", false, 4}, dir),
+                   {Parallel{2, pp2, false, false, "pp 2 (V-Min)", "vmin", false, 4},
+                    Parallel{4, pp2dp2, false, false, "pp 2 (V-Half) x dp_shard 2", "vhalf", false, 4}},
+                   dir);
+  fs::remove_all(dir);
+}
+
 // parallel.pp_costs measured: the first step measures F, I, W and send, and the later steps run the
 // order built for them. Every order keeps each stage's micro-batches in order (its W passes too),
 // so the losses are bitwise those of the unit-cost order and of explicit costs; only the

@@ -10,6 +10,7 @@
 #include <hp/comm/init.h>
 #include <hp/core/error.h>
 #include <hp/models/model_spec.h>
+#include <hp/pp/schedule.h>
 #include <hp/train/auto_parallel.h>
 #include <hp/train/cost_model.h>
 #include <hp/train/routing_model.h>
@@ -38,6 +39,7 @@ struct Args {
   int world = 0, top = 10;
   double memory_limit_gib = 0.0, allocator_slack = 0.1;
   std::string routing = "balanced";
+  std::vector<std::string> schedules = hp::train::PlanOptions{}.schedules;
   bool quiet = false;
 };
 
@@ -83,6 +85,21 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        "SPEC",
        "a mixture of experts' routing model in the dry runs (as hp-train --dry-run --routing)",
        [](Args& a, const std::string& v) { a.routing = hp::tools::routing_spec(v); }},
+      {{"--schedules"},
+       "LIST",
+       "the pipeline schedules tried where pp > 1, comma-separated (default 1f1b,zbv,vhalf,vmin; available: " +
+           hp::pp::schedule_names() + ")",
+       [](Args& a, const std::string& v) {
+         a.schedules.clear();
+         std::stringstream list(v);
+         for (std::string name; std::getline(list, name, ',');) {
+           if (hp::pp::schedule_stages(name, 1) == 0)
+             throw hp::tools::UsageError("--schedules: '" + name +
+                                         "' is not a schedule (available: " + hp::pp::schedule_names() + ")");
+           a.schedules.push_back(name);
+         }
+         if (a.schedules.empty()) throw hp::tools::UsageError("--schedules needs at least one schedule");
+       }},
       {{"--top"},
        "K",
        "print the K best layouts (default 10)",
@@ -108,7 +125,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 
 void usage(std::ostream& out) {
   out << "usage: hp-plan --config FILE [--set KEY=VALUE]... --world N [--calibration FILE] [--memory-limit GIB "
-         "[--allocator-slack F]] [--routing SPEC] [--top K] [--out FILE] [--json FILE] [--quiet]\n"
+         "[--allocator-slack F]] [--routing SPEC] [--schedules LIST] [--top K] [--out FILE] [--json FILE] "
+         "[--quiet]\n"
          "       hprun --nproc-per-node N hp-plan --config FILE [--set KEY=VALUE]... --calibrate FILE\n\n"
       << hp::tools::flag_help(flags());
 }
@@ -162,6 +180,7 @@ int plan(const hp::train::TrainConfig& config, const Args& args) {
   options.world_size = args.world;
   options.memory_limit_bytes = static_cast<int64_t>(args.memory_limit_gib * (1LL << 30));
   options.allocator_slack = args.allocator_slack;
+  options.schedules = args.schedules;
   options.dry_run.routing = hp::train::RoutingModel::parse(args.routing);
   if (!args.quiet) options.progress = [](const std::string& line) { std::cout << "  " << line << "\n" << std::flush; };
   const std::vector<hp::train::PlannedLayout> ranked =

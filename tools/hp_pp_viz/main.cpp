@@ -2,6 +2,7 @@
 //
 //   hp-pp-viz --schedule 1f1b --ranks 4 --micro-batches 8 -o 1f1b.svg
 //   hp-pp-viz --csv my_schedule.csv --costs 1,1,1 -o mine.svg
+//   hp-pp-viz --max-memory 2 --ranks 4 --micro-batches 16 --costs 1,1.2,0.7
 #include <hp/core/error.h>
 #include <hp/pp/schedule.h>
 
@@ -22,7 +23,8 @@ struct Args {
   int ranks = 0, micro_batches = 0, per_rank = 2;
   bool print_csv = false;
   hp::pp::ActionCosts costs;
-  std::optional<double> send;  // --send-cost, over --costs' S
+  std::optional<double> send;        // --send-cost, over --costs' S
+  std::optional<double> max_memory;  // --max-memory, in place of --schedule
 };
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
@@ -45,14 +47,23 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        [](Args& a, const std::string& v) {
          a.per_rank = static_cast<int>(parse_int("--stages-per-rank", v, 1, 1024));
        }},
+      {{"--max-memory"},
+       "STAGES",
+       "in place of --schedule: of the named schedules, built for --costs, the one with the lowest bubble among "
+       "those holding at most STAGES micro-batches of a 1F1B stage per rank (1F1B holds P; a V stage counts half)",
+       [](Args& a, const std::string& v) {
+         const double stages = hp::tools::parse_double("--max-memory", v);
+         if (!(stages > 0)) throw hp::tools::UsageError("--max-memory takes a positive number, got '" + v + "'");
+         a.max_memory = stages;
+       }},
       {{"--csv"},
        "FILE",
        "read the schedule from a CSV file (the format --print-csv writes)",
        [](Args& a, const std::string& v) { a.csv = v; }},
       {{"--costs"},
        "F,I,W[,S]",
-       "forward, backward-input and backward-weight costs, and a send latency (default 1,1,1,0; B = I + W); "
-       "zbv, zbh1 and zbh2 are ordered for them",
+       "forward, backward-input and backward-weight costs, and a send latency (default 1,1,1,0; B = I + W); " +
+           hp::pp::cost_ordered_schedule_names() + " are ordered for them",
        [](Args& a, const std::string& v) {
          const std::optional<hp::pp::ActionCosts> costs = hp::pp::parse_costs(v);
          if (!costs) throw hp::tools::UsageError("--costs takes F,I,W or F,I,W,S (positive numbers), got '" + v + "'");
@@ -75,7 +86,7 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
 }
 
 int usage(std::ostream& out, int code) {
-  out << "usage: hp-pp-viz (--schedule NAME --ranks P --micro-batches M | --csv FILE)\n"
+  out << "usage: hp-pp-viz ((--schedule NAME | --max-memory STAGES) --ranks P --micro-batches M | --csv FILE)\n"
          "                 [--stages-per-rank V] [--costs F,I,W[,S]] [--send-cost S] [-o OUT.svg] [--print-csv]\n\n"
       << hp::tools::flag_help(flags());
   return code;
@@ -89,6 +100,8 @@ int main(int argc, char** argv) {
   try {
     if (!hp::tools::parse_flags(argc, argv, flags(), args, positionals)) return usage(std::cout, 0);
     if (!positionals.empty()) throw hp::tools::UsageError("unexpected argument '" + positionals.front() + "'");
+    if (args.max_memory && !args.kind.empty())
+      throw hp::tools::UsageError("--schedule and --max-memory each choose the schedule; give one");
   } catch (const hp::tools::UsageError& e) {
     std::cerr << "hp-pp-viz: " << e.what() << "\n\n";
     return usage(std::cerr, 2);
@@ -108,14 +121,16 @@ int main(int argc, char** argv) {
       schedule = hp::pp::from_csv(text.str(), csv);
     } else {
       HP_CHECK(ranks >= 1 && micro_batches >= 1, "--ranks and --micro-batches are required (or --csv)");
-      schedule = hp::pp::schedule_by_name(kind, ranks, micro_batches, per_rank, costs);
+      schedule = args.max_memory ? hp::pp::lowest_bubble_within(ranks, micro_batches, *args.max_memory, costs)
+                                 : hp::pp::schedule_by_name(kind, ranks, micro_batches, per_rank, costs);
     }
     const hp::pp::Simulation sim = hp::pp::simulate(schedule, costs);
     const std::vector<int> peak = hp::pp::peak_in_flight(schedule);
     std::cout << schedule.name << ": " << schedule.ranks << " ranks, " << schedule.stages << " stages, "
               << schedule.micro_batches << " micro-batches; makespan " << sim.makespan << ", bubble "
               << 100.0 * sim.bubble << "% (per stage " << 100.0 * sim.per_stage_bubble << "%), peak in flight "
-              << *std::max_element(peak.begin(), peak.end()) << "\n";
+              << *std::max_element(peak.begin(), peak.end()) << " (" << hp::pp::peak_memory_in_1f1b_stages(schedule)
+              << " 1F1B stages)\n";
     if (print_csv) std::cout << hp::pp::to_csv(schedule);
     if (!output.empty()) {
       std::ofstream(output) << hp::pp::to_svg(schedule, sim);

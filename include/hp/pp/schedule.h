@@ -60,7 +60,13 @@ int64_t schedule_stages(const std::string& name, int64_t ranks, int64_t stages_p
 // Whether schedule `name` is of the zero-bubble family: it splits the backward into I and W, and
 // orders its actions for costs.
 bool orders_for_costs(const std::string& name);
-// The builder named `name` (gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2); `stages_per_rank` is
+// Those names, "zbv, zbh1, ...", for messages.
+const std::string& cost_ordered_schedule_names();
+// Whether schedule `name` places its stages in a V (rank r holds stages r and 2 ranks - 1 - r, so
+// the first and the last stage share rank 0).
+bool places_in_a_v(const std::string& name);
+// The builder named `name` (gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2 | vhalf | vmin);
+// `stages_per_rank` is
 // interleaved's; the zero-bubble builders order for `costs` (unit costs when not given). An
 // unknown name is an error listing the known ones.
 Schedule schedule_by_name(const std::string& name, int ranks, int micro_batches, int stages_per_rank = 2);
@@ -125,6 +131,24 @@ Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs =
 // simulated bubble under `costs` is lowest is returned. (Every zero-bubble builder returns its
 // unit-cost order when nothing built for `costs` idles less under them.)
 Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs);
+
+// V-Half and V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): ZB-V's V
+// placement with less activation memory, ordered by repeating the paper's building block per
+// micro-batch and placing every action as early as its inputs allow. Rank r holds at most
+// 2 ((ranks + 2) / 2) (V-Half) or 2 ((ranks + 4) / 3) (V-Min) stage micro-batches, each half a
+// 1F1B stage: about a half and a third of 1F1B's peak. The bubble grows as memory shrinks: at
+// equal costs V-Half idles less than 1F1B, V-Min about as much.
+Schedule v_half(int ranks, int micro_batches, const ActionCosts& costs = {});
+Schedule v_min(int ranks, int micro_batches, const ActionCosts& costs = {});
+
+// The most activations a rank of `schedule` holds at once, in micro-batches of a 1F1B stage (one
+// ranks-th of the model): peak_in_flight's largest, times ranks / stages (a V stage counts half).
+double peak_memory_in_1f1b_stages(const Schedule& schedule);
+// Of the named schedules (gpipe, 1f1b, interleaved with 2 stages per rank, the zero-bubble family
+// and V-Half / V-Min), each built for `costs`, the one with the lowest simulated bubble under them
+// among those that hold at most `max_stages` (peak_memory_in_1f1b_stages); the first named of
+// equals. Throws hp::Error naming the least any of them holds when none fits.
+Schedule lowest_bubble_within(int ranks, int micro_batches, double max_stages, const ActionCosts& costs = {});
 
 // The most stage micro-batches whose activations each rank holds at once (from an F to the B or
 // W of the same stage and micro-batch), from the programs.

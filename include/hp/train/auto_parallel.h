@@ -27,8 +27,10 @@ struct PlanOptions {
   int64_t memory_limit_bytes = 0;  // 0: no limit
   double allocator_slack = 0.1;    // as DryRunReport::fits
   // What is searched besides the parallel dims: the schedules of pp > 1, checkpointing, and the
-  // micro-batch (the largest `micro_batch_choices` divisors of each layout's per-rank batch).
-  std::vector<std::string> schedules = {"1f1b", "zbv"};
+  // micro-batch (the largest `micro_batch_choices` divisors of each layout's per-rank batch). A
+  // schedule is not tried where an earlier one of the same stage count holds no more activations
+  // and idles no more at equal costs (V-Half and V-Min hold what ZBV holds at pp 2, and idle more).
+  std::vector<std::string> schedules = {"1f1b", "zbv", "vhalf", "vmin"};
   std::vector<std::string> checkpointing = {"none", "full"};
   int micro_batch_choices = 3;
   DryRunOptions dry_run;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "hp/models/llama/parallelize.h"
+#include "hp/pp/schedule.h"
 
 namespace hp::models {
 
@@ -32,8 +33,9 @@ ConfigFields LlamaSpec::fields() { return llama_config_fields(config, /*with_mlp
 void LlamaSpec::validate_parallel(const ParallelDims& dims, const RecipeOptions& options) const {
   validate_llama_dims(dims, config);
   if (dims.cp > 1) options.cp.check_heads(dims.cp, config.heads / dims.tp, config.kv_heads / dims.tp);
-  HP_CHECK(dims.pp == 1 || !config.tie_embeddings || options.pipeline.schedule != "zbv",
-           "model.tie_embeddings with parallel.pp_schedule zbv is not supported yet (its first and last stages "
+  HP_CHECK(dims.pp == 1 || !config.tie_embeddings || !pp::places_in_a_v(options.pipeline.schedule),
+           "model.tie_embeddings with parallel.pp_schedule ", options.pipeline.schedule,
+           " is not supported yet (its first and last stages "
            "share rank 0, so they would share the tied weight)");
 }
 
