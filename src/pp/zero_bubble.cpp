@@ -2,7 +2,6 @@
 // one stage per rank, and ZB-V with two stages per rank in a V, each built for given F / I / W
 // (and send) costs by placing actions in the papers' pattern (src/pp/placer.h).
 #include <algorithm>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -10,6 +9,7 @@
 
 #include "hp/core/error.h"
 #include "hp/pp/schedule.h"
+#include "pp/candidates.h"
 #include "pp/placer.h"
 
 namespace hp::pp {
@@ -18,24 +18,12 @@ namespace {
 constexpr ActionKind kF = ActionKind::kForward;
 constexpr ActionKind kI = ActionKind::kBackwardInput;
 
-Schedule skeleton(const std::string& name, int ranks, int micro_batches, bool v_shape) {
-  HP_CHECK(ranks >= 1 && micro_batches >= 1, "pp: ", name, " needs ranks >= 1 and micro_batches >= 1, got ", ranks,
-           " and ", micro_batches);
-  Schedule s;
-  s.name = name;
-  s.ranks = ranks;
-  s.stages = v_shape ? 2 * ranks : ranks;
-  s.micro_batches = micro_batches;
-  for (int stage = 0; stage < s.stages; ++stage) s.stage_rank.push_back(stage < ranks ? stage : s.stages - 1 - stage);
-  return s;
-}
-
 // ZB-H1 / ZB-H2: 1F1B's order with the backward split, a longer warm-up for H2, and each rank's W
 // passes placed where they end before the next input arrives, or where the cap forces them.
 Schedule place_h(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
                  const std::function<int(int)>& warmup) {
   const int p = ranks, m = micro_batches;
-  Placer placer(skeleton(name, p, m, false), costs, cap);
+  Placer placer(empty_schedule(name, p, m, false), costs, cap);
   std::vector<int> forwards(p, 0), inputs(p, 0);
   const auto forward = [&](int r) {
     placer.make_room(r);
@@ -74,7 +62,7 @@ struct VRound {
 class VBuilder {
  public:
   VBuilder(int ranks, int micro_batches, const ActionCosts& costs)
-      : p_(ranks), m_(micro_batches), placer_(skeleton("ZBV", ranks, micro_batches, true), costs, 2 * ranks) {}
+      : p_(ranks), m_(micro_batches), placer_(empty_schedule("ZBV", ranks, micro_batches, true), costs, 2 * ranks) {}
 
   Schedule build(const VRound& options) {
     options_ = options;
@@ -202,7 +190,7 @@ class VBuilder {
 // (nullopt).
 std::optional<Schedule> greedy_v(int ranks, int micro_batches, const ActionCosts& costs) {
   const int stages = 2 * ranks, cap = 2 * ranks;
-  Schedule s = skeleton("ZBV", ranks, micro_batches, true);
+  Schedule s = empty_schedule("ZBV", ranks, micro_batches, true);
   s.programs.resize(ranks);
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> f_done(stages, std::vector<double>(micro_batches, never)), i_done = f_done,
@@ -256,17 +244,6 @@ std::optional<Schedule> greedy_v(int ranks, int micro_batches, const ActionCosts
   return s;
 }
 
-// The candidate with the lowest simulated bubble under `costs` (the first of equals).
-Schedule lowest_bubble(std::vector<Schedule> candidates, const ActionCosts& costs) {
-  size_t best = 0;
-  double lowest = std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const double bubble = simulate(candidates[i], costs).bubble;
-    if (bubble < lowest - 1e-12) lowest = bubble, best = i;
-  }
-  return std::move(candidates[best]);
-}
-
 // The V orders the builder's variants give when built for `costs`.
 void v_candidates(int ranks, int micro_batches, const ActionCosts& costs, std::vector<Schedule>& out) {
   if (std::optional<Schedule> greedy = greedy_v(ranks, micro_batches, costs)) out.push_back(*greedy);
@@ -287,125 +264,12 @@ void v_candidates(int ranks, int micro_batches, const ActionCosts& costs, std::v
     }
 }
 
-// V-Half and V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): the V
-// placement of ZB-V, ordered by repeating one building block per micro-batch. The block gives each
-// rank four slots, in unit time, for its down stage's F, its up stage's F, its up stage's I and its
-// down stage's I; micro-batch k's slots are the block's plus 6k (four compute slots and two for
-// W). How long the block keeps a rank's two stages alive decides the rank's peak memory: a
-// tighter block holds less and idles more. The offsets are those the paper derives (its
-// "interval" keeps a rank's four slots apart modulo 6).
-struct VBlock {
-  int down_forward, up_forward, up_input, down_input;
-};
-
-std::vector<VBlock> building_block(bool half, int p) {
-  std::vector<VBlock> blocks;
-  for (int r = 0; r < p; ++r) {
-    if (half) {
-      const int interval = p % 2 == 0 ? 3 : 0;
-      blocks.push_back({2 * r, 3 * p - 2 - r, 3 * p + interval + 2 * r - 1, 6 * p + interval - r - 2});
-    } else {
-      const int interval = p % 3 == 0 ? 2 : 0;
-      blocks.push_back({r, 2 * p - 1 - r, 2 * p + interval + r, 4 * p + interval - 1 - r});
-    }
-  }
-  return blocks;
-}
-
-// Rank r's F and I in the order of their slots over `m` micro-batches (stage r goes down, stage
-// 2p - 1 - r comes back up); with `weights`, each of the rank's free slots after an I also takes
-// its oldest pending W, as the paper lays W out in the block's spare slots.
-std::vector<Action> block_order(const VBlock& b, int r, int p, int m, bool weights) {
-  const int down = r, up = 2 * p - 1 - r;
-  std::vector<std::pair<int, Action>> slotted;
-  for (int k = 0; k < m; ++k) {
-    slotted.push_back({b.down_forward + 6 * k, {kF, down, k}});
-    slotted.push_back({b.up_forward + 6 * k, {kF, up, k}});
-    slotted.push_back({b.up_input + 6 * k, {kI, up, k}});
-    slotted.push_back({b.down_input + 6 * k, {kI, down, k}});
-  }
-  std::sort(slotted.begin(), slotted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t i = 1; i < slotted.size(); ++i)
-    HP_CHECK(slotted[i].first != slotted[i - 1].first, "pp: the V building block puts two actions of rank ", r,
-             " in slot ", slotted[i].first);
-  std::vector<Action> order;
-  std::deque<Action> pending;
-  int slot = 0;
-  for (const auto& [at, action] : slotted) {
-    for (; weights && slot < at && !pending.empty(); ++slot) order.push_back(pending.front()), pending.pop_front();
-    slot = at + 1;
-    order.push_back(action);
-    if (action.kind == kI) pending.push_back({ActionKind::kBackwardWeight, action.stage, action.micro_batch});
-  }
-  return order;
-}
-
-// Places each rank's block order, every action as early as its inputs allow (the paper's
-// "squeeze"). Without the block's W slots, W passes go where the placer puts them: where they end
-// before the next input arrives, or where the cap forces them.
-Schedule place_v_block(const std::string& name, int p, int m, const ActionCosts& costs, int cap, bool half,
-                       bool block_weights) {
-  Placer placer(skeleton(name, p, m, true), costs, cap);
-  const std::vector<VBlock> blocks = building_block(half, p);
-  std::vector<std::vector<Action>> orders;
-  for (int r = 0; r < p; ++r) orders.push_back(block_order(blocks[r], r, p, m, block_weights));
-  std::vector<size_t> next(p, 0);
-  size_t left = 0;
-  for (const std::vector<Action>& order : orders) left += order.size();
-  while (left > 0) {
-    size_t placed = 0;
-    for (int r = 0; r < p; ++r)
-      for (; next[r] < orders[r].size(); ++next[r], ++placed) {
-        const Action& a = orders[r][next[r]];
-        if (a.kind == ActionKind::kBackwardWeight) {
-          if (placer.pending_weights(r)) placer.place_weight(r);  // else the cap placed it already
-          continue;
-        }
-        if (!placer.placeable(a.kind, a.stage, a.micro_batch)) break;
-        if (!block_weights) placer.fill_weights(r, placer.input_ready(a.kind, a.stage, a.micro_batch));
-        placer.place(a.kind, a.stage, a.micro_batch);
-      }
-    HP_CHECK(placed > 0, "pp: ", name, " generation stalled");
-    left -= placed;
-  }
-  return placer.finish();
-}
-
-// The most stage micro-batches a rank of V-Half / V-Min holds: the paper's (p + 2) / 2 and
-// (p + 4) / 3 micro-batches of a 1F1B stage (rounded down), each two of our half-size stages.
-int v_block_cap(bool half, int p) { return 2 * (half ? (p + 2) / 2 : (p + 4) / 3); }
-
-bool unit(const ActionCosts& c) {
-  return c.forward == 1 && c.backward_input == 1 && c.backward_weight == 1 && c.send == 0 && c.overhead == 0 &&
-         c.by_stage.empty();
-}
-
-// A builder's order for `costs`, unless its order for unit costs idles no more under `costs` (a W
-// that would overrun its gap by a little stays out of it, which can cost more than it saves).
-template <typename Build>
-Schedule for_costs(const Build& build, const ActionCosts& costs) {
-  std::vector<Schedule> candidates;
-  build(ActionCosts{}, candidates);  // first: the unit order wins ties
-  if (!unit(costs)) build(costs, candidates);
-  return lowest_bubble(std::move(candidates), costs);
-}
-
 Schedule zero_bubble_h(const std::string& name, int ranks, int micro_batches, const ActionCosts& costs, int cap,
                        const std::function<int(int)>& warmup) {
   costs.check(ranks, "pp: " + name);
   return for_costs(
       [&](const ActionCosts& c, std::vector<Schedule>& out) {
         out.push_back(place_h(name, ranks, micro_batches, c, cap, warmup));
-      },
-      costs);
-}
-
-Schedule v_block(const std::string& name, bool half, int ranks, int micro_batches, const ActionCosts& costs) {
-  costs.check(2 * ranks, "pp: " + name);
-  return for_costs(
-      [&](const ActionCosts& c, std::vector<Schedule>& out) {
-        for (const bool block_weights : {true, false})
-          out.push_back(place_v_block(name, ranks, micro_batches, c, v_block_cap(half, ranks), half, block_weights));
       },
       costs);
 }
@@ -419,14 +283,6 @@ Schedule zero_bubble_h1(int ranks, int micro_batches, const ActionCosts& costs) 
 Schedule zero_bubble_h2(int ranks, int micro_batches, const ActionCosts& costs) {
   return zero_bubble_h("ZB-H2", ranks, micro_batches, costs, 2 * ranks - 1,
                        [ranks](int r) { return 2 * (ranks - r) - 1; });
-}
-
-Schedule v_half(int ranks, int micro_batches, const ActionCosts& costs) {
-  return v_block("V-Half", true, ranks, micro_batches, costs);
-}
-
-Schedule v_min(int ranks, int micro_batches, const ActionCosts& costs) {
-  return v_block("V-Min", false, ranks, micro_batches, costs);
 }
 
 Schedule zero_bubble_v(int ranks, int micro_batches) { return zero_bubble_v(ranks, micro_batches, ActionCosts{}); }

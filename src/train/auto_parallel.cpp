@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -28,22 +29,30 @@ void factorizations(int64_t n, int parts, std::vector<int64_t>& prefix, std::vec
   }
 }
 
-// `schedules` less those that an earlier one of the same stage count matches or beats at equal
+// `schedules` less those that an earlier one placing the stages alike (as many, in a V or not: the
+// same layers on the same ranks, so the config allows both or neither) matches or beats at equal
 // costs, on `ranks` ranks with `micro_batches`: it holds no more activations and idles no more.
+// A schedule that cannot be built here is left to the config's validation to refuse.
 std::set<std::string> worth_trying(const std::vector<std::string>& schedules, int ranks, int micro_batches,
                                    int stages_per_rank) {
   struct Tried {
-    std::string name;
     int stages;
+    bool v_shape;
     double memory, bubble;
   };
   std::vector<Tried> kept;
   std::set<std::string> out;
   for (const std::string& name : schedules) {
-    const pp::Schedule s = pp::schedule_by_name(name, ranks, micro_batches, stages_per_rank);
-    const Tried t{name, s.stages, pp::peak_memory_in_1f1b_stages(s), pp::simulate(s).bubble};
+    std::optional<pp::Schedule> s;
+    try {
+      s = pp::schedule_by_name(name, ranks, micro_batches, stages_per_rank);
+    } catch (const Error&) {
+      out.insert(name);
+      continue;
+    }
+    const Tried t{s->stages, pp::places_in_a_v(name), pp::peak_memory_in_1f1b_stages(*s), pp::simulate(*s).bubble};
     const bool beaten = std::any_of(kept.begin(), kept.end(), [&](const Tried& k) {
-      return k.stages == t.stages && k.memory <= t.memory && k.bubble <= t.bubble + 1e-12;
+      return k.stages == t.stages && k.v_shape == t.v_shape && k.memory <= t.memory && k.bubble <= t.bubble + 1e-12;
     });
     if (beaten) continue;
     kept.push_back(t);
@@ -73,6 +82,7 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
   std::vector<int64_t> prefix;
   factorizations(o.world_size, 5, prefix, dims);  // dp_replicate, dp_shard, tp, pp, cp
   std::vector<std::vector<std::string>> out;
+  std::map<std::pair<int64_t, int64_t>, std::set<std::string>> pruned;  // by (pp, micro-batches)
   for (const auto& d : dims) {
     const int64_t dp = d[0] * d[1], pp = d[3];
     if (c.train.global_batch % dp != 0) continue;
@@ -88,9 +98,13 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
     const std::vector<std::string> schedules = pp > 1 ? o.schedules : std::vector<std::string>{c.pp_schedule};
     std::map<int64_t, std::set<std::string>> worth;  // by micro-batch size
     if (pp > 1)
-      for (int64_t m : micro)
-        worth[m] = worth_trying(o.schedules, static_cast<int>(pp), static_cast<int>(per_rank / m),
-                                static_cast<int>(c.pp_stages_per_rank));
+      for (int64_t m : micro) {
+        const std::pair<int64_t, int64_t> shape{pp, per_rank / m};
+        if (!pruned.count(shape))
+          pruned[shape] = worth_trying(o.schedules, static_cast<int>(pp), static_cast<int>(per_rank / m),
+                                       static_cast<int>(c.pp_stages_per_rank));
+        worth[m] = pruned.at(shape);
+      }
     for (int64_t ep : eps)
       for (const std::string& schedule : schedules)
         for (int64_t m : micro)

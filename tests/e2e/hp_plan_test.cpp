@@ -83,6 +83,8 @@ TEST(HpPlan, BadArgumentsAreRefusedWithExit2) {
            {small_model(dir) + " --world 2 --routing skewed:2", "--routing: routing model"},
            {small_model(dir) + " --world 2 --schedules zbv,nope", "--schedules: 'nope' is not a schedule"},
            {small_model(dir) + " --world 2 --schedules ,", "--schedules: '' is not a schedule"},
+           {small_model(dir) + " --world 2 --schedules zbv,", "--schedules: '' is not a schedule"},
+           {small_model(dir) + " --world 2 --schedules zbv,1f1b,zbv", "--schedules names zbv twice"},
            {small_model(dir) + " --world 2 --set parallel.nope=1", "hp-plan: error: "}}) {
     const hp::e2e::Result r = hp::e2e::run_command(plan(args));
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;

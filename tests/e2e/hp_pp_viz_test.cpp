@@ -42,7 +42,8 @@ TEST(HpPpViz, DrawsASchedulePrintsItsBubbleAndReadsItsOwnCsv) {
 }
 
 // --max-memory chooses the schedule: on 4 ranks with 8 micro-batches at equal costs, ZBV within
-// 1F1B's memory (4 stages), V-Half within 3, V-Min within 2; none within 1.5 (exit 2, naming the least).
+// 1F1B's memory (4 stages), V-Half within 3, V-Min within 2.5 (it holds 2); none within 1.5 (exit
+// 2, naming the least).
 TEST(HpPpViz, MaxMemoryChoosesTheScheduleThatFits) {
   for (const auto& [limit, chosen] : std::vector<std::pair<std::string, std::string>>{
            {"4", "ZBV: 4 ranks, 8 stages"}, {"3", "V-Half: 4 ranks, 8 stages"}, {"2.5", "V-Min: 4 ranks, 8 stages"}}) {
@@ -65,6 +66,7 @@ TEST(HpPpViz, BadArgumentsAreRefusedWithExit2) {
            {"--schedule 1f1b --ranks 4 --micro-batches 8 --costs 1,2", "--costs takes F,I,W"},
            {"--schedule 1f1b", "--ranks and --micro-batches are required"},
            {"--schedule zbv --max-memory 2 --ranks 4 --micro-batches 8", "give one"},
+           {"--csv mine.csv --max-memory 2", "give one"},
            {"--max-memory 0 --ranks 4 --micro-batches 8", "--max-memory takes a positive number"},
            {"--csv /nonexistent/mine.csv", "cannot read /nonexistent/mine.csv"}}) {
     const hp::e2e::Result r = hp::e2e::run_command(viz(args));

@@ -14,6 +14,7 @@
 #include "hp/core/error.h"
 #include "hp/pp/schedule.h"
 #include "pp/placer.h"
+#include "pp/v_block.h"
 
 namespace hp::pp {
 namespace {
@@ -108,43 +109,90 @@ TEST(ZeroBubble, H2HasNoBubbleWithinAStageAtTwice1F1BsMemory) {
   });
 }
 
-// V-Half and V-Min hold the paper's memory exactly: (p + 2) / 2 and (p + 4) / 3 micro-batches of a
-// 1F1B stage (rounded down), each two of our half-size stages, from m = p on (never more below).
-// At equal costs neither idles more as m grows, and per rank V-Half idles at most half of 1F1B's
-// time and V-Min at most three quarters (the paper's bubbles: about p / 2m and 2p / 3m against p / m).
-// Under costs that meet the paper's condition for V-Half (W + 2I >= 2F and W + 2F >= 2I) V-Half
-// idles less than 1F1B.
+// V-Half and V-Min hold the paper's memory exactly from m = p on: (p + 2) / 2 and (p + 4) / 3
+// micro-batches of a 1F1B stage (rounded down), each two of our half-size stages, for p 2-8 under
+// the four cost ratios. At equal costs neither idles more as m grows past 2p, and per rank V-Half
+// idles at most half of 1F1B's time and V-Min at most two thirds (the paper's bubbles: about p / 2m
+// and 2p / 3m against p / m). Under the ratios that meet the paper's condition for V-Half
+// (W + 2I >= 2F and W + 2F >= 2I: 1:1:1 and 1:1.2:0.7) V-Half idles less than 1F1B on 2, 4 and 8
+// ranks (the condition alone does not promise it: see docs/pipeline.md).
 TEST(ZeroBubble, VHalfAndVMinHoldTheirMemory) {
   for (int p = 2; p <= 8; ++p)
-    for (int m : {1, p / 2 + 1, p, 2 * p, 4 * p}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      for (const Costs& costs : kCosts) {
+        const std::string where = "F:I:W " + std::to_string(costs.f) + ":" + std::to_string(costs.i) + ":" +
+                                  std::to_string(costs.w) + ", p " + std::to_string(p) + ", m " + std::to_string(m);
+        EXPECT_EQ(peak(v_half(p, m, costs.actions())), 2 * ((p + 2) / 2)) << where;
+        EXPECT_EQ(peak(v_min(p, m, costs.actions())), 2 * ((p + 4) / 3)) << where;
+      }
       const std::string where = "p " + std::to_string(p) + ", m " + std::to_string(m);
-      const Schedule half = v_half(p, m), min = v_min(p, m);
-      const int half_cap = 2 * ((p + 2) / 2), min_cap = 2 * ((p + 4) / 3);
-      EXPECT_LE(peak(half), half_cap) << where;
-      EXPECT_LE(peak(min), min_cap) << where;
-      if (m >= p) {
-        EXPECT_EQ(peak(half), half_cap) << where;
-        EXPECT_EQ(peak(min), min_cap) << where;
-        // Idle time per rank, each of the V's stages costing what a 1F1B stage does (so a V rank
-        // works 6m, a 1F1B rank 3m; 1F1B at twice the stage cost idles 6 (p - 1)).
-        const double idle_half = simulate(half).makespan - 6.0 * m, idle_min = simulate(min).makespan - 6.0 * m;
-        EXPECT_LE(idle_half, 0.5 * 6 * (p - 1) + 1e-9) << where;
-        EXPECT_LE(idle_min, 0.75 * 6 * (p - 1) + 1e-9) << where;
-        EXPECT_NEAR(idle_half, simulate(v_half(p, p)).makespan - 6.0 * p, 1e-9) << where << ": grows with m";
-        EXPECT_NEAR(idle_min, simulate(v_min(p, p)).makespan - 6.0 * p, 1e-9) << where << ": grows with m";
+      // Idle time per rank, each of the V's stages costing what a 1F1B stage does (so a V rank
+      // works 6m, a 1F1B rank 3m; 1F1B at twice the stage cost idles 6 (p - 1)).
+      const double idle_half = simulate(v_half(p, m)).makespan - 6.0 * m;
+      const double idle_min = simulate(v_min(p, m)).makespan - 6.0 * m;
+      EXPECT_LE(idle_half, 0.5 * 6 * (p - 1) + 1e-9) << where;
+      EXPECT_LE(idle_min, 2.0 / 3 * 6 * (p - 1) + 1e-9) << where;
+      if (m > 2 * p) {
+        EXPECT_NEAR(idle_half, simulate(v_half(p, 2 * p)).makespan - 12.0 * p, 1e-9) << where << ": grows with m";
+        EXPECT_NEAR(idle_min, simulate(v_min(p, 2 * p)).makespan - 12.0 * p, 1e-9) << where << ": grows with m";
       }
     }
   for_each_case([](const Costs& costs, int p, int m, int) {
-    const std::string where = "F:I:W " + std::to_string(costs.f) + ":" + std::to_string(costs.i) + ":" +
-                              std::to_string(costs.w) + ", p " + std::to_string(p) + ", m " + std::to_string(m);
     const ActionCosts actions = costs.actions();
-    const Schedule half = v_half(p, m, actions), min = v_min(p, m, actions);
-    EXPECT_EQ(peak(half), 2 * ((p + 2) / 2)) << where;
-    EXPECT_EQ(peak(min), 2 * ((p + 4) / 3)) << where;
     if (costs.w + 2 * costs.i >= 2 * costs.f && costs.w + 2 * costs.f >= 2 * costs.i) {
-      EXPECT_LT(simulate(half, actions).bubble, simulate(one_f_one_b(p, m), actions).bubble) << where;
+      EXPECT_LT(simulate(v_half(p, m, actions), actions).bubble, simulate(one_f_one_b(p, m), actions).bubble)
+          << "F:I:W " << costs.f << ":" << costs.i << ":" << costs.w << ", p " << p << ", m " << m;
     }
   });
+}
+
+// The reference for V-Half and V-Min: makespans (in tenths), laid out as kPaperMakespan, of the
+// paper's public V-Half / V-Min generator (Sea AI Lab's PipelineGraph with stable_pattern_v_half
+// and stable_pattern_v_min, "Implementation of vhalf and vmin schedules of Pipeline Parallelism
+// with Controllable Memory", also carried by the Megatron and Primus forks of
+// sail-sg/zero-bubble-pipeline-parallelism): the block, W in the spare slots, two reorder passes
+// of the warm-up and the cool-down within the block's peak, each squeezed in unit time, then W in
+// two queues and the order run with the costs, no communication cost. Computed with a Python copy
+// of its algorithm, checked against the public code side by side.
+const int kPaperHalfMakespan[4][12] = {
+    {150, 250, 490, 970, 340, 530, 1010, 1970, 650, 1130, 2090, 4010},
+    {100, 185, 365, 725, 235, 405, 765, 1485, 495, 865, 1585, 3025},
+    {157, 251, 483, 947, 358, 547, 1011, 1939, 723, 1167, 2095, 3951},
+    {215, 340, 680, 1360, 500, 790, 1470, 2830, 1065, 1700, 3060, 5780},
+};
+const int kPaperMinMakespan[4][12] = {
+    {150, 270, 510, 990, 350, 590, 1070, 2030, 750, 1230, 2190, 4110},
+    {110, 210, 410, 810, 275, 515, 995, 1955, 610, 1090, 2050, 3970},
+    {161, 293, 557, 1085, 399, 687, 1263, 2415, 857, 1433, 2585, 4889},
+    {220, 410, 790, 1550, 605, 1085, 2045, 3965, 1300, 2260, 4180, 8020},
+};
+
+// Our port of the generator gives the public code's makespans exactly, and V-Half / V-Min (which
+// also try the block's own order for the costs) are never longer.
+TEST(ZeroBubble, VHalfAndVMinIdleNoMoreThanThePapersGenerator) {
+  int shorter = 0;
+  for (int c = 0; c < 4; ++c)
+    for (int pi = 0; pi < 3; ++pi)
+      for (int mi = 0; mi < 4; ++mi) {
+        const int p = 2 << pi, m = p << mi;
+        const ActionCosts actions = kCosts[c].actions();
+        const std::string where = "F:I:W " + std::to_string(kCosts[c].f) + ":" + std::to_string(kCosts[c].i) + ":" +
+                                  std::to_string(kCosts[c].w) + ", p " + std::to_string(p) + ", m " + std::to_string(m);
+        EXPECT_NEAR(simulate(paper_v_order(true, p, m), actions).makespan, kPaperHalfMakespan[c][pi * 4 + mi] / 10.0,
+                    1e-9)
+            << "the generator's V-Half, " << where;
+        EXPECT_NEAR(simulate(paper_v_order(false, p, m), actions).makespan, kPaperMinMakespan[c][pi * 4 + mi] / 10.0,
+                    1e-9)
+            << "the generator's V-Min, " << where;
+        const double half = simulate(v_half(p, m, actions), actions).makespan;
+        const double min = simulate(v_min(p, m, actions), actions).makespan;
+        EXPECT_LE(half, kPaperHalfMakespan[c][pi * 4 + mi] / 10.0 + 1e-9) << "V-Half, " << where;
+        EXPECT_LE(min, kPaperMinMakespan[c][pi * 4 + mi] / 10.0 + 1e-9) << "V-Min, " << where;
+        shorter += (half < kPaperHalfMakespan[c][pi * 4 + mi] / 10.0 - 1e-9) +
+                   (min < kPaperMinMakespan[c][pi * 4 + mi] / 10.0 - 1e-9);
+      }
+  std::cout << "V-Half and V-Min shorter than the paper's generator in " << shorter
+            << " of 96 cases, level in the rest\n";
 }
 
 // lowest_bubble_within returns, of every named schedule, the lowest bubble among those within the
@@ -169,8 +217,13 @@ TEST(ZeroBubble, LowestBubbleWithinAMemoryLimit) {
             }
         }
       }
-  EXPECT_EQ(lowest_bubble_within(8, 32, 5).name, "V-Half");  // (8 + 2) / 2
-  EXPECT_EQ(lowest_bubble_within(8, 32, 4).name, "V-Min");   // (8 + 4) / 3
+  // Fewer micro-batches than ranks: every schedule holds at most m stages' worth.
+  EXPECT_LE(peak_memory_in_1f1b_stages(lowest_bubble_within(4, 2, 2)), 2.0);
+  ActionCosts per_stage;
+  per_stage.by_stage.assign(4, StageCosts{});
+  EXPECT_THROW(lowest_bubble_within(4, 8, 4, per_stage), Error);  // schedules of 4 and of 8 stages
+  EXPECT_EQ(lowest_bubble_within(8, 32, 5).name, "V-Half");       // (8 + 2) / 2
+  EXPECT_EQ(lowest_bubble_within(8, 32, 4).name, "V-Min");        // (8 + 4) / 3
   EXPECT_DOUBLE_EQ(peak_memory_in_1f1b_stages(v_min(8, 32)), 4.0);
   EXPECT_DOUBLE_EQ(peak_memory_in_1f1b_stages(zero_bubble_h2(8, 32)), 15.0);
   EXPECT_THROW(lowest_bubble_within(8, 32, 3.5), Error);

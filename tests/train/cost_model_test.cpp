@@ -331,8 +331,8 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   // ep 1 or 2 where dp_shard x tp x cp is 2 (a dense model refuses ep 2 when validated), two
   // schedules with pp 2: (1 + 2 + 2 + 2 + 2) x 2 x 2.
   EXPECT_EQ(candidate_layouts(c, options).size(), 36u);
-  // V-Half and V-Min are tried where they hold less than ZBV (pp 4 with 4 or more micro-batches: 3
-  // and 2 of 1F1B's 4 stages), not at pp 2, where they hold what ZBV holds and idle more.
+  // V-Half and V-Min are tried where they hold less than ZBV (pp 4: 3 and 2 of 1F1B's 4 stages,
+  // given enough micro-batches), not at pp 2, where they hold what ZBV holds and idle more.
   PlanOptions four = options;
   four.world_size = 4;
   four.micro_batch_choices = 8;
@@ -350,6 +350,23 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   EXPECT_EQ(pp_of["zbv"], both);
   EXPECT_EQ(pp_of["vhalf"], four_only);
   EXPECT_EQ(pp_of["vmin"], four_only);
+  // At pp 3 V-Min holds what V-Half holds (2 of 1F1B's 3 stages) and idles no less: not tried.
+  PlanOptions three = four;
+  three.world_size = 3;
+  std::set<std::string> at_three;
+  for (const std::vector<std::string>& overrides : candidate_layouts(c, three))
+    if (std::count(overrides.begin(), overrides.end(), "parallel.pp=3"))
+      for (const std::string& o : overrides)
+        if (o.rfind("parallel.pp_schedule=", 0) == 0) at_three.insert(o.substr(o.find('=') + 1));
+  EXPECT_EQ(at_three, (std::set<std::string>{"1f1b", "zbv", "vhalf"}));
+  // Only schedules that place the stages alike prune each other: interleaved (2 stages per rank,
+  // not in a V) stays beside ZBV, which beats it at equal costs but refuses tied embeddings.
+  PlanOptions mixed = options;
+  mixed.schedules = {"zbv", "interleaved"};
+  size_t interleaved = 0;
+  for (const std::vector<std::string>& overrides : candidate_layouts(c, mixed))
+    interleaved += std::count(overrides.begin(), overrides.end(), "parallel.pp_schedule=interleaved");
+  EXPECT_GT(interleaved, 0u);
   // Checkpointing is the search's: hp-train's choice per block is refused, not silently dropped.
   TrainConfig budget = c;
   budget.memory.budget_mb = 100;

@@ -16,6 +16,7 @@
 #include <hp/train/routing_model.h>
 #include <hp/train/trainer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -48,6 +49,12 @@ int positive_int(const std::string& flag, const std::string& v) {
   if (!(d >= 1) || d != std::floor(d) || d > 1 << 20)
     throw hp::tools::UsageError(flag + " expects a positive whole number, got '" + v + "'");
   return static_cast<int>(d);
+}
+
+std::string default_schedules() {
+  std::string names;
+  for (const std::string& name : hp::train::PlanOptions{}.schedules) names += (names.empty() ? "" : ",") + name;
+  return names;
 }
 
 const std::vector<hp::tools::Flag<Args>>& flags() {
@@ -87,18 +94,22 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
        [](Args& a, const std::string& v) { a.routing = hp::tools::routing_spec(v); }},
       {{"--schedules"},
        "LIST",
-       "the pipeline schedules tried where pp > 1, comma-separated (default 1f1b,zbv,vhalf,vmin; available: " +
-           hp::pp::schedule_names() + ")",
+       "the pipeline schedules tried where pp > 1, comma-separated (default " + default_schedules() +
+           "; available: " + hp::pp::schedule_names() + ")",
        [](Args& a, const std::string& v) {
          a.schedules.clear();
-         std::stringstream list(v);
-         for (std::string name; std::getline(list, name, ',');) {
+         for (size_t begin = 0;;) {
+           const size_t comma = std::min(v.find(',', begin), v.size());
+           const std::string name = v.substr(begin, comma - begin);
            if (hp::pp::schedule_stages(name, 1) == 0)
              throw hp::tools::UsageError("--schedules: '" + name +
                                          "' is not a schedule (available: " + hp::pp::schedule_names() + ")");
+           if (std::find(a.schedules.begin(), a.schedules.end(), name) != a.schedules.end())
+             throw hp::tools::UsageError("--schedules names " + name + " twice");
            a.schedules.push_back(name);
+           if (comma == v.size()) break;
+           begin = comma + 1;
          }
-         if (a.schedules.empty()) throw hp::tools::UsageError("--schedules needs at least one schedule");
        }},
       {{"--top"},
        "K",

@@ -50,7 +50,8 @@ const std::vector<hp::tools::Flag<Args>>& flags() {
       {{"--max-memory"},
        "STAGES",
        "in place of --schedule: of the named schedules, built for --costs, the one with the lowest bubble among "
-       "those holding at most STAGES micro-batches of a 1F1B stage per rank (1F1B holds P; a V stage counts half)",
+       "those holding at most STAGES micro-batches of a 1F1B stage per rank (1F1B holds min(P, M); a V stage "
+       "counts half; interleaved has 2 stages per rank)",
        [](Args& a, const std::string& v) {
          const double stages = hp::tools::parse_double("--max-memory", v);
          if (!(stages > 0)) throw hp::tools::UsageError("--max-memory takes a positive number, got '" + v + "'");
@@ -100,8 +101,8 @@ int main(int argc, char** argv) {
   try {
     if (!hp::tools::parse_flags(argc, argv, flags(), args, positionals)) return usage(std::cout, 0);
     if (!positionals.empty()) throw hp::tools::UsageError("unexpected argument '" + positionals.front() + "'");
-    if (args.max_memory && !args.kind.empty())
-      throw hp::tools::UsageError("--schedule and --max-memory each choose the schedule; give one");
+    if (args.max_memory && (!args.kind.empty() || !args.csv.empty()))
+      throw hp::tools::UsageError("--schedule, --csv and --max-memory each choose the schedule; give one");
   } catch (const hp::tools::UsageError& e) {
     std::cerr << "hp-pp-viz: " << e.what() << "\n\n";
     return usage(std::cerr, 2);

@@ -134,10 +134,12 @@ Schedule zero_bubble_v(int ranks, int micro_batches, const ActionCosts& costs);
 
 // V-Half and V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): ZB-V's V
 // placement with less activation memory, ordered by repeating the paper's building block per
-// micro-batch and placing every action as early as its inputs allow. Rank r holds at most
-// 2 ((ranks + 2) / 2) (V-Half) or 2 ((ranks + 4) / 3) (V-Min) stage micro-batches, each half a
-// 1F1B stage: about a half and a third of 1F1B's peak. The bubble grows as memory shrinks: at
-// equal costs V-Half idles less than 1F1B, V-Min about as much.
+// micro-batch. Rank r holds at most 2 ((ranks + 2) / 2) (V-Half) or 2 ((ranks + 4) / 3) (V-Min)
+// stage micro-batches, each half a 1F1B stage: about a half and a third of 1F1B's peak. The bubble
+// grows as memory shrinks: at equal costs (p 2-8 tested) V-Half idles at most half of 1F1B's
+// time, V-Min at most two thirds. Candidates: the block's own order placed for `costs` (every
+// action as early as its inputs allow), and the paper's generator's order; the one idling least
+// under `costs` is returned.
 Schedule v_half(int ranks, int micro_batches, const ActionCosts& costs = {});
 Schedule v_min(int ranks, int micro_batches, const ActionCosts& costs = {});
 
