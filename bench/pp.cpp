@@ -153,6 +153,8 @@ void run_setup(const Setup& setup, bool docs) {
   report(hp::pp::interleaved_1f1b(p, v, m), "Interleaved1F1B", (p - 1.0) / (v * m + p - 1.0), true);
   report(hp::pp::zero_bubble_h1(p, m), "ZB-H1", hp::pp::simulate(hp::pp::zero_bubble_h1(p, m)).bubble, true);
   report(hp::pp::zero_bubble_h2(p, m), "ZB-H2", hp::pp::simulate(hp::pp::zero_bubble_h2(p, m)).bubble, true);
+  report(hp::pp::v_half(p, m), "V-Half", hp::pp::simulate(hp::pp::v_half(p, m)).bubble, true);
+  report(hp::pp::v_min(p, m), "V-Min", hp::pp::simulate(hp::pp::v_min(p, m)).bubble, true);
   const hp::pp::Schedule zbv = hp::pp::zero_bubble_v(p, m);
   const hp::pp::Simulation got = report(zbv, "ZBV", hp::pp::simulate(zbv).bubble, true);
   report(zbv, "ZBV unbatched", hp::pp::simulate(zbv).bubble, false);
