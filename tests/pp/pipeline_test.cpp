@@ -324,7 +324,7 @@ TEST(Pipeline, GradientHooksInsideAStageRunOnceUnderZbv) {
 // it (every W splits), and the gradients are bitwise those of the same schedule without
 // checkpointing. Every swapped byte comes back once.
 TEST(Pipeline, CheckpointedBlocksRecomputeOnceUnderZeroBubbleSchedules) {
-  for (const Schedule& schedule : {zero_bubble_v(2, 4), zero_bubble_h1(2, 4)})
+  for (const Schedule& schedule : {zero_bubble_v(2, 4), zero_bubble_h1(2, 4), v_min(2, 4)})
     for (CheckpointMode mode : {CheckpointMode::kFull, CheckpointMode::kSelective, CheckpointMode::kSwap})
       test::run(2, [&](const comm::ProcessGroup& world) {
         const std::string what = schedule.name + ", " + checkpoint_mode_name(mode);
