@@ -6,7 +6,6 @@
 // peak: a tighter block holds less and idles more.
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <set>
 #include <string>
 #include <tuple>
@@ -52,72 +51,12 @@ VFamily v_family(bool half, int p) {
   return f;
 }
 
-// Rank r's F and I in the order of their slots over `m` micro-batches (stage r goes down, stage
-// 2p - 1 - r comes back up); with `weights`, each of the rank's free slots after an I also takes
-// its oldest pending W, as the paper lays W out in the block's spare slots.
-std::vector<Action> block_order(const VBlock& b, int r, int p, int m, bool weights) {
-  const int down = r, up = 2 * p - 1 - r;
-  std::vector<std::pair<int, Action>> slotted;
-  for (int k = 0; k < m; ++k) {
-    slotted.push_back({b.down_forward + 6 * k, {kF, down, k}});
-    slotted.push_back({b.up_forward + 6 * k, {kF, up, k}});
-    slotted.push_back({b.up_input + 6 * k, {kI, up, k}});
-    slotted.push_back({b.down_input + 6 * k, {kI, down, k}});
-  }
-  std::sort(slotted.begin(), slotted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t i = 1; i < slotted.size(); ++i)
-    HP_CHECK(slotted[i].first != slotted[i - 1].first, "pp: the V building block puts two actions of rank ", r,
-             " in slot ", slotted[i].first);
-  std::vector<Action> order;
-  std::deque<Action> pending;
-  int slot = 0;
-  for (const auto& [at, action] : slotted) {
-    for (; weights && slot < at && !pending.empty(); ++slot) order.push_back(pending.front()), pending.pop_front();
-    slot = at + 1;
-    order.push_back(action);
-    if (action.kind == kI) pending.push_back({ActionKind::kBackwardWeight, action.stage, action.micro_batch});
-  }
-  return order;
-}
-
-// Places each rank's block order, every action as early as its inputs allow (the paper's
-// "squeeze"). Without the block's W slots, W passes go where the placer puts them: where they end
-// before the next input arrives, or where the cap forces them.
-Schedule place_v_block(const VFamily& family, int m, const ActionCosts& costs, bool block_weights) {
-  const int p = static_cast<int>(family.blocks.size());
-  Placer placer(empty_schedule(family.name, p, m, true), costs, family.cap);
-  std::vector<std::vector<Action>> orders;
-  for (int r = 0; r < p; ++r) orders.push_back(block_order(family.blocks[r], r, p, m, block_weights));
-  std::vector<size_t> next(p, 0);
-  size_t left = 0;
-  for (const std::vector<Action>& order : orders) left += order.size();
-  while (left > 0) {
-    size_t placed = 0;
-    for (int r = 0; r < p; ++r)
-      for (; next[r] < orders[r].size(); ++next[r], ++placed) {
-        const Action& a = orders[r][next[r]];
-        if (a.kind == ActionKind::kBackwardWeight) {
-          // The rank's oldest pending W, as the block lists them (the block stays within the cap,
-          // so the placer never places one of them earlier).
-          HP_CHECK(placer.pending_weights(r), "pp: ", family.name, "'s block lists a W before its I on rank ", r);
-          placer.place_weight(r);
-          continue;
-        }
-        if (!placer.placeable(a.kind, a.stage, a.micro_batch)) break;
-        if (!block_weights) placer.fill_weights(r, placer.input_ready(a.kind, a.stage, a.micro_batch));
-        placer.place(a.kind, a.stage, a.micro_batch);
-      }
-    HP_CHECK(placed > 0, "pp: ", family.name, " generation stalled");
-    left -= placed;
-  }
-  return placer.finish();
-}
-
 // The paper's own order for the block (its generator, written here from its description): W passes
 // in each rank's spare slots; then the warm-up and the cool-down move into earlier free slots
 // where their inputs allow and the rank's memory stays within the block's peak, and the whole is
 // squeezed (every action as early as its inputs allow, in unit time); the same again for F and I
 // with W in the spare slots, each stage's W passes last in their own queue. Independent of costs.
+// Its slot helpers also give the block's own order (place_v_block, below).
 namespace generator {
 
 // One rank's slots: [kind][micro-batch]. Kinds: its down stage's F, its up stage's F, its up
@@ -133,6 +72,22 @@ struct Event {
   }
 };
 
+// Each rank's F and I slots over `m` micro-batches: the block's, plus 6k for micro-batch k.
+std::vector<Slots> block_slots(const VFamily& family, int m) {
+  std::vector<Slots> ranks;
+  for (const VBlock& b : family.blocks) {
+    Slots at(4);
+    for (int k = 0; k < m; ++k) {
+      at[kDownF].push_back(b.down_forward + 6 * k);
+      at[kUpF].push_back(b.up_forward + 6 * k);
+      at[kUpI].push_back(b.up_input + 6 * k);
+      at[kDownI].push_back(b.down_input + 6 * k);
+    }
+    ranks.push_back(std::move(at));
+  }
+  return ranks;
+}
+
 // The rank's first `kinds` kinds of actions in slot order; one action per slot.
 std::vector<Event> events(const Slots& at, int kinds) {
   std::vector<Event> out;
@@ -140,7 +95,8 @@ std::vector<Event> events(const Slots& at, int kinds) {
     for (int mb = 0; mb < static_cast<int>(at[kind].size()); ++mb) out.push_back({at[kind][mb], kind, mb});
   std::sort(out.begin(), out.end());
   for (size_t i = 1; i < out.size(); ++i)
-    HP_CHECK(out[i].slot != out[i - 1].slot, "pp: the V generator put two actions in slot ", out[i].slot);
+    HP_CHECK(out[i].slot != out[i - 1].slot, "pp: a V schedule's slots put two actions of a rank in slot ",
+             out[i].slot);
   return out;
 }
 
@@ -287,18 +243,7 @@ std::vector<Slots> reorder(std::vector<Slots> ranks, bool with_weights, int micr
 }
 
 Schedule order(const VFamily& family, int m) {
-  std::vector<Slots> ranks;
-  for (const VBlock& b : family.blocks) {
-    Slots at(4);
-    for (int k = 0; k < m; ++k) {
-      at[kDownF].push_back(b.down_forward + 6 * k);
-      at[kUpF].push_back(b.up_forward + 6 * k);
-      at[kUpI].push_back(b.up_input + 6 * k);
-      at[kDownI].push_back(b.down_input + 6 * k);
-    }
-    ranks.push_back(std::move(at));
-  }
-  std::vector<Slots> moved = reorder(std::move(ranks), true, m);
+  std::vector<Slots> moved = reorder(block_slots(family, m), true, m);
   for (Slots& at : moved) at.resize(4);
   moved = reorder(std::move(moved), false, m);
   for (Slots& at : moved) at.resize(4), put_weights(at, true);
@@ -308,6 +253,46 @@ Schedule order(const VFamily& family, int m) {
 }
 
 }  // namespace generator
+
+// Places each rank's actions in the order of the block's slots, every action as early as its inputs
+// allow (the paper's "squeeze"). With `block_weights` each free slot after an I takes the rank's
+// oldest pending W, as the paper lays W out; without, W passes go where the placer puts them: where
+// they end before the next input arrives, or where the cap forces them.
+Schedule place_v_block(const VFamily& family, int m, const ActionCosts& costs, bool block_weights) {
+  const int p = static_cast<int>(family.blocks.size());
+  Placer placer(empty_schedule(family.name, p, m, true), costs, family.cap);
+  std::vector<generator::Slots> slots = generator::block_slots(family, m);
+  if (block_weights)
+    for (generator::Slots& at : slots) generator::put_weights(at, false);
+  const Schedule listed = generator::to_schedule(family.name, slots, m);
+  std::vector<std::vector<Action>> orders(p);
+  for (int r = 0; r < p; ++r)
+    for (const Action& a : listed.programs[r])
+      if (a.is_compute()) orders[r].push_back(a);
+  std::vector<size_t> next(p, 0);
+  size_t left = 0;
+  for (const std::vector<Action>& order : orders) left += order.size();
+  while (left > 0) {
+    size_t placed = 0;
+    for (int r = 0; r < p; ++r)
+      for (; next[r] < orders[r].size(); ++next[r], ++placed) {
+        const Action& a = orders[r][next[r]];
+        if (a.kind == ActionKind::kBackwardWeight) {
+          // The rank's oldest pending W, as the block lists them (the block stays within the cap,
+          // so the placer never places one of them earlier).
+          HP_CHECK(placer.pending_weights(r), "pp: ", family.name, "'s block lists a W before its I on rank ", r);
+          placer.place_weight(r);
+          continue;
+        }
+        if (!placer.placeable(a.kind, a.stage, a.micro_batch)) break;
+        if (!block_weights) placer.fill_weights(r, placer.input_ready(a.kind, a.stage, a.micro_batch));
+        placer.place(a.kind, a.stage, a.micro_batch);
+      }
+    HP_CHECK(placed > 0, "pp: ", family.name, " generation stalled");
+    left -= placed;
+  }
+  return placer.finish();
+}
 
 // Every candidate: the block in its own order (W in the block's spare slots, or where the placer
 // puts them), placed for `costs`, and the paper's generator's order (independent of costs, so

@@ -96,20 +96,16 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
     for (int64_t ep = 1; ep <= d[1] * d[2] * d[4]; ++ep)
       if ((d[1] * d[2] * d[4]) % ep == 0) eps.push_back(ep);
     const std::vector<std::string> schedules = pp > 1 ? o.schedules : std::vector<std::string>{c.pp_schedule};
-    std::map<int64_t, std::set<std::string>> worth;  // by micro-batch size
     if (pp > 1)
-      for (int64_t m : micro) {
-        const std::pair<int64_t, int64_t> shape{pp, per_rank / m};
-        if (!pruned.count(shape))
-          pruned[shape] = worth_trying(o.schedules, static_cast<int>(pp), static_cast<int>(per_rank / m),
-                                       static_cast<int>(c.pp_stages_per_rank));
-        worth[m] = pruned.at(shape);
-      }
+      for (int64_t m : micro)
+        if (!pruned.count({pp, per_rank / m}))
+          pruned[{pp, per_rank / m}] = worth_trying(o.schedules, static_cast<int>(pp), static_cast<int>(per_rank / m),
+                                                    static_cast<int>(c.pp_stages_per_rank));
     for (int64_t ep : eps)
       for (const std::string& schedule : schedules)
         for (int64_t m : micro)
           for (const std::string& checkpoint : o.checkpointing)
-            if (pp == 1 || worth.at(m).count(schedule))
+            if (pp == 1 || pruned.at({pp, per_rank / m}).count(schedule))
               out.push_back({"parallel.dp_replicate=" + std::to_string(d[0]),
                              "parallel.dp_shard=" + std::to_string(d[1]), "parallel.tp=" + std::to_string(d[2]),
                              "parallel.pp=" + std::to_string(pp), "parallel.cp=" + std::to_string(d[4]),
