@@ -3,10 +3,13 @@
 // the same run.
 //
 //   build/bin/bench_collectives [--quick] [--ranks 2,4] [--max-mb 64] [--transport auto|gloo|shm]
+//                               [--wire native|bf16|fp8_e4m3]
 //   build/bin/hprun --nproc-per-node 4 build/bin/bench_collectives [--transport ...]   as processes
 //
 // The facade uses the transport its group picks (--transport, default auto: shared memory, as every
 // rank is on this host); with --transport gloo the ratio is the facade's own overhead over Gloo.
+// --wire: the facade's all_reduce and reduce_scatter carry the fp32 data in that format
+// (hp::comm::WireFormat), raw Gloo in fp32; bandwidths count the fp32 bytes on both sides.
 // The last line also gives each size's bus bandwidth as a fraction of one memcpy of that size.
 //
 // Facade and raw calls alternate call by call, so drift and interference hit both alike; each
@@ -61,7 +64,7 @@ struct Case {
   std::function<hp::comm::shim::NativeWork()> raw_issue;
 };
 
-std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
+std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel, hp::comm::WireFormat wire) {
   auto& impl = g.impl();
   auto& native = *impl.native;
   const int n = g.size();
@@ -74,10 +77,13 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
   at::Tensor received = at::empty({numel});
   std::vector<at::Tensor> outputs = gathered.chunk(n);
   std::vector<int64_t> splits(n, per_rank);
+  const hp::comm::AllReduceOptions all_reduce{hp::comm::ReduceOp::kSum, wire};
+  hp::comm::ReduceScatterOptions reduce_scatter;
+  reduce_scatter.wire = wire;
   return {
-      {"all_reduce", 2.0 * (n - 1) / n, [=] { g.all_reduce(buffer); },
+      {"all_reduce", 2.0 * (n - 1) / n, [=] { g.all_reduce(buffer, all_reduce); },
        [=, &native] { wait_raw(hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum)); },
-       [=] { return g.all_reduce_async(buffer); },
+       [=] { return g.all_reduce_async(buffer, all_reduce); },
        [=, &native] { return hp::comm::shim::all_reduce(native, buffer, hp::comm::ReduceOp::kSum); }},
       {"all_gather", 1.0 * (n - 1) / n, [=] { g.all_gather_into_tensor(gathered_hp, shard); },
        [=, &native] { wait_raw(hp::comm::shim::all_gather(native, outputs, shard)); },
@@ -87,13 +93,13 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
        [=, &native] { wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits)); },
        [=] { return g.all_to_all_async(buffer); },
        [=, &native] { return hp::comm::shim::all_to_all(native, received, buffer, splits, splits); }},
-      {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter_tensor(piece_hp, buffer); },
+      {"reduce_scatter", 1.0 * (n - 1) / n, [=] { g.reduce_scatter_tensor(piece_hp, buffer, reduce_scatter); },
        [=, &native] {
          wait_raw(hp::comm::shim::all_to_all(native, received, buffer, splits, splits));
          at::Tensor piece = piece_hp;  // the same preallocated output the facade writes
          at::sum_out(piece, received.view({n, per_rank}), 0);
        },
-       [=] { return g.reduce_scatter_tensor_async(piece_hp, buffer); },
+       [=] { return g.reduce_scatter_tensor_async(piece_hp, buffer, reduce_scatter); },
        [=, &native] { return hp::comm::shim::all_to_all(native, received, buffer, splits, splits); }},
   };
 }
@@ -101,7 +107,9 @@ std::vector<Case> make_cases(const ProcessGroup& g, int64_t numel) {
 }  // namespace
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_collectives [--quick] [--ranks 2,4] [--max-mb 64] [--transport auto|gloo|shm]\n");
+  std::fprintf(stderr,
+               "usage: bench_collectives [--quick] [--ranks 2,4] [--max-mb 64] [--transport auto|gloo|shm] "
+               "[--wire native|bf16|fp8_e4m3]\n");
   return 2;
 }
 
@@ -116,6 +124,7 @@ double memcpy_seconds(int64_t bytes) {
 
 int main(int argc, char** argv) {
   hp::comm::ProcessGroupOptions group_options;
+  hp::comm::WireFormat wire = hp::comm::WireFormat::kNative;
   bool quick = false;
   std::vector<int> rank_counts = {2, 4};
   int64_t max_bytes = int64_t{64} << 20;
@@ -138,6 +147,15 @@ int main(int argc, char** argv) {
         known = true;
       }
       if (!known) return usage();
+    } else if (!std::strcmp(argv[i], "--wire") && i + 1 < argc) {
+      const std::string name = argv[++i];
+      bool known = false;
+      for (auto f : {hp::comm::WireFormat::kNative, hp::comm::WireFormat::kBf16, hp::comm::WireFormat::kFp8E4M3}) {
+        if (hp::comm::to_string(f) != name) continue;
+        wire = f;
+        known = true;
+      }
+      if (!known) return usage();
     } else {
       return usage();
     }
@@ -156,7 +174,7 @@ int main(int argc, char** argv) {
       const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
       // Calls alternate facade / raw, each timed alone; the medians of the two lists are compared.
       const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, quick ? 10 : 300));
-      for (Case& c : make_cases(g, numel)) {
+      for (Case& c : make_cases(g, numel, wire)) {
         c.facade();  // warm up both paths (buffers, Gloo algorithm caches)
         c.raw();
         std::vector<double> facade, raw;
@@ -204,9 +222,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "ranks are %s; the facade's transport: %s; each figure is rank 0's median time per call, facade and "
+      "ranks are %s; the facade's transport: %s, its reductions' wire format: %s; each figure is rank 0's median time "
+      "per call, facade and "
       "c10d (Gloo) calls alternating\n\n",
-      under_launcher ? "processes (hprun)" : "threads of one process", facade_transport.c_str());
+      under_launcher ? "processes (hprun)" : "threads of one process", facade_transport.c_str(),
+      hp::comm::to_string(wire).c_str());
 
   std::printf("%-15s %5s %10s %12s %12s %11s %11s %9s\n", "collective", "ranks", "bytes", "hp us", "c10d us", "hp GB/s",
               "c10d GB/s", "hp/c10d");

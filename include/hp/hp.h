@@ -7,6 +7,7 @@
 #include "hp/comm/process_group.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/comm/types.h"
+#include "hp/comm/wire_format.h"
 #include "hp/core/chunking.h"
 #include "hp/core/cpu_threads.h"
 #include "hp/core/error.h"

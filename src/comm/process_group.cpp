@@ -13,6 +13,8 @@
 // On a group with the shared-memory transport (comm/shm_channel.h), every collective is composed:
 // all_gather, all_to_all and broadcast move bytes through the shared segment, and the reductions
 // are the composed ones above on top of them (so always in the tree order); send/recv stay on Gloo.
+// A reduction in a low-precision wire format (WireFormat, comm/wire_codec.h) is always composed:
+// the all_to_all carries the encoded pieces, and each member adds what it decodes in fp32.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
@@ -28,9 +30,11 @@
 #include "comm/fake_exchange.h"
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
+#include "comm/wire_codec.h"
 #include "hp/comm/comm_debug_mode.h"
 #include "hp/comm/init.h"
 #include "hp/comm/tree_reduce.h"
+#include "hp/comm/wire_format.h"
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
 #include "hp/core/memory_timeline.h"
@@ -81,6 +85,34 @@ void check_reducible(const char* op, const at::Tensor& t, ReduceOp r) {
            "; use a floating-point or integer dtype");
   HP_CHECK(r != ReduceOp::kAvg || t.is_floating_point(), op, ": ReduceOp avg needs a floating-point dtype, got ",
            t.scalar_type());
+}
+
+void check_wire(const char* op, const at::Tensor& t, ReduceOp r, WireFormat wire) {
+  if (wire == WireFormat::kNative) return;
+  const at::ScalarType dtype = t.scalar_type();
+  HP_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": wire format ", to_string(wire),
+           " carries fp32, bf16 or fp16 tensors, got ", dtype);
+  HP_CHECK(r == ReduceOp::kSum || r == ReduceOp::kAvg, op, ": wire format ", to_string(wire), " is for sum and avg; ",
+           to_string(r), " is exact in the native format");
+}
+
+int64_t row_numel(const at::Tensor& t) {
+  int64_t numel = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) numel *= t.size(d);
+  return numel;
+}
+
+// The bytes pieces of `counts[r]` values take in `wire` (their dtype's when native).
+std::vector<int64_t> piece_bytes(WireFormat wire, const std::vector<int64_t>& counts, int64_t element_size) {
+  std::vector<int64_t> bytes;
+  for (int64_t count : counts)
+    bytes.push_back(wire == WireFormat::kNative ? count * element_size : wire_bytes(wire, count));
+  return bytes;
+}
+
+std::vector<int64_t> times(std::vector<int64_t> v, int64_t factor) {
+  for (int64_t& x : v) x *= factor;
+  return v;
 }
 
 // A new output of a shared-memory collective, its pages mapped in one call (MADV_POPULATE_WRITE)
@@ -157,11 +189,7 @@ shim::NativeWork start_or_explain(const CollectiveSite& site, const Step& step) 
 // Whether collectives of `t` on `g` go through shared memory (host memory only).
 bool over_shm(const GroupImpl& g, const at::Tensor& t) { return g.shm_scope.has_value() && t.device().is_cpu(); }
 
-int64_t row_bytes(const at::Tensor& t) {
-  int64_t bytes = t.element_size();
-  for (int64_t d = 1; d < t.dim(); ++d) bytes *= t.size(d);
-  return bytes;
-}
+int64_t row_bytes(const at::Tensor& t) { return t.element_size() * row_numel(t); }
 
 // `count` pieces of a contiguous tensor's rows, piece r `sizes[r]` rows long, back to back.
 std::vector<ByteSpan> row_spans(const at::Tensor& t, const std::vector<int64_t>& sizes) {
@@ -262,6 +290,15 @@ void check_peer(const char* op, const GroupImpl& g, int peer) {
 
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
+// The receive buffer of a composed reduction (n pieces of `count` values, encoded on a wire), which
+// a fake world's group keeps as a real one would, for a dry run's memory report.
+void reserve_receive_buffer(GroupImpl& g, const at::Tensor& like, int64_t count, WireFormat wire) {
+  if (wire == WireFormat::kNative)
+    g.scratch({g.size() * count}, like.scalar_type(), like.device());
+  else
+    g.scratch({g.size() * wire_bytes(wire, count)}, at::kByte, like.device());
+}
+
 // A collective of a fake world's group: counted and numbered like any other, done at once.
 Work fake_result(GroupImpl& g, const char* op, int64_t bytes, at::Tensor result) {
   new_site(g, op, bytes);
@@ -301,11 +338,51 @@ at::Tensor reduce_scatter_in_place(ShmChannel& shm, const CollectiveSite& site, 
   return result;
 }
 
+// Values a low-precision reduction decodes at a time: the n pieces' fp32 values are added by
+// columns of this many, so decoding costs n x 256 KiB, not n pieces in fp32.
+constexpr int64_t kDecodedColumns = 512 * kFp8BlockValues;
+
+// Reduce-scatter in a low-precision wire format: every piece is encoded, the encoded pieces are
+// exchanged as bytes, and each member decodes the n pieces it received and adds them in fp32 by
+// the tree, casting once to the input's dtype (or into `out`).
+at::Tensor reduce_scatter_on_wire(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
+                                  ReduceOp op, WireFormat wire, const at::Tensor& out) {
+  GroupImpl& g = *site.group;
+  const int n = g.size();
+  const std::vector<int64_t> counts = times(sizes, row_numel(x0));
+  const std::vector<int64_t> sent = piece_bytes(wire, counts, 0);
+  const at::Tensor values = x0.to(at::kFloat).contiguous();
+  at::Tensor encoded = at::empty({sum_of(sent)}, at::kByte);
+  const float* from = values.data_ptr<float>();
+  auto* to = reinterpret_cast<std::byte*>(encoded.data_ptr<uint8_t>());
+  for (int r = 0; r < n; ++r) {
+    detail::encode_piece(wire, from, counts[r], to);
+    from += counts[r];
+    to += sent[r];
+  }
+  const int64_t count = counts[g.rank], bytes = sent[g.rank];
+  const at::Tensor received =
+      exchange_rows(site, encoded, std::vector<int64_t>(n, bytes), sent, g.scratch({n * bytes}, at::kByte));
+  const auto* pieces = reinterpret_cast<const std::byte*>(received.data_ptr<uint8_t>());
+  at::Tensor sum = at::empty({count}, at::kFloat);
+  at::Tensor decoded = at::empty({n, std::min(count, kDecodedColumns)}, at::kFloat);
+  for (int64_t begin = 0; begin < count; begin += kDecodedColumns) {  // per value, the same tree
+    const int64_t length = std::min(kDecodedColumns, count - begin);
+    at::Tensor columns = decoded.narrow(1, 0, length);
+    for (int r = 0; r < n; ++r)
+      detail::decode_piece(wire, pieces + r * bytes, count, begin, length, columns[r].data_ptr<float>());
+    tree_reduce_(columns, op, sum.narrow(0, begin, length));
+  }
+  sum = sum.view(with_dim0(x0, sizes[g.rank]));
+  return out.defined() ? out.copy_(sum) : sum.to(x0.scalar_type());
+}
+
 // Reduce-scatter of dim-0 pieces (sizes[r] rows for rank r) as all_to_all + tree_reduce, into
 // `out` when given.
 at::Tensor reduce_scatter_dim0(const CollectiveSite& site, const at::Tensor& x0, const std::vector<int64_t>& sizes,
-                               ReduceOp op, const at::Tensor& out = {}) {
+                               ReduceOp op, WireFormat wire, const at::Tensor& out = {}) {
   GroupImpl& g = *site.group;
+  if (wire != WireFormat::kNative) return reduce_scatter_on_wire(site, x0, sizes, op, wire, out);
   if (over_shm(g, x0)) return reduce_scatter_in_place(g.shm_channel(site), site, x0, sizes, op, out);
   const int64_t mine = sizes[g.rank];
   std::vector<int64_t> stacked_shape{g.size()};
@@ -321,8 +398,11 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   GroupImpl& g = *impl;
   check_tensor("all_reduce", tensor, g);
   check_reducible("all_reduce", tensor, opts.op);
+  check_wire("all_reduce", tensor, opts.op, opts.wire);
   const int n = g.size();
   if (n == 1) return ready(tensor);
+  const bool on_wire = opts.wire != WireFormat::kNative;
+  const int64_t bytes = sum_of(piece_bytes(opts.wire, chunk_sizes(tensor.numel(), n), tensor.element_size()));
 
   const bool ordered_sum =
       g.options.deterministic && tensor.is_floating_point() && (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
@@ -331,31 +411,30 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const bool backend_reduces = g.fake ? shim::gloo_reduces(tensor.scalar_type(), native_op)
                                       : shim::can_reduce(*g.native, tensor.scalar_type(), native_op);
   if (g.fake) {
-    if (ordered_sum || !backend_reduces) {
-      const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), n);
-      g.scratch({pieces[0] * n}, tensor.scalar_type(), tensor.device());
-    }
-    return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n));
+    if (ordered_sum || !backend_reduces || on_wire)
+      reserve_receive_buffer(g, tensor, chunk_sizes(tensor.numel(), n)[0], opts.wire);
+    return fake_result(g, "all_reduce", bytes, detail::fake::all_reduce(tensor, opts.op, n));
   }
-  if (!ordered_sum && !over_shm(g, tensor) && backend_reduces) {
+  if (!ordered_sum && !on_wire && !over_shm(g, tensor) && backend_reduces) {
     Step step = in_place_step(
         tensor, [&g, native_op](const at::Tensor& buffer) { return shim::all_reduce(*g.native, buffer, native_op); });
     if (opts.op == ReduceOp::kAvg) step.finish = [reduced = step.finish, n] { return reduced().div_(n); };
     return issue_native(impl, new_site(*impl, "all_reduce", tensor.nbytes()), std::move(step));
   }
-  return issue_composed(impl, "all_reduce", tensor.nbytes(), wait, [tensor, op = opts.op](const CollectiveSite& site) {
-    GroupImpl& g = *site.group;
-    const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
-    at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op);
-    if (tensor.is_contiguous() && over_shm(g, tensor)) {
-      gather_rows(site, mine, pieces, tensor.view({-1}));  // straight into place
-      return tensor;
-    }
-    at::Tensor gather_buffer = g.scratch({pieces[0] * g.size()}, tensor.scalar_type());  // pieces[0] is the widest
-    at::Tensor full = gather_rows(site, mine, pieces, gather_buffer);
-    tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
-    return tensor;
-  });
+  return issue_composed(
+      impl, "all_reduce", bytes, wait, [tensor, op = opts.op, wire = opts.wire](const CollectiveSite& site) {
+        GroupImpl& g = *site.group;
+        const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
+        at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op, wire);
+        if (tensor.is_contiguous() && over_shm(g, tensor)) {
+          gather_rows(site, mine, pieces, tensor.view({-1}));  // straight into place
+          return tensor;
+        }
+        at::Tensor gather_buffer = g.scratch({pieces[0] * g.size()}, tensor.scalar_type());  // pieces[0] is the widest
+        at::Tensor full = gather_rows(site, mine, pieces, gather_buffer);
+        tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
+        return tensor;
+      });
 }
 
 Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, ReduceScatterOptions opts,
@@ -364,6 +443,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   GroupImpl& g = *impl;
   check_tensor("reduce_scatter", input, g);
   check_reducible("reduce_scatter", input, opts.op);
+  check_wire("reduce_scatter", input, opts.op, opts.wire);
   const int64_t dim = normalize_dim("reduce_scatter", opts.dim, input);
   std::vector<int64_t> sizes = opts.sizes.empty() ? chunk_sizes(input.size(dim), g.size()) : opts.sizes;
   HP_CHECK(static_cast<int>(sizes.size()) == g.size(), "reduce_scatter: sizes has ", sizes.size(), " entries but ",
@@ -382,18 +462,19 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
+  const int64_t bytes = sum_of(piece_bytes(opts.wire, times(sizes, row_numel(x0)), x0.element_size()));
   if (g.fake) {
-    g.scratch(with_dim0(x0, g.size() * sizes[g.rank]), x0.scalar_type(), x0.device());  // Gloo's receive buffer
+    reserve_receive_buffer(g, x0, sizes[g.rank] * row_numel(x0), opts.wire);
     at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);
-    return fake_result(g, "reduce_scatter", input.nbytes(), out.defined() ? out.copy_(piece) : piece);
+    return fake_result(g, "reduce_scatter", bytes, out.defined() ? out.copy_(piece) : piece);
   }
-  return issue_composed(impl, "reduce_scatter", input.nbytes(), wait,
-                        [x0, sizes, dim, op = opts.op, out](const CollectiveSite& site) {
+  return issue_composed(impl, "reduce_scatter", bytes, wait,
+                        [x0, sizes, dim, op = opts.op, wire = opts.wire, out](const CollectiveSite& site) {
                           if (out.defined()) {
-                            reduce_scatter_dim0(site, x0, sizes, op, dim == 0 ? out : out.movedim(dim, 0));
+                            reduce_scatter_dim0(site, x0, sizes, op, wire, dim == 0 ? out : out.movedim(dim, 0));
                             return out;
                           }
-                          return from_dim0(reduce_scatter_dim0(site, x0, sizes, op), dim);
+                          return from_dim0(reduce_scatter_dim0(site, x0, sizes, op, wire), dim);
                         });
 }
 

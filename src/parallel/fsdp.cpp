@@ -268,9 +268,11 @@ struct FsdpUnit {
       return std::nullopt;
     }
     grad = with_kept(grad).contiguous();
-    if (options.level == ShardingLevel::kOptimizer) return shard_group.all_reduce_async(grad, {options.reduce_op});
+    if (options.level == ShardingLevel::kOptimizer)
+      return shard_group.all_reduce_async(grad, {options.reduce_op, mp.reduce_wire});
     comm::ReduceScatterOptions rs;
     rs.op = options.reduce_op;
+    rs.wire = mp.reduce_wire;
     return shard_group.reduce_scatter_async(grad, rs);
   }
 
@@ -283,7 +285,8 @@ struct FsdpUnit {
       whole_gradient = mine;  // ZeRO-1: every rank keeps the whole reduced gradient
       mine = whole_gradient.narrow(0, rank, 1);
     }
-    if (replicate_group) mine = replicate_group->all_reduce(mine, {options.reduce_op});
+    if (replicate_group)
+      mine = replicate_group->all_reduce(mine, {options.reduce_op, options.mixed_precision.reduce_wire});
     at::NoGradGuard no_grad;
     for (const ManagedParam& p : params) {
       if (!p.sharded.requires_grad()) continue;

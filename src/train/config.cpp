@@ -154,6 +154,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.on_transient_fault", resilience.on_transient_fault),
       HP_CONFIG_FIELD("resilience.faults", resilience.faults),
       HP_CONFIG_FIELD("comm.transport", comm_settings.transport),
+      HP_CONFIG_FIELD("comm.gradient_wire", comm_settings.gradient_wire),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -521,12 +522,22 @@ void validate(const TrainConfig& c, int64_t world_size) {
   detail::check_faults_fire(detail::parse_faults(r.faults, "resilience.faults"), static_cast<int>(world_size),
                             c.train.steps);
   transport_of(c);  // names the transports when it is none of them
+  HP_CHECK(gradient_wire_of(c) == comm::WireFormat::kNative || c.parallel.dp() * c.parallel.cp > 1,
+           "comm.gradient_wire is the format of the gradient reduction across data-parallel ranks, which this run ",
+           "does not have: it needs parallel.dp_shard x dp_replicate x cp > 1");
 }
 
 comm::Transport transport_of(const TrainConfig& config) {
   for (comm::Transport t : {comm::Transport::kAuto, comm::Transport::kGloo, comm::Transport::kShm})
     if (comm::to_string(t) == config.comm_settings.transport) return t;
   HP_FAIL("comm.transport '", config.comm_settings.transport, "' is unknown (available: auto, gloo, shm)");
+}
+
+comm::WireFormat gradient_wire_of(const TrainConfig& config) {
+  for (comm::WireFormat f : {comm::WireFormat::kNative, comm::WireFormat::kBf16, comm::WireFormat::kFp8E4M3})
+    if (comm::to_string(f) == config.comm_settings.gradient_wire) return f;
+  HP_FAIL("comm.gradient_wire '", config.comm_settings.gradient_wire,
+          "' is unknown (available: native, bf16, fp8_e4m3)");
 }
 
 std::string to_json(const TrainConfig& config) {

@@ -46,6 +46,7 @@ inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   }
   if (c.train.dtype != c.train.mixed_precision_reduce)
     mixed.reduce_dtype = c.train.mixed_precision_reduce == "bf16" ? at::kBFloat16 : at::kFloat;
+  mixed.reduce_wire = gradient_wire_of(c);
   return options;
 }
 

@@ -6,7 +6,8 @@
 //   user_yaml   runs at::frac on a DTensor, which only a rule file in $HP_OPS_YAML_DIR declares
 //   listeners   every rank lists the TCP sockets it listens on; any outside loopback fails it
 //   collectives deterministic all_reduce, all_gather, reduce_scatter, all_to_all and broadcast from
-//               empty to several MB, each checked bitwise against the same computed on this rank;
+//               empty to several MB, and all_reduce and reduce_scatter on bf16 and fp8 wires, each
+//               checked bitwise against the same computed on this rank;
 //               says which transport the world group used (a mapped /dev/shm segment or not)
 //   shm_killed  after a collective, rank 1 leaves a segment of the job in /dev/shm, as a rank
 //               killed while its group was being set up would, and is SIGKILLed
@@ -112,6 +113,21 @@ bool check_collectives(const hp::comm::ProcessGroup& world) {
     for (int r = 0; r < n; ++r) mine.push_back(inputs[r].chunk(n)[rank]);
     check("all_to_all" + size, world.all_to_all(inputs[rank]), at::cat(mine));
     check("broadcast" + size, world.broadcast(inputs[rank].clone(), n - 1), inputs[n - 1]);
+    for (hp::comm::WireFormat wire : {hp::comm::WireFormat::kBf16, hp::comm::WireFormat::kFp8E4M3}) {
+      std::vector<at::Tensor> received;  // what the members add: each piece rounded on its own
+      for (const at::Tensor& input : inputs) {
+        std::vector<at::Tensor> pieces;
+        for (const at::Tensor& piece : input.chunk(n)) pieces.push_back(hp::comm::wire_round_trip(piece, wire));
+        received.push_back(numel == 0 ? input : at::cat(pieces));
+      }
+      const at::Tensor rounded_sum = hp::comm::tree_reduce(at::stack(received), hp::comm::ReduceOp::kSum);
+      const std::string on_wire = size + " on a " + hp::comm::to_string(wire) + " wire";
+      check("all_reduce" + on_wire, world.all_reduce(inputs[rank].clone(), {hp::comm::ReduceOp::kSum, wire}),
+            rounded_sum);
+      hp::comm::ReduceScatterOptions rs;
+      rs.wire = wire;
+      check("reduce_scatter" + on_wire, world.reduce_scatter(inputs[rank], rs), rounded_sum.chunk(n)[rank]);
+    }
   }
   return ok;
 }

@@ -71,6 +71,26 @@ TEST(MixedPrecision, Bf16IsCloseToFp32InEveryLayout) {
   }
 }
 
+// comm.gradient_wire: gradients reduced on a bf16 or fp8 wire (added in fp32) follow the native
+// fp32 reduction closely without equalling it, and repeat bitwise run to run.
+TEST(MixedPrecision, GradientsOnALowPrecisionWireFollowTheNativeReduction) {
+  auto wire_losses = [](const std::string& wire, const std::string& run) {
+    TrainConfig c = small_config("wire_" + wire + run, "fp32");
+    c.parallel.dp_shard = 2;
+    c.comm_settings.gradient_wire = wire;
+    return rank0_losses(c, 2);
+  };
+  const std::vector<double> native = wire_losses("native", "");
+  for (const std::string wire : {"bf16", "fp8_e4m3"}) {
+    SCOPED_TRACE(wire);
+    const std::vector<double> low = wire_losses(wire, "");
+    ASSERT_EQ(low.size(), native.size());
+    for (size_t i = 0; i < native.size(); ++i) EXPECT_NEAR(low[i], native[i], 2e-2 * native[i]) << "step " << i + 1;
+    EXPECT_NE(low, native) << "the wire format changed nothing";
+    EXPECT_EQ(wire_losses(wire, "_again"), low);
+  }
+}
+
 // The key's old name still loads (a run's config.json from before the rename).
 TEST(MixedPrecision, TheOldKeyNameIsReadAsTrainDtype) {
   const std::string dir = test::scratch_dir("hp_mixed_precision_old_key");
@@ -88,6 +108,14 @@ TEST(MixedPrecision, BadDtypesAreRefused) {
   test::expect_error([&] { validate(c, 1); }, "which this run does not have");
   c.parallel.dp_shard = 2;
   validate(c, 2);
+  c.comm_settings.gradient_wire = "fp16";
+  test::expect_error([&] { validate(c, 2); },
+                     "comm.gradient_wire 'fp16' is unknown (available: native, bf16, fp8_e4m3)");
+  c.comm_settings.gradient_wire = "bf16";
+  validate(c, 2);
+  c.parallel.dp_shard = 1;
+  c.train.mixed_precision_reduce = "fp32";
+  test::expect_error([&] { validate(c, 1); }, "comm.gradient_wire is the format of the gradient reduction");
 }
 
 }  // namespace

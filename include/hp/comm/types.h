@@ -22,6 +22,19 @@ enum class Transport {
 
 std::string to_string(Transport transport);
 
+// The format in which a sum or avg reduction (all_reduce, reduce_scatter) carries floating-point
+// data between ranks (docs/collectives.md#low-precision-reductions). Other than kNative, every
+// rank's input is rounded to the format, moved in it, and the members add what they receive in
+// fp32, in the tree order (hp/comm/tree_reduce.h), before one cast to the tensor's dtype.
+enum class WireFormat {
+  kNative,   // the tensor's own dtype, added in it (bf16 sums in bf16)
+  kBf16,     // bf16 on the wire (half of fp32's bytes), added in fp32
+  kFp8E4M3,  // fp8 e4m3 with one fp32 scale per block of 128 values (a little over a quarter of fp32's
+             // bytes), added in fp32; emulated on the CPU
+};
+
+std::string to_string(WireFormat format);
+
 // Options of a process group (and of every group derived from it, e.g. by a DeviceMesh).
 struct ProcessGroupOptions {
   // A collective that has not completed after this long fails with hp::TimeoutError naming the
@@ -56,6 +69,7 @@ struct ProcessGroupOptions {
 
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
+  WireFormat wire = WireFormat::kNative;  // other formats: fp32, bf16 or fp16 tensors, sum or avg
 };
 
 // Gathers every rank's input along `dim`. `sizes[r]` is rank r's size along `dim`; empty means
@@ -71,6 +85,7 @@ struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   int64_t dim = 0;
   std::vector<int64_t> sizes;
+  WireFormat wire = WireFormat::kNative;  // other formats: fp32, bf16 or fp16 tensors, sum or avg
 };
 
 // Splits the input along dim 0: piece r (input_split_sizes[r] rows) goes to rank r; the output

@@ -172,8 +172,12 @@ struct TrainConfig {
   // How collectives move data between ranks (docs/collectives.md#transports): auto (shared memory
   // for the groups that can set it up, else Gloo), gloo, or shm (shared memory between the ranks of
   // a host, Gloo across hosts).
+  // gradient_wire: the format gradients travel in between data-parallel ranks: native (the
+  // dtype of train.mixed_precision_reduce), bf16 or fp8_e4m3, added in fp32
+  // (docs/collectives.md#low-precision-reductions).
   struct Comm {
     std::string transport = "auto";
+    std::string gradient_wire = "native";
   } comm_settings;
 
   struct Sample {
@@ -199,6 +203,8 @@ void validate(const TrainConfig& config, int64_t world_size);
 
 // comm.transport as the world group's transport (hp::train::world_options applies it).
 comm::Transport transport_of(const TrainConfig& config);
+// comm.gradient_wire as the FSDP units' reduce_wire.
+comm::WireFormat gradient_wire_of(const TrainConfig& config);
 
 // The whole configuration as a JSON string (every key, defaults included).
 std::string to_json(const TrainConfig& config);
