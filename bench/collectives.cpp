@@ -29,6 +29,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,6 +39,7 @@
 #include "comm/group_impl.h"
 #include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
+#include "hp/comm/wire_format.h"
 #include "hp/testing/run_ranks.h"
 
 namespace {
@@ -148,14 +151,9 @@ int main(int argc, char** argv) {
       }
       if (!known) return usage();
     } else if (!std::strcmp(argv[i], "--wire") && i + 1 < argc) {
-      const std::string name = argv[++i];
-      bool known = false;
-      for (auto f : {hp::comm::WireFormat::kNative, hp::comm::WireFormat::kBf16, hp::comm::WireFormat::kFp8E4M3}) {
-        if (hp::comm::to_string(f) != name) continue;
-        wire = f;
-        known = true;
-      }
-      if (!known) return usage();
+      const std::optional<hp::comm::WireFormat> named = hp::comm::wire_format_named(argv[++i]);
+      if (!named) return usage();
+      wire = *named;
     } else {
       return usage();
     }

@@ -94,6 +94,8 @@ void check_wire(const char* op, const at::Tensor& t, ReduceOp r, WireFormat wire
            " carries fp32, bf16 or fp16 tensors, got ", dtype);
   HP_CHECK(r == ReduceOp::kSum || r == ReduceOp::kAvg, op, ": wire format ", to_string(wire), " is for sum and avg; ",
            to_string(r), " is exact in the native format");
+  HP_CHECK(t.device().is_cpu() || t.is_meta(), op, ": wire format ", to_string(wire),
+           " is emulated on the CPU; this tensor is on ", t.device(), " (use the native format)");
 }
 
 int64_t row_numel(const at::Tensor& t) {
@@ -102,17 +104,10 @@ int64_t row_numel(const at::Tensor& t) {
   return numel;
 }
 
-// The bytes pieces of `counts[r]` values take in `wire` (their dtype's when native).
-std::vector<int64_t> piece_bytes(WireFormat wire, const std::vector<int64_t>& counts, int64_t element_size) {
-  std::vector<int64_t> bytes;
-  for (int64_t count : counts)
-    bytes.push_back(wire == WireFormat::kNative ? count * element_size : wire_bytes(wire, count));
-  return bytes;
-}
-
-std::vector<int64_t> times(std::vector<int64_t> v, int64_t factor) {
-  for (int64_t& x : v) x *= factor;
-  return v;
+// The values in pieces of sizes[r] rows of `row` values each.
+std::vector<int64_t> values_in_rows(std::vector<int64_t> sizes, int64_t row) {
+  for (int64_t& s : sizes) s *= row;
+  return sizes;
 }
 
 // A new output of a shared-memory collective, its pages mapped in one call (MADV_POPULATE_WRITE)
@@ -290,13 +285,16 @@ void check_peer(const char* op, const GroupImpl& g, int peer) {
 
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
-// The receive buffer of a composed reduction (n pieces of `count` values, encoded on a wire), which
-// a fake world's group keeps as a real one would, for a dry run's memory report.
+// The receive buffer of a composed reduction (n pieces of `count` values, encoded when on a wire),
+// which a fake world's group keeps as a real one would, for a dry run's memory report; on a wire
+// also the encoded input, for as long as the exchange holds it.
 void reserve_receive_buffer(GroupImpl& g, const at::Tensor& like, int64_t count, WireFormat wire) {
-  if (wire == WireFormat::kNative)
+  if (wire == WireFormat::kNative) {
     g.scratch({g.size() * count}, like.scalar_type(), like.device());
-  else
-    g.scratch({g.size() * wire_bytes(wire, count)}, at::kByte, like.device());
+    return;
+  }
+  g.scratch({g.size() * wire_bytes(wire, count)}, at::kByte, like.device());
+  at::empty({wire_bytes(wire, like.numel())}, at::TensorOptions().dtype(at::kByte).device(like.device()));
 }
 
 // A collective of a fake world's group: counted and numbered like any other, done at once.
@@ -338,10 +336,6 @@ at::Tensor reduce_scatter_in_place(ShmChannel& shm, const CollectiveSite& site, 
   return result;
 }
 
-// Values a low-precision reduction decodes at a time: the n pieces' fp32 values are added by
-// columns of this many, so decoding costs n x 256 KiB, not n pieces in fp32.
-constexpr int64_t kDecodedColumns = 512 * kFp8BlockValues;
-
 // Reduce-scatter in a low-precision wire format: every piece is encoded, the encoded pieces are
 // exchanged as bytes, and each member decodes the n pieces it received and adds them in fp32 by
 // the tree, casting once to the input's dtype (or into `out`).
@@ -349,15 +343,16 @@ at::Tensor reduce_scatter_on_wire(const CollectiveSite& site, const at::Tensor& 
                                   ReduceOp op, WireFormat wire, const at::Tensor& out) {
   GroupImpl& g = *site.group;
   const int n = g.size();
-  const std::vector<int64_t> counts = times(sizes, row_numel(x0));
-  const std::vector<int64_t> sent = piece_bytes(wire, counts, 0);
-  const at::Tensor values = x0.to(at::kFloat).contiguous();
+  const std::vector<int64_t> counts = values_in_rows(sizes, row_numel(x0));
+  std::vector<int64_t> sent;
+  for (int64_t count : counts) sent.push_back(wire_bytes(wire, count));
+  const at::Tensor flat = x0.reshape({-1});  // x0 is contiguous
   at::Tensor encoded = at::empty({sum_of(sent)}, at::kByte);
-  const float* from = values.data_ptr<float>();
   auto* to = reinterpret_cast<std::byte*>(encoded.data_ptr<uint8_t>());
+  int64_t offset = 0;
   for (int r = 0; r < n; ++r) {
-    detail::encode_piece(wire, from, counts[r], to);
-    from += counts[r];
+    detail::encode_piece(wire, flat.narrow(0, offset, counts[r]), to);
+    offset += counts[r];
     to += sent[r];
   }
   const int64_t count = counts[g.rank], bytes = sent[g.rank];
@@ -365,9 +360,10 @@ at::Tensor reduce_scatter_on_wire(const CollectiveSite& site, const at::Tensor& 
       exchange_rows(site, encoded, std::vector<int64_t>(n, bytes), sent, g.scratch({n * bytes}, at::kByte));
   const auto* pieces = reinterpret_cast<const std::byte*>(received.data_ptr<uint8_t>());
   at::Tensor sum = at::empty({count}, at::kFloat);
-  at::Tensor decoded = at::empty({n, std::min(count, kDecodedColumns)}, at::kFloat);
-  for (int64_t begin = 0; begin < count; begin += kDecodedColumns) {  // per value, the same tree
-    const int64_t length = std::min(kDecodedColumns, count - begin);
+  // Decoded and added by columns: the fp32 values of n pieces are never all held at once.
+  at::Tensor decoded = at::empty({n, std::min(count, detail::kCodecChunkValues)}, at::kFloat);
+  for (int64_t begin = 0; begin < count; begin += detail::kCodecChunkValues) {  // per value, the same tree
+    const int64_t length = std::min(detail::kCodecChunkValues, count - begin);
     at::Tensor columns = decoded.narrow(1, 0, length);
     for (int r = 0; r < n; ++r)
       detail::decode_piece(wire, pieces + r * bytes, count, begin, length, columns[r].data_ptr<float>());
@@ -402,7 +398,6 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const int n = g.size();
   if (n == 1) return ready(tensor);
   const bool on_wire = opts.wire != WireFormat::kNative;
-  const int64_t bytes = sum_of(piece_bytes(opts.wire, chunk_sizes(tensor.numel(), n), tensor.element_size()));
 
   const bool ordered_sum =
       g.options.deterministic && tensor.is_floating_point() && (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
@@ -411,9 +406,11 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const bool backend_reduces = g.fake ? shim::gloo_reduces(tensor.scalar_type(), native_op)
                                       : shim::can_reduce(*g.native, tensor.scalar_type(), native_op);
   if (g.fake) {
-    if (ordered_sum || !backend_reduces || on_wire)
+    if (on_wire)  // the gather leg's buffer, in the tensor's dtype, is the larger
       reserve_receive_buffer(g, tensor, chunk_sizes(tensor.numel(), n)[0], opts.wire);
-    return fake_result(g, "all_reduce", bytes, detail::fake::all_reduce(tensor, opts.op, n));
+    if (ordered_sum || !backend_reduces || on_wire)
+      reserve_receive_buffer(g, tensor, chunk_sizes(tensor.numel(), n)[0], WireFormat::kNative);
+    return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n));
   }
   if (!ordered_sum && !on_wire && !over_shm(g, tensor) && backend_reduces) {
     Step step = in_place_step(
@@ -422,7 +419,7 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     return issue_native(impl, new_site(*impl, "all_reduce", tensor.nbytes()), std::move(step));
   }
   return issue_composed(
-      impl, "all_reduce", bytes, wait, [tensor, op = opts.op, wire = opts.wire](const CollectiveSite& site) {
+      impl, "all_reduce", tensor.nbytes(), wait, [tensor, op = opts.op, wire = opts.wire](const CollectiveSite& site) {
         GroupImpl& g = *site.group;
         const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
         at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op, wire);
@@ -462,7 +459,7 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
-  const int64_t bytes = sum_of(piece_bytes(opts.wire, times(sizes, row_numel(x0)), x0.element_size()));
+  const int64_t bytes = input.nbytes();
   if (g.fake) {
     reserve_receive_buffer(g, x0, sizes[g.rank] * row_numel(x0), opts.wire);
     at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);

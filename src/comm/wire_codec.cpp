@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "hp/comm/wire_format.h"
 #include "hp/core/error.h"
@@ -60,8 +62,7 @@ at::Tensor view_of(const void* p, int64_t count, at::ScalarType dtype) {
 
 }  // namespace
 
-// Both ways of rounding are computed and one is chosen, without branches, so the loops over a
-// block vectorise.
+// Both roundings are computed and one is kept, so the cost does not depend on the value.
 uint8_t e4m3_from_float(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
@@ -84,15 +85,8 @@ uint8_t e4m3_from_float(float value) {
 
 float e4m3_to_float(uint8_t code) { return e4m3_table()[code]; }
 
-void encode_piece(WireFormat format, const float* values, int64_t count, std::byte* out) {
-  if (count == 0) return;
-  if (format == WireFormat::kBf16) {  // ATen's conversion: round to nearest even, vectorised
-    view_of(out, count, at::kBFloat16).copy_(view_of(values, count, at::kFloat));
-    return;
-  }
-  HP_CHECK(format == WireFormat::kFp8E4M3, "encode_piece: no wire encoding for format ", to_string(format));
-  auto* scales = reinterpret_cast<float*>(out);
-  auto* codes = reinterpret_cast<uint8_t*>(out + fp8_blocks(count) * sizeof(float));
+// `count` fp32 values as fp8 blocks: one scale per block of kFp8BlockValues, one code per value.
+void encode_fp8(const float* values, int64_t count, float* scales, uint8_t* codes) {
   for (int64_t block = 0; block < fp8_blocks(count); ++block) {
     const int64_t begin = block * kFp8BlockValues, end = std::min(count, begin + kFp8BlockValues);
     float largest = 0.0f;
@@ -102,9 +96,33 @@ void encode_piece(WireFormat format, const float* values, int64_t count, std::by
       finite &= magnitude <= std::numeric_limits<float>::max();  // false for infinities and NaN
       largest = magnitude > largest ? magnitude : largest;
     }
-    const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : largest > 0.0f ? largest / kE4M3Max : 1.0f;
+    // At least the smallest normal fp32: a block of values near fp32's underflow would otherwise get
+    // a zero or subnormal scale, and 0 / 0 = NaN codes or values off by far more than the bound.
+    const float scale = !finite ? std::numeric_limits<float>::quiet_NaN()
+                                : std::max(largest / kE4M3Max, std::numeric_limits<float>::min());
     scales[block] = scale;
     for (int64_t i = begin; i < end; ++i) codes[i] = e4m3_from_float(values[i] / scale);  // NaN scale: NaN codes
+  }
+}
+
+void encode_piece(WireFormat format, const at::Tensor& piece, std::byte* out) {
+  const int64_t count = piece.numel();
+  if (count == 0) return;
+  if (format == WireFormat::kBf16) {  // ATen's conversion from any dtype: round to nearest even, vectorised
+    view_of(out, count, at::kBFloat16).copy_(piece);
+    return;
+  }
+  HP_CHECK(format == WireFormat::kFp8E4M3, "encode_piece: no wire encoding for format ", to_string(format));
+  auto* scales = reinterpret_cast<float*>(out);
+  auto* codes = reinterpret_cast<uint8_t*>(out + fp8_blocks(count) * sizeof(float));
+  if (piece.scalar_type() == at::kFloat) {
+    encode_fp8(piece.data_ptr<float>(), count, scales, codes);
+  } else {
+    for (int64_t begin = 0; begin < count; begin += kCodecChunkValues) {
+      const int64_t length = std::min(kCodecChunkValues, count - begin);
+      const at::Tensor values = piece.narrow(0, begin, length).to(at::kFloat);
+      encode_fp8(values.data_ptr<float>(), length, scales + begin / kFp8BlockValues, codes + begin);
+    }
   }
   std::memset(codes + count, 0, wire_bytes(format, count) - fp8_blocks(count) * sizeof(float) - count);
 }
@@ -126,6 +144,12 @@ void decode_piece(WireFormat format, const std::byte* in, int64_t count, int64_t
 
 }  // namespace detail
 
+std::optional<WireFormat> wire_format_named(const std::string& name) {
+  for (WireFormat format : {WireFormat::kNative, WireFormat::kBf16, WireFormat::kFp8E4M3})
+    if (to_string(format) == name) return format;
+  return std::nullopt;
+}
+
 int64_t wire_bytes(WireFormat format, int64_t count) {
   switch (format) {
     case WireFormat::kBf16:
@@ -141,9 +165,11 @@ int64_t wire_bytes(WireFormat format, int64_t count) {
 at::Tensor wire_round_trip(const at::Tensor& piece, WireFormat format) {
   HP_CHECK(format != WireFormat::kNative, "wire_round_trip: the native format changes nothing; pass bf16 or fp8_e4m3");
   HP_CHECK(piece.is_floating_point(), "wire_round_trip: needs floating-point values, got ", piece.scalar_type());
-  const at::Tensor values = piece.to(at::kFloat).contiguous();
+  HP_CHECK(piece.device().is_cpu(), "wire_round_trip: the formats are emulated on the CPU; got a tensor on ",
+           piece.device());
+  const at::Tensor values = piece.contiguous().view({-1});
   std::vector<std::byte> bytes(wire_bytes(format, values.numel()));
-  detail::encode_piece(format, values.data_ptr<float>(), values.numel(), bytes.data());
+  detail::encode_piece(format, values, bytes.data());
   at::Tensor back = at::empty(piece.sizes(), at::kFloat);
   detail::decode_piece(format, bytes.data(), values.numel(), 0, values.numel(), back.data_ptr<float>());
   return back;

@@ -5,15 +5,24 @@
 // next piece's scales stay aligned.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
 #include <cstdint>
 
 #include "hp/comm/types.h"
+#include "hp/comm/wire_format.h"
 
 namespace hp::comm::detail {
 
-// `count` fp32 values into wire_bytes(format, count) bytes at `out`.
-void encode_piece(WireFormat format, const float* values, int64_t count, std::byte* out);
+// Values the codec converts to or from fp32 at a time (a multiple of kFp8BlockValues): a piece in
+// another dtype is encoded, and received pieces are decoded, this many values at a time, so that
+// no whole fp32 copy of the data is made.
+constexpr int64_t kCodecChunkValues = 512 * kFp8BlockValues;
+
+// A contiguous 1-D piece of floating-point values (on the CPU) into wire_bytes(format, numel)
+// bytes at `out`.
+void encode_piece(WireFormat format, const at::Tensor& piece, std::byte* out);
 // The inverse, for values [begin, begin + length) of a piece of `count` values encoded at `in`
 // (`begin` a multiple of kFp8BlockValues), into fp32 at `out`.
 void decode_piece(WireFormat format, const std::byte* in, int64_t count, int64_t begin, int64_t length, float* out);

@@ -48,7 +48,8 @@ at::Tensor all_to_all_shards(const at::Tensor& x, const comm::ProcessGroup& grou
 
 }  // namespace
 
-at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst_placements) {
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst_placements,
+                              comm::WireFormat wire) {
   const DeviceMesh& mesh = src.mesh();
   const DTensorSpec dst(mesh, dst_placements, src.shape());  // validates and normalizes
   const std::vector<int64_t> expected = src.local_shape();
@@ -57,6 +58,12 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
            mesh.get_rank());
   const std::vector<int64_t> coordinate = *mesh.get_coordinate();
 
+  // The wire format for reducing `partial`: only sums and averages of floating-point data have one.
+  const auto wire_for = [&](const Placement& partial) {
+    const comm::ReduceOp op = partial.reduce_op();
+    const bool lowered = local.is_floating_point() && (op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg);
+    return lowered ? wire : comm::WireFormat::kNative;
+  };
   at::Tensor x = local;
   Placements current = src.placements();
   for (const RedistributeStep& step : plan_redistribute(src.placements(), dst.placements())) {
@@ -77,11 +84,12 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
         x = x.narrow(step.to.dim(), offset, sizes[c]).contiguous();
         break;
       }
-      case Kind::kAllReduce:
-        x = group.all_reduce(x.clone(), {step.from.reduce_op()});  // never reduce into the caller's tensor
+      case Kind::kAllReduce:  // never reduce into the caller's tensor
+        x = group.all_reduce(x.clone(), {step.from.reduce_op(), wire_for(step.from)});
         break;
       case Kind::kReduceScatter:
-        x = group.reduce_scatter(x, {step.from.reduce_op(), step.to.dim(), pieces_of(step.to.dim())});
+        x = group.reduce_scatter(x,
+                                 {step.from.reduce_op(), step.to.dim(), pieces_of(step.to.dim()), wire_for(step.from)});
         break;
       case Kind::kAllToAll:
         x = all_to_all_shards(x, group, step.from.dim(), step.to.dim(), pieces_of(step.from.dim()),

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "hp/comm/types.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/module.h"
 
@@ -25,7 +26,11 @@ at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placeme
                       std::optional<int64_t> global_last_dim = std::nullopt);
 
 // `x` (DTensor) redistributed to `desired`, then handed on as its local piece if `use_local`.
-at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local);
+// With a `wire` other than native, the redistribution's reductions carry that format, in forward
+// and in backward, and the step is recorded even where `x` already has `desired`: a gradient that
+// comes back Partial is then reduced here, in `wire`, instead of natively by whatever made `x`.
+at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local,
+                   comm::WireFormat wire = comm::WireFormat::kNative);
 
 // Replaces parameter `name` of `module` by a DTensor placed by `placements`. A parameter without
 // storage yet stays without storage (only its local shape is decided); one with values is split

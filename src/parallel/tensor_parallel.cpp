@@ -48,16 +48,16 @@ void check_weight_split(const ParallelStyleBase& style, nn::Module& module, cons
 // Pre-hook: input 0 read as `layout`, redistributed to `desired` (kept a DTensor). `features`:
 // the input's global last dim when the module knows it (a Linear's in_features).
 void lay_out_input(nn::Module& module, const DeviceMesh& mesh, Placement layout, Placement desired, std::string w,
-                   std::optional<int64_t> features = std::nullopt) {
-  module.register_forward_pre_hook([mesh, layout, desired, w, features](nn::Module&, nn::Inputs& in) {
-    in.at(0) = lay_out(as_dtensor(in.at(0), mesh, {layout}, w, features), {desired}, /*use_local=*/false);
+                   comm::WireFormat wire, std::optional<int64_t> features = std::nullopt) {
+  module.register_forward_pre_hook([mesh, layout, desired, w, wire, features](nn::Module&, nn::Inputs& in) {
+    in.at(0) = lay_out(as_dtensor(in.at(0), mesh, {layout}, w, features), {desired}, /*use_local=*/false, wire);
   });
 }
 
 // Post-hook: the output redistributed to `desired`, local if asked.
-void lay_out_output(nn::Module& module, Placement desired, bool use_local) {
-  module.register_forward_hook([desired, use_local](nn::Module&, const nn::Inputs&, at::Tensor& out) {
-    out = lay_out(out, {desired}, use_local);
+void lay_out_output(nn::Module& module, Placement desired, bool use_local, comm::WireFormat wire) {
+  module.register_forward_hook([desired, use_local, wire](nn::Module&, const nn::Inputs&, at::Tensor& out) {
+    out = lay_out(out, {desired}, use_local, wire);
   });
 }
 
@@ -77,9 +77,9 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
   }
-  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn),
+  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn), wire_,
                 linear ? std::optional<int64_t>(linear->in_features) : std::nullopt);
-  lay_out_output(module, output_layout_, use_local_output_);
+  lay_out_output(module, output_layout_, use_local_output_, comm::WireFormat::kNative);  // no reduction
 }
 
 // ---- RowwiseParallel ----------------------------------------------------------------------------
@@ -92,12 +92,14 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   if (auto* linear = dynamic_cast<nn::Linear*>(&module)) {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
     if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Replicate()}, fqn);
-    lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn), linear->in_features);
+    lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn),
+                  comm::WireFormat::kNative, linear->in_features);
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
-    lay_out_input(module, mesh, input_layout_.value_or(Replicate()), Replicate(), where(*this, fqn));
+    lay_out_input(module, mesh, input_layout_.value_or(Replicate()), Replicate(), where(*this, fqn),
+                  comm::WireFormat::kNative);
   }
-  lay_out_output(module, output_layout_, use_local_output_);
+  lay_out_output(module, output_layout_, use_local_output_, wire_);
 }
 
 // ---- SequenceParallel ---------------------------------------------------------------------------
@@ -113,8 +115,8 @@ void SequenceParallel::apply(nn::Module& module, const std::string& fqn, const D
   for (const auto& item : module.named_parameters(/*recurse=*/false))
     distribute_parameter(module, item.key(), mesh, {Replicate()}, fqn);
   const Placement seq = Shard(sequence_dim_);
-  lay_out_input(module, mesh, seq, seq, where(*this, fqn));
-  lay_out_output(module, seq, use_local_output_);
+  lay_out_input(module, mesh, seq, seq, where(*this, fqn), comm::WireFormat::kNative);
+  lay_out_output(module, seq, use_local_output_, comm::WireFormat::kNative);
 }
 
 // ---- PrepareModuleInput / PrepareModuleOutput ---------------------------------------------------
@@ -138,11 +140,11 @@ void PrepareModuleInput::check(nn::Module&, const std::string& fqn, const Device
 
 void PrepareModuleInput::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
   module.register_forward_pre_hook([mesh, layouts = input_layouts_, desired = desired_, local = use_local_output_,
-                                    w = where(*this, fqn)](nn::Module&, nn::Inputs& in) {
+                                    wire = wire_, w = where(*this, fqn)](nn::Module&, nn::Inputs& in) {
     HP_CHECK(in.size() == layouts.size(), w, ": the plan describes ", layouts.size(), " inputs but the module got ",
              in.size());
     for (size_t i = 0; i < in.size(); ++i)
-      if (layouts[i]) in[i] = lay_out(as_dtensor(in[i], mesh, {*layouts[i]}, w), {*desired[i]}, local);
+      if (layouts[i]) in[i] = lay_out(as_dtensor(in[i], mesh, {*layouts[i]}, w), {*desired[i]}, local, wire);
   });
 }
 
@@ -151,9 +153,9 @@ void PrepareModuleOutput::check(nn::Module&, const std::string& fqn, const Devic
 }
 
 void PrepareModuleOutput::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  module.register_forward_hook([mesh, layout = layout_, desired = desired_, local = use_local_output_,
+  module.register_forward_hook([mesh, layout = layout_, desired = desired_, local = use_local_output_, wire = wire_,
                                 w = where(*this, fqn)](nn::Module&, const nn::Inputs&, at::Tensor& out) {
-    out = lay_out(as_dtensor(out, mesh, {layout}, w), {desired}, local);
+    out = lay_out(as_dtensor(out, mesh, {layout}, w), {desired}, local, wire);
   });
 }
 

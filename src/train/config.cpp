@@ -13,6 +13,8 @@
 #include <variant>
 
 #include "hp/comm/failure_report.h"
+#include "hp/comm/wire_format.h"
+
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/data/text_data.h"
@@ -155,6 +157,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("resilience.faults", resilience.faults),
       HP_CONFIG_FIELD("comm.transport", comm_settings.transport),
       HP_CONFIG_FIELD("comm.gradient_wire", comm_settings.gradient_wire),
+      HP_CONFIG_FIELD("comm.tp_wire", comm_settings.tp_wire),
       HP_CONFIG_FIELD("sample.prompt", sample.prompt),
       HP_CONFIG_FIELD("sample.tokens", sample.tokens),
   };
@@ -525,6 +528,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(gradient_wire_of(c) == comm::WireFormat::kNative || c.parallel.dp() * c.parallel.cp > 1,
            "comm.gradient_wire is the format of the gradient reduction across data-parallel ranks, which this run ",
            "does not have: it needs parallel.dp_shard x dp_replicate x cp > 1");
+  HP_CHECK(tp_wire_of(c) == comm::WireFormat::kNative || c.parallel.tp > 1,
+           "comm.tp_wire is the format of tensor parallelism's reductions, which this run does not have: it needs ",
+           "parallel.tp > 1");
 }
 
 comm::Transport transport_of(const TrainConfig& config) {
@@ -533,11 +539,22 @@ comm::Transport transport_of(const TrainConfig& config) {
   HP_FAIL("comm.transport '", config.comm_settings.transport, "' is unknown (available: auto, gloo, shm)");
 }
 
+namespace {
+
+comm::WireFormat wire_format_of(const char* key, const std::string& name) {
+  const std::optional<comm::WireFormat> format = comm::wire_format_named(name);
+  HP_CHECK(format, key, " '", name, "' is unknown (available: native, bf16, fp8_e4m3)");
+  return *format;
+}
+
+}  // namespace
+
 comm::WireFormat gradient_wire_of(const TrainConfig& config) {
-  for (comm::WireFormat f : {comm::WireFormat::kNative, comm::WireFormat::kBf16, comm::WireFormat::kFp8E4M3})
-    if (comm::to_string(f) == config.comm_settings.gradient_wire) return f;
-  HP_FAIL("comm.gradient_wire '", config.comm_settings.gradient_wire,
-          "' is unknown (available: native, bf16, fp8_e4m3)");
+  return wire_format_of("comm.gradient_wire", config.comm_settings.gradient_wire);
+}
+
+comm::WireFormat tp_wire_of(const TrainConfig& config) {
+  return wire_format_of("comm.tp_wire", config.comm_settings.tp_wire);
 }
 
 std::string to_json(const TrainConfig& config) {

@@ -1,5 +1,6 @@
 // Each parallel style on its own layer type against the same layer on one device (values and
 // parameter gradients), including biases and both ways of sharding an embedding.
+#include <hp/comm/comm_debug_mode.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/nn/layers.h>
@@ -58,6 +59,51 @@ TEST(ParallelStyles, EmbeddingRowwiseOverTheVocabulary) {
 
 TEST(ParallelStyles, EmbeddingColwiseOverFeatures) {
   check_style(embedding(), ColwiseParallel().set_output_layouts(Replicate()), kTokens, 4, "colwise embedding");
+}
+
+// What a 2-rank layer gives on rank 0: its output, the gradient of its input, and the collectives
+// it issued.
+struct LayerRun {
+  at::Tensor out, input_grad;
+  std::string collectives;
+};
+
+LayerRun run_linear(const ParallelStyle& style) {
+  LayerRun result;
+  run(2, [&](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+    nn::Linear layer(8, 6, /*bias=*/true);
+    parallelize_module(layer, mesh, {{"", style}});
+    nn::init_parameters(layer, 5);
+    const at::Tensor x = kFeatures.clone().requires_grad_(true);
+    comm::CommDebugMode comm;
+    const at::Tensor out = whole(layer(x));
+    (out * out).sum().backward();
+    if (g.rank() == 0) result = {out.detach(), x.grad(), comm.str()};
+  });
+  return result;
+}
+
+// set_reduce_wire: a Rowwise layer's output all_reduce (forward) and a Colwise layer's reduction of
+// its input's gradient (backward) carry the format and add in fp32: not the native results, within
+// the format's rounding of them (largest difference / largest value at most 1e-2 for bf16, 0.15 for
+// fp8), with the same collectives; the Colwise forward, which reduces nothing, stays bitwise.
+TEST(ParallelStyles, ReductionsOnALowPrecisionWire) {
+  const LayerRun row = run_linear(RowwiseParallel().set_input_layouts(Replicate()));
+  const LayerRun col = run_linear(ColwiseParallel().set_output_layouts(Replicate()));
+  for (comm::WireFormat wire : {comm::WireFormat::kBf16, comm::WireFormat::kFp8E4M3}) {
+    const std::string name = comm::to_string(wire);
+    const double rtol = wire == comm::WireFormat::kBf16 ? 1e-2 : 0.15;
+    const LayerRun row_wire = run_linear(RowwiseParallel().set_input_layouts(Replicate()).set_reduce_wire(wire));
+    EXPECT_FALSE(at::equal(row_wire.out, row.out)) << name << ": the Rowwise output was reduced natively";
+    check_relative(row_wire.out, row.out, "Rowwise output on " + name, rtol);
+    EXPECT_EQ(row_wire.collectives, row.collectives);
+    const LayerRun col_wire = run_linear(ColwiseParallel().set_output_layouts(Replicate()).set_reduce_wire(wire));
+    EXPECT_TRUE(at::equal(col_wire.out, col.out)) << name;
+    EXPECT_FALSE(at::equal(col_wire.input_grad, col.input_grad)) << name << ": the input gradient was reduced natively";
+    check_relative(col_wire.input_grad, col.input_grad, "Colwise input gradient on " + name, rtol);
+    EXPECT_EQ(col_wire.collectives, col.collectives);
+  }
 }
 
 TEST(ParallelStyles, RowwiseInputOfTheWrongWidthIsAnError) {

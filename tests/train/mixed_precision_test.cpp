@@ -91,6 +91,29 @@ TEST(MixedPrecision, GradientsOnALowPrecisionWireFollowTheNativeReduction) {
   }
 }
 
+// comm.tp_wire: tensor parallelism's reductions on a bf16 or fp8 wire, with and without sequence
+// parallelism, follow the native run closely without equalling it, and repeat bitwise.
+TEST(MixedPrecision, TensorParallelReductionsOnALowPrecisionWireFollowTheNativeOnes) {
+  for (const bool sequence_parallel : {false, true}) {
+    auto wire_losses = [&](const std::string& wire, const std::string& run) {
+      TrainConfig c = small_config("tp_wire_" + wire + run + (sequence_parallel ? "_sp" : ""), "fp32");
+      c.parallel.tp = 2;
+      c.sequence_parallel = sequence_parallel;
+      c.comm_settings.tp_wire = wire;
+      return rank0_losses(c, 2);
+    };
+    const std::vector<double> native = wire_losses("native", "");
+    for (const std::string wire : {"bf16", "fp8_e4m3"}) {
+      SCOPED_TRACE(wire + (sequence_parallel ? " with sequence parallel" : ""));
+      const std::vector<double> low = wire_losses(wire, "");
+      ASSERT_EQ(low.size(), native.size());
+      for (size_t i = 0; i < native.size(); ++i) EXPECT_NEAR(low[i], native[i], 2e-2 * native[i]) << "step " << i + 1;
+      EXPECT_NE(low, native) << "the wire format changed nothing";
+      EXPECT_EQ(wire_losses(wire, "_again"), low);
+    }
+  }
+}
+
 // The key's old name still loads (a run's config.json from before the rename).
 TEST(MixedPrecision, TheOldKeyNameIsReadAsTrainDtype) {
   const std::string dir = test::scratch_dir("hp_mixed_precision_old_key");
@@ -116,6 +139,11 @@ TEST(MixedPrecision, BadDtypesAreRefused) {
   c.parallel.dp_shard = 1;
   c.train.mixed_precision_reduce = "fp32";
   test::expect_error([&] { validate(c, 1); }, "comm.gradient_wire is the format of the gradient reduction");
+  c.comm_settings.gradient_wire = "native";
+  c.comm_settings.tp_wire = "bf8";
+  test::expect_error([&] { validate(c, 1); }, "comm.tp_wire 'bf8' is unknown (available: native, bf16, fp8_e4m3)");
+  c.comm_settings.tp_wire = "bf16";
+  test::expect_error([&] { validate(c, 1); }, "comm.tp_wire is the format of tensor parallelism's reductions");
 }
 
 }  // namespace

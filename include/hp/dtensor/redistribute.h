@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/types.h"
 #include "hp/dtensor/spec.h"
 
 namespace hp {
@@ -40,8 +41,11 @@ std::vector<RedistributeStep> plan_redistribute(const Placements& src, const Pla
 // Runs the plan on this rank's piece `local` of a tensor laid out by `src`; returns this rank's
 // piece under `dst`. Collective over the groups of the mesh dims whose placement changes: every
 // rank of the mesh calls it with the same specs, in the same order. Not recorded by autograd (the
-// DTensor layer differentiates redistribute at the global level).
-at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst);
+// DTensor layer differentiates redistribute at the global level). `wire`: the format its
+// reductions (all_reduce, reduce_scatter) of a floating-point Partial(sum / avg) carry
+// (hp/comm/types.h); other reductions and other data travel in their own dtype.
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
+                              comm::WireFormat wire = comm::WireFormat::kNative);
 
 // Moves a tensor between meshes (other ranks, other shapes, other placements) by point-to-point
 // transfers: every rank of the destination receives exactly its piece, from the one source rank

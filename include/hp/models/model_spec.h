@@ -26,6 +26,9 @@ namespace hp::models {
 struct TpOptions {
   bool sequence_parallel = false;
   bool loss_parallel = false;
+  // The format of the plan's reductions of activations and their gradients (set_reduce_wire on the
+  // styles that reduce: hp/parallel/tensor_parallel.h).
+  comm::WireFormat wire = comm::WireFormat::kNative;
 };
 
 // With parallel.pp > 1: the schedule (hp::pp::schedule_by_name) and how many micro-batches it

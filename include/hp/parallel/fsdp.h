@@ -41,9 +41,10 @@ struct MixedPrecisionPolicy {
   // Gradients are reduced in this dtype (default: param_dtype), then cast to the shards' dtype.
   std::optional<at::ScalarType> reduce_dtype;
   // The format gradients travel in between data-parallel ranks (every reduction of the unit: the
-  // reduce-scatter, ZeRO-1's all-reduce, HSDP's all-reduce across replicas). kBf16 / kFp8E4M3
-  // round each rank's gradient to that format, which halves / about quarters the bytes of an fp32
-  // reduction, and add in fp32 in the fixed tree order (docs/collectives.md#low-precision-reductions).
+  // reduce-scatter, ZeRO-1's all-reduce, HSDP's all-reduce across replicas, which rounds the
+  // shard group's result again). kBf16 / kFp8E4M3 round each rank's gradient to that format and
+  // add in fp32 in the fixed tree order: for fp32 gradients, 1/2 / about 1/4 of a reduce-scatter's
+  // bytes, 3/4 / 5/8 of an all-reduce's (docs/collectives.md#low-precision-reductions).
   comm::WireFormat reduce_wire = comm::WireFormat::kNative;
   // The unit's output is cast to this dtype (e.g. fp32 logits for the loss).
   std::optional<at::ScalarType> output_dtype;

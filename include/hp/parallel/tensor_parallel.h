@@ -22,12 +22,18 @@
 #include <utility>
 #include <vector>
 
+#include "hp/comm/types.h"
 #include "hp/dtensor/placement.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
 
 namespace hp {
 
+// Every style's set_reduce_wire(w) makes the reductions of its layout changes (a Rowwise output's
+// all_reduce or reduce_scatter in forward; the reduction of a Colwise or PrepareModuleInput input's
+// gradient in backward) carry the format w and add in fp32 (docs/tensor_parallel.md#low-precision-reductions).
+// Set it where an input is laid out once: on a Colwise layer whose input is a replicated DTensor
+// shared with other layers, it reduces that layer's share of the gradient on its own.
 class ParallelStyleBase {
  public:
   virtual ~ParallelStyleBase() = default;
@@ -53,6 +59,10 @@ class ColwiseParallel : public ParallelStyleBase {
     use_local_output_ = b;
     return *this;
   }
+  ColwiseParallel& set_reduce_wire(comm::WireFormat w) {
+    wire_ = w;
+    return *this;
+  }
   std::string name() const override { return "ColwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -61,6 +71,7 @@ class ColwiseParallel : public ParallelStyleBase {
   Placement input_layout_ = Replicate();
   Placement output_layout_ = Shard(-1);
   bool use_local_output_ = true;
+  comm::WireFormat wire_ = comm::WireFormat::kNative;
 };
 
 // Linear: weight Shard(1) (input features split), bias Replicate; the product is Partial and is
@@ -82,6 +93,10 @@ class RowwiseParallel : public ParallelStyleBase {
     use_local_output_ = b;
     return *this;
   }
+  RowwiseParallel& set_reduce_wire(comm::WireFormat w) {
+    wire_ = w;
+    return *this;
+  }
   std::string name() const override { return "RowwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -90,6 +105,7 @@ class RowwiseParallel : public ParallelStyleBase {
   std::optional<Placement> input_layout_;
   Placement output_layout_ = Replicate();
   bool use_local_output_ = true;
+  comm::WireFormat wire_ = comm::WireFormat::kNative;
 };
 
 // For norms (and dropout) between a Rowwise and a Colwise layer: parameters Replicate, the input
@@ -115,6 +131,10 @@ class PrepareModuleInput : public ParallelStyleBase {
  public:
   PrepareModuleInput(std::vector<std::optional<Placement>> input_layouts,
                      std::vector<std::optional<Placement>> desired_input_layouts, bool use_local_output = false);
+  PrepareModuleInput& set_reduce_wire(comm::WireFormat w) {
+    wire_ = w;
+    return *this;
+  }
   std::string name() const override { return "PrepareModuleInput"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -122,6 +142,7 @@ class PrepareModuleInput : public ParallelStyleBase {
  private:
   std::vector<std::optional<Placement>> input_layouts_, desired_;
   bool use_local_output_;
+  comm::WireFormat wire_ = comm::WireFormat::kNative;
 };
 
 // Lays out a module's output: read as output_layouts (if plain), redistributed to desired.
@@ -129,6 +150,10 @@ class PrepareModuleOutput : public ParallelStyleBase {
  public:
   PrepareModuleOutput(Placement output_layouts, Placement desired_output_layouts, bool use_local_output = true)
       : layout_(output_layouts), desired_(desired_output_layouts), use_local_output_(use_local_output) {}
+  PrepareModuleOutput& set_reduce_wire(comm::WireFormat w) {
+    wire_ = w;
+    return *this;
+  }
   std::string name() const override { return "PrepareModuleOutput"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -136,6 +161,7 @@ class PrepareModuleOutput : public ParallelStyleBase {
  private:
   Placement layout_, desired_;
   bool use_local_output_;
+  comm::WireFormat wire_ = comm::WireFormat::kNative;
 };
 
 // Any style, held by value so plans read as initializer lists.

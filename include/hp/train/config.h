@@ -174,10 +174,12 @@ struct TrainConfig {
   // a host, Gloo across hosts).
   // gradient_wire: the format gradients travel in between data-parallel ranks: native (the
   // dtype of train.mixed_precision_reduce), bf16 or fp8_e4m3, added in fp32
-  // (docs/collectives.md#low-precision-reductions).
+  // (docs/collectives.md#low-precision-reductions). tp_wire: the same for tensor parallelism's
+  // reductions of activations and their gradients.
   struct Comm {
     std::string transport = "auto";
     std::string gradient_wire = "native";
+    std::string tp_wire = "native";
   } comm_settings;
 
   struct Sample {
@@ -205,6 +207,8 @@ void validate(const TrainConfig& config, int64_t world_size);
 comm::Transport transport_of(const TrainConfig& config);
 // comm.gradient_wire as the FSDP units' reduce_wire.
 comm::WireFormat gradient_wire_of(const TrainConfig& config);
+// comm.tp_wire as the tensor-parallel plan's wire.
+comm::WireFormat tp_wire_of(const TrainConfig& config);
 
 // The whole configuration as a JSON string (every key, defaults included).
 std::string to_json(const TrainConfig& config);

@@ -31,28 +31,31 @@ void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, Lla
 ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
   // Between blocks the residual stream is replicated, or sharded on the sequence dim with SP.
   const Placement between = o.sequence_parallel ? Shard(1) : Replicate();
+  // o.wire goes where the plan reduces: Rowwise outputs in forward, and in backward the gradients of
+  // inputs laid out once (the LM head's, and attention's and the MLP's through PrepareModuleInput).
   ParallelizePlan plan = {
-      {"embed", RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(between)},
+      {"embed", RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(between).set_reduce_wire(o.wire)},
       {"layers.*.attn.q_proj", ColwiseParallel()},
       {"layers.*.attn.k_proj", ColwiseParallel()},
       {"layers.*.attn.v_proj", ColwiseParallel()},
-      {"layers.*.attn.o_proj", RowwiseParallel().set_output_layouts(between)},
+      {"layers.*.attn.o_proj", RowwiseParallel().set_output_layouts(between).set_reduce_wire(o.wire)},
       {"output", ColwiseParallel()
                      .set_input_layouts(between)
                      .set_output_layouts(o.loss_parallel ? Shard(-1) : Replicate())
-                     .set_use_local_output(!o.loss_parallel)},
+                     .set_use_local_output(!o.loss_parallel)
+                     .set_reduce_wire(o.wire)},
   };
   if (o.sequence_parallel)
     for (const char* norm : {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"})
       plan.push_back({norm, SequenceParallel()});
   // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
   // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
-  plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()})});
+  plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
   if (mlp == LlamaMlp::kDense) {
     plan.push_back({"layers.*.mlp.gate", ColwiseParallel()});
     plan.push_back({"layers.*.mlp.up", ColwiseParallel()});
-    plan.push_back({"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between)});
-    plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()})});
+    plan.push_back({"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between).set_reduce_wire(o.wire)});
+    plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
   } else {
     // This rank's tokens in (a local tensor: the MLP has no DTensor parameters), the stream's
     // layout out.
