@@ -30,7 +30,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-
 #include <sstream>
 #include <string>
 #include <vector>

@@ -227,9 +227,10 @@ at::Tensor exchange_rows(const CollectiveSite& site, const at::Tensor& input, co
 }
 
 // Every collective takes the group's next sequence number (failure reports match ranks by it)
-// and is counted by the caller's CommDebugMode, with the bytes this rank puts in.
-CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes) {
-  note_collective(op, bytes, g.size());
+// and is counted by the caller's CommDebugMode, with the bytes this rank puts in (and whether they
+// travel in a low-precision wire format).
+CollectiveSite new_site(GroupImpl& g, const char* op, int64_t bytes, WireFormat wire = WireFormat::kNative) {
+  note_collective(op, bytes, g.size(), wire != WireFormat::kNative);
   return CollectiveSite{&g, op, g.next_seq++};
 }
 
@@ -285,29 +286,37 @@ void check_peer(const char* op, const GroupImpl& g, int peer) {
 
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
-// The receive buffer of a composed reduction (n pieces of `count` values, encoded when on a wire),
-// which a fake world's group keeps as a real one would, for a dry run's memory report; on a wire
-// also the encoded input, for as long as the exchange holds it.
-void reserve_receive_buffer(GroupImpl& g, const at::Tensor& like, int64_t count, WireFormat wire) {
+// The buffers of a composed reduction of `like` (this rank's piece: `count` values), which a fake
+// world's group allocates as a real one would, for a dry run's memory report: the receive buffer
+// the group keeps; on a wire also, held together as reduce_scatter_on_wire holds them, the
+// encoded input, the fp32 sum and the decoded columns.
+void reserve_reduction_buffers(GroupImpl& g, const at::Tensor& like, int64_t count, WireFormat wire) {
   if (wire == WireFormat::kNative) {
     g.scratch({g.size() * count}, like.scalar_type(), like.device());
     return;
   }
+  const auto on_its_device = [&](at::ScalarType dtype) {
+    return at::TensorOptions().dtype(dtype).device(like.device());
+  };
+  const at::Tensor encoded = at::empty({wire_bytes(wire, like.numel())}, on_its_device(at::kByte));
   g.scratch({g.size() * wire_bytes(wire, count)}, at::kByte, like.device());
-  at::empty({wire_bytes(wire, like.numel())}, at::TensorOptions().dtype(at::kByte).device(like.device()));
+  const at::Tensor sum = at::empty({count}, on_its_device(at::kFloat));
+  const at::Tensor decoded =
+      at::empty({g.size(), std::min(count, detail::kCodecChunkValues)}, on_its_device(at::kFloat));
 }
 
 // A collective of a fake world's group: counted and numbered like any other, done at once.
-Work fake_result(GroupImpl& g, const char* op, int64_t bytes, at::Tensor result) {
-  new_site(g, op, bytes);
+Work fake_result(GroupImpl& g, const char* op, int64_t bytes, at::Tensor result,
+                 WireFormat wire = WireFormat::kNative) {
+  new_site(g, op, bytes, wire);
   return ready(std::move(result));
 }
 
 enum class Wait { kAsync, kBlocking };
 
 Work issue_composed(const std::shared_ptr<GroupImpl>& g, const char* op, int64_t bytes, Wait wait,
-                    std::function<at::Tensor(const CollectiveSite&)> run) {
-  const CollectiveSite site = new_site(*g, op, bytes);
+                    std::function<at::Tensor(const CollectiveSite&)> run, WireFormat wire = WireFormat::kNative) {
+  const CollectiveSite site = new_site(*g, op, bytes, wire);
   if (wait == Wait::kBlocking) {
     if (auto done = g->queue.run_if_idle([&] { return run(site); })) return ready(*done);
   }
@@ -406,11 +415,11 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
   const bool backend_reduces = g.fake ? shim::gloo_reduces(tensor.scalar_type(), native_op)
                                       : shim::can_reduce(*g.native, tensor.scalar_type(), native_op);
   if (g.fake) {
-    if (on_wire)  // the gather leg's buffer, in the tensor's dtype, is the larger
-      reserve_receive_buffer(g, tensor, chunk_sizes(tensor.numel(), n)[0], opts.wire);
+    // On a wire: the reduce-scatter leg's buffers, then the gather leg's receive buffer (the larger).
+    if (on_wire) reserve_reduction_buffers(g, tensor, chunk_sizes(tensor.numel(), n)[0], opts.wire);
     if (ordered_sum || !backend_reduces || on_wire)
-      reserve_receive_buffer(g, tensor, chunk_sizes(tensor.numel(), n)[0], WireFormat::kNative);
-    return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n));
+      reserve_reduction_buffers(g, tensor, chunk_sizes(tensor.numel(), n)[0], WireFormat::kNative);
+    return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n), opts.wire);
   }
   if (!ordered_sum && !on_wire && !over_shm(g, tensor) && backend_reduces) {
     Step step = in_place_step(
@@ -419,7 +428,8 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
     return issue_native(impl, new_site(*impl, "all_reduce", tensor.nbytes()), std::move(step));
   }
   return issue_composed(
-      impl, "all_reduce", tensor.nbytes(), wait, [tensor, op = opts.op, wire = opts.wire](const CollectiveSite& site) {
+      impl, "all_reduce", tensor.nbytes(), wait,
+      [tensor, op = opts.op, wire = opts.wire](const CollectiveSite& site) {
         GroupImpl& g = *site.group;
         const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), g.size());
         at::Tensor mine = reduce_scatter_dim0(site, tensor.reshape({-1}), pieces, op, wire);
@@ -431,7 +441,8 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
         at::Tensor full = gather_rows(site, mine, pieces, gather_buffer);
         tensor.copy_(full.view(tensor.sizes()));  // copied out at once: `full` may alias the scratch buffer
         return tensor;
-      });
+      },
+      opts.wire);
 }
 
 Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, ReduceScatterOptions opts,
@@ -461,18 +472,20 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   at::Tensor x0 = to_dim0(input, dim);
   const int64_t bytes = input.nbytes();
   if (g.fake) {
-    reserve_receive_buffer(g, x0, sizes[g.rank] * row_numel(x0), opts.wire);
+    reserve_reduction_buffers(g, x0, sizes[g.rank] * row_numel(x0), opts.wire);
     at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);
-    return fake_result(g, "reduce_scatter", bytes, out.defined() ? out.copy_(piece) : piece);
+    return fake_result(g, "reduce_scatter", bytes, out.defined() ? out.copy_(piece) : piece, opts.wire);
   }
-  return issue_composed(impl, "reduce_scatter", bytes, wait,
-                        [x0, sizes, dim, op = opts.op, wire = opts.wire, out](const CollectiveSite& site) {
-                          if (out.defined()) {
-                            reduce_scatter_dim0(site, x0, sizes, op, wire, dim == 0 ? out : out.movedim(dim, 0));
-                            return out;
-                          }
-                          return from_dim0(reduce_scatter_dim0(site, x0, sizes, op, wire), dim);
-                        });
+  return issue_composed(
+      impl, "reduce_scatter", bytes, wait,
+      [x0, sizes, dim, op = opts.op, wire = opts.wire, out](const CollectiveSite& site) {
+        if (out.defined()) {
+          reduce_scatter_dim0(site, x0, sizes, op, wire, dim == 0 ? out : out.movedim(dim, 0));
+          return out;
+        }
+        return from_dim0(reduce_scatter_dim0(site, x0, sizes, op, wire), dim);
+      },
+      opts.wire);
 }
 
 Work all_gather_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& input, AllGatherOptions opts, Wait wait,

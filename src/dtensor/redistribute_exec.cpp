@@ -58,11 +58,12 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
            mesh.get_rank());
   const std::vector<int64_t> coordinate = *mesh.get_coordinate();
 
-  // The wire format for reducing `partial`: only sums and averages of floating-point data have one.
+  // The wire format for reducing `partial`: only sums and averages of fp32, bf16 or fp16 data have one.
+  const at::ScalarType dtype = local.scalar_type();
+  const bool carried = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
   const auto wire_for = [&](const Placement& partial) {
     const comm::ReduceOp op = partial.reduce_op();
-    const bool lowered = local.is_floating_point() && (op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg);
-    return lowered ? wire : comm::WireFormat::kNative;
+    return carried && (op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg) ? wire : comm::WireFormat::kNative;
   };
   at::Tensor x = local;
   Placements current = src.placements();

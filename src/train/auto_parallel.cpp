@@ -73,6 +73,24 @@ std::string PlannedLayout::describe() const {
   return out.str();
 }
 
+namespace {
+
+// `overrides` of a layout with dims d (dp_replicate, dp_shard, tp, pp, cp), plus what keeps the
+// config's settings of reductions the layout does not have from refusing it: a data-parallel
+// gradient dtype or wire without data parallelism, a tensor-parallel wire without tensor
+// parallelism (validate refuses each, rather than ignore it).
+std::vector<std::string> with_reductions_of(const TrainConfig& c, const std::vector<int64_t>& d,
+                                            std::vector<std::string> overrides) {
+  if (d[0] * d[1] * d[4] == 1) {
+    if (c.train.mixed_precision_reduce != "fp32") overrides.push_back("train.mixed_precision_reduce=fp32");
+    if (c.comm_settings.gradient_wire != "native") overrides.push_back("comm.gradient_wire=native");
+  }
+  if (d[2] == 1 && c.comm_settings.tp_wire != "native") overrides.push_back("comm.tp_wire=native");
+  return overrides;
+}
+
+}  // namespace
+
 std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, const PlanOptions& o) {
   HP_CHECK(o.world_size >= 1, "hp-plan: the world size must be >= 1, got ", o.world_size);
   HP_CHECK(o.micro_batch_choices >= 1, "hp-plan: micro_batch_choices must be >= 1");
@@ -106,13 +124,14 @@ std::vector<std::vector<std::string>> candidate_layouts(const TrainConfig& c, co
         for (int64_t m : micro)
           for (const std::string& checkpoint : o.checkpointing)
             if (pp == 1 || pruned.at({pp, per_rank / m}).count(schedule))
-              out.push_back({"parallel.dp_replicate=" + std::to_string(d[0]),
-                             "parallel.dp_shard=" + std::to_string(d[1]), "parallel.tp=" + std::to_string(d[2]),
-                             "parallel.pp=" + std::to_string(pp), "parallel.cp=" + std::to_string(d[4]),
-                             "parallel.ep=" + std::to_string(ep),
-                             std::string("parallel.sequence_parallel=") + (d[2] > 1 ? "true" : "false"),
-                             "parallel.pp_schedule=" + schedule, "train.micro_batch=" + std::to_string(m),
-                             "memory.checkpoint=" + checkpoint});
+              out.push_back(with_reductions_of(
+                  c, d,
+                  {"parallel.dp_replicate=" + std::to_string(d[0]), "parallel.dp_shard=" + std::to_string(d[1]),
+                   "parallel.tp=" + std::to_string(d[2]), "parallel.pp=" + std::to_string(pp),
+                   "parallel.cp=" + std::to_string(d[4]), "parallel.ep=" + std::to_string(ep),
+                   std::string("parallel.sequence_parallel=") + (d[2] > 1 ? "true" : "false"),
+                   "parallel.pp_schedule=" + schedule, "train.micro_batch=" + std::to_string(m),
+                   "memory.checkpoint=" + checkpoint}));
   }
   return out;
 }

@@ -61,6 +61,8 @@ std::optional<TrainConfig> laid_out(TrainConfig c, const ParallelDims& dims, int
     c.train.micro_batch = std::min(c.train.micro_batch, c.train.global_batch / dims.dp());
   c.loss_parallel = false;
   c.pp_layers_per_stage.clear();
+  // The cost model prices native collectives: calibrate those.
+  c.comm_settings.gradient_wire = c.comm_settings.tp_wire = "native";
   try {
     validate(c, world_size);
   } catch (const Error&) {

@@ -14,7 +14,6 @@
 
 #include "hp/comm/failure_report.h"
 #include "hp/comm/wire_format.h"
-
 #include "hp/core/error.h"
 #include "hp/core/log.h"
 #include "hp/data/text_data.h"

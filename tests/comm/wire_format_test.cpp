@@ -97,6 +97,11 @@ TEST(WireFormat, RoundTripsStayWithinTheirFormatsBounds) {
   EXPECT_EQ(comm::wire_bytes(WireFormat::kFp8E4M3, 129), 2 * 4 + 132);
   EXPECT_EQ(comm::wire_bytes(WireFormat::kBf16, 129), 258);
   EXPECT_EQ(comm::wire_format_named("fp8_e4m3"), WireFormat::kFp8E4M3);
+  // A bf16 piece is encoded to fp8 by chunks converted to fp32 in turn: the same codes and scales
+  // as the whole piece converted at once, across chunk boundaries (65,536 values each).
+  const at::Tensor long_bf16 = at::randn({140001}, at::make_generator<at::CPUGeneratorImpl>(8)).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(comm::wire_round_trip(long_bf16, WireFormat::kFp8E4M3),
+                        comm::wire_round_trip(long_bf16.to(at::kFloat), WireFormat::kFp8E4M3)));
   EXPECT_FALSE(comm::wire_format_named("fp8"));
 }
 

@@ -62,10 +62,10 @@ TEST(ParallelStyles, EmbeddingColwiseOverFeatures) {
 }
 
 // What a 2-rank layer gives on rank 0: its output, the gradient of its input, and the collectives
-// it issued.
+// it issued (how many, their bytes, how many on a low-precision wire).
 struct LayerRun {
   at::Tensor out, input_grad;
-  std::string collectives;
+  int64_t collectives = 0, bytes = 0, on_wire = 0;
 };
 
 LayerRun run_linear(const ParallelStyle& style) {
@@ -79,7 +79,9 @@ LayerRun run_linear(const ParallelStyle& style) {
     comm::CommDebugMode comm;
     const at::Tensor out = whole(layer(x));
     (out * out).sum().backward();
-    if (g.rank() == 0) result = {out.detach(), x.grad(), comm.str()};
+    if (g.rank() == 0)
+      result = {out.detach(), x.grad(), comm.total(), comm.total_bytes(),
+                comm.on_wire("all_reduce") + comm.on_wire("reduce_scatter")};
   });
   return result;
 }
@@ -87,10 +89,12 @@ LayerRun run_linear(const ParallelStyle& style) {
 // set_reduce_wire: a Rowwise layer's output all_reduce (forward) and a Colwise layer's reduction of
 // its input's gradient (backward) carry the format and add in fp32: not the native results, within
 // the format's rounding of them (largest difference / largest value at most 1e-2 for bf16, 0.15 for
-// fp8), with the same collectives; the Colwise forward, which reduces nothing, stays bitwise.
+// fp8), with the same collectives, the one reduction on the wire; the Colwise forward, which
+// reduces nothing, stays bitwise.
 TEST(ParallelStyles, ReductionsOnALowPrecisionWire) {
   const LayerRun row = run_linear(RowwiseParallel().set_input_layouts(Replicate()));
   const LayerRun col = run_linear(ColwiseParallel().set_output_layouts(Replicate()));
+  EXPECT_EQ(row.on_wire + col.on_wire, 0);
   for (comm::WireFormat wire : {comm::WireFormat::kBf16, comm::WireFormat::kFp8E4M3}) {
     const std::string name = comm::to_string(wire);
     const double rtol = wire == comm::WireFormat::kBf16 ? 1e-2 : 0.15;
@@ -98,11 +102,14 @@ TEST(ParallelStyles, ReductionsOnALowPrecisionWire) {
     EXPECT_FALSE(at::equal(row_wire.out, row.out)) << name << ": the Rowwise output was reduced natively";
     check_relative(row_wire.out, row.out, "Rowwise output on " + name, rtol);
     EXPECT_EQ(row_wire.collectives, row.collectives);
+    EXPECT_EQ(row_wire.bytes, row.bytes);
+    EXPECT_EQ(row_wire.on_wire, 1);
     const LayerRun col_wire = run_linear(ColwiseParallel().set_output_layouts(Replicate()).set_reduce_wire(wire));
     EXPECT_TRUE(at::equal(col_wire.out, col.out)) << name;
     EXPECT_FALSE(at::equal(col_wire.input_grad, col.input_grad)) << name << ": the input gradient was reduced natively";
     check_relative(col_wire.input_grad, col.input_grad, "Colwise input gradient on " + name, rtol);
     EXPECT_EQ(col_wire.collectives, col.collectives);
+    EXPECT_EQ(col_wire.on_wire, 1);
   }
 }
 

@@ -367,6 +367,23 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   for (const std::vector<std::string>& overrides : candidate_layouts(c, mixed))
     interleaved += std::count(overrides.begin(), overrides.end(), "parallel.pp_schedule=interleaved");
   EXPECT_GT(interleaved, 0u);
+  // Settings of reductions a layout does not have are reset in that layout, so that it is tried
+  // rather than refused: a tensor-parallel wire where tp is 1, a data-parallel one where dp is 1.
+  TrainConfig wired = c;
+  wired.comm_settings.tp_wire = "bf16";
+  wired.comm_settings.gradient_wire = "fp8_e4m3";
+  const std::vector<std::vector<std::string>> wired_layouts = candidate_layouts(wired, options);
+  ASSERT_EQ(wired_layouts.size(), 36u);
+  for (const std::vector<std::string>& overrides : wired_layouts) {
+    const TrainConfig laid = parse_config(to_json(wired), overrides);
+    try {
+      validate(laid, 2);
+    } catch (const Error& e) {  // for other reasons (a dense model's ep 2, layers per stage), not the wires
+      EXPECT_EQ(std::string(e.what()).find("wire"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(laid.comm_settings.tp_wire, laid.parallel.tp > 1 ? "bf16" : "native");
+    EXPECT_EQ(laid.comm_settings.gradient_wire, laid.parallel.dp() * laid.parallel.cp > 1 ? "fp8_e4m3" : "native");
+  }
   // Checkpointing is the search's: hp-train's choice per block is refused, not silently dropped.
   TrainConfig budget = c;
   budget.memory.budget_mb = 100;

@@ -30,6 +30,8 @@ class CommDebugMode {
   int64_t total() const;
   // Bytes this rank put into collectives named `op` (the input tensors' sizes).
   int64_t bytes(const std::string& op) const;
+  // Of the collectives named `op`, those whose data travelled in a low-precision WireFormat.
+  int64_t on_wire(const std::string& op) const;
   int64_t total_bytes() const;
   std::string str() const;  // e.g. "all_gather x2 (4096 B), all_reduce x1 (512 B)"
 
@@ -40,15 +42,16 @@ class CommDebugMode {
 
  private:
   struct Tally {
-    int64_t count = 0, bytes = 0;
+    int64_t count = 0, bytes = 0, on_wire = 0;
   };
-  friend void note_collective(const char* op, int64_t bytes, int group_size);
+  friend void note_collective(const char* op, int64_t bytes, int group_size, bool on_wire);
   std::map<std::string, Tally> tallies_;
   Listener listener_;
   CommDebugMode* outer_;
 };
 
-// Called by the process group for every collective it issues, on a group of `group_size` ranks.
-void note_collective(const char* op, int64_t bytes, int group_size);
+// Called by the process group for every collective it issues, on a group of `group_size` ranks;
+// `on_wire`: its data travels in a low-precision WireFormat.
+void note_collective(const char* op, int64_t bytes, int group_size, bool on_wire = false);
 
 }  // namespace hp::comm

@@ -42,7 +42,7 @@ std::vector<RedistributeStep> plan_redistribute(const Placements& src, const Pla
 // piece under `dst`. Collective over the groups of the mesh dims whose placement changes: every
 // rank of the mesh calls it with the same specs, in the same order. Not recorded by autograd (the
 // DTensor layer differentiates redistribute at the global level). `wire`: the format its
-// reductions (all_reduce, reduce_scatter) of a floating-point Partial(sum / avg) carry
+// reductions (all_reduce, reduce_scatter) of a Partial(sum / avg) of fp32, bf16 or fp16 data carry
 // (hp/comm/types.h); other reductions and other data travel in their own dtype.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
                               comm::WireFormat wire = comm::WireFormat::kNative);

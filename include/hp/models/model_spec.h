@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "hp/comm/types.h"
 #include "hp/core/error.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/models/model_parts.h"

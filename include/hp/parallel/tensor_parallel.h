@@ -29,7 +29,7 @@
 
 namespace hp {
 
-// Every style's set_reduce_wire(w) makes the reductions of its layout changes (a Rowwise output's
+// The styles that reduce have set_reduce_wire(w): it makes the reductions of their layout changes (a Rowwise output's
 // all_reduce or reduce_scatter in forward; the reduction of a Colwise or PrepareModuleInput input's
 // gradient in backward) carry the format w and add in fp32 (docs/tensor_parallel.md#low-precision-reductions).
 // Set it where an input is laid out once: on a Colwise layer whose input is a replicated DTensor

@@ -174,8 +174,8 @@ struct TrainConfig {
   // a host, Gloo across hosts).
   // gradient_wire: the format gradients travel in between data-parallel ranks: native (the
   // dtype of train.mixed_precision_reduce), bf16 or fp8_e4m3, added in fp32
-  // (docs/collectives.md#low-precision-reductions). tp_wire: the same for tensor parallelism's
-  // reductions of activations and their gradients.
+  // (docs/collectives.md#low-precision-reductions). tp_wire: the same for the reductions of tensor
+  // parallelism's layers, activations and their gradients (docs/tensor_parallel.md).
   struct Comm {
     std::string transport = "auto";
     std::string gradient_wire = "native";
