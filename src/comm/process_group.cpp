@@ -286,23 +286,26 @@ void check_peer(const char* op, const GroupImpl& g, int peer) {
 
 Work ready(at::Tensor t) { return Work(std::make_shared<detail::ReadyWorkState>(std::move(t))); }
 
-// The buffers of a composed reduction of `like` (this rank's piece: `count` values), which a fake
-// world's group allocates as a real one would, for a dry run's memory report: the receive buffer
-// the group keeps; on a wire also, held together as reduce_scatter_on_wire holds them, the
-// encoded input, the fp32 sum and the decoded columns.
-void reserve_reduction_buffers(GroupImpl& g, const at::Tensor& like, int64_t count, WireFormat wire) {
+// The buffers of a composed reduction of `like` in pieces of counts[r] values (this rank receives
+// `received` values from each member), which a fake world's group allocates as a real one would,
+// for a dry run's memory report: the receive buffer the group keeps; on a wire also, held together
+// as reduce_scatter_on_wire holds them, the encoded input, the fp32 sum and the decoded columns.
+void reserve_reduction_buffers(GroupImpl& g, const at::Tensor& like, const std::vector<int64_t>& counts,
+                               int64_t received, WireFormat wire) {
   if (wire == WireFormat::kNative) {
-    g.scratch({g.size() * count}, like.scalar_type(), like.device());
+    g.scratch({g.size() * received}, like.scalar_type(), like.device());
     return;
   }
   const auto on_its_device = [&](at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(like.device());
   };
-  const at::Tensor encoded = at::empty({wire_bytes(wire, like.numel())}, on_its_device(at::kByte));
-  g.scratch({g.size() * wire_bytes(wire, count)}, at::kByte, like.device());
-  const at::Tensor sum = at::empty({count}, on_its_device(at::kFloat));
+  int64_t encoded_bytes = 0;
+  for (int64_t count : counts) encoded_bytes += wire_bytes(wire, count);
+  const at::Tensor encoded = at::empty({encoded_bytes}, on_its_device(at::kByte));
+  const at::Tensor pieces = g.scratch({g.size() * wire_bytes(wire, received)}, at::kByte, like.device());
+  const at::Tensor sum = at::empty({received}, on_its_device(at::kFloat));
   const at::Tensor decoded =
-      at::empty({g.size(), std::min(count, detail::kCodecChunkValues)}, on_its_device(at::kFloat));
+      at::empty({g.size(), std::min(received, detail::kCodecChunkValues)}, on_its_device(at::kFloat));
 }
 
 // A collective of a fake world's group: counted and numbered like any other, done at once.
@@ -416,9 +419,10 @@ Work all_reduce_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tensor& t
                                       : shim::can_reduce(*g.native, tensor.scalar_type(), native_op);
   if (g.fake) {
     // On a wire: the reduce-scatter leg's buffers, then the gather leg's receive buffer (the larger).
-    if (on_wire) reserve_reduction_buffers(g, tensor, chunk_sizes(tensor.numel(), n)[0], opts.wire);
-    if (ordered_sum || !backend_reduces || on_wire)
-      reserve_reduction_buffers(g, tensor, chunk_sizes(tensor.numel(), n)[0], WireFormat::kNative);
+    const std::vector<int64_t> pieces = chunk_sizes(tensor.numel(), n);
+    if (on_wire) reserve_reduction_buffers(g, tensor, pieces, pieces[g.rank], opts.wire);
+    if (ordered_sum || !backend_reduces || on_wire)  // pieces[0] is the widest
+      reserve_reduction_buffers(g, tensor, pieces, pieces[0], WireFormat::kNative);
     return fake_result(g, "all_reduce", tensor.nbytes(), detail::fake::all_reduce(tensor, opts.op, n), opts.wire);
   }
   if (!ordered_sum && !on_wire && !over_shm(g, tensor) && backend_reduces) {
@@ -472,7 +476,8 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   at::Tensor x0 = to_dim0(input, dim);
   const int64_t bytes = input.nbytes();
   if (g.fake) {
-    reserve_reduction_buffers(g, x0, sizes[g.rank] * row_numel(x0), opts.wire);
+    const std::vector<int64_t> counts = values_in_rows(sizes, row_numel(x0));
+    reserve_reduction_buffers(g, x0, counts, counts[g.rank], opts.wire);
     at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);
     return fake_result(g, "reduce_scatter", bytes, out.defined() ? out.copy_(piece) : piece, opts.wire);
   }

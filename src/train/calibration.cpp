@@ -61,8 +61,10 @@ std::optional<TrainConfig> laid_out(TrainConfig c, const ParallelDims& dims, int
     c.train.micro_batch = std::min(c.train.micro_batch, c.train.global_batch / dims.dp());
   c.loss_parallel = false;
   c.pp_layers_per_stage.clear();
-  // The cost model prices native collectives: calibrate those.
+  // The cost model prices native collectives: calibrate those. Without data parallelism there is
+  // no gradient reduction to give a dtype (validate refuses one).
   c.comm_settings.gradient_wire = c.comm_settings.tp_wire = "native";
+  if (dims.dp() * dims.cp == 1) c.train.mixed_precision_reduce = "fp32";
   try {
     validate(c, world_size);
   } catch (const Error&) {

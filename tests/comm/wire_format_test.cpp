@@ -1,6 +1,8 @@
 // Low-precision reductions (WireFormat): the e4m3 codec against its definition, the round trip's
 // error bounds, and all_reduce / reduce_scatter equal to the fp32 tree sum of the rounded inputs,
 // bitwise, over Gloo and over shared memory.
+#include <hp/comm/comm_debug_mode.h>
+#include <hp/comm/init.h>
 #include <hp/comm/process_group.h>
 #include <hp/comm/tree_reduce.h>
 #include <hp/comm/wire_format.h>
@@ -244,6 +246,31 @@ TEST(LowPrecision, ErrorAgainstTheExactSumIsWithinTheFormatsBound) {
             .item<double>();
     EXPECT_LT(wire_error, native_error * 0.9) << "bf16 on a bf16 wire should add in fp32";
   });
+}
+
+// CommDebugMode counts the reductions that travel on a wire, blocking and async, and a fake world's
+// groups (a dry run's) count them alike.
+TEST(LowPrecision, CommDebugModeCountsTheReductionsOnAWire) {
+  run(2, [](const ProcessGroup& g) {
+    comm::CommDebugMode comm;
+    g.all_reduce_async(at::ones({4}), {ReduceOp::kSum, WireFormat::kFp8E4M3}).wait();
+    g.all_reduce(at::ones({4}));
+    comm::ReduceScatterOptions rs;
+    rs.wire = WireFormat::kBf16;
+    g.reduce_scatter_async(at::ones({4}), rs).wait();
+    EXPECT_EQ(comm.count("all_reduce"), 2);
+    EXPECT_EQ(comm.on_wire("all_reduce"), 1);
+    EXPECT_EQ(comm.on_wire("reduce_scatter"), 1);
+    EXPECT_NE(comm.str().find("all_reduce x2 (32 B, 1 on a low-precision wire)"), std::string::npos) << comm.str();
+  });
+  const ProcessGroup fake = comm::fake_world(4, 1);
+  comm::CommDebugMode comm;
+  fake.all_reduce(at::ones({8}), {ReduceOp::kSum, WireFormat::kBf16});
+  comm::ReduceScatterOptions rs;
+  rs.wire = WireFormat::kFp8E4M3;
+  fake.reduce_scatter(at::ones({8}), rs);
+  EXPECT_EQ(comm.on_wire("all_reduce"), 1);
+  EXPECT_EQ(comm.on_wire("reduce_scatter"), 1);
 }
 
 TEST(LowPrecision, RefusesWhatItCannotCarry) {

@@ -372,6 +372,7 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
   TrainConfig wired = c;
   wired.comm_settings.tp_wire = "bf16";
   wired.comm_settings.gradient_wire = "fp8_e4m3";
+  wired.train.mixed_precision_reduce = "bf16";
   const std::vector<std::vector<std::string>> wired_layouts = candidate_layouts(wired, options);
   ASSERT_EQ(wired_layouts.size(), 36u);
   for (const std::vector<std::string>& overrides : wired_layouts) {
@@ -380,9 +381,11 @@ TEST(AutoParallel, RanksEveryLayoutTheConfigAllows) {
       validate(laid, 2);
     } catch (const Error& e) {  // for other reasons (a dense model's ep 2, layers per stage), not the wires
       EXPECT_EQ(std::string(e.what()).find("wire"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("mixed_precision_reduce"), std::string::npos) << e.what();
     }
     EXPECT_EQ(laid.comm_settings.tp_wire, laid.parallel.tp > 1 ? "bf16" : "native");
     EXPECT_EQ(laid.comm_settings.gradient_wire, laid.parallel.dp() * laid.parallel.cp > 1 ? "fp8_e4m3" : "native");
+    EXPECT_EQ(laid.train.mixed_precision_reduce, laid.parallel.dp() * laid.parallel.cp > 1 ? "bf16" : "fp32");
   }
   // Checkpointing is the search's: hp-train's choice per block is refused, not silently dropped.
   TrainConfig budget = c;

@@ -33,7 +33,8 @@ class CommDebugMode {
   // Of the collectives named `op`, those whose data travelled in a low-precision WireFormat.
   int64_t on_wire(const std::string& op) const;
   int64_t total_bytes() const;
-  std::string str() const;  // e.g. "all_gather x2 (4096 B), all_reduce x1 (512 B)"
+  // e.g. "all_gather x2 (4096 B), all_reduce x1 (512 B, 1 on a low-precision wire)"
+  std::string str() const;
 
   // Also tells `listener` of each collective as it is issued: its name, the bytes this rank puts
   // in, and the size of its group (a cost model's recorder sorts them by phase).
