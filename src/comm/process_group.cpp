@@ -110,6 +110,13 @@ std::vector<int64_t> values_in_rows(std::vector<int64_t> sizes, int64_t row) {
   return sizes;
 }
 
+// The bytes pieces of counts[r] values take on a low-precision wire.
+std::vector<int64_t> wire_bytes_of(WireFormat wire, const std::vector<int64_t>& counts) {
+  std::vector<int64_t> bytes;
+  for (int64_t count : counts) bytes.push_back(wire_bytes(wire, count));
+  return bytes;
+}
+
 // A new output of a shared-memory collective, its pages mapped in one call (MADV_POPULATE_WRITE)
 // rather than by one page fault each as the received bytes land: on a virtual machine a fault
 // taken in user space costs microseconds (bench/RESULTS.md). Before Linux 5.14 the call fails and
@@ -299,9 +306,7 @@ void reserve_reduction_buffers(GroupImpl& g, const at::Tensor& like, const std::
   const auto on_its_device = [&](at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(like.device());
   };
-  int64_t encoded_bytes = 0;
-  for (int64_t count : counts) encoded_bytes += wire_bytes(wire, count);
-  const at::Tensor encoded = at::empty({encoded_bytes}, on_its_device(at::kByte));
+  const at::Tensor encoded = at::empty({sum_of(wire_bytes_of(wire, counts))}, on_its_device(at::kByte));
   const at::Tensor pieces = g.scratch({g.size() * wire_bytes(wire, received)}, at::kByte, like.device());
   const at::Tensor sum = at::empty({received}, on_its_device(at::kFloat));
   const at::Tensor decoded =
@@ -356,8 +361,7 @@ at::Tensor reduce_scatter_on_wire(const CollectiveSite& site, const at::Tensor& 
   GroupImpl& g = *site.group;
   const int n = g.size();
   const std::vector<int64_t> counts = values_in_rows(sizes, row_numel(x0));
-  std::vector<int64_t> sent;
-  for (int64_t count : counts) sent.push_back(wire_bytes(wire, count));
+  const std::vector<int64_t> sent = wire_bytes_of(wire, counts);
   const at::Tensor flat = x0.reshape({-1});  // x0 is contiguous
   at::Tensor encoded = at::empty({sum_of(sent)}, at::kByte);
   auto* to = reinterpret_cast<std::byte*>(encoded.data_ptr<uint8_t>());
@@ -474,15 +478,14 @@ Work reduce_scatter_impl(const std::shared_ptr<GroupImpl>& impl, const at::Tenso
   }
   if (g.size() == 1) return ready(out.defined() ? out.copy_(input) : input.clone());
   at::Tensor x0 = to_dim0(input, dim);
-  const int64_t bytes = input.nbytes();
   if (g.fake) {
     const std::vector<int64_t> counts = values_in_rows(sizes, row_numel(x0));
     reserve_reduction_buffers(g, x0, counts, counts[g.rank], opts.wire);
     at::Tensor piece = from_dim0(detail::fake::reduce_scatter(x0, sizes, g.rank, opts.op, g.size()), dim);
-    return fake_result(g, "reduce_scatter", bytes, out.defined() ? out.copy_(piece) : piece, opts.wire);
+    return fake_result(g, "reduce_scatter", input.nbytes(), out.defined() ? out.copy_(piece) : piece, opts.wire);
   }
   return issue_composed(
-      impl, "reduce_scatter", bytes, wait,
+      impl, "reduce_scatter", input.nbytes(), wait,
       [x0, sizes, dim, op = opts.op, wire = opts.wire, out](const CollectiveSite& site) {
         if (out.defined()) {
           reduce_scatter_dim0(site, x0, sizes, op, wire, dim == 0 ? out : out.movedim(dim, 0));

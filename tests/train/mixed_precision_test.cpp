@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,46 +72,44 @@ TEST(MixedPrecision, Bf16IsCloseToFp32InEveryLayout) {
   }
 }
 
+// Runs `losses(wire, run)` natively and on the bf16 and fp8 wires: each low-precision run follows
+// the native one within 2e-2 without equalling it, and repeats bitwise.
+void expect_wire_runs_follow_native(
+    const std::function<std::vector<double>(const std::string&, const std::string&)>& losses) {
+  const std::vector<double> native = losses("native", "");
+  for (const std::string wire : {"bf16", "fp8_e4m3"}) {
+    SCOPED_TRACE(wire);
+    const std::vector<double> low = losses(wire, "");
+    ASSERT_EQ(low.size(), native.size());
+    for (size_t i = 0; i < native.size(); ++i) EXPECT_NEAR(low[i], native[i], 2e-2 * native[i]) << "step " << i + 1;
+    EXPECT_NE(low, native) << "the wire format changed nothing";
+    EXPECT_EQ(losses(wire, "_again"), low);
+  }
+}
+
 // comm.gradient_wire: gradients reduced on a bf16 or fp8 wire (added in fp32) follow the native
 // fp32 reduction closely without equalling it, and repeat bitwise run to run.
 TEST(MixedPrecision, GradientsOnALowPrecisionWireFollowTheNativeReduction) {
-  auto wire_losses = [](const std::string& wire, const std::string& run) {
+  expect_wire_runs_follow_native([](const std::string& wire, const std::string& run) {
     TrainConfig c = small_config("wire_" + wire + run, "fp32");
     c.parallel.dp_shard = 2;
     c.comm_settings.gradient_wire = wire;
     return rank0_losses(c, 2);
-  };
-  const std::vector<double> native = wire_losses("native", "");
-  for (const std::string wire : {"bf16", "fp8_e4m3"}) {
-    SCOPED_TRACE(wire);
-    const std::vector<double> low = wire_losses(wire, "");
-    ASSERT_EQ(low.size(), native.size());
-    for (size_t i = 0; i < native.size(); ++i) EXPECT_NEAR(low[i], native[i], 2e-2 * native[i]) << "step " << i + 1;
-    EXPECT_NE(low, native) << "the wire format changed nothing";
-    EXPECT_EQ(wire_losses(wire, "_again"), low);
-  }
+  });
 }
 
 // comm.tp_wire: tensor parallelism's reductions on a bf16 or fp8 wire, with and without sequence
 // parallelism, follow the native run closely without equalling it, and repeat bitwise.
 TEST(MixedPrecision, TensorParallelReductionsOnALowPrecisionWireFollowTheNativeOnes) {
   for (const bool sequence_parallel : {false, true}) {
-    auto wire_losses = [&](const std::string& wire, const std::string& run) {
+    SCOPED_TRACE(sequence_parallel ? "with sequence parallel" : "without sequence parallel");
+    expect_wire_runs_follow_native([&](const std::string& wire, const std::string& run) {
       TrainConfig c = small_config("tp_wire_" + wire + run + (sequence_parallel ? "_sp" : ""), "fp32");
       c.parallel.tp = 2;
       c.sequence_parallel = sequence_parallel;
       c.comm_settings.tp_wire = wire;
       return rank0_losses(c, 2);
-    };
-    const std::vector<double> native = wire_losses("native", "");
-    for (const std::string wire : {"bf16", "fp8_e4m3"}) {
-      SCOPED_TRACE(wire + (sequence_parallel ? " with sequence parallel" : ""));
-      const std::vector<double> low = wire_losses(wire, "");
-      ASSERT_EQ(low.size(), native.size());
-      for (size_t i = 0; i < native.size(); ++i) EXPECT_NEAR(low[i], native[i], 2e-2 * native[i]) << "step " << i + 1;
-      EXPECT_NE(low, native) << "the wire format changed nothing";
-      EXPECT_EQ(wire_losses(wire, "_again"), low);
-    }
+    });
   }
 }
 
