@@ -50,10 +50,12 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int64_t first, int64_t count) 
   return {mine.narrow(1, 0, kSeq).contiguous(), mine.narrow(1, 1, kSeq).contiguous()};
 }
 
-std::shared_ptr<ParameterOffload> offload_to(OffloadOptions::Tier tier) {
+// `owner`: a name of the caller's own among callers that run at once (thread-ranks), whose file
+// tiers would otherwise empty each other's directory.
+std::shared_ptr<ParameterOffload> offload_to(OffloadOptions::Tier tier, const std::string& owner = "") {
   OffloadOptions options;
   options.tier = tier;
-  if (tier == OffloadOptions::Tier::kFile) options.directory = scratch_dir("parameter_offload");
+  if (tier == OffloadOptions::Tier::kFile) options.directory = scratch_dir("parameter_offload" + owner);
   return std::make_shared<ParameterOffload>(options);
 }
 
@@ -125,7 +127,7 @@ TEST_P(OffloadTraining, IsBitwiseTrainingWithoutOffload) {
     std::map<std::string, std::map<std::string, at::Tensor>> params;
     for (const bool offloaded : {false, true}) {
       const std::string run_name = offloaded ? "offload" : "none";
-      const auto offload = offloaded ? offload_to(tier) : nullptr;
+      const auto offload = offloaded ? offload_to(tier, "_rank" + std::to_string(g.rank())) : nullptr;
       auto model = sharded_llama(mesh, offload);
       AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
       for (int step = 0; step < kSteps; ++step)
