@@ -17,8 +17,9 @@ using detail::dtensor_impl;
 using detail::make_dtensor;
 
 // A DTensor gradient in the placements its input had (Partial taken as Replicate).
-at::Tensor grad_in_placements(const at::Tensor& grad, const Placements& placements) {
-  return detail::redistribute_untracked(grad, partial_as_replicate(placements));
+at::Tensor grad_in_placements(const at::Tensor& grad, const Placements& placements,
+                              comm::WireFormat wire = comm::WireFormat::kNative) {
+  return detail::redistribute_untracked(grad, partial_as_replicate(placements), wire);
 }
 
 // The global shape of pieces `local` laid out by `placements`: sizes along sharded mesh dims are
@@ -78,15 +79,16 @@ at::Tensor DTensor::to_local() const {
   });
 }
 
-DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements) const {
+DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements, comm::WireFormat wire) const {
   const auto* impl = dtensor_impl(*this);
   HP_CHECK(mesh == impl->spec().mesh(), "redistribute: moving between meshes (", impl->spec().mesh().str(), " -> ",
            mesh.str(), ") is not supported yet; only placements on the same mesh");
   const DTensorSpec target = impl->spec().with_placements(std::move(placements));
-  at::Tensor out = make_dtensor(redistribute_local(impl->local(), impl->spec(), target.placements()), target);
+  at::Tensor out = make_dtensor(redistribute_local(impl->local(), impl->spec(), target.placements(), wire), target);
   const Placements before = impl->spec().placements();
-  return DTensor(record_backward("RedistributeBackward", *this, out,
-                                 [before](const at::Tensor& grad) { return grad_in_placements(grad, before); }));
+  return DTensor(record_backward("RedistributeBackward", *this, out, [before, wire](const at::Tensor& grad) {
+    return grad_in_placements(grad, before, wire);
+  }));
 }
 
 at::Tensor DTensor::full_tensor() const {

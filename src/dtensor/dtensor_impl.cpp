@@ -67,11 +67,11 @@ at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
   return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
 }
 
-at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& placements) {
+at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& placements, comm::WireFormat wire) {
   const DTensorImpl* impl = dtensor_impl(dtensor);
   HP_CHECK(impl != nullptr, "redistribute: expected a DTensor, got a plain tensor");
   if (impl->spec().placements() == placements) return dtensor;
-  return make_dtensor(redistribute_local(impl->local(), impl->spec(), placements),
+  return make_dtensor(redistribute_local(impl->local(), impl->spec(), placements, wire),
                       impl->spec().with_placements(placements));
 }
 

@@ -49,8 +49,9 @@ at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
 
 // `dtensor` with other placements on its mesh, not recorded by autograd (the building block of
 // the differentiable DTensor::redistribute and of backward functions). Returns `dtensor` itself
-// when nothing changes.
-at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& placements);
+// when nothing changes. `wire` as in redistribute_local.
+at::Tensor redistribute_untracked(const at::Tensor& dtensor, const Placements& placements,
+                                  comm::WireFormat wire = comm::WireFormat::kNative);
 
 // Registers the DTensor kernel for every ATen op (once per process, on the first DTensor).
 void ensure_dtensor_kernel_registered();

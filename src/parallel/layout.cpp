@@ -4,9 +4,7 @@
 
 #include "hp/core/chunking.h"
 #include "hp/core/error.h"
-#include "hp/core/lambda_backward.h"
 #include "hp/dtensor/local.h"
-#include "hp/dtensor/redistribute.h"
 
 namespace hp::parallel {
 
@@ -38,29 +36,13 @@ at::Tensor as_dtensor(const at::Tensor& x, const DeviceMesh& mesh, const Placeme
   return DTensor::from_local(x, mesh, placements, shape);
 }
 
-namespace {
-
-// DTensor::redistribute with its reductions, forward and backward, in `wire`.
-at::Tensor redistribute_on_wire(const at::Tensor& x, const Placements& want, comm::WireFormat wire) {
-  const DTensorSpec spec = DTensor(x).spec();
-  at::Tensor out =
-      from_local_unchecked(redistribute_local(local_tensor(x), spec, want, wire), spec.with_placements(want));
-  return record_backward("RedistributeOnWireBackward", x, out, [spec, wire](const at::Tensor& grad) {
-    const DTensorSpec& from = DTensor(grad).spec();
-    const Placements back = partial_as_replicate(spec.placements());  // as DTensor::redistribute's backward
-    if (from.placements() == back) return grad;
-    return from_local_unchecked(redistribute_local(local_tensor(grad), from, back, wire), from.with_placements(back));
-  });
-}
-
-}  // namespace
-
 at::Tensor lay_out(const at::Tensor& x, const Placements& desired, bool use_local, comm::WireFormat wire) {
   DTensor d(x);
   const Placements want = normalized(desired, d.dim());
-  at::Tensor out = wire != comm::WireFormat::kNative ? redistribute_on_wire(x, want, wire)
-                   : d.placements() == want          ? x
-                                                     : d.redistribute(d.device_mesh(), want);
+  // On a wire the redistribution is recorded even when nothing moves forward: the gradient's
+  // reduction then happens in its backward, on the wire, not later in its own dtype.
+  const bool unchanged = d.placements() == want && wire == comm::WireFormat::kNative;
+  at::Tensor out = unchanged ? x : d.redistribute(d.device_mesh(), want, wire);
   return use_local ? DTensor(out).to_local() : out;
 }
 

@@ -2,6 +2,9 @@
 // {S(0), S(1), R, P(sum)} on 1-D meshes of 1..4 ranks and on a (2, 2) mesh, with an uneven
 // 7x5 tensor, compared bitwise with the piece cut from the global tensor. Values are small
 // integers in fp32, so sums are exact in any order.
+#include <torch/csrc/autograd/autograd.h>
+
+#include <hp/comm/comm_debug_mode.h>
 #include <hp/core/error.h>
 #include <hp/dtensor/dtensor.h>
 #include <hp/dtensor/redistribute.h>
@@ -132,5 +135,43 @@ TEST(Redistribute, BackwardOfEveryPair) {
   }
 }
 
+// A wire format carries redistribute's reductions, in forward and in the backward: Partial -> R on
+// bf16 gives every rank's piece rounded to bf16 and added in fp32 (exact for two ranks), and the
+// gradient of a redistribution that moves nothing forward (R -> R) arrives Partial and is reduced in
+// its backward on the wire (with the native format that backward reduces the exact sum). Long
+// tensors travel in their own dtype.
+TEST(Redistribute, ReductionsOnAWireForwardAndBackward) {
+  run(2, [](const comm::ProcessGroup& g) {
+    const DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"x"});
+    const auto rounded = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+    const at::Tensor mine = rank_data(g.rank(), {6, 5}, at::kFloat),
+                     theirs = rank_data(1 - g.rank(), {6, 5}, at::kFloat);
+    comm::CommDebugMode comm;
+    const DTensor partial = DTensor::from_local(mine, mesh, {Partial()});
+    const at::Tensor sum = partial.redistribute(mesh, {Replicate()}, comm::WireFormat::kBf16).to_local();
+    EXPECT_TRUE(at::equal(sum, rounded(mine) + rounded(theirs)));
+    EXPECT_FALSE(at::equal(sum, mine + theirs)) << "nothing was rounded: the test would not see a native reduction";
+    EXPECT_EQ(comm.on_wire("all_reduce"), 1);
+
+    for (comm::WireFormat wire : {comm::WireFormat::kNative, comm::WireFormat::kBf16}) {
+      DTensor x = distribute_tensor(at::zeros({6, 5}), mesh, {Replicate()});
+      x.requires_grad_(true);
+      const DTensor y = x.redistribute(mesh, {Replicate()}, wire);
+      const DTensor grad = DTensor::from_local(mine, mesh, {Partial()});
+      const int64_t before = comm.on_wire("all_reduce");
+      torch::autograd::backward({y}, {grad});
+      const at::Tensor got = DTensor(x.grad()).to_local();
+      if (wire == comm::WireFormat::kNative) {
+        EXPECT_TRUE(at::equal(got, mine + theirs));
+      } else {
+        EXPECT_TRUE(at::equal(got, rounded(mine) + rounded(theirs)));
+        EXPECT_EQ(comm.on_wire("all_reduce"), before + 1);
+      }
+    }
+    const DTensor counts = DTensor::from_local(at::full({3}, g.rank() + 1, at::kLong), mesh, {Partial()});
+    EXPECT_EQ(counts.redistribute(mesh, {Replicate()}, comm::WireFormat::kFp8E4M3).to_local().sum().item<int64_t>(), 9);
+    EXPECT_EQ(comm.on_wire("all_reduce"), 2);
+  });
+}
 }  // namespace
 }  // namespace hp::test
