@@ -5,6 +5,7 @@
 #include "hp/comm/functional.h"
 #include "hp/comm/init.h"
 #include "hp/comm/process_group.h"
+#include "hp/comm/symmetric_memory.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/comm/types.h"
 #include "hp/comm/wire_format.h"

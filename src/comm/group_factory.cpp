@@ -49,16 +49,6 @@ Transport transport_of_world(Transport option) {
   return chosen;
 }
 
-// Whether every member of `ranks` shares this host's memory, and how.
-std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const std::vector<int>& ranks) {
-  if (registry.one_process) return SegmentScope::kProcess;
-  const int per_host = registry.ranks_per_host;
-  if (per_host == 0) return SegmentScope::kHost;
-  for (int r : ranks)
-    if (r / per_host != registry.world_rank / per_host) return std::nullopt;
-  return SegmentScope::kHost;
-}
-
 // Sets up the group's shared memory (collective over its members, who all see the same outcome, so
 // the group is on one transport on every member). A member that never arrives throws.
 void set_up_shared_memory(GroupImpl& group, Transport transport) {
@@ -125,6 +115,15 @@ std::string join(const std::vector<int>& ranks) {
 }
 
 }  // namespace
+
+std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const std::vector<int>& ranks) {
+  if (registry.one_process) return SegmentScope::kProcess;
+  const int per_host = registry.ranks_per_host;
+  if (per_host == 0) return SegmentScope::kHost;
+  for (int r : ranks)
+    if (r / per_host != registry.world_rank / per_host) return std::nullopt;
+  return SegmentScope::kHost;
+}
 
 std::shared_ptr<GroupImpl> create_group(std::shared_ptr<GroupRegistry> registry, std::vector<int> ranks,
                                         std::string name, bool is_world) {

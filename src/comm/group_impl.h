@@ -43,6 +43,9 @@ struct GroupRegistry {
   std::atomic<uint64_t> failures{0};
 };
 
+// Whether the members `ranks` (world ranks) all share this host's memory, and how.
+std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const std::vector<int>& ranks);
+
 struct WorkState;
 struct CollectiveSite;
 class ShmChannel;
@@ -72,7 +75,8 @@ struct GroupImpl {
   // and under kShm every collective of host tensors on the group fails, saying why.
   std::optional<SegmentScope> shm_scope;
   std::shared_ptr<ShmChannel> shm;
-  std::string shm_failure;  // why setting up failed (kShm)
+  std::string shm_failure;                         // why setting up failed (kShm)
+  std::atomic<uint64_t> symmetric_allocations{0};  // hp::comm::SymmetricMemory's on this group, equal on all members
   // Only for a group with shm_scope, from a collective's run; throws when the channel could not be
   // set up.
   ShmChannel& shm_channel(const CollectiveSite& site);

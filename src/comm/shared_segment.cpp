@@ -130,8 +130,9 @@ void set_string(GroupImpl& group, const std::string& key, const std::string& val
 
 }  // namespace
 
-SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, SegmentScope scope) {
-  const std::string name_key = "hp_shm/name";
+SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, SegmentScope scope,
+                                             const std::string& keys) {
+  const std::string name_key = keys + "name";
   std::shared_ptr<void> memory;
   std::string error;
   Unpublish unpublish{"", scope};
@@ -157,10 +158,10 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
     }
   }
   // Every member says whether it mapped the segment; only then may rank 0 take the name away.
-  set_string(group, "hp_shm/mapped/" + std::to_string(group.rank), error);
+  set_string(group, keys + "mapped/" + std::to_string(group.rank), error);
   std::string first_error;
   for (int r = 0; r < group.size(); ++r) {
-    const std::string theirs = get_string(group, "hp_shm/mapped/" + std::to_string(r));
+    const std::string theirs = get_string(group, keys + "mapped/" + std::to_string(r));
     if (!theirs.empty() && first_error.empty())
       first_error =
           theirs.rfind("world rank ", 0) == 0 ? theirs : "world rank " + std::to_string(group.ranks[r]) + ": " + theirs;

@@ -32,11 +32,12 @@ class SharedSegment {
   // Collective over the members of `group`, through its store: each member either maps the same
   // zeroed `bytes`, or gets an empty segment and the reason. All members see the same outcome.
   // Throws only when the store itself fails (a member never arrives within the group's timeout).
+  // `keys`: the prefix of the store keys it uses, one of its own for each segment of a group.
   struct Outcome {
     std::shared_ptr<SharedSegment> segment;
     std::string error;
   };
-  static Outcome create(GroupImpl& group, int64_t bytes, SegmentScope scope);
+  static Outcome create(GroupImpl& group, int64_t bytes, SegmentScope scope, const std::string& keys = "hp_shm/");
 
   std::byte* data() const { return static_cast<std::byte*>(memory_.get()); }
   int64_t size() const { return size_; }

@@ -1,29 +1,22 @@
 #include "comm/shm_channel.h"
 
-#include <linux/futex.h>
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <thread>
 
 #include "comm/group_impl.h"
+#include "comm/shared_wait.h"
 #include "hp/core/error.h"
 
 namespace hp::comm::detail {
 namespace {
 
 constexpr int64_t kLine = 64;
-
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
-              "the control block's atomics are shared between processes and must not hide a lock");
 
 // The control block, at the start of the segment. Zeroed memory is its initial state.
 struct Control {
@@ -46,30 +39,6 @@ struct CallRecord {
 };
 
 int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
-
-long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  // Not FUTEX_PRIVATE: the word may be shared between processes.
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-void wake_all(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT_MAX, nullptr); }
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Whether the process has ended: gone, or a zombie its parent has not reaped yet.
-bool process_gone(int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t end_of_name = line.rfind(')');  // the name may hold spaces and parentheses
-  return end_of_name != std::string::npos && line.size() > end_of_name + 2 && line[end_of_name + 2] == 'Z';
-}
 
 // The bytes of `total` that round k moves when a round moves at most `share`.
 int64_t chunk_of(int64_t total, int64_t k, int64_t share) { return std::clamp(total - k * share, int64_t{0}, share); }
@@ -314,11 +283,11 @@ void ShmChannel::meet(const CollectiveSite& site) {
     std::this_thread::yield();
   }
   const auto deadline = std::chrono::steady_clock::now() + group_.options.timeout;
-  constexpr timespec kSlice{0, 50'000'000};  // between two looks at the other members
+  constexpr std::chrono::milliseconds kSlice{50};  // between two looks at the other members
   for (;;) {
     const uint32_t seen = control.completed.load(std::memory_order_acquire);
     if (seen == target) return;
-    futex(&control.completed, FUTEX_WAIT, seen, &kSlice);
+    futex_wait(&control.completed, seen, kSlice);
     if (control.completed.load(std::memory_order_acquire) == target) return;
     int culprit = -1;
     Failure kind = Failure::kMember;

@@ -1,7 +1,6 @@
 // The shared-memory transport: every collective equal to Gloo's (bitwise in deterministic mode),
 // chosen for groups whose members share the host, and failures that name the member instead of
 // hanging or corrupting the next collective.
-#include <dirent.h>
 #include <hp/comm/process_group.h>
 #include <hp/core/error.h>
 
@@ -18,12 +17,13 @@
 #include <thread>
 #include <vector>
 
-#include "comm/c10d_shim.h"
+#include "as_processes.h"
 #include "comm/group_impl.h"
 #include "comm/shm_channel.h"
 #include "comm/world.h"
 #include "hp/comm/leave.h"
 #include "hp/core/job.h"
+#include "scoped_env.h"
 #include "scoped_file_size_limit.h"
 #include "test_util.h"
 
@@ -127,26 +127,6 @@ TEST(ShmTransport, EveryCollectiveEqualsGlooBitwise) {
 
 bool uses_shm(const ProcessGroup& g) { return g.impl().shm != nullptr; }
 
-// Sets an environment variable for a scope and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // Shared memory is used under transports auto and shm; HP_COMM_TRANSPORT replaces auto only.
 TEST(ShmTransport, ChosenByOptionOrEnvironment) {
   auto run = [](Transport transport) {
@@ -181,55 +161,6 @@ TEST(ShmTransport, ChosenByOptionOrEnvironment) {
     EXPECT_NE(std::string(e.what()).find("HP_COMM_TRANSPORT='carrier-pigeon' is not a transport"), std::string::npos)
         << e.what();
   }
-}
-
-// The job's segments in /dev/shm (none outside hprun-style set-up, once every member has mapped).
-std::vector<std::string> segments_named(const std::string& prefix) {
-  std::vector<std::string> found;
-  DIR* dir = opendir("/dev/shm");
-  for (dirent* e; dir != nullptr && (e = readdir(dir)) != nullptr;)
-    if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
-  if (dir != nullptr) closedir(dir);
-  return found;
-}
-
-// What one rank launches with: its options (transport, timeout) and its host layout.
-struct Launch {
-  comm::ProcessGroupOptions options;
-  comm::WorldLayout layout;
-};
-
-// Runs fn(world) on `n` threads, each a rank of a world that meets through one store as processes
-// do, launched as launch_of(rank) says. Returns each rank's error, empty where fn returned.
-std::vector<std::string> run_as_processes(int n, const std::function<Launch(int)>& launch_of,
-                                          const std::function<void(const ProcessGroup&)>& fn) {
-  auto store = comm::shim::make_hash_store();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const Launch launch = launch_of(rank);
-        fn(comm::create_world_group(store, rank, n, launch.options, launch.layout));
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// The same launch on every rank, `ranks_per_host` to a host (so groups on one host map POSIX
-// segments, as between processes).
-std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions& options, int ranks_per_host,
-                                          const std::function<void(const ProcessGroup&)>& fn) {
-  return run_as_processes(
-      n,
-      [&](int) {
-        return Launch{options, comm::WorldLayout{false, ranks_per_host}};
-      },
-      fn);
 }
 
 // Ranks launched differently (another HP_COMM_TRANSPORT, another local world size) would wait in

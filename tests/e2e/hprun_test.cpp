@@ -196,6 +196,22 @@ TEST(Hprun, CollectivesOverSharedMemoryBetweenProcesses) {
   }
 }
 
+// Symmetric memory between processes: puts and signals around a ring are seen in order on every
+// rank (each maps the job's segment), and a wait for a rank whose process exited fails at once,
+// naming it, long before the 3 s timeout would.
+TEST(Hprun, SymmetricMemoryBetweenProcesses) {
+  Result r = run_job("--nproc-per-node 3 " + program("symmetric"));
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] symmetric ring ok over a segment"), std::string::npos)
+        << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("waiting for a signal from world rank 1 on channel 0, but the process of world rank 1 exited"),
+      std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+}
+
 // A rank SIGKILLed while a segment of the job is still linked leaves nothing in /dev/shm: hprun
 // removes the job's segments when it ends.
 TEST(Hprun, AKilledRankLeavesNoSharedMemory) {

@@ -11,6 +11,8 @@
 //               says which transport the world group used (a mapped /dev/shm segment or not)
 //   shm_killed  after a collective, rank 1 leaves a segment of the job in /dev/shm, as a rank
 //               killed while its group was being set up would, and is SIGKILLed
+//   symmetric   a ring of puts and signals through symmetric memory, checked on every rank; then
+//               rank 1 exits (code 0, no goodbye) while rank 0 waits for its signal
 //   restart     the first attempt (HP_RESTART_COUNT 0) leaves a key in the store and rank 1 exits
 //               with code 3; a later attempt checks the key is gone (a fresh rendezvous), all_reduces
 #include <dirent.h>
@@ -196,6 +198,27 @@ int main(int argc, char** argv) try {
       raise(SIGKILL);
     }
     world.barrier();  // fails: rank 1 is gone
+    return 0;
+  }
+  if (scenario == "symmetric") {
+    hp::comm::SymmetricMemory memory = hp::comm::SymmetricMemory::allocate(world, 1 << 20, 2);
+    const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+    bool ok = true;
+    for (int k = 0; k < 50; ++k) {
+      const int64_t place = (k % 2) * (1 << 19);
+      if (k >= 2) memory.wait_signal(next, 1);  // `next` has read the place this rank reuses
+      memory.put(at::full({1 << 17}, 1000.0 * rank + k), next, place);
+      memory.put_signal(next);
+      memory.wait_signal(previous);
+      ok = ok &&
+           at::equal(memory.buffer(rank, at::kFloat, {1 << 17}, place), at::full({1 << 17}, 1000.0 * previous + k));
+      memory.put_signal(previous, 1);
+    }
+    memory.barrier();
+    std::cout << "symmetric ring " << (ok ? "ok" : "WRONG") << " over " << (maps_job_segment() ? "a segment" : "?")
+              << std::endl;
+    if (rank == 1) std::_Exit(0);  // without a goodbye
+    if (rank == 0) memory.wait_signal(1);
     return 0;
   }
   if (scenario == "restart") {

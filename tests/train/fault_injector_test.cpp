@@ -13,6 +13,7 @@
 
 #include "hp/core/job.h"
 #include "hp/train/trainer.h"
+#include "scoped_env.h"
 #include "scratch_dir.h"
 #include "test_util.h"
 #include "train/fault_injector.h"
@@ -23,16 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using detail::FaultKind;
 using detail::parse_faults;
-
-// Sets an environment variable for the scope's lifetime.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using test::ScopedEnv;
 
 // Three steps of the small Llama for one rank, under `dir`.
 TrainConfig three_steps(const std::string& dir) {
