@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "comm/c10d_shim.h"
 #include "comm/group_impl.h"
 #include "hp/core/error.h"
 #include "hp/core/job.h"
@@ -130,6 +131,30 @@ void set_string(GroupImpl& group, const std::string& key, const std::string& val
 
 }  // namespace
 
+std::vector<std::string> exchange_strings(GroupImpl& group, const std::string& keys, const std::string& mine,
+                                          const char* what) {
+  set_string(group, keys + std::to_string(group.rank), mine);
+  std::vector<std::string> all;
+  for (int r = 0; r < group.size(); ++r) {
+    try {
+      all.push_back(get_string(group, keys + std::to_string(r)));
+    } catch (const std::exception& e) {
+      const std::string first = shim::first_line(e);
+      std::string missing;
+      for (int m = r; m < group.size(); ++m)
+        if (!group.store->check({keys + std::to_string(m)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[m]);
+      const std::string msg = std::string(what) + " on " + group.describe() + ", world rank " +
+                              std::to_string(group.ranks[group.rank]) + ": world ranks [" + missing +
+                              "] did not arrive within " + std::to_string(group.options.timeout.count()) +
+                              " ms (every member must call it, in the same order): " + first;
+      if (shim::says_timed_out(first)) throw hp::TimeoutError(msg);
+      throw hp::Error(msg);
+    }
+  }
+  return all;
+}
+
 SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, SegmentScope scope,
                                              const std::string& keys) {
   const std::string name_key = keys + "name";
@@ -158,10 +183,10 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
     }
   }
   // Every member says whether it mapped the segment; only then may rank 0 take the name away.
-  set_string(group, keys + "mapped/" + std::to_string(group.rank), error);
+  const std::vector<std::string> outcomes = exchange_strings(group, keys + "mapped/", error, "mapping shared memory");
   std::string first_error;
   for (int r = 0; r < group.size(); ++r) {
-    const std::string theirs = get_string(group, keys + "mapped/" + std::to_string(r));
+    const std::string& theirs = outcomes[r];
     if (!theirs.empty() && first_error.empty())
       first_error =
           theirs.rfind("world rank ", 0) == 0 ? theirs : "world rank " + std::to_string(group.ranks[r]) + ": " + theirs;

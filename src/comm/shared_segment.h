@@ -17,10 +17,21 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hp::comm::detail {
 
 struct GroupImpl;
+
+// Layout helpers for what lies in a segment.
+constexpr int64_t kCacheLine = 64;
+inline int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
+
+// Collective over `group`, through its store: every member's `mine`, in group rank order, under
+// keys `keys` + rank (a prefix of the caller's own, used once). A member that does not arrive
+// within the group's timeout makes the others throw hp::TimeoutError naming it.
+std::vector<std::string> exchange_strings(GroupImpl& group, const std::string& keys, const std::string& mine,
+                                          const char* what);
 
 enum class SegmentScope {
   kProcess,  // every member is a thread of this process

@@ -16,16 +16,14 @@
 namespace hp::comm::detail {
 namespace {
 
-constexpr int64_t kLine = 64;
-
 // The control block, at the start of the segment. Zeroed memory is its initial state.
 struct Control {
-  alignas(kLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
-  alignas(kLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
-  alignas(kLine) std::atomic<uint64_t> failed;     // 0: none; else a FailureRecord's bits, set once
+  alignas(kCacheLine) std::atomic<uint64_t> arrivals;   // members' arrivals at rounds, summed over all rounds
+  alignas(kCacheLine) std::atomic<uint32_t> completed;  // the last completed round (mod 2^32): the futex word
+  alignas(kCacheLine) std::atomic<uint64_t> failed;     // 0: none; else a FailureRecord's bits, set once
 };
 
-struct alignas(kLine) MemberState {
+struct alignas(kCacheLine) MemberState {
   std::atomic<uint64_t> arrived;  // the last round this member arrived at
   std::atomic<int64_t> pid;       // 0 until the member has opened the channel
   std::atomic<uint32_t> left;     // the member's group is gone
@@ -37,8 +35,6 @@ struct CallRecord {
   uint64_t seq;
   char op[24];  // the collective's name, cut to fit
 };
-
-int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
 
 // The bytes of `total` that round k moves when a round moves at most `share`.
 int64_t chunk_of(int64_t total, int64_t k, int64_t share) { return std::clamp(total - k * share, int64_t{0}, share); }
@@ -76,13 +72,13 @@ struct ShmChannel::FailureRecord {
 struct ShmChannel::Layout {
   Layout(std::byte* base, int members, int64_t slot) : n(members), slot(slot) {
     control = reinterpret_cast<Control*>(base);
-    this->members = reinterpret_cast<MemberState*>(base + round_up(sizeof(Control), kLine));
+    this->members = reinterpret_cast<MemberState*>(base + round_up(sizeof(Control), kCacheLine));
     lengths = reinterpret_cast<int64_t*>(reinterpret_cast<std::byte*>(this->members) + n * sizeof(MemberState));
     calls = reinterpret_cast<CallRecord*>(lengths + 2 * n * n);
     slots = base + slots_offset(members);
   }
   static int64_t slots_offset(int n) {
-    return round_up(round_up(sizeof(Control), kLine) + n * sizeof(MemberState) + 2 * n * n * sizeof(int64_t) +
+    return round_up(round_up(sizeof(Control), kCacheLine) + n * sizeof(MemberState) + 2 * n * n * sizeof(int64_t) +
                         2 * n * sizeof(CallRecord),
                     4096);
   }
@@ -269,40 +265,26 @@ void ShmChannel::meet(const CollectiveSite& site) {
     wake_all(&control.completed);
     return;
   }
-  // The last member usually arrives within microseconds, on another core: spin, then yield (so
-  // members that share a core hand it over), and after 100 us sleep in the kernel, whose wake-up
-  // alone costs tens of microseconds.
-  const auto stop_spinning = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
-  for (int i = 0;; ++i) {
-    if (control.completed.load(std::memory_order_acquire) == target) return;
-    if (i < 64) {
-      cpu_relax();
-      continue;
-    }
-    if (std::chrono::steady_clock::now() > stop_spinning) break;
-    std::this_thread::yield();
+  int culprit = -1;
+  Failure kind = Failure::kMember;
+  std::string why;
+  const WaitOutcome outcome = wait_until(
+      &control.completed, [&] { return control.completed.load(std::memory_order_acquire) == target; },
+      [&] {
+        why = check_members(round, &culprit, &kind);
+        return !why.empty();
+      },
+      std::chrono::steady_clock::now() + group_.options.timeout, std::chrono::milliseconds(50));
+  if (outcome == WaitOutcome::kArrived) return;
+  if (outcome == WaitOutcome::kHopeless) fail(site, why, kind, culprit);
+  std::string missing;
+  culprit = group_.rank;
+  for (int r = 0; r < layout_->n; ++r) {
+    if (layout_->members[r].arrived.load(std::memory_order_acquire) >= round) continue;
+    missing += (missing.empty() ? "" : ", ") + std::to_string(group_.ranks[r]);
+    culprit = r;
   }
-  const auto deadline = std::chrono::steady_clock::now() + group_.options.timeout;
-  constexpr std::chrono::milliseconds kSlice{50};  // between two looks at the other members
-  for (;;) {
-    const uint32_t seen = control.completed.load(std::memory_order_acquire);
-    if (seen == target) return;
-    futex_wait(&control.completed, seen, kSlice);
-    if (control.completed.load(std::memory_order_acquire) == target) return;
-    int culprit = -1;
-    Failure kind = Failure::kMember;
-    if (const std::string why = check_members(round, &culprit, &kind); !why.empty()) fail(site, why, kind, culprit);
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::string missing;
-      int culprit = group_.rank;
-      for (int r = 0; r < layout_->n; ++r) {
-        if (layout_->members[r].arrived.load(std::memory_order_acquire) >= round) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(group_.ranks[r]);
-        culprit = r;
-      }
-      fail(site, "world ranks [" + missing + "] did not arrive", Failure::kTimeout, culprit);
-    }
-  }
+  fail(site, "world ranks [" + missing + "] did not arrive", Failure::kTimeout, culprit);
 }
 
 template <typename Fill, typename Drain>
@@ -336,7 +318,7 @@ void ShmChannel::exchange_and_consume(const CollectiveSite& site, const std::vec
   exchange_rounds(site, sends, std::vector<int64_t>(layout_->n, receive_bytes), /*own_through_slot=*/true, consume);
 }
 
-int64_t ShmChannel::receive_share() const { return layout_->slot / layout_->n / kLine * kLine; }
+int64_t ShmChannel::receive_share() const { return layout_->slot / layout_->n / kCacheLine * kCacheLine; }
 
 void ShmChannel::exchange_rounds(const CollectiveSite& site, const std::vector<ByteSpan>& sends,
                                  const std::vector<int64_t>& expected, bool own_through_slot, const Consume& consume) {

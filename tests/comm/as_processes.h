@@ -35,7 +35,7 @@ struct Launch {
 // Runs fn(world) on `n` threads, each a rank of a world that meets through one store as processes
 // do, launched as launch_of(rank) says. Returns each rank's error, empty where fn returned.
 inline std::vector<std::string> run_as_processes(int n, const std::function<Launch(int)>& launch_of,
-                                          const std::function<void(const comm::ProcessGroup&)>& fn) {
+                                                 const std::function<void(const comm::ProcessGroup&)>& fn) {
   auto store = comm::shim::make_hash_store();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(n);
@@ -56,7 +56,7 @@ inline std::vector<std::string> run_as_processes(int n, const std::function<Laun
 // The same launch on every rank, `ranks_per_host` to a host (so groups on one host map POSIX
 // segments, as between processes).
 inline std::vector<std::string> run_as_processes(int n, const comm::ProcessGroupOptions& options, int ranks_per_host,
-                                          const std::function<void(const comm::ProcessGroup&)>& fn) {
+                                                 const std::function<void(const comm::ProcessGroup&)>& fn) {
   return run_as_processes(
       n,
       [&](int) {

@@ -31,8 +31,9 @@ at::Tensor message(int rank, int k, int64_t numel) {
 // buffer and signals it; the next member reads it as soon as its wait returns, then signals back on
 // another channel that the place is free. Every read sees the message of its round: the signal
 // orders the put before it, and the writer never overwrites a place not yet read. Messages span
-// several pages and rounds alternate between two places, so a missing order would show as the
-// previous round's values or a mix.
+// several pages and rounds alternate between two places, so a wait that returns early shows as
+// the previous round's values or a mix. (On x86, which keeps stores in order, only the compiler
+// could reorder a put past its signal: the test cannot show a missing fence there.)
 void ring(const ProcessGroup& world, int rounds) {
   const int n = world.size(), me = world.rank(), next = (me + 1) % n, previous = (me + n - 1) % n;
   constexpr int64_t kNumel = 5000;
@@ -53,10 +54,12 @@ void ring(const ProcessGroup& world, int rounds) {
   memory.barrier();
 }
 
+// The ring on 2 and 4 thread-ranks (plain memory).
 TEST(SymmetricMemory, PutThenSignalIsSeenAfterTheWaitBetweenThreads) {
   for (int world : {2, 4}) run(world, [](const ProcessGroup& g) { ring(g, 200); });
 }
 
+// The ring on 4 ranks that map a POSIX segment as processes do; nothing stays linked in /dev/shm.
 TEST(SymmetricMemory, PutThenSignalIsSeenAfterTheWaitBetweenProcessSegments) {
   ScopedEnv job_dir(job::kDirEnv, "/tmp/hprun-symmtest" + std::to_string(getpid()));
   const std::string prefix = job::shm_prefix();
@@ -90,12 +93,13 @@ TEST(SymmetricMemory, GetReadsWhatTheOwnerWroteAndViewsOutliveTheHandle) {
       kept = memory.buffer((g.rank() + 1) % 3, at::kLong, {10}, 8);
       memory.barrier();
     }
+    g.barrier();  // every member's SymmetricMemory is gone: only the views keep the memory
     EXPECT_TRUE(at::equal(kept, at::arange(10, at::kLong) * ((g.rank() + 1) % 3 + 1)));
   });
 }
 
-// Signals count: three put_signals satisfy three waits, and a fourth times out naming the sender.
-// A member's own signals work too.
+// Signals count: three put_signals satisfy three waits, and a fourth times out naming the sender;
+// after that the memory refuses further use. A member's own signals work too.
 TEST(SymmetricMemory, SignalsCountAndAMissingOneTimesOutNamingTheSender) {
   run(2, [](const ProcessGroup& g) {
     SymmetricMemory memory = SymmetricMemory::allocate(g, 64, 3);
@@ -108,7 +112,9 @@ TEST(SymmetricMemory, SignalsCountAndAMissingOneTimesOutNamingTheSender) {
     expect_error([&] { memory.wait_signal(other, 2, std::chrono::milliseconds(300)); },
                  {"world rank " + std::to_string(other) + " did not signal channel 2 within 300 ms"});
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-    memory.barrier();
+    // The failed wait's signal could still come and satisfy the wrong wait: the memory is done.
+    expect_error([&] { memory.put_signal(other, 0); }, "an earlier wait on this SymmetricMemory failed");
+    g.barrier();
   });
 }
 
@@ -139,17 +145,28 @@ TEST(SymmetricMemory, AMemberThatLeavesFailsTheWaiterAtOnce) {
   EXPECT_LT(waited, std::chrono::seconds(10));
 }
 
+// Bad arguments, on one member or all, are errors that say what is wrong, on every member; the
+// group and later allocations are fine afterwards.
 TEST(SymmetricMemory, BadCallsAreClearErrors) {
   run(2, [](const ProcessGroup& g) {
     SymmetricMemory memory = SymmetricMemory::allocate(g, 100, 2);
-    expect_error([&] { memory.put(at::ones({26}), 1); }, "bytes [0, 104) are outside the buffer of 100 bytes");
-    expect_error([&] { memory.get(at::ones({2}), 1, 99); }, "bytes [99, 107) are outside the buffer");
+    expect_error([&] { memory.put(at::ones({26}), 1); }, "104 bytes at offset 0 are outside the buffer of 100 bytes");
+    expect_error([&] { memory.get(at::ones({2}), 1, 99); }, "8 bytes at offset 99 are outside the buffer");
+    // Sizes and offsets near int64's end are refused, not wrapped around.
+    expect_error([&] { memory.get(at::ones({2}), 1, INT64_MAX - 4); }, "are outside the buffer of 100 bytes");
+    expect_error([&] { memory.buffer(1, at::kFloat, {int64_t{1} << 62, 4}); }, "is more bytes than int64 counts");
+    expect_error([&] { memory.buffer(1, at::kFloat, {int64_t{1} << 60}); }, "are outside the buffer of 100 bytes");
+    expect_error([&] { memory.wait_signal(1, 0, std::chrono::milliseconds(-5)); }, "the timeout must be >= 0 ms");
     expect_error([&] { memory.put(at::ones({2}), 2); }, "peer 2 is not a member (the group has 2)");
     expect_error([&] { memory.put_signal(1, 2); }, "channel 2 is not one of the 2 allocated");
     expect_error([&] { memory.wait_signal(-1); }, "sender -1 is not a member");
     expect_error([&] { memory.buffer(0, at::kFloat, {2}, 2); }, "offset 2 is not a multiple of Float's 4 bytes");
-    expect_error([&] { SymmetricMemory::allocate(g, -1); }, "bytes must be >= 0, got -1");
-    expect_error([&] { SymmetricMemory::allocate(g, 8, 0); }, "channels must be >= 1, got 0");
+    expect_error([&] { SymmetricMemory::allocate(g, -1); }, "bytes must be in [0, 2^40], got -1");
+    expect_error([&] { SymmetricMemory::allocate(g, int64_t{1} << 62); }, "bytes must be in [0, 2^40]");
+    expect_error([&] { SymmetricMemory::allocate(g, 8, 0); }, "channels must be in [1, 1024], got 0");
+    // One member's bad request fails every member alike, and later allocations still agree.
+    expect_error([&] { SymmetricMemory::allocate(g, g.rank() == 1 ? -1 : 64); },
+                 {"world rank 0: 64 bytes, 1 channels; world rank 1: refused: bytes must be in [0, 2^40], got -1"});
     // Members that ask for different sizes all fail, saying what each asked for.
     expect_error([&] { SymmetricMemory::allocate(g, g.rank() == 0 ? 64 : 128); },
                  {"every member must ask for the same bytes and channels", "world rank 0: 64 bytes, 1 channels",
@@ -162,7 +179,7 @@ TEST(SymmetricMemory, BadCallsAreClearErrors) {
 }
 
 // Members on different hosts cannot share memory: every member is told so.
-TEST(SymmetricMemory, MembersOnTwoHostsAreRefused) {
+TEST(SymmetricMemory, MembersOnTwoHostsAreRefused) {  // on every member
   comm::ProcessGroupOptions options;
   options.set_timeout(std::chrono::seconds(20));
   const std::vector<std::string> errors =

@@ -88,6 +88,20 @@ bool maps_job_segment() {
   return false;
 }
 
+// Whether `p` lies in a shared-memory segment of the job that this process maps.
+bool in_job_segment(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string segment = "/dev/shm/" + hp::job::shm_prefix();
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(segment) == std::string::npos) continue;
+    const uintptr_t begin = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    const uintptr_t end = std::stoull(line.substr(line.find('-') + 1, line.find(' ')), nullptr, 16);
+    if (address >= begin && address < end) return true;
+  }
+  return false;
+}
+
 // Every rank's input, known to every rank.
 at::Tensor input_of(int rank, int64_t numel, int salt) {
   return at::randn({numel}, at::make_generator<at::CPUGeneratorImpl>(100 * salt + rank));
@@ -215,7 +229,8 @@ int main(int argc, char** argv) try {
       memory.put_signal(previous, 1);
     }
     memory.barrier();
-    std::cout << "symmetric ring " << (ok ? "ok" : "WRONG") << " over " << (maps_job_segment() ? "a segment" : "?")
+    const bool shared = in_job_segment(memory.buffer(next, at::kFloat, {1}).data_ptr());
+    std::cout << "symmetric ring " << (ok ? "ok" : "WRONG") << " over " << (shared ? "a segment" : "private memory")
               << std::endl;
     if (rank == 1) std::_Exit(0);  // without a goodbye
     if (rank == 0) memory.wait_signal(1);

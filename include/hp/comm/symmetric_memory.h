@@ -15,11 +15,13 @@
 // the buffers, so a protocol that reuses a place must let the writer know it was read (a signal
 // back, or barrier()).
 //
-// Failures are as strict as a collective's: a wait fails naming the member it waits for when that
-// member's process exits, when its SymmetricMemory is destroyed (it left), or when the group's
-// timeout passes (hp::TimeoutError). The memory is a segment of comm/shared_segment.h: private to
-// the job (0600, an unguessable name passed through the group's store, unlinked once every member
-// has mapped it), gone with the last mapping however the job ends.
+// Failures: a wait fails naming the member it waits for when that member's process exits, when the
+// last handle to its SymmetricMemory is destroyed (it left), or when the timeout passes
+// (hp::TimeoutError). A signal sent before its sender left still counts. After a failed wait the
+// SymmetricMemory refuses every further put, get, signal, wait and barrier (a late signal would
+// satisfy the wrong wait). The memory is a segment of the shared-memory transport's kind: private
+// to the job (0600, an unguessable name passed through the group's store, unlinked once every
+// member has mapped it), gone with the last mapping however the job ends.
 //
 // Use from one thread per member, as a group's collectives are.
 #pragma once
@@ -41,10 +43,12 @@ struct SymmetricState;
 
 class SymmetricMemory {
  public:
-  // Collective over `group`: every member calls it with the same `bytes` and `channels` (else every
-  // member fails, saying which differ). `channels`: the independent signal channels each pair of
-  // members has (0 .. channels-1). Fails with a clear error when the members do not share a host's
-  // memory, or in a fake world.
+  // Collective over `group`: every member calls it, in the same order as its other allocations on
+  // the group, with the same `bytes` (at most 2^40) and `channels` (1 to 1024): the independent
+  // signal channels each pair of members has. Otherwise, and where the members do not share a
+  // host's memory, every member fails saying what each asked for. A member that never calls it
+  // makes the others fail after the group's timeout, naming it. Refused in a fake world. A set-up
+  // call: each allocation leaves a few small keys in the group's store.
   static SymmetricMemory allocate(const ProcessGroup& group, int64_t bytes, int channels = 1);
 
   int rank() const;  // this member's rank in the group
@@ -56,8 +60,9 @@ class SymmetricMemory {
   // the shared memory (no copy; it keeps the memory mapped while it lives). Writing through it is
   // writing into that member's buffer.
   at::Tensor buffer(int member, at::ScalarType dtype, at::IntArrayRef shape, int64_t offset = 0) const;
-  // Copies `source` (a CPU tensor) into member `peer`'s buffer at byte `offset`, as `source`'s
-  // dtype laid out contiguously. One-sided: `peer` does nothing.
+  // Copies `source` (a CPU tensor that does not itself view this memory) into member `peer`'s
+  // buffer at byte `offset`, as `source`'s dtype laid out contiguously. One-sided: `peer` does
+  // nothing.
   void put(const at::Tensor& source, int peer, int64_t offset = 0) const;
   // Copies what member `peer`'s buffer holds at byte `offset` into `target` (a CPU tensor, read as
   // target's dtype and shape, contiguous).
@@ -69,11 +74,13 @@ class SymmetricMemory {
   // Waits for the next signal from member `from` on `channel`. Throws hp::Error naming `from` when
   // it exited or left, hp::TimeoutError after `timeout` (the group's timeout when not given).
   void wait_signal(int from, int channel = 0, std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
-  // Every member's writes before the barrier are visible to every member after it. Collective.
+  // Every member's writes before the barrier are visible to every member after it. Collective; the
+  // group's timeout bounds the whole barrier.
   void barrier() const;
 
  private:
   explicit SymmetricMemory(std::shared_ptr<detail::SymmetricState> state) : state_(std::move(state)) {}
+  const detail::SymmetricState& state() const;
   std::shared_ptr<detail::SymmetricState> state_;
 };
 

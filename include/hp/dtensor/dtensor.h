@@ -38,11 +38,11 @@ class DTensor : public at::Tensor {
   at::Tensor to_local() const;
   // The whole tensor on every rank (all_gather / all_reduce as needed). Differentiable.
   at::Tensor full_tensor() const;
-  // The same tensor with other placements on the same mesh. Differentiable. `wire`: the format
-  // the reductions of Partial(sum / avg) fp32, bf16 or fp16 data carry, in forward and in the
-  // backward that lays the gradient out as this tensor was (hp/comm/types.h; other reductions and
-  // other data travel in their own dtype). With a wire other than native the backward is recorded
-  // even when the placements do not change, so a Partial gradient is reduced here, on the wire.
+  // The same tensor with other placements on the same mesh. Differentiable: the backward lays the
+  // gradient out as this tensor was (a Partial gradient is reduced there), even when the placements
+  // do not change. `wire`: the format the reductions of Partial(sum / avg) fp32, bf16 or fp16 data
+  // carry, in forward and in that backward (hp/comm/types.h; other reductions and other data
+  // travel in their own dtype).
   DTensor redistribute(const DeviceMesh& mesh, Placements placements,
                        comm::WireFormat wire = comm::WireFormat::kNative) const;
 
