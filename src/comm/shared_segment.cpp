@@ -131,27 +131,25 @@ void set_string(GroupImpl& group, const std::string& key, const std::string& val
 
 }  // namespace
 
+std::string await_string(GroupImpl& group, const std::string& key, int owner, const char* what) {
+  try {
+    return get_string(group, key);
+  } catch (const std::exception& e) {
+    const std::string first = shim::first_line(e);
+    const std::string msg =
+        std::string(what) + " on " + group.describe() + ", world rank " + std::to_string(group.ranks[group.rank]) +
+        ": world rank " + std::to_string(group.ranks[owner]) + " did not arrive within " +
+        std::to_string(group.options.timeout.count()) + " ms (every member must take part): " + first;
+    if (shim::says_timed_out(first)) throw hp::TimeoutError(msg);
+    throw hp::Error(msg);
+  }
+}
+
 std::vector<std::string> exchange_strings(GroupImpl& group, const std::string& keys, const std::string& mine,
                                           const char* what) {
   set_string(group, keys + std::to_string(group.rank), mine);
   std::vector<std::string> all;
-  for (int r = 0; r < group.size(); ++r) {
-    try {
-      all.push_back(get_string(group, keys + std::to_string(r)));
-    } catch (const std::exception& e) {
-      const std::string first = shim::first_line(e);
-      std::string missing;
-      for (int m = r; m < group.size(); ++m)
-        if (!group.store->check({keys + std::to_string(m)}))
-          missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[m]);
-      const std::string msg = std::string(what) + " on " + group.describe() + ", world rank " +
-                              std::to_string(group.ranks[group.rank]) + ": world ranks [" + missing +
-                              "] did not arrive within " + std::to_string(group.options.timeout.count()) +
-                              " ms (every member must call it, in the same order): " + first;
-      if (shim::says_timed_out(first)) throw hp::TimeoutError(msg);
-      throw hp::Error(msg);
-    }
-  }
+  for (int r = 0; r < group.size(); ++r) all.push_back(await_string(group, keys + std::to_string(r), r, what));
   return all;
 }
 
@@ -171,7 +169,7 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
     }
     set_string(group, name_key, error.empty() ? unpublish.name : "!" + error);
   } else {
-    const std::string name = get_string(group, name_key);
+    const std::string name = await_string(group, name_key, 0, "mapping shared memory");
     if (!name.empty() && name[0] == '!') {
       error = "world rank " + std::to_string(group.ranks[0]) + ": " + name.substr(1);
     } else {

@@ -27,9 +27,13 @@ struct GroupImpl;
 constexpr int64_t kCacheLine = 64;
 inline int64_t round_up(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
 
+// The value group rank `owner` sets under `key` in the group's store, waited for up to the group's
+// timeout; after it, hp::TimeoutError naming `owner` (`what`: the operation, for the message).
+std::string await_string(GroupImpl& group, const std::string& key, int owner, const char* what);
 // Collective over `group`, through its store: every member's `mine`, in group rank order, under
 // keys `keys` + rank (a prefix of the caller's own, used once). A member that does not arrive
-// within the group's timeout makes the others throw hp::TimeoutError naming it.
+// within the group's timeout makes the others throw hp::TimeoutError naming it (a member that
+// arrives later than that may still go on: each member waits on its own clock).
 std::vector<std::string> exchange_strings(GroupImpl& group, const std::string& keys, const std::string& mine,
                                           const char* what);
 
@@ -41,8 +45,10 @@ enum class SegmentScope {
 class SharedSegment {
  public:
   // Collective over the members of `group`, through its store: each member either maps the same
-  // zeroed `bytes`, or gets an empty segment and the reason. All members see the same outcome.
-  // Throws only when the store itself fails (a member never arrives within the group's timeout).
+  // zeroed `bytes`, or gets an empty segment and the reason. All members see the same outcome,
+  // unless a member gives up waiting for a late one: it throws hp::TimeoutError naming the late
+  // member (only the store can fail: a member never arrives within the group's timeout), and
+  // members that did not wait as long may go on.
   // `keys`: the prefix of the store keys it uses, one of its own for each segment of a group.
   struct Outcome {
     std::shared_ptr<SharedSegment> segment;

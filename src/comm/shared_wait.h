@@ -23,6 +23,13 @@ void cpu_relax();
 // Whether the process has ended: gone, or a zombie its parent has not reaped yet.
 bool process_gone(int64_t pid);
 
+// A deadline `timeout` from now; a timeout too long for the clock (milliseconds::max() meaning
+// "never") is cut to a century.
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  constexpr std::chrono::hours kCentury{24 * 365 * 100};
+  return std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout, kCentury);
+}
+
 enum class WaitOutcome { kArrived, kHopeless, kTimedOut };
 
 // Waits until arrived() holds, where whoever makes it hold changes `word` and wakes it. What is

@@ -274,7 +274,7 @@ void ShmChannel::meet(const CollectiveSite& site) {
         why = check_members(round, &culprit, &kind);
         return !why.empty();
       },
-      std::chrono::steady_clock::now() + group_.options.timeout, std::chrono::milliseconds(50));
+      deadline_after(group_.options.timeout), std::chrono::milliseconds(50));
   if (outcome == WaitOutcome::kArrived) return;
   if (outcome == WaitOutcome::kHopeless) fail(site, why, kind, culprit);
   std::string missing;

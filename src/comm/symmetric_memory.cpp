@@ -34,15 +34,17 @@ struct alignas(kCacheLine) MemberRecord {
   std::atomic<uint32_t> left;  // the member's SymmetricMemory is gone
 };
 
-// What this member may ask for, or why not.
-std::string check_request(const GroupImpl& g, int64_t bytes, int channels) {
+// What this member may ask for, or why not; `scope` how its members share memory.
+std::string check_request(const GroupImpl& g, int64_t bytes, int channels, SegmentScope* scope) {
   if (bytes < 0 || bytes > kMaxBytes) return "bytes must be in [0, 2^40], got " + std::to_string(bytes);
   if (channels < 1 || channels > kMaxChannels)
     return "channels must be in [1, " + std::to_string(kMaxChannels) + "], got " + std::to_string(channels);
   const std::shared_ptr<GroupRegistry> registry = g.registry.lock();
   if (!registry) return "the group's world is gone";
-  if (!shared_scope(*registry, g.ranks))
-    return "its members are not all on this host; symmetric memory needs members that share memory";
+  const std::optional<SegmentScope> shared = shared_scope(*registry, g.ranks);
+  if (!shared) return "its members are not all on this host; symmetric memory needs members that share memory";
+  if (g.options.timeout.count() < 0) return "the group's timeout is negative";
+  *scope = *shared;
   return "";
 }
 
@@ -150,33 +152,15 @@ struct SymmetricState {
 
 namespace {
 
-// A deadline `timeout` from now, saturated far below the clock's end.
-std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  constexpr std::chrono::hours kCentury{24 * 365 * 100};
-  return std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout, kCentury);
-}
-
-}  // namespace
-}  // namespace detail
-
-SymmetricMemory SymmetricMemory::allocate(const ProcessGroup& group, int64_t bytes, int channels) {
-  detail::GroupImpl* g = &group.impl();
+// allocate() once this member's request is known: every member's request through the store, then
+// the segment, mapped by all if they all asked alike.
+std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t bytes, int channels, SegmentScope scope,
+                                           const std::string& keys, const std::string& request,
+                                           const std::string& objection) {
+  GroupImpl* g = &group.impl();
   const std::string where = "SymmetricMemory::allocate on " + g->describe();
-  HP_CHECK(!g->fake, where, ": a fake world's groups have no memory to share");
-  // The allocation's number, taken before anything can fail, so that it stays equal on every
-  // member; a member's own objection travels with its request, so every member fails alike.
-  const std::string keys = "hp_symm/" + std::to_string(g->symmetric_allocations++) + "/";
-  const std::string objection = detail::check_request(*g, bytes, channels);
-  const std::string request = objection.empty()
-                                  ? std::to_string(bytes) + " bytes, " + std::to_string(channels) + " channels"
-                                  : "refused: " + objection;
-  std::vector<std::string> requests;
-  try {
-    requests = detail::exchange_strings(*g, keys + "requests/", request, "SymmetricMemory::allocate");
-  } catch (...) {
-    g->note_failure();
-    throw;
-  }
+  const std::vector<std::string> requests =
+      exchange_strings(*g, keys + "requests/", request, "SymmetricMemory::allocate");
   std::string listed;
   bool agree = true;
   for (int r = 0; r < g->size(); ++r) {
@@ -186,25 +170,46 @@ SymmetricMemory SymmetricMemory::allocate(const ProcessGroup& group, int64_t byt
   HP_CHECK(objection.empty(), where, ": ", objection, " (the members asked for ", listed, ")");
   HP_CHECK(agree, where, ": every member must ask for the same bytes and channels; they asked for ", listed);
 
-  auto state = std::make_shared<detail::SymmetricState>();
+  auto state = std::make_shared<SymmetricState>();
   state->handle = group;
   state->group = g;
   state->n = g->size();
   state->channels = channels;
   state->bytes = bytes;
-  state->stride = detail::SymmetricState::stride_of(bytes);
-  const int64_t total = detail::SymmetricState::buffers_offset(state->n, channels) + int64_t{state->n} * state->stride;
-  detail::SharedSegment::Outcome outcome =
-      detail::SharedSegment::create(*g, total, *detail::shared_scope(*g->registry.lock(), g->ranks), keys);
+  state->stride = SymmetricState::stride_of(bytes);
+  const int64_t total = SymmetricState::buffers_offset(state->n, channels) + int64_t{state->n} * state->stride;
+  SharedSegment::Outcome outcome = SharedSegment::create(*g, total, scope, keys);
   HP_CHECK(outcome.segment, where, ": could not map ", total, " bytes on every member (", outcome.error, ")");
   state->segment = std::move(outcome.segment);
   std::byte* base = state->segment->data();
-  state->members = reinterpret_cast<detail::MemberRecord*>(base);
-  state->signals = reinterpret_cast<std::atomic<uint32_t>*>(base + detail::SymmetricState::signals_offset(state->n));
-  state->buffers = base + detail::SymmetricState::buffers_offset(state->n, channels);
+  state->members = reinterpret_cast<MemberRecord*>(base);
+  state->signals = reinterpret_cast<std::atomic<uint32_t>*>(base + SymmetricState::signals_offset(state->n));
+  state->buffers = base + SymmetricState::buffers_offset(state->n, channels);
   state->taken.assign(static_cast<size_t>(channels + 1) * state->n, 0);
   state->members[state->me()].pid.store(getpid(), std::memory_order_release);
-  return SymmetricMemory(std::move(state));
+  return state;
+}
+
+}  // namespace
+}  // namespace detail
+
+SymmetricMemory SymmetricMemory::allocate(const ProcessGroup& group, int64_t bytes, int channels) {
+  detail::GroupImpl* g = &group.impl();
+  HP_CHECK(!g->fake, "SymmetricMemory::allocate on ", g->describe(), ": a fake world's groups have no memory to share");
+  // The allocation's number, taken before anything can fail, so that it stays equal on every
+  // member; a member's own objection travels with its request, so every member fails alike.
+  const std::string keys = "hp_symm/" + std::to_string(g->symmetric_allocations++) + "/";
+  detail::SegmentScope scope = detail::SegmentScope::kProcess;
+  const std::string objection = detail::check_request(*g, bytes, channels, &scope);
+  const std::string request = objection.empty()
+                                  ? std::to_string(bytes) + " bytes, " + std::to_string(channels) + " channels"
+                                  : "refused: " + objection;
+  try {
+    return SymmetricMemory(detail::map_agreed(group, bytes, channels, scope, keys, request, objection));
+  } catch (...) {
+    g->note_failure();  // this rank's failure on the group (the trainer's error accounting)
+    throw;
+  }
 }
 
 const detail::SymmetricState& SymmetricMemory::state() const {
@@ -266,8 +271,9 @@ void SymmetricMemory::wait_signal(int from, int channel, std::optional<std::chro
   s.check_usable("wait_signal");
   s.check_member("wait_signal", from, "sender");
   s.check_channel("wait_signal", channel);
+  HP_CHECK(!timeout || timeout->count() >= 0, s.where("wait_signal"), ": the timeout must be >= 0 ms, got ",
+           timeout ? timeout->count() : 0);
   const std::chrono::milliseconds limit = timeout.value_or(s.group->options.timeout);
-  HP_CHECK(limit.count() >= 0, s.where("wait_signal"), ": the timeout must be >= 0 ms, got ", limit.count());
   s.wait("wait_signal", from, channel, detail::deadline_after(limit), limit);
 }
 
@@ -277,8 +283,8 @@ void SymmetricMemory::barrier() const {
   const int barrier_channel = s.channels;
   for (int r = 0; r < s.n; ++r)
     if (r != s.me()) s.signal(r, barrier_channel);
-  const std::chrono::milliseconds timeout = s.group->options.timeout;
-  const auto deadline = detail::deadline_after(timeout);  // one for the whole barrier
+  const std::chrono::milliseconds timeout = s.group->options.timeout;  // >= 0: allocate checked
+  const auto deadline = detail::deadline_after(timeout);               // one for the whole barrier
   for (int r = 0; r < s.n; ++r)
     if (r != s.me()) s.wait("barrier", r, barrier_channel, deadline, timeout);
 }

@@ -113,9 +113,42 @@ TEST(SymmetricMemory, SignalsCountAndAMissingOneTimesOutNamingTheSender) {
                  {"world rank " + std::to_string(other) + " did not signal channel 2 within 300 ms"});
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
     // The failed wait's signal could still come and satisfy the wrong wait: the memory is done.
-    expect_error([&] { memory.put_signal(other, 0); }, "an earlier wait on this SymmetricMemory failed");
+    const std::string refused = "an earlier wait on this SymmetricMemory failed";
+    expect_error([&] { memory.put_signal(other, 0); }, refused);
+    expect_error([&] { memory.wait_signal(other, 0); }, refused);
+    expect_error([&] { memory.put(at::ones({2}), other); }, refused);
+    expect_error([&] { memory.get(at::ones({2}), other); }, refused);
+    expect_error([&] { memory.barrier(); }, refused);
+    // A handle moved from is empty, and says so.
+    SymmetricMemory moved = std::move(memory);
+    expect_error([&] { memory.rank(); }, "this handle is empty");  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(moved.rank(), g.rank());
     g.barrier();
   });
+}
+
+// A member that never calls allocate fails the others after the group's timeout, with a
+// TimeoutError naming it.
+TEST(SymmetricMemory, AMemberThatNeverAllocatesIsNamedAfterTheTimeout) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(1));
+  options.barrier_at_exit = false;  // rank 1 would wait there as long as rank 0 in allocate
+  std::string said;
+  run(
+      2,
+      [&](const ProcessGroup& g) {
+        if (g.rank() == 1) return;  // never allocates
+        try {
+          SymmetricMemory::allocate(g, 64);
+        } catch (const hp::TimeoutError& e) {
+          said = e.what();
+        }
+      },
+      options);
+  EXPECT_NE(said.find("SymmetricMemory::allocate on group 'world' (world ranks [0, 1]), world rank 0: world rank 1 "
+                      "did not arrive within 1000 ms"),
+            std::string::npos)
+      << said;
 }
 
 // A member whose SymmetricMemory is destroyed (here, its rank gave up) fails the member waiting for

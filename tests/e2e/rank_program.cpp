@@ -95,8 +95,9 @@ bool in_job_segment(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   for (std::string line; std::getline(maps, line);) {
     if (line.find(segment) == std::string::npos) continue;
-    const uintptr_t begin = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-    const uintptr_t end = std::stoull(line.substr(line.find('-') + 1, line.find(' ')), nullptr, 16);
+    const size_t dash = line.find('-'), space = line.find(' ');
+    const uintptr_t begin = std::stoull(line.substr(0, dash), nullptr, 16);
+    const uintptr_t end = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
     if (address >= begin && address < end) return true;
   }
   return false;

@@ -47,8 +47,10 @@ class SymmetricMemory {
   // the group, with the same `bytes` (at most 2^40) and `channels` (1 to 1024): the independent
   // signal channels each pair of members has. Otherwise, and where the members do not share a
   // host's memory, every member fails saying what each asked for. A member that never calls it
-  // makes the others fail after the group's timeout, naming it. Refused in a fake world. A set-up
-  // call: each allocation leaves a few small keys in the group's store.
+  // makes the others throw hp::TimeoutError naming it after the group's timeout (a member that
+  // comes late may cost up to three timeouts: its request, the segment's name and its mapping are
+  // each waited for). Refused in a fake world. A set-up call: each allocation leaves a few small
+  // keys in the group's store. Two threads of one rank must not allocate on one group at once.
   static SymmetricMemory allocate(const ProcessGroup& group, int64_t bytes, int channels = 1);
 
   int rank() const;  // this member's rank in the group
@@ -72,7 +74,8 @@ class SymmetricMemory {
   // on `channel`.
   void put_signal(int peer, int channel = 0) const;
   // Waits for the next signal from member `from` on `channel`. Throws hp::Error naming `from` when
-  // it exited or left, hp::TimeoutError after `timeout` (the group's timeout when not given).
+  // it exited or left, hp::TimeoutError after `timeout` (>= 0; the group's timeout when not
+  // given). After a failed wait every further put, get, signal, wait and barrier is refused.
   void wait_signal(int from, int channel = 0, std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
   // Every member's writes before the barrier are visible to every member after it. Collective; the
   // group's timeout bounds the whole barrier.
