@@ -197,6 +197,7 @@ TEST(SymmetricMemory, BadCallsAreClearErrors) {
     expect_error([&] { SymmetricMemory::allocate(g, -1); }, "bytes must be in [0, 2^40], got -1");
     expect_error([&] { SymmetricMemory::allocate(g, int64_t{1} << 62); }, "bytes must be in [0, 2^40]");
     expect_error([&] { SymmetricMemory::allocate(g, 8, 0); }, "channels must be in [1, 1024], got 0");
+    expect_error([&] { SymmetricMemory::allocate(g, 8, 1025); }, "channels must be in [1, 1024], got 1025");
     // One member's bad request fails every member alike, and later allocations still agree.
     expect_error([&] { SymmetricMemory::allocate(g, g.rank() == 1 ? -1 : 64); },
                  {"world rank 0: 64 bytes, 1 channels; world rank 1: refused: bytes must be in [0, 2^40], got -1"});
