@@ -7,8 +7,10 @@
 //    difference is what one layer costs, compared with the theory (Megatron-LM): without SP, 4
 //    all_reduces of the activation [batch, seq, dim] per layer (2 forward, 2 backward); with SP,
 //    4 all_gathers and 4 reduce_scatters of it.
-// 2. Step time (forward, backward, AdamW) at TP=2 (two ranks as threads) versus one rank, every
-//    rank with one CPU thread (ATen and OpenBLAS), rounds alternating, medians.
+// 2. Step time (forward, backward, AdamW) at TP=2 (two ranks as threads, sequence and loss
+//    parallel) versus one rank, and TP=2 with async TP (gathers and reduce-scatters fused with the
+//    matmuls through symmetric memory) versus plain TP=2 (the shared-memory transport's
+//    collectives); every rank with one CPU thread (ATen and OpenBLAS), rounds alternating, medians.
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
@@ -117,30 +119,42 @@ double report_comm(bool quick, bool sp) {
   return measured_bytes / theory_bytes;
 }
 
-// Median step seconds at one rank and at TP=2, rounds alternating.
-std::pair<double, double> step_times(bool quick) {
+struct StepTimes {
+  double one, tp2, tp2_async;  // median seconds
+};
+
+// Rank 0's step times at TP=2 with `tp`, after a warm-up step.
+std::vector<double> tp2_steps(const Shape& s, int steps, hp::test::TpOptions tp) {
+  std::vector<double> mine;
+  hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
+    hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {2}, {"tp"});
+    Trainer trainer(s, &mesh, tp);
+    trainer.step();
+    for (int i = 0; i < steps; ++i) {
+      const double t = seconds([&] { trainer.step(); });
+      if (world.rank() == 0) mine.push_back(t);
+    }
+  });
+  return mine;
+}
+
+// Median step seconds at one rank, at TP=2 and at TP=2 with async TP, rounds alternating.
+StepTimes step_times(bool quick) {
   const Shape s = shape(quick, 2);
   const int rounds = quick ? 1 : 5, steps = quick ? 2 : 5;
-  std::vector<double> one, tp2;
+  std::vector<double> one, tp2, tp2_async;
   for (int r = 0; r < rounds; ++r) {
     {
       Trainer trainer(s, nullptr, {});
       trainer.step();
       for (int i = 0; i < steps; ++i) one.push_back(seconds([&] { trainer.step(); }));
     }
-    std::vector<double> mine;
-    hp::testing::run_ranks(2, [&](const hp::comm::ProcessGroup& world) {
-      hp::DeviceMesh mesh = hp::init_device_mesh(world, "cpu", {2}, {"tp"});
-      Trainer trainer(s, &mesh, {true, true});
-      trainer.step();
-      for (int i = 0; i < steps; ++i) {
-        const double t = seconds([&] { trainer.step(); });
-        if (world.rank() == 0) mine.push_back(t);
-      }
-    });
-    tp2.insert(tp2.end(), mine.begin(), mine.end());
+    for (const bool async : {false, true}) {
+      const std::vector<double> mine = tp2_steps(s, steps, {true, true, hp::comm::WireFormat::kNative, async});
+      (async ? tp2_async : tp2).insert((async ? tp2_async : tp2).end(), mine.begin(), mine.end());
+    }
   }
-  return {median(one), median(tp2)};
+  return {median(one), median(tp2), median(tp2_async)};
 }
 
 }  // namespace
@@ -153,9 +167,11 @@ int main(int argc, char** argv) {
               s.model.heads, s.model.kv_heads, s.model.ffn_hidden, s.model.vocab, s.batch, s.seq);
   const double no_sp = report_comm(quick, false);
   const double with_sp = report_comm(quick, true);
-  const auto [one, tp2] = step_times(quick);
-  std::printf("\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms\n", one * 1e3,
-              tp2 * 1e3);
-  std::printf("ratios: per-layer bytes measured/theory without SP %.2f, with SP %.2f; step time TP=2 / 1 rank %.2f\n",
-              no_sp, with_sp, tp2 / one);
+  const StepTimes t = step_times(quick);
+  std::printf("\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms, TP=2 async %.2f ms\n",
+              t.one * 1e3, t.tp2 * 1e3, t.tp2_async * 1e3);
+  std::printf(
+      "ratios: per-layer bytes measured/theory without SP %.2f, with SP %.2f; step time TP=2 / 1 rank %.2f, "
+      "TP=2 async / TP=2 %.2f\n",
+      no_sp, with_sp, t.tp2 / t.one, t.tp2_async / t.tp2);
 }

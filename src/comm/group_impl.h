@@ -49,6 +49,7 @@ std::optional<SegmentScope> shared_scope(const GroupRegistry& registry, const st
 struct WorkState;
 struct CollectiveSite;
 class ShmChannel;
+struct FusedWorkspace;
 
 struct GroupImpl {
   // Aborted sends and receives, kept (with their buffers) for the group's lifetime: the transport
@@ -95,6 +96,10 @@ struct GroupImpl {
   at::Tensor scratch(at::IntArrayRef shape, at::ScalarType dtype, c10::Device device = c10::kCPU);
   static constexpr int64_t kMaxCachedScratchBytes = int64_t{256} << 20;
   at::Tensor scratch_storage;  // bytes
+
+  // The symmetric memory of the fused ops (hp/comm/fused_matmul.h) and where their protocol
+  // stands. Declared last: it goes first, while the group it names still exists.
+  std::shared_ptr<FusedWorkspace> fused_workspace;
 };
 
 // Where a failure happened, for the error message.

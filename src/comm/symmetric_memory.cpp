@@ -18,6 +18,7 @@
 #include "comm/group_impl.h"
 #include "comm/shared_segment.h"
 #include "comm/shared_wait.h"
+#include "comm/symmetric_access.h"
 #include "hp/core/error.h"
 
 namespace hp::comm {
@@ -51,7 +52,7 @@ std::string check_request(const GroupImpl& g, int64_t bytes, int channels, Segme
 }  // namespace
 
 struct SymmetricState {
-  ProcessGroup handle;  // keeps the group alive
+  ProcessGroup handle;  // keeps the group alive (empty for the group's own memory, which it outlives)
   GroupImpl* group = nullptr;
   std::shared_ptr<SharedSegment> segment;
   int n = 0;
@@ -156,7 +157,7 @@ namespace {
 // the segment, mapped by all if they all asked alike.
 std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t bytes, int channels, SegmentScope scope,
                                            const std::string& keys, const std::string& request,
-                                           const std::string& objection) {
+                                           const std::string& objection, bool keep_group_alive) {
   GroupImpl* g = &group.impl();
   const std::string where = "SymmetricMemory::allocate on " + g->describe();
   const std::vector<std::string> requests =
@@ -171,7 +172,7 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
   HP_CHECK(agree, where, ": every member must ask for the same bytes and channels; they asked for ", listed);
 
   auto state = std::make_shared<SymmetricState>();
-  state->handle = group;
+  if (keep_group_alive) state->handle = group;
   state->group = g;
   state->n = g->size();
   state->channels = channels;
@@ -193,23 +194,36 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
 }  // namespace
 }  // namespace detail
 
-SymmetricMemory SymmetricMemory::allocate(const ProcessGroup& group, int64_t bytes, int channels) {
-  detail::GroupImpl* g = &group.impl();
+namespace detail {
+
+std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGroup& group, int64_t bytes, int channels,
+                                                                bool keep_group_alive) {
+  GroupImpl* g = &group.impl();
   HP_CHECK(!g->fake, "SymmetricMemory::allocate on ", g->describe(), ": a fake world's groups have no memory to share");
   // The allocation's number, taken before anything can fail, so that it stays equal on every
   // member; a member's own objection travels with its request, so every member fails alike.
   const std::string keys = "hp_symm/" + std::to_string(g->symmetric_allocations++) + "/";
-  detail::SegmentScope scope = detail::SegmentScope::kProcess;
-  const std::string objection = detail::check_request(*g, bytes, channels, &scope);
+  SegmentScope scope = SegmentScope::kProcess;
+  const std::string objection = check_request(*g, bytes, channels, &scope);
   const std::string request = objection.empty()
                                   ? std::to_string(bytes) + " bytes, " + std::to_string(channels) + " channels"
                                   : "refused: " + objection;
   try {
-    return SymmetricMemory(detail::map_agreed(group, bytes, channels, scope, keys, request, objection));
+    return map_agreed(group, bytes, channels, scope, keys, request, objection, keep_group_alive);
   } catch (...) {
     g->note_failure();  // this rank's failure on the group (the trainer's error accounting)
     throw;
   }
+}
+
+SymmetricMemory SymmetricAccess::allocate_held_by_group(const ProcessGroup& group, int64_t bytes, int channels) {
+  return SymmetricMemory(allocate_state(group, bytes, channels, /*keep_group_alive=*/false));
+}
+
+}  // namespace detail
+
+SymmetricMemory SymmetricMemory::allocate(const ProcessGroup& group, int64_t bytes, int channels) {
+  return SymmetricMemory(detail::SymmetricAccess::allocate_state(group, bytes, channels, /*keep_group_alive=*/true));
 }
 
 const detail::SymmetricState& SymmetricMemory::state() const {

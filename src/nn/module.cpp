@@ -43,7 +43,7 @@ at::Tensor Module::call(Inputs inputs) {
 
 at::Tensor Module::call_unwrapped(Inputs inputs) {
   for (const auto& [id, hook] : pre_hooks_) hook(*this, inputs);
-  at::Tensor output = forward_inputs(inputs);
+  at::Tensor output = forward_override_ ? forward_override_(*this, inputs) : forward_inputs(inputs);
   for (const auto& [id, hook] : post_hooks_) hook(*this, inputs, output);
   return output;
 }
@@ -70,6 +70,11 @@ HookHandle Module::register_forward_hook(PostHook hook) {
 void Module::set_call_wrapper(CallWrapper wrapper) {
   HP_CHECK(!call_wrapper_, name(), " already has a call wrapper (e.g. it is already checkpointed)");
   call_wrapper_ = std::move(wrapper);
+}
+
+void Module::set_forward_override(ForwardOverride forward) {
+  HP_CHECK(!forward_override_, name(), " already computes its forward another way (a plan set it)");
+  forward_override_ = std::move(forward);
 }
 
 void Module::remove_hook(HookHandle handle) {

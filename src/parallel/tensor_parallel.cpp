@@ -7,6 +7,7 @@
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/layers.h"
+#include "parallel/async_tp.h"
 #include "parallel/layout.h"
 
 namespace hp {
@@ -16,6 +17,7 @@ using parallel::as_dtensor;
 using parallel::check_divisible;
 using parallel::distribute_parameter;
 using parallel::lay_out;
+using parallel::normalized;
 
 std::string where(const ParallelStyleBase& style, const std::string& fqn) { return style.name() + " on '" + fqn + "'"; }
 
@@ -61,12 +63,53 @@ void lay_out_output(nn::Module& module, Placement desired, bool use_local, comm:
   });
 }
 
+// set_async_tp's conditions: a Linear whose `side` ("input" or "output") is sharded on a sequence
+// dim (`seq`), with native reductions.
+void check_async_tp(const ParallelStyleBase& style, nn::Module& module, const std::string& fqn, Placement seq,
+                    const char* side, comm::WireFormat wire) {
+  HP_CHECK(dynamic_cast<nn::Linear*>(&module) != nullptr, where(style, fqn),
+           ": set_async_tp fuses a Linear's matmul with its communication; this is a ", module.name(), " module");
+  HP_CHECK(seq.is_shard() && seq.dim() != -1, where(style, fqn), ": set_async_tp needs the ", side,
+           " sharded on the sequence dim (e.g. Shard(1)), got ", seq.str());
+  HP_CHECK(wire == comm::WireFormat::kNative, where(style, fqn),
+           ": set_async_tp is not combined with set_reduce_wire (the fused reductions add in the data's own dtype)");
+}
+
+// Async TP replaces the Linear's forward: the DTensor input x (laid out by the pre-hook) and the
+// local weight go through `fused(group, x's piece, weight's piece, sequence dim)`, whose result is
+// this rank's piece of the output, sharded on the sequence dim (output_on_sequence) or on the last;
+// `add_bias` adds the bias to it. A sequence that does not split evenly (a prompt being generated)
+// goes through the unfused layer.
+using FusedLinear = at::Tensor (*)(const comm::ProcessGroup&, const at::Tensor&, const at::Tensor&, int64_t);
+using AddBias = at::Tensor (*)(const at::Tensor& out, const at::Tensor& bias);
+
+void fuse_linear(nn::Module& module, const DeviceMesh& mesh, Placement seq, bool output_on_sequence, FusedLinear fused,
+                 AddBias add_bias) {
+  const auto& linear = dynamic_cast<const nn::Linear&>(module);
+  module.set_forward_override([mesh, seq, output_on_sequence, fused, add_bias, out_features = linear.out_features,
+                               has_bias = linear.has_bias](nn::Module& m, const nn::Inputs& in) -> at::Tensor {
+    const DTensor x(in.at(0));
+    const int64_t dim = normalized(seq, x.dim()).dim();
+    if (x.size(dim) % mesh.size() != 0) {
+      const at::Tensor input = output_on_sequence ? x : x.redistribute(mesh, {Replicate()});
+      return at::linear(input, m.param("weight"), has_bias ? m.param("bias") : at::Tensor());
+    }
+    const at::Tensor y = fused(mesh.get_group(0), x.to_local(), DTensor(m.param("weight")).to_local(), dim);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out_features;
+    const Placement placed = output_on_sequence ? Shard(dim) : Shard(x.dim() - 1);
+    const at::Tensor out = DTensor::from_local(y, mesh, {placed}, shape);
+    return has_bias ? add_bias(out, m.param("bias")) : out;
+  });
+}
+
 }  // namespace
 
 // ---- ColwiseParallel ----------------------------------------------------------------------------
 
 void ColwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
   check_weight_split(*this, module, fqn, mesh, /*linear_dim=*/0, /*embedding_dim=*/1);
+  if (async_tp_) check_async_tp(*this, module, fqn, input_layout_, "input", wire_);
 }
 
 void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
@@ -77,8 +120,18 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(1)}, fqn);
   }
-  lay_out_input(module, mesh, input_layout_, Replicate(), where(*this, fqn), wire_,
+  // Async TP keeps the input sharded on the sequence: the fused forward gathers it.
+  lay_out_input(module, mesh, input_layout_, async_tp_ ? input_layout_ : Replicate(), where(*this, fqn), wire_,
                 linear ? std::optional<int64_t>(linear->in_features) : std::nullopt);
+  if (async_tp_) {
+    // The bias piece matches the output's features, and every rank has all rows: added locally.
+    const AddBias add_local = [](const at::Tensor& out, const at::Tensor& bias) -> at::Tensor {
+      const DTensor o(out);
+      return DTensor::from_local(o.to_local() + DTensor(bias).to_local(), o.device_mesh(), o.placements(),
+                                 o.sizes().vec());
+    };
+    fuse_linear(module, mesh, input_layout_, /*output_on_sequence=*/false, &parallel::all_gather_linear, add_local);
+  }
   lay_out_output(module, output_layout_, use_local_output_, comm::WireFormat::kNative);  // no reduction
 }
 
@@ -86,6 +139,7 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
 
 void RowwiseParallel::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
   check_weight_split(*this, module, fqn, mesh, /*linear_dim=*/1, /*embedding_dim=*/0);
+  if (async_tp_) check_async_tp(*this, module, fqn, output_layout_, "output", wire_);
 }
 
 void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
@@ -94,6 +148,15 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
     if (linear->has_bias) distribute_parameter(module, "bias", mesh, {Replicate()}, fqn);
     lay_out_input(module, mesh, input_layout_.value_or(Shard(-1)), Shard(-1), where(*this, fqn),
                   comm::WireFormat::kNative, linear->in_features);
+    if (async_tp_) {
+      // A replicated bias on sequence-sharded rows: a DTensor add, whose gradient comes out Partial
+      // and is reduced by the parameter's hook.
+      const AddBias add_replicated = [](const at::Tensor& out, const at::Tensor& bias) -> at::Tensor {
+        return out + bias;
+      };
+      fuse_linear(module, mesh, output_layout_, /*output_on_sequence=*/true, &parallel::linear_reduce_scatter,
+                  add_replicated);
+    }
   } else {
     distribute_parameter(module, "weight", mesh, {Shard(0)}, fqn);
     lay_out_input(module, mesh, input_layout_.value_or(Replicate()), Replicate(), where(*this, fqn),

@@ -94,6 +94,7 @@ const std::vector<Field>& trainer_fields() {
       HP_CONFIG_FIELD("parallel.ep", parallel.ep),
       HP_CONFIG_FIELD("parallel.sequence_parallel", sequence_parallel),
       HP_CONFIG_FIELD("parallel.loss_parallel", loss_parallel),
+      HP_CONFIG_FIELD("parallel.async_tp", async_tp),
       HP_CONFIG_FIELD("parallel.reshard_after_forward", reshard_after_forward),
       HP_CONFIG_FIELD("parallel.reshard_after_forward_to", reshard_after_forward_to),
       HP_CONFIG_FIELD("parallel.pp_schedule", pp_schedule),
@@ -436,6 +437,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "parallel.reshard_after_forward_to (", c.reshard_after_forward_to, ") must divide parallel.dp_shard (",
            c.parallel.dp_shard, ")", c.parallel.cp > 1 ? " x parallel.cp (" + std::to_string(c.parallel.cp) + ")" : "");
   HP_CHECK(!c.sequence_parallel || c.parallel.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
+  HP_CHECK(!c.async_tp || c.sequence_parallel,
+           "parallel.async_tp fuses sequence parallelism's gathers and reduce-scatters with the matmuls: it needs "
+           "parallel.sequence_parallel: true (and parallel.tp > 1)");
   HP_CHECK(!c.sequence_parallel || (c.data.seq_len / c.parallel.cp) % c.parallel.tp == 0, "data.seq_len (",
            c.data.seq_len, ") / parallel.cp (", c.parallel.cp, ") must be divisible by parallel.tp (", c.parallel.tp,
            ") with sequence_parallel");
@@ -530,6 +534,8 @@ void validate(const TrainConfig& c, int64_t world_size) {
   HP_CHECK(tp_wire_of(c) == comm::WireFormat::kNative || c.parallel.tp > 1,
            "comm.tp_wire is the format of tensor parallelism's reductions, which this run does not have: it needs ",
            "parallel.tp > 1");
+  HP_CHECK(!c.async_tp || tp_wire_of(c) == comm::WireFormat::kNative,
+           "parallel.async_tp is not combined with comm.tp_wire (the fused reductions add in the data's own dtype)");
 }
 
 comm::Transport transport_of(const TrainConfig& config) {

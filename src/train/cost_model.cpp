@@ -142,7 +142,12 @@ double Calibration::compute_seconds(const std::string& cost_class, int size, con
   return compute_scale * calls * each;
 }
 
-double Calibration::collective_seconds(const std::string& name, int group_size, const CollectiveWork& work) const {
+double Calibration::collective_seconds(const std::string& op, int group_size, const CollectiveWork& work) const {
+  // The fused ops (hp/comm/fused_matmul.h) move what their collective moves (their matmuls are
+  // recorded as compute).
+  const std::string name = op == "all_gather_matmul"       ? "all_gather"
+                           : op == "matmul_reduce_scatter" ? "reduce_scatter"
+                                                           : op;
   const auto it = collectives.find(name);
   if (it == collectives.end() || it->second.empty()) {
     std::string have;

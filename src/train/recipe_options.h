@@ -21,7 +21,7 @@ inline pp::ActionCosts pipeline_costs(const TrainConfig& c) {
 
 inline models::RecipeOptions recipe_options(const TrainConfig& c) {
   models::RecipeOptions options;
-  options.tp = {c.sequence_parallel, c.loss_parallel, tp_wire_of(c)};
+  options.tp = {c.sequence_parallel, c.loss_parallel, tp_wire_of(c), c.async_tp};
   options.fsdp.reshard_after_forward = c.reshard_after_forward;
   options.fsdp.reshard_after_forward_to = static_cast<int>(c.reshard_after_forward_to);
   options.pipeline = {c.pp_schedule, static_cast<int>(c.pp_stages_per_rank), static_cast<int>(c.micro_batches()),

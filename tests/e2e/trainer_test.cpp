@@ -154,6 +154,12 @@ TEST(HpTrain, KillAndResumeIsBitwiseIdentical) { kill_and_resume("fsdp_tp", "");
 // The same in fp32 (the main job trains in bf16).
 TEST(HpTrain, KillAndResumeInFp32IsBitwiseIdentical) { kill_and_resume("fsdp_tp_fp32", "--set train.dtype=fp32"); }
 
+// The same with async TP (sequence parallel, TP's gathers and reduce-scatters fused with its matmuls
+// through the symmetric memory the processes map).
+TEST(HpTrain, KillAndResumeWithAsyncTensorParallelismIsBitwiseIdentical) {
+  kill_and_resume("async_tp", "--set parallel.sequence_parallel=true --set parallel.async_tp=true");
+}
+
 // The same through a pipeline: pp 2 (1F1B) x dp_shard 2, each rank checkpointing its own stage.
 TEST(HpTrain, KillAndResumeThroughAPipelineIsBitwiseIdentical) {
   kill_and_resume("pp", "--set parallel.pp=2 --set parallel.tp=1");

@@ -1,6 +1,6 @@
 // Tensor parallelism on the test Llama against the same model on one device: loss and every
 // parameter gradient within 5e-5 relative (fp32) over 3 AdamW steps, for TP = 2 and 4, with and
-// without sequence parallel and loss parallel. Plus: per-rank parameter bytes are total / TP plus
+// without sequence parallel, loss parallel and async TP. Plus: per-rank parameter bytes are total / TP plus
 // the replicated norms.
 #include <hp/comm/comm_debug_mode.h>
 #include <hp/dtensor/dtensor.h>
@@ -92,8 +92,14 @@ TEST_P(TpLlama, MatchesSingleDevice) {
     parallelize_module(model, mesh, llama_tp_plan(c.options));
     nn::init_parameters(model, kSeed);
     // The LM head hands loss parallel vocabulary-sharded logits, and plain local ones otherwise.
+    comm::CommDebugMode comm;
     const at::Tensor logits = model(batch(0).first);
     EXPECT_EQ(is_dtensor(logits), c.options.loss_parallel);
+    // Async TP: q/k/v, gate/up of each block and the LM head gather fused with their matmuls, o_proj
+    // and down reduce-scatter fused with theirs.
+    const int64_t blocks = config().layers;
+    EXPECT_EQ(comm.count("all_gather_matmul"), c.options.async_tp ? 5 * blocks + 1 : 0) << comm.str();
+    EXPECT_EQ(comm.count("matmul_reduce_scatter"), c.options.async_tp ? 2 * blocks : 0) << comm.str();
     if (c.options.loss_parallel) {
       EXPECT_EQ(DTensor(logits).placements(), Placements{Shard(2)});
     }
@@ -104,11 +110,16 @@ TEST_P(TpLlama, MatchesSingleDevice) {
 INSTANTIATE_TEST_SUITE_P(Plans, TpLlama,
                          ::testing::Values(TpCase{2, {false, false}}, TpCase{2, {true, false}},
                                            TpCase{2, {false, true}}, TpCase{2, {true, true}}, TpCase{4, {false, false}},
-                                           TpCase{4, {true, false}}, TpCase{4, {false, true}}, TpCase{4, {true, true}}),
+                                           TpCase{4, {true, false}}, TpCase{4, {false, true}}, TpCase{4, {true, true}},
+                                           TpCase{2, {true, false, comm::WireFormat::kNative, true}},
+                                           TpCase{2, {true, true, comm::WireFormat::kNative, true}},
+                                           TpCase{4, {true, false, comm::WireFormat::kNative, true}},
+                                           TpCase{4, {true, true, comm::WireFormat::kNative, true}}),
                          [](const auto& info) {
                            const TpCase& c = info.param;
                            return "tp" + std::to_string(c.tp) + (c.options.sequence_parallel ? "_sp" : "") +
-                                  (c.options.loss_parallel ? "_loss_parallel" : "");
+                                  (c.options.loss_parallel ? "_loss_parallel" : "") +
+                                  (c.options.async_tp ? "_async" : "");
                          });
 
 // TpOptions::wire: the plan's reductions go on the wire, each once: in forward the embedding's and

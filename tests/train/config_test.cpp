@@ -230,6 +230,9 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"schedule.warmup_steps=30"}, 4, "schedule.warmup_steps (30) must be in 0..train.steps (20)");
   invalid({"parallel.sequence_parallel=true", "parallel.tp=1", "parallel.dp_shard=4"}, 4,
           "parallel.sequence_parallel needs parallel.tp > 1");
+  invalid({"parallel.async_tp=true"}, 4, "parallel.async_tp fuses sequence parallelism's gathers");
+  invalid({"parallel.async_tp=true", "parallel.sequence_parallel=true", "comm.tp_wire=bf16"}, 4,
+          "parallel.async_tp is not combined with comm.tp_wire");
   // Huge values are errors, not wrapped arithmetic or giant allocations.
   invalid({"parallel.dp_shard=4611686018427387904", "parallel.tp=4"}, 4, "multiply beyond 64 bits");
   invalid({"model.dim=4294967296", "model.heads=1", "model.kv_heads=1"}, 4, "the parameter count would overflow");

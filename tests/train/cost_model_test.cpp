@@ -169,6 +169,19 @@ Calibration known_calibration() {
   return cal;
 }
 
+// The fused ops of async TP move what their collective moves: priced on its line (their matmuls are
+// compute, recorded as such).
+TEST(CostModel, FusedOpsArePricedAsTheirCollectives) {
+  Calibration cal = known_calibration();
+  cal.collectives["all_gather"][2] = {2e-4, 3e-9};
+  cal.collectives["reduce_scatter"][2] = {3e-4, 5e-9};
+  const CollectiveWork work{3, 1e6};
+  EXPECT_EQ(cal.collective_seconds("all_gather_matmul", 2, work), cal.collective_seconds("all_gather", 2, work));
+  EXPECT_EQ(cal.collective_seconds("matmul_reduce_scatter", 2, work),
+            cal.collective_seconds("reduce_scatter", 2, work));
+  EXPECT_NE(cal.collective_seconds("all_gather", 2, work), cal.collective_seconds("reduce_scatter", 2, work));
+}
+
 // Work of a class the calibration has no timing for (a kernel newer than the calibration) is
 // priced at the time per op only, and the estimate names it; work-free classes (views) are not
 // named.

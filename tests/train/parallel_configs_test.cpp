@@ -48,6 +48,7 @@ struct Parallel {
   bool cp_async = false;
   double dropout = 0.0;             // model.residual_dropout and model.attention_dropout
   std::string checkpoint = "none";  // memory.checkpoint
+  bool async_tp = false;            // parallel.async_tp
 };
 
 std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
@@ -66,6 +67,7 @@ std::vector<double> run_config(const Parallel& p, const fs::path& dir) {
   c.model.as<models::LlamaConfig>().residual_dropout = p.dropout;
   c.model.as<models::LlamaConfig>().attention_dropout = p.dropout;
   c.memory.checkpoint = p.checkpoint;
+  c.async_tp = p.async_tp;
   c.run_dir += "_" + std::to_string(p.world) + "_" + std::to_string(p.layers_per_stage.size()) + p.optimizer;
   return rank0_losses(c, p.world);
 }
@@ -398,6 +400,36 @@ TEST(Trainer, ActivationCheckpointingChangesNoLoss) {
     c.memory.swap = "host";
     EXPECT_EQ(rank0_losses(c, p.world), plain) << p.name << ", memory.swap host";
     c.memory.swap = "none";
+  }
+  fs::remove_all(dir);
+}
+
+// Async TP (parallel.async_tp): tensor parallelism's gathers and reduce-scatters fused with its
+// matmuls, alone, under FSDP and under a zero-bubble pipeline (whose W passes ask for the weights'
+// gradients alone), against one rank; activation checkpointing (whose recomputation runs the fused
+// ops again) changes no loss of it, bitwise.
+TEST(Trainer, AsyncTensorParallelAgreesWithOneRank) {
+  const fs::path dir = fs::temp_directory_path() / ("hp_trainer_async_tp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ParallelDims tp2, dp2tp2, pp2tp2;
+  tp2.tp = dp2tp2.tp = pp2tp2.tp = 2;
+  dp2tp2.dp_shard = 2;
+  pp2tp2.pp = 2;
+  const auto async = [](Parallel p) {
+    p.async_tp = true;
+    p.name += ", async TP";
+    return p;
+  };
+  expect_agreement(
+      run_config({1, {}, false, false, "1 rank"}, dir),
+      {async({2, tp2, true, true, "tp 2 (SP, LP)"}), async({4, dp2tp2, true, false, "dp_shard 2 x tp 2 (SP)"})}, dir);
+  expect_agreement(run_config({1, {}, false, false, "1 rank, 4 layers", "1f1b", false, 4}, dir),
+                   {async({4, pp2tp2, true, false, "pp 2 (ZBV) x tp 2 (SP)", "zbv", false, 4})}, dir);
+  Parallel checkpointed = async({4, dp2tp2, true, false, "dp_shard 2 x tp 2 (SP)"});
+  const std::vector<double> plain = run_config(checkpointed, dir);
+  for (const char* mode : {"full", "selective"}) {
+    checkpointed.checkpoint = mode;
+    EXPECT_EQ(run_config(checkpointed, dir), plain) << "memory.checkpoint " << mode;
   }
   fs::remove_all(dir);
 }

@@ -39,7 +39,8 @@ namespace hp::comm {
 
 namespace detail {
 struct SymmetricState;
-}
+struct SymmetricAccess;
+}  // namespace detail
 
 class SymmetricMemory {
  public:
@@ -82,6 +83,7 @@ class SymmetricMemory {
   void barrier() const;
 
  private:
+  friend struct detail::SymmetricAccess;  // the memory a group keeps for its fused ops
   explicit SymmetricMemory(std::shared_ptr<detail::SymmetricState> state) : state_(std::move(state)) {}
   const detail::SymmetricState& state() const;
   std::shared_ptr<detail::SymmetricState> state_;

@@ -30,6 +30,9 @@ struct TpOptions {
   // The format of the plan's reductions of activations and their gradients (set_reduce_wire on the
   // styles that reduce: hp/parallel/tensor_parallel.h).
   comm::WireFormat wire = comm::WireFormat::kNative;
+  // Async TP (set_async_tp on the styles: hp/parallel/tensor_parallel.h): needs sequence_parallel
+  // and a native wire.
+  bool async_tp = false;
 };
 
 // With parallel.pp > 1: the schedule (hp::pp::schedule_by_name) and how many micro-batches it

@@ -80,6 +80,11 @@ class Module : public torch::nn::Module {
   // One wrapper per module; an error if it has one.
   void set_call_wrapper(CallWrapper wrapper);
   bool has_call_wrapper() const { return static_cast<bool>(call_wrapper_); }
+  // Computes this module's output from its (hooked) inputs in place of forward: a plan that fuses
+  // a layer's communication into its computation (async tensor parallelism) sets it; the hooks and
+  // any call wrapper still run around it. One per module; an error if it has one.
+  using ForwardOverride = std::function<at::Tensor(Module& module, const Inputs& inputs)>;
+  void set_forward_override(ForwardOverride forward);
 
   // This module's own parameter `name` (not a dotted path).
   const at::Tensor& param(const std::string& name) const;
@@ -112,6 +117,7 @@ class Module : public torch::nn::Module {
   std::vector<std::pair<int64_t, PostHook>> post_hooks_;
   std::vector<std::pair<std::string, Init>> inits_;
   CallWrapper call_wrapper_;
+  ForwardOverride forward_override_;
   int64_t next_hook_id_ = 0;
 };
 

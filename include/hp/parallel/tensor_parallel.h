@@ -43,6 +43,17 @@ class ParallelStyleBase {
   virtual void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const = 0;
 };
 
+// Async tensor parallelism (set_async_tp, on Linear layers with sequence parallelism): a Colwise
+// layer whose input arrives sharded on the sequence dim (set_input_layouts(Shard(1))) gathers it
+// fused with its matmul, and a Rowwise layer whose output goes out sharded on it
+// (set_output_layouts(Shard(1))) reduce-scatters its product fused with the matmul
+// (hp/comm/fused_matmul.h: chunk by chunk through symmetric memory where the tp ranks share a host,
+// else the unfused collectives), in forward and in backward. Each such Colwise layer gathers its
+// own input: leave attention's and the MLP's inputs sharded (no PrepareModuleInput to Replicate).
+// A sequence that does not split evenly over the mesh (a prompt being generated) runs unfused; not
+// combined with set_reduce_wire.
+// docs/tensor_parallel.md#async-tensor-parallelism.
+
 // Linear: weight (and bias) Shard(0), i.e. output features split. Embedding: weight Shard(1).
 // Defaults: input_layouts Replicate, output_layouts Shard(-1), use_local_output true.
 class ColwiseParallel : public ParallelStyleBase {
@@ -63,6 +74,10 @@ class ColwiseParallel : public ParallelStyleBase {
     wire_ = w;
     return *this;
   }
+  ColwiseParallel& set_async_tp(bool on) {
+    async_tp_ = on;
+    return *this;
+  }
   std::string name() const override { return "ColwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -72,6 +87,7 @@ class ColwiseParallel : public ParallelStyleBase {
   Placement output_layout_ = Shard(-1);
   bool use_local_output_ = true;
   comm::WireFormat wire_ = comm::WireFormat::kNative;
+  bool async_tp_ = false;
 };
 
 // Linear: weight Shard(1) (input features split), bias Replicate; the product is Partial and is
@@ -97,6 +113,10 @@ class RowwiseParallel : public ParallelStyleBase {
     wire_ = w;
     return *this;
   }
+  RowwiseParallel& set_async_tp(bool on) {
+    async_tp_ = on;
+    return *this;
+  }
   std::string name() const override { return "RowwiseParallel"; }
   void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
@@ -106,6 +126,7 @@ class RowwiseParallel : public ParallelStyleBase {
   Placement output_layout_ = Replicate();
   bool use_local_output_ = true;
   comm::WireFormat wire_ = comm::WireFormat::kNative;
+  bool async_tp_ = false;
 };
 
 // For norms (and dropout) between a Rowwise and a Colwise layer: parameters Replicate, the input

@@ -28,6 +28,7 @@ struct TrainConfig {
   ParallelDims parallel;
   bool sequence_parallel = false;
   bool loss_parallel = false;
+  bool async_tp = false;  // TP's gathers and reduce-scatters fused with its matmuls (needs sequence_parallel)
   bool reshard_after_forward = true;
   int64_t reshard_after_forward_to = 0;      // FSDP2's integer form: keep 1/k after forward (0: all ranks)
   std::string pp_schedule = "1f1b";          // gpipe | 1f1b | interleaved | zbv | zbh1 | zbh2 (pp > 1)

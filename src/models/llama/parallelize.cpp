@@ -29,18 +29,27 @@ void validate_llama_dims(const ParallelDims& dims, const LlamaConfig& model, Lla
 }
 
 ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
+  HP_CHECK(!o.async_tp || (o.sequence_parallel && o.wire == comm::WireFormat::kNative),
+           "async TP needs sequence parallelism and native reductions");
   // Between blocks the residual stream is replicated, or sharded on the sequence dim with SP.
   const Placement between = o.sequence_parallel ? Shard(1) : Replicate();
+  // With async TP the layers that take the stream gather it fused with their matmuls, and the
+  // layers that give it back reduce-scatter fused with theirs.
+  const auto takes_stream = [&] { return ColwiseParallel().set_input_layouts(between).set_async_tp(o.async_tp); };
+  const auto gives_stream = [&] {
+    return RowwiseParallel().set_output_layouts(between).set_reduce_wire(o.wire).set_async_tp(o.async_tp);
+  };
+  // Without it, q/k/v (gate/up) take attention's (the MLP's) input replicated by PrepareModuleInput.
+  const auto takes_block_input = [&] { return o.async_tp ? takes_stream() : ColwiseParallel(); };
   // o.wire goes where the plan reduces: Rowwise outputs in forward, and in backward the gradients of
   // inputs laid out once (the LM head's, and attention's and the MLP's through PrepareModuleInput).
   ParallelizePlan plan = {
       {"embed", RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(between).set_reduce_wire(o.wire)},
-      {"layers.*.attn.q_proj", ColwiseParallel()},
-      {"layers.*.attn.k_proj", ColwiseParallel()},
-      {"layers.*.attn.v_proj", ColwiseParallel()},
-      {"layers.*.attn.o_proj", RowwiseParallel().set_output_layouts(between).set_reduce_wire(o.wire)},
-      {"output", ColwiseParallel()
-                     .set_input_layouts(between)
+      {"layers.*.attn.q_proj", takes_block_input()},
+      {"layers.*.attn.k_proj", takes_block_input()},
+      {"layers.*.attn.v_proj", takes_block_input()},
+      {"layers.*.attn.o_proj", gives_stream()},
+      {"output", takes_stream()
                      .set_output_layouts(o.loss_parallel ? Shard(-1) : Replicate())
                      .set_use_local_output(!o.loss_parallel)
                      .set_reduce_wire(o.wire)},
@@ -50,12 +59,14 @@ ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
       plan.push_back({norm, SequenceParallel()});
   // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
   // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
-  plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
+  if (!o.async_tp)
+    plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
   if (mlp == LlamaMlp::kDense) {
-    plan.push_back({"layers.*.mlp.gate", ColwiseParallel()});
-    plan.push_back({"layers.*.mlp.up", ColwiseParallel()});
-    plan.push_back({"layers.*.mlp.down", RowwiseParallel().set_output_layouts(between).set_reduce_wire(o.wire)});
-    plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
+    plan.push_back({"layers.*.mlp.gate", takes_block_input()});
+    plan.push_back({"layers.*.mlp.up", takes_block_input()});
+    plan.push_back({"layers.*.mlp.down", gives_stream()});
+    if (!o.async_tp)
+      plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
   } else {
     // This rank's tokens in (a local tensor: the MLP has no DTensor parameters), the stream's
     // layout out.

@@ -1,0 +1,252 @@
+// hp/comm/fused_matmul.h. On groups that share memory the ops meet in the group's symmetric memory,
+// whose buffers hold
+//   all_gather_matmul:     [header of the writer's operands][its shard]        (in its own buffer)
+//   matmul_reduce_scatter: [n headers][n products, one per writer, rank order] (in the reader's)
+// Channel 0 says "the data is there", channel 1 "I have read what I needed": before its next op
+// writes anything, a member collects every peer's "done" of the last one (a barrier split in two
+// halves, which costs nothing when the peers have finished).
+#include "hp/comm/fused_matmul.h"
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/group_impl.h"
+#include "comm/symmetric_access.h"
+#include "hp/comm/comm_debug_mode.h"
+#include "hp/comm/symmetric_memory.h"
+#include "hp/comm/tree_reduce.h"
+#include "hp/core/error.h"
+
+namespace hp::comm {
+namespace detail {
+
+struct FusedWorkspace {
+  std::optional<SymmetricMemory> memory;
+  bool owes_done = false;  // the last op's "done" signals are still to be collected
+  std::string broken;      // why an op stopped halfway: the members' signals no longer pair up
+};
+
+namespace {
+
+constexpr int kData = 0, kDone = 1;
+// [count, the first 14 values, a hash of all]: what every member must pass alike.
+constexpr int64_t kHeaderValues = 16;
+constexpr int64_t kHeaderBytes = kHeaderValues * static_cast<int64_t>(sizeof(int64_t));
+constexpr int64_t kMinWorkspaceBytes = int64_t{1} << 20;
+enum FusedOp : int64_t { kAllGatherMatmul = 1, kMatmulReduceScatter = 2 };
+
+at::Tensor header_of(FusedOp op, int64_t dim, const at::Tensor& a, const std::vector<at::Tensor>& bs) {
+  std::vector<int64_t> values = {op, dim, static_cast<int64_t>(a.scalar_type()), a.dim()};
+  for (int64_t d : a.sizes()) values.push_back(d);
+  for (const at::Tensor& b : bs) values.insert(values.end(), {b.size(0), b.size(1)});
+  std::vector<int64_t> header(kHeaderValues, 0);
+  header[0] = static_cast<int64_t>(values.size());
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the values
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i + 2 < kHeaderValues) header[i + 1] = values[i];
+    hash = (hash ^ static_cast<uint64_t>(values[i])) * 1099511628211ull;
+  }
+  header.back() = static_cast<int64_t>(hash);
+  return at::tensor(header, at::kLong);
+}
+
+// `peer`'s header, which lies in member `holder`'s buffer at `offset`, against this member's.
+void check_header(const SymmetricMemory& memory, int holder, int64_t offset, int peer, const at::Tensor& mine,
+                  const char* op, const GroupImpl& g) {
+  const at::Tensor theirs = memory.buffer(holder, at::kLong, {kHeaderValues}, offset);
+  HP_CHECK(at::equal(theirs, mine), op, " on ", g.describe(), ": world rank ", g.ranks[peer],
+           " passed other operands than world rank ", g.ranks[g.rank],
+           " ([values, op, dim, dtype, a's rank and shape, each b's shape, hash]: ",
+           at::IntArrayRef(theirs.data_ptr<int64_t>(), kHeaderValues), " against ",
+           at::IntArrayRef(mine.data_ptr<int64_t>(), kHeaderValues),
+           "); every member passes the same shapes and dtype");
+}
+
+// The group's workspace, at least `bytes` per member, once every peer has read what this member's
+// last op left for it. Growing is collective: the members' sizes are equal, so they all grow at the
+// same op.
+const SymmetricMemory& ready_memory(const ProcessGroup& group, const char* op, int64_t bytes) {
+  GroupImpl& g = group.impl();
+  if (!g.fused_workspace) g.fused_workspace = std::make_shared<FusedWorkspace>();
+  FusedWorkspace& ws = *g.fused_workspace;
+  HP_CHECK(ws.broken.empty(), op, " on ", g.describe(), ": an earlier fused op on this group failed (", ws.broken,
+           "); its members no longer agree where they stand, so no fused op can run on it any more");
+  if (ws.owes_done) {
+    for (int peer = 0; peer < g.size(); ++peer)
+      if (peer != g.rank) ws.memory->wait_signal(peer, kDone);
+    ws.owes_done = false;
+  }
+  if (!ws.memory || ws.memory->bytes() < bytes) {
+    ws.memory.reset();
+    int64_t grown = kMinWorkspaceBytes;
+    while (grown < bytes) grown *= 2;
+    ws.memory = SymmetricAccess::allocate_held_by_group(group, grown, /*channels=*/2);
+  }
+  return *ws.memory;
+}
+
+// Tells every peer this member has read what it needed; the next op collects their answers.
+void signal_done(const ProcessGroup& group, const SymmetricMemory& memory) {
+  for (int peer = 0; peer < group.size(); ++peer)
+    if (peer != group.rank()) memory.put_signal(peer, kDone);
+  group.impl().fused_workspace->owes_done = true;
+}
+
+// Runs an op's part on the workspace; a failure there leaves the members' signals unpaired, so it
+// marks the workspace unusable (ready_memory then refuses every later op).
+template <typename Body>
+auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    const std::shared_ptr<FusedWorkspace>& ws = group.impl().fused_workspace;
+    if (ws && ws->broken.empty()) ws->broken = std::string(op) + ": " + e.what();
+    throw;
+  }
+}
+
+bool shares_memory(const ProcessGroup& group, const at::Tensor& a) {
+  const GroupImpl& g = group.impl();
+  return !g.fake && g.shm_scope.has_value() && a.device().is_cpu();
+}
+
+// The dim of `a` the op gathers or scatters, normalised; it cannot be the contracted last dim.
+int64_t checked_dim(const char* op, const at::Tensor& a, int64_t dim, const std::vector<at::Tensor>& bs) {
+  HP_CHECK(a.dim() >= 2, op, ": a must have rows and a contracted last dim (at least 2 dims), got shape ", a.sizes());
+  const int64_t d = dim < 0 ? dim + a.dim() : dim;
+  HP_CHECK(d >= 0 && d < a.dim() - 1, op, ": dim ", dim, " must be one of a's dims other than its last (the ",
+           "contracted one); a has shape ", a.sizes());
+  for (const at::Tensor& b : bs) {
+    HP_CHECK(b.dim() == 2 && b.size(0) == a.size(-1), op, ": b must be [K, N] with K = a's last dim (", a.size(-1),
+             "), got shape ", b.sizes());
+    HP_CHECK(b.scalar_type() == a.scalar_type() && b.device() == a.device(), op, ": b is ", b.scalar_type(), " on ",
+             b.device(), " but a is ", a.scalar_type(), " on ", a.device());
+  }
+  return d;
+}
+
+// `t` as a matrix of its rows (every dim but the last) by its last dim.
+at::Tensor as_rows(const at::Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.size(i);
+  return t.reshape({rows, t.size(-1)});
+}
+
+std::vector<int64_t> with(std::vector<int64_t> shape, int64_t first, int64_t last) {
+  shape.front() = first;
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+}  // namespace detail
+
+AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a_shard,
+                                  const std::vector<at::Tensor>& bs, int64_t gather_dim, bool return_gathered) {
+  using namespace detail;
+  const char* op = "all_gather_matmul";
+  const int64_t dim = checked_dim(op, a_shard, gather_dim, bs);
+  const int n = group.size(), me = group.rank();
+  const at::Tensor moved = a_shard.movedim(dim, 0).contiguous();  // [s, rest..., K]: a member's rows are contiguous
+  const int64_t s = moved.size(0);
+  const std::vector<int64_t> gathered_shape = with(moved.sizes().vec(), n * s, moved.size(-1));
+  AllGatherMatmul result;
+  const auto put_back = [&](const at::Tensor& gathered, const std::vector<at::Tensor>& outputs) {
+    if (return_gathered) result.gathered = gathered.movedim(0, dim);
+    for (const at::Tensor& out : outputs) result.outputs.push_back(out.movedim(0, dim));
+    return result;
+  };
+
+  if (n == 1 || !shares_memory(group, a_shard)) {
+    const at::Tensor gathered =
+        n == 1 ? moved : group.all_gather_into_tensor(at::empty(gathered_shape, moved.options()), moved);
+    std::vector<at::Tensor> outputs;
+    for (const at::Tensor& b : bs) outputs.push_back(at::matmul(gathered, b));
+    return put_back(gathered, outputs);
+  }
+
+  note_collective(op, a_shard.nbytes(), n);
+  return on_workspace(group, op, [&] {
+    const at::Tensor header = header_of(kAllGatherMatmul, dim, a_shard, bs);
+    const SymmetricMemory& memory = ready_memory(group, op, kHeaderBytes + moved.nbytes());
+    memory.put(header, me);
+    memory.put(moved, me, kHeaderBytes);
+    for (int peer = 0; peer < n; ++peer)
+      if (peer != me) memory.put_signal(peer, kData);
+
+    const at::Tensor gathered = return_gathered ? at::empty(gathered_shape, moved.options()) : at::Tensor();
+    std::vector<at::Tensor> outputs;
+    for (const at::Tensor& b : bs)
+      outputs.push_back(at::empty(with(gathered_shape, n * s, b.size(1)), moved.options()));
+    // This member's rows first (nothing to wait for), then each peer's from the next one on, so
+    // that no buffer is read by every member at once.
+    for (int step = 0; step < n; ++step) {
+      const int from = (me + step) % n;
+      at::Tensor rows = moved;
+      if (from != me) {
+        memory.wait_signal(from, kData);
+        check_header(memory, from, 0, from, header, op, group.impl());
+        rows = memory.buffer(from, moved.scalar_type(), moved.sizes(), kHeaderBytes);
+      }
+      if (gathered.defined()) rows = gathered.narrow(0, from * s, s).copy_(rows);
+      for (size_t i = 0; i < bs.size(); ++i) {
+        at::Tensor place = as_rows(outputs[i].narrow(0, from * s, s));  // a view: mm_out fills it in place
+        at::mm_out(place, as_rows(rows), bs[i]);
+      }
+    }
+    signal_done(group, memory);
+    return put_back(gathered, outputs);
+  });
+}
+
+at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a, const at::Tensor& b,
+                                 int64_t scatter_dim) {
+  using namespace detail;
+  const char* op = "matmul_reduce_scatter";
+  const int64_t dim = checked_dim(op, a, scatter_dim, {b});
+  const int n = group.size(), me = group.rank();
+  HP_CHECK(a.size(dim) % n == 0, op, ": a's dim ", dim, " (", a.size(dim), " of shape ", a.sizes(),
+           ") must split into equal pieces over the group's ", n, " members");
+  const at::Tensor moved = a.movedim(dim, 0);  // [S, rest..., K]; member j keeps rows [j s, (j + 1) s)
+  const int64_t s = moved.size(0) / n;
+  const std::vector<int64_t> piece_shape = with(moved.sizes().vec(), s, b.size(1));
+
+  if (n == 1 || !shares_memory(group, a)) {
+    const at::Tensor product = at::matmul(moved, b).contiguous();
+    if (n == 1) return product.movedim(0, dim);
+    return group.reduce_scatter_tensor(at::empty(piece_shape, product.options()), product).movedim(0, dim);
+  }
+
+  int64_t piece_bytes = static_cast<int64_t>(a.element_size());
+  for (int64_t d : piece_shape) piece_bytes *= d;
+  note_collective(op, n * piece_bytes, n);
+  return on_workspace(group, op, [&] {
+    const at::Tensor header = header_of(kMatmulReduceScatter, dim, a, {b});
+    const int64_t data_offset = n * kHeaderBytes;
+    const SymmetricMemory& memory = ready_memory(group, op, data_offset + n * piece_bytes);
+    // The next member's rows first, this member's own last: the peers can add while it multiplies.
+    for (int step = 1; step <= n; ++step) {
+      const int to = (me + step) % n;
+      at::Tensor place = as_rows(memory.buffer(to, a.scalar_type(), piece_shape, data_offset + me * piece_bytes));
+      at::mm_out(place, as_rows(moved.narrow(0, to * s, s)), b);
+      memory.put(header, to, me * kHeaderBytes);
+      if (to != me) memory.put_signal(to, kData);
+    }
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      memory.wait_signal(peer, kData);
+      check_header(memory, me, peer * kHeaderBytes, peer, header, op, group.impl());
+    }
+    std::vector<int64_t> stacked_shape = piece_shape;
+    stacked_shape.insert(stacked_shape.begin(), n);
+    const at::Tensor out = at::empty(piece_shape, a.options());
+    tree_reduce_(memory.buffer(me, a.scalar_type(), stacked_shape, data_offset), ReduceOp::kSum, out);
+    signal_done(group, memory);
+    return out.movedim(0, dim);
+  });
+}
+
+}  // namespace hp::comm

@@ -1,0 +1,65 @@
+#include "parallel/async_tp.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "hp/comm/fused_matmul.h"
+#include "hp/core/lambda_backward.h"
+
+namespace hp::parallel {
+namespace {
+
+// `t` with `dim` first, as a matrix of rows by its last dim.
+at::Tensor rows_with_first(const at::Tensor& t, int64_t dim) {
+  const at::Tensor moved = t.movedim(dim, 0);
+  return moved.reshape({moved.numel() / std::max<int64_t>(moved.size(-1), 1), moved.size(-1)});
+}
+
+// d(w) of y = g @ w^T for rows `g` of the input and `dy` of the output, in the same row order.
+at::Tensor weight_gradient(const at::Tensor& dy, const at::Tensor& g, int64_t dim) {
+  return rows_with_first(dy, dim).t().mm(rows_with_first(g, dim));
+}
+
+}  // namespace
+
+at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& x_shard, const at::Tensor& w,
+                             int64_t dim) {
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = comm::all_gather_matmul(group, x_shard.detach(), {w.detach().t()}, dim, /*return_gathered=*/false)
+            .outputs[0]
+            .contiguous();
+  }
+  return record_trimmed_backward(
+      "AllGatherLinearBackward", {x_shard, w}, y,
+      [group, x_shard = x_shard.detach(), w = w.detach(), dim](const at::Tensor& dy, const std::vector<bool>& asked) {
+        at::NoGradGuard no_grad;
+        at::Tensor dx, dw;
+        if (asked[0]) dx = comm::matmul_reduce_scatter(group, dy, w, dim);
+        if (asked[1]) dw = weight_gradient(dy, comm::all_gather_matmul(group, x_shard, {}, dim).gathered, dim);
+        return std::vector<at::Tensor>{dx, dw};
+      });
+}
+
+at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tensor& x, const at::Tensor& w,
+                                 int64_t dim) {
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = comm::matmul_reduce_scatter(group, x.detach(), w.detach().t(), dim).contiguous();
+  }
+  return record_trimmed_backward(
+      "LinearReduceScatterBackward", {x, w}, y,
+      [group, x = x.detach(), w = w.detach(), dim](const at::Tensor& dy, const std::vector<bool>& asked) {
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> factors;
+        if (asked[0]) factors.push_back(w);
+        const comm::AllGatherMatmul fused = comm::all_gather_matmul(group, dy, factors, dim, asked[1]);
+        return std::vector<at::Tensor>{asked[0] ? fused.outputs[0] : at::Tensor(),
+                                       asked[1] ? weight_gradient(fused.gathered, x, dim) : at::Tensor()};
+      });
+}
+
+}  // namespace hp::parallel
