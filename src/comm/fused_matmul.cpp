@@ -1,10 +1,13 @@
-// hp/comm/fused_matmul.h. On groups that share memory the ops meet in the group's symmetric memory,
-// whose buffers hold
-//   all_gather_matmul:     [header of the writer's operands][its shard]        (in its own buffer)
-//   matmul_reduce_scatter: [n headers][n products, one per writer, rank order] (in the reader's)
-// Channel 0 says "the data is there", channel 1 "I have read what I needed": before its next op
-// writes anything, a member collects every peer's "done" of the last one (a barrier split in two
-// halves, which costs nothing when the peers have finished).
+// hp/comm/fused_matmul.h. On groups that share memory the ops meet in the group's symmetric memory.
+// Each member's buffer holds [its header: the op, the operands' shapes, the bytes of data][data]:
+//   all_gather_matmul:     the member's shard
+//   matmul_reduce_scatter: n products, one per writer, in rank order (the pieces the member keeps)
+// An op goes in two rounds on channel 0 ("it is there"): first every member's header, checked
+// against its own before anything else moves (a member that passed other shapes fails every
+// member, naming it; every member grows the workspace at the same op, as the headers agree on its
+// size), then the data. Channel 1 says "I have read what I needed": before its next op writes
+// anything, a member collects every peer's "done" of the last one (a barrier split in two halves,
+// which costs nothing when the peers have finished).
 #include "hp/comm/fused_matmul.h"
 
 #include <ATen/ATen.h>
@@ -19,14 +22,16 @@
 #include "hp/comm/symmetric_memory.h"
 #include "hp/comm/tree_reduce.h"
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 
 namespace hp::comm {
 namespace detail {
 
 struct FusedWorkspace {
   std::optional<SymmetricMemory> memory;
-  bool owes_done = false;  // the last op's "done" signals are still to be collected
-  std::string broken;      // why an op stopped halfway: the members' signals no longer pair up
+  bool owes_done = false;       // the last op's "done" signals are still to be collected
+  std::string broken;           // why an op stopped halfway: the members' signals no longer pair up
+  bool warned_unfused = false;  // that the ops run unfused on this group
 };
 
 namespace {
@@ -38,8 +43,10 @@ constexpr int64_t kHeaderBytes = kHeaderValues * static_cast<int64_t>(sizeof(int
 constexpr int64_t kMinWorkspaceBytes = int64_t{1} << 20;
 enum FusedOp : int64_t { kAllGatherMatmul = 1, kMatmulReduceScatter = 2 };
 
-at::Tensor header_of(FusedOp op, int64_t dim, const at::Tensor& a, const std::vector<at::Tensor>& bs) {
-  std::vector<int64_t> values = {op, dim, static_cast<int64_t>(a.scalar_type()), a.dim()};
+// `data_bytes`: what the op puts in each member's buffer after the header.
+at::Tensor header_of(FusedOp op, int64_t dim, const at::Tensor& a, const std::vector<at::Tensor>& bs,
+                     int64_t data_bytes) {
+  std::vector<int64_t> values = {op, dim, static_cast<int64_t>(a.scalar_type()), data_bytes, a.dim()};
   for (int64_t d : a.sizes()) values.push_back(d);
   for (const at::Tensor& b : bs) values.insert(values.end(), {b.size(0), b.size(1)});
   std::vector<int64_t> header(kHeaderValues, 0);
@@ -53,37 +60,57 @@ at::Tensor header_of(FusedOp op, int64_t dim, const at::Tensor& a, const std::ve
   return at::tensor(header, at::kLong);
 }
 
-// `peer`'s header, which lies in member `holder`'s buffer at `offset`, against this member's.
-void check_header(const SymmetricMemory& memory, int holder, int64_t offset, int peer, const at::Tensor& mine,
-                  const char* op, const GroupImpl& g) {
-  const at::Tensor theirs = memory.buffer(holder, at::kLong, {kHeaderValues}, offset);
+// `peer`'s header, at the start of its buffer, against this member's.
+void check_header(const SymmetricMemory& memory, int peer, const at::Tensor& mine, const char* op, const GroupImpl& g) {
+  const at::Tensor theirs = memory.buffer(peer, at::kLong, {kHeaderValues});
   HP_CHECK(at::equal(theirs, mine), op, " on ", g.describe(), ": world rank ", g.ranks[peer],
            " passed other operands than world rank ", g.ranks[g.rank],
-           " ([values, op, dim, dtype, a's rank and shape, each b's shape, hash]: ",
+           " ([values, op, dim, dtype, data bytes, a's rank and shape, each b's shape, hash]: ",
            at::IntArrayRef(theirs.data_ptr<int64_t>(), kHeaderValues), " against ",
            at::IntArrayRef(mine.data_ptr<int64_t>(), kHeaderValues),
            "); every member passes the same shapes and dtype");
 }
 
-// The group's workspace, at least `bytes` per member, once every peer has read what this member's
-// last op left for it. Growing is collective: the members' sizes are equal, so they all grow at the
-// same op.
-const SymmetricMemory& ready_memory(const ProcessGroup& group, const char* op, int64_t bytes) {
-  GroupImpl& g = group.impl();
+FusedWorkspace& workspace_of(GroupImpl& g) {
   if (!g.fused_workspace) g.fused_workspace = std::make_shared<FusedWorkspace>();
-  FusedWorkspace& ws = *g.fused_workspace;
+  return *g.fused_workspace;
+}
+
+int64_t grown_to(int64_t bytes) {
+  int64_t grown = kMinWorkspaceBytes;
+  while (grown < bytes) grown *= 2;
+  return grown;
+}
+
+// The group's workspace, with room for `header`'s data, once every member has shown its header
+// (equal to this member's) and every peer has read what this member's last op left for it.
+// Allocating and growing are collective: the first op allocates, and the headers, equal on every
+// member, say the same size, so every member grows at the same op.
+const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
+  GroupImpl& g = group.impl();
+  FusedWorkspace& ws = workspace_of(g);
   HP_CHECK(ws.broken.empty(), op, " on ", g.describe(), ": an earlier fused op on this group failed (", ws.broken,
            "); its members no longer agree where they stand, so no fused op can run on it any more");
-  if (ws.owes_done) {
+  if (!ws.memory) {
+    ws.memory = SymmetricAccess::allocate_held_by_group(group, kMinWorkspaceBytes, /*channels=*/2);
+  } else if (ws.owes_done) {
     for (int peer = 0; peer < g.size(); ++peer)
       if (peer != g.rank) ws.memory->wait_signal(peer, kDone);
-    ws.owes_done = false;
   }
-  if (!ws.memory || ws.memory->bytes() < bytes) {
+  ws.owes_done = false;
+  const SymmetricMemory& shown = *ws.memory;
+  shown.put(header, g.rank);
+  for (int peer = 0; peer < g.size(); ++peer)
+    if (peer != g.rank) shown.put_signal(peer, kData);
+  for (int peer = 0; peer < g.size(); ++peer) {
+    if (peer == g.rank) continue;
+    shown.wait_signal(peer, kData);
+    check_header(shown, peer, header, op, g);
+  }
+  if (shown.bytes() < kHeaderBytes + data_bytes) {
+    // Nothing is read from the old memory any more (a peer still reading a header maps it too).
     ws.memory.reset();
-    int64_t grown = kMinWorkspaceBytes;
-    while (grown < bytes) grown *= 2;
-    ws.memory = SymmetricAccess::allocate_held_by_group(group, grown, /*channels=*/2);
+    ws.memory = SymmetricAccess::allocate_held_by_group(group, grown_to(kHeaderBytes + data_bytes), /*channels=*/2);
   }
   return *ws.memory;
 }
@@ -95,22 +122,36 @@ void signal_done(const ProcessGroup& group, const SymmetricMemory& memory) {
   group.impl().fused_workspace->owes_done = true;
 }
 
-// Runs an op's part on the workspace; a failure there leaves the members' signals unpaired, so it
-// marks the workspace unusable (ready_memory then refuses every later op).
+// Runs an op's part on the workspace. A failure there leaves the members' signals unpaired: the
+// workspace is marked unusable (agree then refuses every later op) and let go of, so that peers
+// waiting for this member fail at once, naming it, instead of after the timeout.
 template <typename Body>
 auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
   try {
     return body();
   } catch (const std::exception& e) {
-    const std::shared_ptr<FusedWorkspace>& ws = group.impl().fused_workspace;
-    if (ws && ws->broken.empty()) ws->broken = std::string(op) + ": " + e.what();
+    FusedWorkspace& ws = workspace_of(group.impl());
+    if (ws.broken.empty()) ws.broken = std::string(op) + ": " + e.what();
+    ws.memory.reset();
     throw;
   }
 }
 
-bool shares_memory(const ProcessGroup& group, const at::Tensor& a) {
-  const GroupImpl& g = group.impl();
-  return !g.fake && g.shm_scope.has_value() && a.device().is_cpu();
+// Whether the op runs fused: on the CPU, in a group whose members share memory (shared-memory
+// transport). Otherwise it runs unfused, which a group of several members says once.
+bool fused_here(const ProcessGroup& group, const char* op, const at::Tensor& a) {
+  GroupImpl& g = group.impl();
+  if (g.size() == 1) return false;
+  if (!g.fake && g.shm_scope.has_value() && a.device().is_cpu()) return true;
+  FusedWorkspace& ws = workspace_of(g);
+  if (!g.fake && !ws.warned_unfused) {
+    ws.warned_unfused = true;
+    log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul: ",
+              a.device().is_cpu() ? "its members do not share memory through the shared-memory transport"
+                                  : "its tensors are not on the CPU",
+              " (async TP then adds collectives instead of saving time)");
+  }
+  return false;
 }
 
 // The dim of `a` the op gathers or scatters, normalised; it cannot be the contracted last dim.
@@ -160,7 +201,7 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
     return result;
   };
 
-  if (n == 1 || !shares_memory(group, a_shard)) {
+  if (!fused_here(group, op, a_shard)) {
     const at::Tensor gathered =
         n == 1 ? moved : group.all_gather_into_tensor(at::empty(gathered_shape, moved.options()), moved);
     std::vector<at::Tensor> outputs;
@@ -170,9 +211,9 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
 
   note_collective(op, a_shard.nbytes(), n);
   return on_workspace(group, op, [&] {
-    const at::Tensor header = header_of(kAllGatherMatmul, dim, a_shard, bs);
-    const SymmetricMemory& memory = ready_memory(group, op, kHeaderBytes + moved.nbytes());
-    memory.put(header, me);
+    const int64_t data_bytes = moved.nbytes();
+    const SymmetricMemory& memory =
+        agree(group, op, header_of(kAllGatherMatmul, dim, a_shard, bs, data_bytes), data_bytes);
     memory.put(moved, me, kHeaderBytes);
     for (int peer = 0; peer < n; ++peer)
       if (peer != me) memory.put_signal(peer, kData);
@@ -188,7 +229,6 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
       at::Tensor rows = moved;
       if (from != me) {
         memory.wait_signal(from, kData);
-        check_header(memory, from, 0, from, header, op, group.impl());
         rows = memory.buffer(from, moved.scalar_type(), moved.sizes(), kHeaderBytes);
       }
       if (gathered.defined()) rows = gathered.narrow(0, from * s, s).copy_(rows);
@@ -214,7 +254,7 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
   const int64_t s = moved.size(0) / n;
   const std::vector<int64_t> piece_shape = with(moved.sizes().vec(), s, b.size(1));
 
-  if (n == 1 || !shares_memory(group, a)) {
+  if (!fused_here(group, op, a)) {
     const at::Tensor product = at::matmul(moved, b).contiguous();
     if (n == 1) return product.movedim(0, dim);
     return group.reduce_scatter_tensor(at::empty(piece_shape, product.options()), product).movedim(0, dim);
@@ -224,26 +264,22 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
   for (int64_t d : piece_shape) piece_bytes *= d;
   note_collective(op, n * piece_bytes, n);
   return on_workspace(group, op, [&] {
-    const at::Tensor header = header_of(kMatmulReduceScatter, dim, a, {b});
-    const int64_t data_offset = n * kHeaderBytes;
-    const SymmetricMemory& memory = ready_memory(group, op, data_offset + n * piece_bytes);
+    const int64_t data_bytes = n * piece_bytes;
+    const SymmetricMemory& memory =
+        agree(group, op, header_of(kMatmulReduceScatter, dim, a, {b}, data_bytes), data_bytes);
     // The next member's rows first, this member's own last: the peers can add while it multiplies.
     for (int step = 1; step <= n; ++step) {
       const int to = (me + step) % n;
-      at::Tensor place = as_rows(memory.buffer(to, a.scalar_type(), piece_shape, data_offset + me * piece_bytes));
+      at::Tensor place = as_rows(memory.buffer(to, a.scalar_type(), piece_shape, kHeaderBytes + me * piece_bytes));
       at::mm_out(place, as_rows(moved.narrow(0, to * s, s)), b);
-      memory.put(header, to, me * kHeaderBytes);
       if (to != me) memory.put_signal(to, kData);
     }
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
-      memory.wait_signal(peer, kData);
-      check_header(memory, me, peer * kHeaderBytes, peer, header, op, group.impl());
-    }
+    for (int peer = 0; peer < n; ++peer)
+      if (peer != me) memory.wait_signal(peer, kData);
     std::vector<int64_t> stacked_shape = piece_shape;
     stacked_shape.insert(stacked_shape.begin(), n);
     const at::Tensor out = at::empty(piece_shape, a.options());
-    tree_reduce_(memory.buffer(me, a.scalar_type(), stacked_shape, data_offset), ReduceOp::kSum, out);
+    tree_reduce_(memory.buffer(me, a.scalar_type(), stacked_shape, kHeaderBytes), ReduceOp::kSum, out);
     signal_done(group, memory);
     return out.movedim(0, dim);
   });

@@ -5,12 +5,20 @@
 #include <vector>
 
 #include "hp/comm/fused_matmul.h"
+#include "hp/core/error.h"
 #include "hp/core/lambda_backward.h"
 
 namespace hp::parallel {
 namespace {
 
 // `t` with `dim` first, as a matrix of rows by its last dim.
+// The saved input's in-place changes since forward are errors, as autograd's own saved tensors make
+// them (w is not checked: FSDP refills weights in place between forward and backward).
+void check_unchanged(const at::Tensor& saved, int64_t version, const char* node) {
+  HP_CHECK(saved._version() == version, node, ": the layer's input was modified in place after the forward (version ",
+           version, ", now ", saved._version(), "); its backward needs it as it was");
+}
+
 at::Tensor rows_with_first(const at::Tensor& t, int64_t dim) {
   const at::Tensor moved = t.movedim(dim, 0);
   return moved.reshape({moved.numel() / std::max<int64_t>(moved.size(-1), 1), moved.size(-1)});
@@ -32,15 +40,18 @@ at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& 
             .outputs[0]
             .contiguous();
   }
-  return record_trimmed_backward(
-      "AllGatherLinearBackward", {x_shard, w}, y,
-      [group, x_shard = x_shard.detach(), w = w.detach(), dim](const at::Tensor& dy, const std::vector<bool>& asked) {
-        at::NoGradGuard no_grad;
-        at::Tensor dx, dw;
-        if (asked[0]) dx = comm::matmul_reduce_scatter(group, dy, w, dim);
-        if (asked[1]) dw = weight_gradient(dy, comm::all_gather_matmul(group, x_shard, {}, dim).gathered, dim);
-        return std::vector<at::Tensor>{dx, dw};
-      });
+  return record_trimmed_backward("AllGatherLinearBackward", {x_shard, w}, y,
+                                 [group, x_shard = x_shard.detach(), version = x_shard._version(), w = w.detach(), dim](
+                                     const at::Tensor& dy, const std::vector<bool>& asked) {
+                                   at::NoGradGuard no_grad;
+                                   check_unchanged(x_shard, version, "AllGatherLinearBackward");
+                                   at::Tensor dx, dw;
+                                   if (asked[0]) dx = comm::matmul_reduce_scatter(group, dy, w, dim);
+                                   if (asked[1])
+                                     dw = weight_gradient(dy, comm::all_gather_matmul(group, x_shard, {}, dim).gathered,
+                                                          dim);
+                                   return std::vector<at::Tensor>{dx, dw};
+                                 });
 }
 
 at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tensor& x, const at::Tensor& w,
@@ -52,8 +63,10 @@ at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tens
   }
   return record_trimmed_backward(
       "LinearReduceScatterBackward", {x, w}, y,
-      [group, x = x.detach(), w = w.detach(), dim](const at::Tensor& dy, const std::vector<bool>& asked) {
+      [group, x = x.detach(), version = x._version(), w = w.detach(), dim](const at::Tensor& dy,
+                                                                           const std::vector<bool>& asked) {
         at::NoGradGuard no_grad;
+        check_unchanged(x, version, "LinearReduceScatterBackward");
         std::vector<at::Tensor> factors;
         if (asked[0]) factors.push_back(w);
         const comm::AllGatherMatmul fused = comm::all_gather_matmul(group, dy, factors, dim, asked[1]);

@@ -536,6 +536,9 @@ void validate(const TrainConfig& c, int64_t world_size) {
            "parallel.tp > 1");
   HP_CHECK(!c.async_tp || tp_wire_of(c) == comm::WireFormat::kNative,
            "parallel.async_tp is not combined with comm.tp_wire (the fused reductions add in the data's own dtype)");
+  HP_CHECK(!c.async_tp || transport_of(c) != comm::Transport::kGloo,
+           "parallel.async_tp fuses through the memory the tp ranks share, which comm.transport: gloo turns off (the ",
+           "fused ops would run unfused, with more collectives than plain sequence parallelism)");
 }
 
 comm::Transport transport_of(const TrainConfig& config) {

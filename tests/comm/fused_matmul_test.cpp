@@ -101,8 +101,9 @@ TEST(FusedMatmul, OnGlooTheyAreTheUnfusedOps) {
       2, [](const ProcessGroup& g) { check_many(g, /*expect_fused=*/false); }, options);
 }
 
-// Deterministic mode: the fused reduce-scatter adds in the order of the deterministic collective.
-TEST(FusedMatmul, TheFusedSumIsTheDeterministicReduceScatterBitwise) {
+// Deterministic mode: the fused reduce-scatter adds in the order of the deterministic collective, so
+// where the split matmuls round as the whole one does (as here) the results are equal bit for bit.
+TEST(FusedMatmul, TheFusedSumAddsInTheDeterministicReduceScattersOrder) {
   testing::RunRanksOptions options;
   options.group.set_deterministic(true);
   run(
@@ -112,8 +113,10 @@ TEST(FusedMatmul, TheFusedSumIsTheDeterministicReduceScatterBitwise) {
         const at::Tensor b = values({16, 8}, at::kFloat, 50 + g.rank());
         const at::Tensor product = at::matmul(a.movedim(1, 0), b).contiguous();
         const at::Tensor want = g.reduce_scatter_tensor(at::empty({2, 3, 8}), product).movedim(0, 1);
+        comm::CommDebugMode comm;
         check_close(comm::matmul_reduce_scatter(g, a, b, 1), want, "rank " + std::to_string(g.rank()),
                     /*bitwise=*/true);
+        EXPECT_EQ(comm.count("matmul_reduce_scatter"), 1) << comm.str();
       },
       options);
 }
@@ -150,6 +153,27 @@ TEST(FusedMatmul, MembersWithOtherShapesFailNamingEachOther) {
         },
         "an earlier fused op on this group failed");
   });
+}
+
+// Shapes on either side of the workspace's size: the member that would need more room does not grow
+// alone; every member fails naming the other before any data moves.
+TEST(FusedMatmul, MembersWithShapesOnEitherSideOfTheWorkspaceSizeFailNamingEachOther) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(5));
+  run(
+      2,
+      [](const ProcessGroup& g) {
+        comm::all_gather_matmul(g, at::ones({2, 4}), {at::ones({4, 4})}, 0);  // the workspace is set up
+        const at::Tensor shard = at::ones({g.rank() == 0 ? 2 : 1 << 20, 4});  // 32 B against 16 MiB
+        const auto start = std::chrono::steady_clock::now();
+        expect_error(
+            [&] {
+              comm::all_gather_matmul(g, shard, {at::ones({4, 4})}, 0);
+            },
+            {"world rank " + std::to_string(1 - g.rank()), "passed other operands"});
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "not a timeout";
+      },
+      options);
 }
 
 // A member that never comes (its thread returned): the others fail, naming it.

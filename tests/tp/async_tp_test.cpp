@@ -79,6 +79,29 @@ TEST(AsyncTp, RowwiseReduceScattersTheSequenceFusedWithItsMatmul) {
                 {{"all_gather_matmul", 1}, {"matmul_reduce_scatter", 0}}, "rowwise at tp " + std::to_string(tp));
 }
 
+// The backward needs the layer's input as it was: an in-place change after the forward is an error,
+// as autograd's own saved tensors make it.
+TEST(AsyncTp, AnInputChangedInPlaceAfterTheForwardIsAnError) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+    nn::Linear colwise(8, 8), rowwise(8, 8);
+    parallelize_module(colwise, mesh, {{"", ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true)}});
+    parallelize_module(rowwise, mesh, {{"", RowwiseParallel().set_output_layouts(Shard(1)).set_async_tp(true)}});
+    nn::init_parameters(colwise, 5);
+    nn::init_parameters(rowwise, 5);
+    const at::Tensor leaf = kInput.chunk(2, 1)[g.rank()].clone().requires_grad_();
+    const at::Tensor h = leaf * 1.0f;
+    const at::Tensor out = colwise(h);
+    h.detach().add_(1.0f);
+    expect_error([&] { out.sum().backward(); }, {"AllGatherLinearBackward", "modified in place after the forward"});
+    const at::Tensor features = kInput.narrow(2, 0, 4).clone().requires_grad_() * 1.0f;  // this rank's half
+    const at::Tensor reduced = rowwise(features);
+    features.detach().mul_(2.0f);
+    expect_error([&] { reduced.sum().backward(); },
+                 {"LinearReduceScatterBackward", "modified in place after the forward"});
+  });
+}
+
 TEST(AsyncTp, PlansThatCannotBeFusedAreRefused) {
   run(2, [](const comm::ProcessGroup& g) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
@@ -113,28 +136,35 @@ TEST(AsyncTp, PlansThatCannotBeFusedAreRefused) {
 }
 
 // A sequence that does not split evenly over the ranks (a prompt being generated) runs unfused,
-// with the same results.
+// with the same results, forward and backward.
 TEST(AsyncTp, ASequenceThatDoesNotSplitEvenlyRunsUnfused) {
-  const at::Tensor x = kInput.narrow(1, 0, 3);
   nn::Linear reference(8, 8, /*bias=*/true);
   nn::init_parameters(reference, 5);
+  const at::Tensor x = kInput.narrow(1, 0, 3).clone().requires_grad_();
   const at::Tensor want = reference(x);
-  run(2, [&](const comm::ProcessGroup& g) {
-    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
-    nn::Linear colwise(8, 8, /*bias=*/true), rowwise(8, 8, /*bias=*/true);
-    parallelize_module(colwise, mesh, {{"", ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true)}});
-    parallelize_module(
-        rowwise, mesh,
-        {{"", RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(Shard(1)).set_async_tp(true)}});
-    nn::init_parameters(colwise, 5);
-    nn::init_parameters(rowwise, 5);
-    comm::CommDebugMode comm;
-    // Pieces of 2 and 1 positions.
-    const at::Tensor piece = DTensor::from_local(x.chunk(2, 1)[g.rank()], mesh, {Shard(1)});
-    check_close(colwise(piece), want.chunk(2, 2)[g.rank()], "colwise");
-    check_close(rowwise(x), want.chunk(2, 1)[g.rank()], "rowwise");
-    EXPECT_EQ(comm.count("all_gather_matmul") + comm.count("matmul_reduce_scatter"), 0) << comm.str();
-  });
+  (want * want).sum().backward();
+  const auto check = [&](const ParallelStyle& style, bool input_sharded, int64_t output_dim, const std::string& what) {
+    run(2, [&](const comm::ProcessGroup& g) {
+      DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+      nn::Linear linear(8, 8, /*bias=*/true);
+      parallelize_module(linear, mesh, {{"", style}});
+      nn::init_parameters(linear, 5);
+      // Pieces of 2 and 1 positions, or all 3.
+      const at::Tensor in = (input_sharded ? x.detach().chunk(2, 1)[g.rank()] : x.detach()).clone().requires_grad_();
+      comm::CommDebugMode comm;
+      const at::Tensor out = linear(input_sharded ? DTensor::from_local(in, mesh, {Shard(1)}) : in);
+      check_close(out, want.detach().chunk(2, output_dim)[g.rank()], what + ": output");
+      (out * out).sum().backward();
+      EXPECT_EQ(comm.count("all_gather_matmul") + comm.count("matmul_reduce_scatter"), 0) << what << ": " << comm.str();
+      check_close(in.grad(), input_sharded ? x.grad().chunk(2, 1)[g.rank()] : x.grad(), what + ": input gradient");
+      for (const auto& item : reference.named_parameters())
+        check_close(whole(linear.named_parameters()[item.key()].grad()), item.value().grad(),
+                    what + ": grad of " + item.key());
+    });
+  };
+  check(ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true), /*input_sharded=*/true, 2, "colwise");
+  check(RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(Shard(1)).set_async_tp(true),
+        /*input_sharded=*/false, 1, "rowwise");
 }
 
 }  // namespace

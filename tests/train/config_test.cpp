@@ -233,6 +233,8 @@ TEST(TrainConfig, MistakesHaveTheDocumentedMessages) {
   invalid({"parallel.async_tp=true"}, 4, "parallel.async_tp fuses sequence parallelism's gathers");
   invalid({"parallel.async_tp=true", "parallel.sequence_parallel=true", "comm.tp_wire=bf16"}, 4,
           "parallel.async_tp is not combined with comm.tp_wire");
+  invalid({"parallel.async_tp=true", "parallel.sequence_parallel=true", "comm.transport=gloo"}, 4,
+          "which comm.transport: gloo turns off");
   // Huge values are errors, not wrapped arithmetic or giant allocations.
   invalid({"parallel.dp_shard=4611686018427387904", "parallel.tp=4"}, 4, "multiply beyond 64 bits");
   invalid({"model.dim=4294967296", "model.heads=1", "model.kv_heads=1"}, 4, "the parameter count would overflow");

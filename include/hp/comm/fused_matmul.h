@@ -13,11 +13,13 @@
 // others are still putting theirs, then each peer's rows as they arrive, read straight from the
 // peer's buffer; matmul_reduce_scatter multiplies the rows each member keeps and writes them into
 // that member's buffer, the next member's first and its own last, so that the peers add while it
-// still multiplies. There is no whole-size gathered or product tensor on the way, and no collective
-// waits for the slowest member before any multiplication starts. The sum adds the members'
-// products in rank order with tree_reduce's association (hp/comm/tree_reduce.h), the order of the
-// deterministic reduce_scatter. Elsewhere (groups across hosts, the Gloo transport, a fake world)
-// both run as the unfused collective and matmul.
+// still multiplies. No member waits for the slowest before it starts multiplying. The sum adds the
+// members' products in rank order with tree_reduce's association (hp/comm/tree_reduce.h), the order
+// of the deterministic reduce_scatter. The workspace is each member's largest op's data (a shard
+// for all_gather_matmul, the whole product for matmul_reduce_scatter: n pieces) rounded up to a
+// power of two, at least 1 MiB, kept while the group lives. Elsewhere (groups across hosts, the
+// Gloo transport, tensors off the CPU, a fake world) both run as the unfused collective and matmul,
+// which a group says once in a warning.
 //
 // Both are collectives: every member calls them in the same order with the same shapes (a member
 // with other shapes fails every member naming it), with the group's timeout and failure reports;
