@@ -41,6 +41,9 @@ constexpr int kData = 0, kDone = 1;
 constexpr int64_t kHeaderValues = 16;
 constexpr int64_t kHeaderBytes = kHeaderValues * static_cast<int64_t>(sizeof(int64_t));
 constexpr int64_t kMinWorkspaceBytes = int64_t{1} << 20;
+constexpr int64_t kMaxDataBytes = int64_t{1} << 40;  // SymmetricMemory's bound
+// The header of a member that refused its own operands (every value).
+constexpr int64_t kRefused = -1;
 enum FusedOp : int64_t { kAllGatherMatmul = 1, kMatmulReduceScatter = 2 };
 
 // `data_bytes`: what the op puts in each member's buffer after the header.
@@ -60,9 +63,17 @@ at::Tensor header_of(FusedOp op, int64_t dim, const at::Tensor& a, const std::ve
   return at::tensor(header, at::kLong);
 }
 
-// `peer`'s header, at the start of its buffer, against this member's.
+at::Tensor peer_header(const SymmetricMemory& memory, int peer) {
+  return memory.buffer(peer, at::kLong, {kHeaderValues});
+}
+
+bool refused(const at::Tensor& header) { return header.data_ptr<int64_t>()[0] == kRefused; }
+
+// `peer`'s header against this member's.
 void check_header(const SymmetricMemory& memory, int peer, const at::Tensor& mine, const char* op, const GroupImpl& g) {
-  const at::Tensor theirs = memory.buffer(peer, at::kLong, {kHeaderValues});
+  const at::Tensor theirs = peer_header(memory, peer);
+  HP_CHECK(!refused(theirs), op, " on ", g.describe(), ": world rank ", g.ranks[peer],
+           " refused its operands (its error says why)");
   HP_CHECK(at::equal(theirs, mine), op, " on ", g.describe(), ": world rank ", g.ranks[peer],
            " passed other operands than world rank ", g.ranks[g.rank],
            " ([values, op, dim, dtype, data bytes, a's rank and shape, each b's shape, hash]: ",
@@ -76,23 +87,20 @@ FusedWorkspace& workspace_of(GroupImpl& g) {
   return *g.fused_workspace;
 }
 
-int64_t grown_to(int64_t bytes) {
-  int64_t grown = kMinWorkspaceBytes;
-  while (grown < bytes) grown *= 2;
-  return grown;
+// Room for a header and `data_bytes` (at most kMaxDataBytes) of data, rounded up to a power of two.
+int64_t workspace_bytes(int64_t data_bytes) {
+  int64_t data = kMinWorkspaceBytes;
+  while (data < data_bytes) data *= 2;
+  return kHeaderBytes + data;
 }
 
-// The group's workspace, with room for `header`'s data, once every member has shown its header
-// (equal to this member's) and every peer has read what this member's last op left for it.
-// Allocating and growing are collective: the first op allocates, and the headers, equal on every
-// member, say the same size, so every member grows at the same op.
-const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
+// Shows this member's header to every peer and waits for theirs, once every peer has read what this
+// member's last op left for it; returns the workspace (allocated by the group's first op).
+const SymmetricMemory& show_header(const ProcessGroup& group, const at::Tensor& header) {
   GroupImpl& g = group.impl();
   FusedWorkspace& ws = workspace_of(g);
-  HP_CHECK(ws.broken.empty(), op, " on ", g.describe(), ": an earlier fused op on this group failed (", ws.broken,
-           "); its members no longer agree where they stand, so no fused op can run on it any more");
   if (!ws.memory) {
-    ws.memory = SymmetricAccess::allocate_held_by_group(group, kMinWorkspaceBytes, /*channels=*/2);
+    ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(0), /*channels=*/2);
   } else if (ws.owes_done) {
     for (int peer = 0; peer < g.size(); ++peer)
       if (peer != g.rank) ws.memory->wait_signal(peer, kDone);
@@ -102,15 +110,33 @@ const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at
   shown.put(header, g.rank);
   for (int peer = 0; peer < g.size(); ++peer)
     if (peer != g.rank) shown.put_signal(peer, kData);
-  for (int peer = 0; peer < g.size(); ++peer) {
-    if (peer == g.rank) continue;
-    shown.wait_signal(peer, kData);
-    check_header(shown, peer, header, op, g);
-  }
+  for (int peer = 0; peer < g.size(); ++peer)
+    if (peer != g.rank) shown.wait_signal(peer, kData);
+  return shown;
+}
+
+void check_usable(const GroupImpl& g, const char* op) {
+  const FusedWorkspace* ws = g.fused_workspace.get();
+  HP_CHECK(ws == nullptr || ws->broken.empty(), op, " on ", g.describe(),
+           ": an earlier fused op on this group failed (", ws->broken,
+           "); its members no longer agree where they stand, so no fused op can run on it any more");
+}
+
+// The group's workspace, with room for `header`'s data, once every member has shown its header
+// (equal to this member's) and every peer has read what this member's last op left for it.
+// Allocating and growing are collective: the first op allocates, and the headers, equal on every
+// member, say the same size, so every member grows at the same op.
+const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
+  GroupImpl& g = group.impl();
+  check_usable(g, op);
+  const SymmetricMemory& shown = show_header(group, header);
+  for (int peer = 0; peer < g.size(); ++peer)
+    if (peer != g.rank) check_header(shown, peer, header, op, g);
+  FusedWorkspace& ws = workspace_of(g);
   if (shown.bytes() < kHeaderBytes + data_bytes) {
     // Nothing is read from the old memory any more (a peer still reading a header maps it too).
     ws.memory.reset();
-    ws.memory = SymmetricAccess::allocate_held_by_group(group, grown_to(kHeaderBytes + data_bytes), /*channels=*/2);
+    ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(data_bytes), /*channels=*/2);
   }
   return *ws.memory;
 }
@@ -137,36 +163,74 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
   }
 }
 
+// A member whose own operands are wrong (objection) still shows a header, marked refused, so that
+// members that passed theirs fail at once naming it instead of waiting for it. Where every member
+// refused, nothing moved and the workspace stays usable; either way this member throws objection.
+[[noreturn]] void refuse_together(const ProcessGroup& group, const char* op, const std::string& objection) {
+  GroupImpl& g = group.impl();
+  check_usable(g, op);
+  bool all_refused = true;
+  on_workspace(group, op, [&] {
+    const SymmetricMemory& shown = show_header(group, at::full({kHeaderValues}, kRefused, at::kLong));
+    for (int peer = 0; peer < g.size(); ++peer)
+      if (peer != g.rank) all_refused = all_refused && refused(peer_header(shown, peer));
+    if (all_refused) signal_done(group, shown);
+    return 0;
+  });
+  if (all_refused) HP_FAIL(objection);
+  on_workspace(group, op, [&]() -> int {
+    HP_FAIL(objection, " (the other members passed their operands; they fail too, naming this one)");
+  });
+  HP_FAIL(objection);  // not reached: on_workspace rethrows
+}
+
 // Whether the op runs fused: on the CPU, in a group whose members share memory (shared-memory
 // transport). Otherwise it runs unfused, which a group of several members says once.
 bool fused_here(const ProcessGroup& group, const char* op, const at::Tensor& a) {
   GroupImpl& g = group.impl();
   if (g.size() == 1) return false;
-  if (!g.fake && g.shm_scope.has_value() && a.device().is_cpu()) return true;
+  // (An undefined `a` is an objection, shown to the peers as the fused op's would be.)
+  if (!g.fake && g.shm_scope.has_value() && (!a.defined() || a.device().is_cpu())) return true;
   FusedWorkspace& ws = workspace_of(g);
   if (!g.fake && !ws.warned_unfused) {
     ws.warned_unfused = true;
     log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul: ",
-              a.device().is_cpu() ? "its members do not share memory through the shared-memory transport"
-                                  : "its tensors are not on the CPU",
+              a.defined() && !a.device().is_cpu()
+                  ? "its tensors are not on the CPU"
+                  : "its members do not share memory through the shared-memory transport",
               " (async TP then adds collectives instead of saving time)");
   }
   return false;
 }
 
-// The dim of `a` the op gathers or scatters, normalised; it cannot be the contracted last dim.
-int64_t checked_dim(const char* op, const at::Tensor& a, int64_t dim, const std::vector<at::Tensor>& bs) {
-  HP_CHECK(a.dim() >= 2, op, ": a must have rows and a contracted last dim (at least 2 dims), got shape ", a.sizes());
+// Why `a`, `dim` and `bs` cannot go into `op`, or "" (then `dim` is normalised: the gathered or
+// scattered dim, never the contracted last one).
+std::string objection_to(const char* op, const at::Tensor& a, int64_t& dim, const std::vector<at::Tensor>& bs) {
+  const auto says = [&](const auto&... parts) { return ::hp::detail::str_cat(op, ": ", parts...); };
+  if (!a.defined() || a.dim() < 2)
+    return says("a must have rows and a contracted last dim (at least 2 dims), got ",
+                a.defined() ? c10::str("shape ", a.sizes()) : std::string("an undefined tensor"));
   const int64_t d = dim < 0 ? dim + a.dim() : dim;
-  HP_CHECK(d >= 0 && d < a.dim() - 1, op, ": dim ", dim, " must be one of a's dims other than its last (the ",
-           "contracted one); a has shape ", a.sizes());
+  if (d < 0 || d >= a.dim() - 1)
+    return says("dim ", dim, " must be one of a's dims other than its last (the contracted one); a has shape ",
+                a.sizes());
   for (const at::Tensor& b : bs) {
-    HP_CHECK(b.dim() == 2 && b.size(0) == a.size(-1), op, ": b must be [K, N] with K = a's last dim (", a.size(-1),
-             "), got shape ", b.sizes());
-    HP_CHECK(b.scalar_type() == a.scalar_type() && b.device() == a.device(), op, ": b is ", b.scalar_type(), " on ",
-             b.device(), " but a is ", a.scalar_type(), " on ", a.device());
+    if (!b.defined() || b.dim() != 2 || b.size(0) != a.size(-1))
+      return says("b must be [K, N] with K = a's last dim (", a.size(-1), "), got ",
+                  b.defined() ? c10::str("shape ", b.sizes()) : std::string("an undefined tensor"));
+    if (b.scalar_type() != a.scalar_type() || b.device() != a.device())
+      return says("b is ", b.scalar_type(), " on ", b.device(), " but a is ", a.scalar_type(), " on ", a.device());
   }
-  return d;
+  dim = d;
+  return "";
+}
+
+// Throws `objection` (when there is one) on this member, and, where the op would run fused, fails
+// the other members at once (refuse_together).
+void refuse_if(const ProcessGroup& group, const char* op, const at::Tensor& a, const std::string& objection) {
+  if (objection.empty()) return;
+  if (fused_here(group, op, a)) refuse_together(group, op, objection);
+  HP_FAIL(objection);
 }
 
 // `t` as a matrix of its rows (every dim but the last) by its last dim.
@@ -189,7 +253,8 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
                                   const std::vector<at::Tensor>& bs, int64_t gather_dim, bool return_gathered) {
   using namespace detail;
   const char* op = "all_gather_matmul";
-  const int64_t dim = checked_dim(op, a_shard, gather_dim, bs);
+  int64_t dim = gather_dim;
+  refuse_if(group, op, a_shard, objection_to(op, a_shard, dim, bs));
   const int n = group.size(), me = group.rank();
   const at::Tensor moved = a_shard.movedim(dim, 0).contiguous();  // [s, rest..., K]: a member's rows are contiguous
   const int64_t s = moved.size(0);
@@ -246,10 +311,25 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
                                  int64_t scatter_dim) {
   using namespace detail;
   const char* op = "matmul_reduce_scatter";
-  const int64_t dim = checked_dim(op, a, scatter_dim, {b});
+  int64_t dim = scatter_dim;
   const int n = group.size(), me = group.rank();
-  HP_CHECK(a.size(dim) % n == 0, op, ": a's dim ", dim, " (", a.size(dim), " of shape ", a.sizes(),
-           ") must split into equal pieces over the group's ", n, " members");
+  std::string objection = objection_to(op, a, dim, {b});
+  if (objection.empty() && a.size(dim) % n != 0)
+    objection = ::hp::detail::str_cat(op, ": a's dim ", dim, " (", a.size(dim), " of shape ", a.sizes(),
+                                      ") must split into equal pieces over the group's ", n, " members");
+  // Each member's buffer takes the n pieces of its rows: a whole product, which is never made
+  // otherwise, so its size is checked here.
+  int64_t product_bytes = a.defined() ? static_cast<int64_t>(a.element_size()) : 0;
+  if (objection.empty()) {
+    bool overflows = false;
+    for (int64_t i = 0; i + 1 < a.dim(); ++i)
+      overflows = overflows || __builtin_mul_overflow(product_bytes, a.size(i), &product_bytes);
+    overflows = overflows || __builtin_mul_overflow(product_bytes, b.size(1), &product_bytes);
+    if (overflows || product_bytes > kMaxDataBytes)
+      objection =
+          ::hp::detail::str_cat(op, ": the product of a ", a.sizes(), " and b ", b.sizes(), " is more than 2^40 bytes");
+  }
+  refuse_if(group, op, a, objection);
   const at::Tensor moved = a.movedim(dim, 0);  // [S, rest..., K]; member j keeps rows [j s, (j + 1) s)
   const int64_t s = moved.size(0) / n;
   const std::vector<int64_t> piece_shape = with(moved.sizes().vec(), s, b.size(1));
@@ -260,11 +340,10 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
     return group.reduce_scatter_tensor(at::empty(piece_shape, product.options()), product).movedim(0, dim);
   }
 
-  int64_t piece_bytes = static_cast<int64_t>(a.element_size());
-  for (int64_t d : piece_shape) piece_bytes *= d;
+  const int64_t piece_bytes = product_bytes / n;
   note_collective(op, n * piece_bytes, n);
   return on_workspace(group, op, [&] {
-    const int64_t data_bytes = n * piece_bytes;
+    const int64_t data_bytes = product_bytes;
     const SymmetricMemory& memory =
         agree(group, op, header_of(kMatmulReduceScatter, dim, a, {b}, data_bytes), data_bytes);
     // The next member's rows first, this member's own last: the peers can add while it multiplies.

@@ -12,8 +12,9 @@ namespace hp::parallel {
 namespace {
 
 // `t` with `dim` first, as a matrix of rows by its last dim.
-// The saved input's in-place changes since forward are errors, as autograd's own saved tensors make
-// them (w is not checked: FSDP refills weights in place between forward and backward).
+// The saved input's in-place changes since forward are errors where the backward reads it (for the
+// weight's gradient), as autograd's own saved tensors make them (w is not checked: FSDP refills
+// weights in place between forward and backward).
 void check_unchanged(const at::Tensor& saved, int64_t version, const char* node) {
   HP_CHECK(saved._version() == version, node, ": the layer's input was modified in place after the forward (version ",
            version, ", now ", saved._version(), "); its backward needs it as it was");
@@ -44,12 +45,13 @@ at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& 
                                  [group, x_shard = x_shard.detach(), version = x_shard._version(), w = w.detach(), dim](
                                      const at::Tensor& dy, const std::vector<bool>& asked) {
                                    at::NoGradGuard no_grad;
-                                   check_unchanged(x_shard, version, "AllGatherLinearBackward");
                                    at::Tensor dx, dw;
                                    if (asked[0]) dx = comm::matmul_reduce_scatter(group, dy, w, dim);
-                                   if (asked[1])
+                                   if (asked[1]) {
+                                     check_unchanged(x_shard, version, "AllGatherLinearBackward");
                                      dw = weight_gradient(dy, comm::all_gather_matmul(group, x_shard, {}, dim).gathered,
                                                           dim);
+                                   }
                                    return std::vector<at::Tensor>{dx, dw};
                                  });
 }
@@ -66,7 +68,7 @@ at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tens
       [group, x = x.detach(), version = x._version(), w = w.detach(), dim](const at::Tensor& dy,
                                                                            const std::vector<bool>& asked) {
         at::NoGradGuard no_grad;
-        check_unchanged(x, version, "LinearReduceScatterBackward");
+        if (asked[1]) check_unchanged(x, version, "LinearReduceScatterBackward");
         std::vector<at::Tensor> factors;
         if (asked[0]) factors.push_back(w);
         const comm::AllGatherMatmul fused = comm::all_gather_matmul(group, dy, factors, dim, asked[1]);

@@ -176,6 +176,34 @@ TEST(FusedMatmul, MembersWithShapesOnEitherSideOfTheWorkspaceSizeFailNamingEachO
       options);
 }
 
+// A member that refuses its own operands fails the others at once, naming it, not after the timeout;
+// members that all refuse alike leave the group's fused ops usable (BadOperandsAreClearErrors).
+TEST(FusedMatmul, AMemberThatRefusesItsOperandsFailsTheOthersAtOnce) {
+  testing::RunRanksOptions options;
+  options.group.set_timeout(std::chrono::seconds(5));
+  run(
+      2,
+      [](const ProcessGroup& g) {
+        const auto start = std::chrono::steady_clock::now();
+        const int64_t dim = g.rank() == 0 ? 1 : 0;  // rank 0 names the contracted dim
+        if (g.rank() == 0) {
+          expect_error(
+              [&] {
+                comm::all_gather_matmul(g, at::ones({2, 4}), {at::ones({4, 4})}, dim);
+              },
+              "other than its last");
+        } else {
+          expect_error(
+              [&] {
+                comm::all_gather_matmul(g, at::ones({2, 4}), {at::ones({4, 4})}, dim);
+              },
+              "world rank 0 refused its operands");
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "not a timeout";
+      },
+      options);
+}
+
 // A member that never comes (its thread returned): the others fail, naming it.
 TEST(FusedMatmul, AMemberThatNeverComesIsNamed) {
   testing::RunRanksOptions options;
