@@ -13,7 +13,10 @@
 // The last line also gives each size's bus bandwidth as a fraction of one memcpy of that size.
 //
 // Facade and raw calls alternate call by call, so drift and interference hit both alike; each
-// figure is rank 0's median time per call. Bus bandwidth follows nccl-tests:
+// figure is rank 0's median time per call. At 1 KB that order also lets one path's skew between the
+// members (who leaves a Gloo call when) land in the other's time, so 1 KB is measured back to back
+// as well: blocks of 100 calls of one path, the two paths' blocks alternating, each block started
+// by a barrier; the median over blocks of the time per call. Bus bandwidth follows nccl-tests:
 // all_reduce moves 2(n-1)/n of the data per rank, all_gather / reduce_scatter (n-1)/n.
 // Gloo (LibTorch 1.13) has no reduce_scatter, so "raw" there is the least raw c10d can do:
 // alltoall_base plus a local sum; the facade's version is the same algorithm in a fixed tree order.
@@ -161,7 +164,8 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   std::string facade_transport;
-  std::map<std::string, std::pair<double, double>> issue_us;  // 1 KB: facade, raw median issue time
+  std::map<std::string, std::pair<double, double>> issue_us;   // 1 KB: facade, raw median issue time
+  std::map<std::string, std::pair<double, double>> streak_us;  // 1 KB back to back: facade, raw per call
   std::mutex rows_mu;
   auto measure = [&](const ProcessGroup& g) {
     const int n = g.size();
@@ -195,10 +199,25 @@ int main(int argc, char** argv) {
           raw_issue.push_back(time_one([&] { nw = c.raw_issue(); }));
           wait_raw(nw);
         }
+        constexpr int kBlock = 100;
+        std::vector<double> facade_block, raw_block;
+        for (int b = 0; b < (quick ? 2 : 7); ++b) {
+          g.barrier();
+          facade_block.push_back(time_one([&] {
+                                   for (int i = 0; i < kBlock; ++i) c.facade();
+                                 }) /
+                                 kBlock);
+          g.barrier();
+          raw_block.push_back(time_one([&] {
+                                for (int i = 0; i < kBlock; ++i) c.raw();
+                              }) /
+                              kBlock);
+        }
         if (g.rank() == 0) {
           std::lock_guard<std::mutex> lock(rows_mu);
-          issue_us[c.name + std::string(" ranks=") + std::to_string(n)] = {median(facade_issue) * 1e6,
-                                                                           median(raw_issue) * 1e6};
+          const std::string key = c.name + std::string(" ranks=") + std::to_string(n);
+          issue_us[key] = {median(facade_issue) * 1e6, median(raw_issue) * 1e6};
+          streak_us[key] = {median(facade_block) * 1e6, median(raw_block) * 1e6};
         }
       }
     }
@@ -240,6 +259,9 @@ int main(int argc, char** argv) {
   }
   std::printf("\nissue path at 1 KB, median us per call (facade / c10d):");
   for (const auto& [name, us] : issue_us) std::printf("  %s %.1f / %.1f", name.c_str(), us.first, us.second);
+  std::printf("\nback to back at 1 KB, median us per call (facade / c10d = ratio):");
+  for (const auto& [name, us] : streak_us)
+    std::printf("  %s %.1f / %.1f = %.3f", name.c_str(), us.first, us.second, us.first / us.second);
   std::printf("\nfacade overhead at 1 KB, whole call (worst over rank counts, us):");
   for (const auto& [name, us] : small_overhead_us) std::printf(" %s %+.1f", name.c_str(), us);
   std::printf("\nratio hp/c10d time, median over sizes >= 1 MB:");
