@@ -11,7 +11,6 @@
 namespace hp::parallel {
 namespace {
 
-// `t` with `dim` first, as a matrix of rows by its last dim.
 // The saved input's in-place changes since forward are errors where the backward reads it (for the
 // weight's gradient), as autograd's own saved tensors make them (w is not checked: FSDP refills
 // weights in place between forward and backward).
@@ -20,9 +19,12 @@ void check_unchanged(const at::Tensor& saved, int64_t version, const char* node)
            version, ", now ", saved._version(), "); its backward needs it as it was");
 }
 
+// `t` with `dim` first, as a matrix of rows (every dim but the last) by its last dim.
 at::Tensor rows_with_first(const at::Tensor& t, int64_t dim) {
   const at::Tensor moved = t.movedim(dim, 0);
-  return moved.reshape({moved.numel() / std::max<int64_t>(moved.size(-1), 1), moved.size(-1)});
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < moved.dim(); ++i) rows *= moved.size(i);
+  return moved.reshape({rows, moved.size(-1)});
 }
 
 // d(w) of y = g @ w^T for rows `g` of the input and `dy` of the output, in the same row order.
