@@ -94,6 +94,16 @@ int64_t workspace_bytes(int64_t data_bytes) {
   return kHeaderBytes + data;
 }
 
+// Signals every peer on `channel`, and waits for a signal from every peer on it.
+void signal_peers(const SymmetricMemory& memory, int channel) {
+  for (int peer = 0; peer < memory.size(); ++peer)
+    if (peer != memory.rank()) memory.put_signal(peer, channel);
+}
+void wait_for_peers(const SymmetricMemory& memory, int channel) {
+  for (int peer = 0; peer < memory.size(); ++peer)
+    if (peer != memory.rank()) memory.wait_signal(peer, channel);
+}
+
 // Shows this member's header to every peer and waits for theirs, once every peer has read what this
 // member's last op left for it; returns the workspace (allocated by the group's first op).
 const SymmetricMemory& show_header(const ProcessGroup& group, const at::Tensor& header) {
@@ -102,16 +112,13 @@ const SymmetricMemory& show_header(const ProcessGroup& group, const at::Tensor& 
   if (!ws.memory) {
     ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(0), /*channels=*/2);
   } else if (ws.owes_done) {
-    for (int peer = 0; peer < g.size(); ++peer)
-      if (peer != g.rank) ws.memory->wait_signal(peer, kDone);
+    wait_for_peers(*ws.memory, kDone);
   }
   ws.owes_done = false;
   const SymmetricMemory& shown = *ws.memory;
   shown.put(header, g.rank);
-  for (int peer = 0; peer < g.size(); ++peer)
-    if (peer != g.rank) shown.put_signal(peer, kData);
-  for (int peer = 0; peer < g.size(); ++peer)
-    if (peer != g.rank) shown.wait_signal(peer, kData);
+  signal_peers(shown, kData);
+  wait_for_peers(shown, kData);
   return shown;
 }
 
@@ -143,22 +150,26 @@ const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at
 
 // Tells every peer this member has read what it needed; the next op collects their answers.
 void signal_done(const ProcessGroup& group, const SymmetricMemory& memory) {
-  for (int peer = 0; peer < group.size(); ++peer)
-    if (peer != group.rank()) memory.put_signal(peer, kDone);
+  signal_peers(memory, kDone);
   group.impl().fused_workspace->owes_done = true;
 }
 
-// Runs an op's part on the workspace. A failure there leaves the members' signals unpaired: the
-// workspace is marked unusable (agree then refuses every later op) and let go of, so that peers
-// waiting for this member fail at once, naming it, instead of after the timeout.
+// Gives up the group's workspace after a failure that left the members' signals unpaired: it is
+// marked unusable (agree then refuses every later op) and let go of, so that peers waiting for this
+// member fail at once, naming it, instead of after the timeout.
+void abandon(GroupImpl& g, const std::string& why) {
+  FusedWorkspace& ws = workspace_of(g);
+  if (ws.broken.empty()) ws.broken = why;
+  ws.memory.reset();
+}
+
+// Runs an op's part on the workspace; a failure there abandons it.
 template <typename Body>
 auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
   try {
     return body();
   } catch (const std::exception& e) {
-    FusedWorkspace& ws = workspace_of(group.impl());
-    if (ws.broken.empty()) ws.broken = std::string(op) + ": " + e.what();
-    ws.memory.reset();
+    abandon(group.impl(), std::string(op) + ": " + e.what());
     throw;
   }
 }
@@ -178,10 +189,9 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
     return 0;
   });
   if (all_refused) HP_FAIL(objection);
-  on_workspace(group, op, [&]() -> int {
-    HP_FAIL(objection, " (the other members passed their operands; they fail too, naming this one)");
-  });
-  HP_FAIL(objection);  // not reached: on_workspace rethrows
+  const std::string failure = objection + " (the other members passed their operands; they fail too, naming this one)";
+  abandon(g, std::string(op) + ": " + failure);
+  HP_FAIL(failure);
 }
 
 // Whether the op runs fused: on the CPU, in a group whose members share memory (shared-memory
@@ -280,8 +290,7 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
     const SymmetricMemory& memory =
         agree(group, op, header_of(kAllGatherMatmul, dim, a_shard, bs, data_bytes), data_bytes);
     memory.put(moved, me, kHeaderBytes);
-    for (int peer = 0; peer < n; ++peer)
-      if (peer != me) memory.put_signal(peer, kData);
+    signal_peers(memory, kData);
 
     const at::Tensor gathered = return_gathered ? at::empty(gathered_shape, moved.options()) : at::Tensor();
     std::vector<at::Tensor> outputs;
@@ -341,11 +350,10 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
   }
 
   const int64_t piece_bytes = product_bytes / n;
-  note_collective(op, n * piece_bytes, n);
+  note_collective(op, product_bytes, n);
   return on_workspace(group, op, [&] {
-    const int64_t data_bytes = product_bytes;
     const SymmetricMemory& memory =
-        agree(group, op, header_of(kMatmulReduceScatter, dim, a, {b}, data_bytes), data_bytes);
+        agree(group, op, header_of(kMatmulReduceScatter, dim, a, {b}, product_bytes), product_bytes);
     // The next member's rows first, this member's own last: the peers can add while it multiplies.
     for (int step = 1; step <= n; ++step) {
       const int to = (me + step) % n;
@@ -353,8 +361,7 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
       at::mm_out(place, as_rows(moved.narrow(0, to * s, s)), b);
       if (to != me) memory.put_signal(to, kData);
     }
-    for (int peer = 0; peer < n; ++peer)
-      if (peer != me) memory.wait_signal(peer, kData);
+    wait_for_peers(memory, kData);
     std::vector<int64_t> stacked_shape = piece_shape;
     stacked_shape.insert(stacked_shape.begin(), n);
     const at::Tensor out = at::empty(piece_shape, a.options());
