@@ -7,7 +7,8 @@
 // member, naming it; every member grows the workspace at the same op, as the headers agree on its
 // size), then the data. Channel 1 says "I have read what I needed": before its next op writes
 // anything, a member collects every peer's "done" of the last one (a barrier split in two halves,
-// which costs nothing when the peers have finished).
+// which costs nothing when the peers have finished). Where the workspace cannot be mapped (every
+// member learns it alike), the op, and every later one on the group, runs unfused.
 #include "hp/comm/fused_matmul.h"
 
 #include <ATen/ATen.h>
@@ -32,6 +33,9 @@ struct FusedWorkspace {
   bool owes_done = false;       // the last op's "done" signals are still to be collected
   std::string broken;           // why an op stopped halfway: the members' signals no longer pair up
   bool warned_unfused = false;  // that the ops run unfused on this group
+  // Why the workspace could not be mapped on every member (a full /dev/shm): the group's ops run
+  // unfused from then on, on every member alike (the mapping's outcome is agreed).
+  std::string unmapped;
 };
 
 namespace {
@@ -104,13 +108,31 @@ void wait_for_peers(const SymmetricMemory& memory, int channel) {
     if (peer != memory.rank()) memory.wait_signal(peer, channel);
 }
 
+// Maps the group's workspace with room for `data_bytes`; where that memory could not be mapped on
+// every member, the group's fused ops run unfused from now on (which it says once) and this
+// returns false on every member alike.
+bool map_workspace(const ProcessGroup& group, const char* op, int64_t data_bytes) {
+  GroupImpl& g = group.impl();
+  FusedWorkspace& ws = workspace_of(g);
+  std::string unmapped;
+  ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(data_bytes), /*channels=*/2, unmapped);
+  if (ws.memory) return true;
+  ws.unmapped = unmapped;
+  ws.owes_done = false;
+  log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul from now on: its workspace ",
+            unmapped,
+            ". The fused ops need /dev/shm to hold it (a container's is often 64 MiB: docker run --shm-size)");
+  return false;
+}
+
 // Shows this member's header to every peer and waits for theirs, once every peer has read what this
-// member's last op left for it; returns the workspace (allocated by the group's first op).
-const SymmetricMemory& show_header(const ProcessGroup& group, const at::Tensor& header) {
+// member's last op left for it; returns the workspace (mapped by the group's first op), or nullptr
+// where it could not be mapped (map_workspace).
+const SymmetricMemory* show_header(const ProcessGroup& group, const char* op, const at::Tensor& header) {
   GroupImpl& g = group.impl();
   FusedWorkspace& ws = workspace_of(g);
   if (!ws.memory) {
-    ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(0), /*channels=*/2);
+    if (!map_workspace(group, op, 0)) return nullptr;
   } else if (ws.owes_done) {
     wait_for_peers(*ws.memory, kDone);
   }
@@ -119,7 +141,7 @@ const SymmetricMemory& show_header(const ProcessGroup& group, const at::Tensor& 
   shown.put(header, g.rank);
   signal_peers(shown, kData);
   wait_for_peers(shown, kData);
-  return shown;
+  return &shown;
 }
 
 void check_usable(const GroupImpl& g, const char* op) {
@@ -130,22 +152,24 @@ void check_usable(const GroupImpl& g, const char* op) {
 }
 
 // The group's workspace, with room for `header`'s data, once every member has shown its header
-// (equal to this member's) and every peer has read what this member's last op left for it.
+// (equal to this member's) and every peer has read what this member's last op left for it; nullptr
+// on every member alike where it could not be mapped (then the op runs unfused).
 // Allocating and growing are collective: the first op allocates, and the headers, equal on every
 // member, say the same size, so every member grows at the same op.
-const SymmetricMemory& agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
+const SymmetricMemory* agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
   GroupImpl& g = group.impl();
   check_usable(g, op);
-  const SymmetricMemory& shown = show_header(group, header);
+  const SymmetricMemory* shown = show_header(group, op, header);
+  if (shown == nullptr) return nullptr;
   for (int peer = 0; peer < g.size(); ++peer)
-    if (peer != g.rank) check_header(shown, peer, header, op, g);
+    if (peer != g.rank) check_header(*shown, peer, header, op, g);
   FusedWorkspace& ws = workspace_of(g);
-  if (shown.bytes() < kHeaderBytes + data_bytes) {
+  if (shown->bytes() < kHeaderBytes + data_bytes) {
     // Nothing is read from the old memory any more (a peer still reading a header maps it too).
     ws.memory.reset();
-    ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(data_bytes), /*channels=*/2);
+    if (!map_workspace(group, op, data_bytes)) return nullptr;
   }
-  return *ws.memory;
+  return &*ws.memory;
 }
 
 // Tells every peer this member has read what it needed; the next op collects their answers.
@@ -181,14 +205,17 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
   GroupImpl& g = group.impl();
   check_usable(g, op);
   bool all_refused = true;
-  on_workspace(group, op, [&] {
-    const SymmetricMemory& shown = show_header(group, at::full({kHeaderValues}, kRefused, at::kLong));
+  const bool shown = on_workspace(group, op, [&] {
+    const SymmetricMemory* memory = show_header(group, op, at::full({kHeaderValues}, kRefused, at::kLong));
+    if (memory == nullptr) return false;
     for (int peer = 0; peer < g.size(); ++peer)
-      if (peer != g.rank) all_refused = all_refused && refused(peer_header(shown, peer));
-    if (all_refused) signal_done(group, shown);
-    return 0;
+      if (peer != g.rank) all_refused = all_refused && refused(peer_header(*memory, peer));
+    if (all_refused) signal_done(group, *memory);
+    return true;
   });
-  if (all_refused) HP_FAIL(objection);
+  // (Where no workspace could be mapped, the members that passed their operands run the op
+  // unfused: they wait for this member in its collective, as on a group without shared memory.)
+  if (!shown || all_refused) HP_FAIL(objection);
   const std::string failure = objection + " (the other members passed their operands; they fail too, naming this one)";
   abandon(g, std::string(op) + ": " + failure);
   HP_FAIL(failure);
@@ -199,9 +226,10 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
 bool fused_here(const ProcessGroup& group, const char* op, const at::Tensor& a) {
   GroupImpl& g = group.impl();
   if (g.size() == 1) return false;
+  FusedWorkspace& ws = workspace_of(g);
+  if (!ws.unmapped.empty()) return false;  // said when it happened (map_workspace)
   // (An undefined `a` is an objection, shown to the peers as the fused op's would be.)
   if (!g.fake && g.shm_scope.has_value() && (!a.defined() || a.device().is_cpu())) return true;
-  FusedWorkspace& ws = workspace_of(g);
   if (!g.fake && !ws.warned_unfused) {
     ws.warned_unfused = true;
     log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul: ",
@@ -276,19 +304,22 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
     return result;
   };
 
-  if (!fused_here(group, op, a_shard)) {
+  const auto unfused = [&] {
     const at::Tensor gathered =
         n == 1 ? moved : group.all_gather_into_tensor(at::empty(gathered_shape, moved.options()), moved);
     std::vector<at::Tensor> outputs;
     for (const at::Tensor& b : bs) outputs.push_back(at::matmul(gathered, b));
     return put_back(gathered, outputs);
-  }
+  };
+  if (!fused_here(group, op, a_shard)) return unfused();
 
-  note_collective(op, a_shard.nbytes(), n);
-  return on_workspace(group, op, [&] {
+  std::optional<AllGatherMatmul> fused = on_workspace(group, op, [&]() -> std::optional<AllGatherMatmul> {
     const int64_t data_bytes = moved.nbytes();
-    const SymmetricMemory& memory =
+    const SymmetricMemory* workspace =
         agree(group, op, header_of(kAllGatherMatmul, dim, a_shard, bs, data_bytes), data_bytes);
+    if (workspace == nullptr) return std::nullopt;
+    const SymmetricMemory& memory = *workspace;
+    note_collective(op, a_shard.nbytes(), n);
     memory.put(moved, me, kHeaderBytes);
     signal_peers(memory, kData);
 
@@ -314,6 +345,7 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
     signal_done(group, memory);
     return put_back(gathered, outputs);
   });
+  return fused ? *std::move(fused) : unfused();
 }
 
 at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a, const at::Tensor& b,
@@ -343,17 +375,20 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
   const int64_t s = moved.size(0) / n;
   const std::vector<int64_t> piece_shape = with(moved.sizes().vec(), s, b.size(1));
 
-  if (!fused_here(group, op, a)) {
+  const auto unfused = [&] {
     const at::Tensor product = at::matmul(moved, b).contiguous();
     if (n == 1) return product.movedim(0, dim);
     return group.reduce_scatter_tensor(at::empty(piece_shape, product.options()), product).movedim(0, dim);
-  }
+  };
+  if (!fused_here(group, op, a)) return unfused();
 
   const int64_t piece_bytes = product_bytes / n;
-  note_collective(op, product_bytes, n);
-  return on_workspace(group, op, [&] {
-    const SymmetricMemory& memory =
+  const at::Tensor fused = on_workspace(group, op, [&] {
+    const SymmetricMemory* workspace =
         agree(group, op, header_of(kMatmulReduceScatter, dim, a, {b}, product_bytes), product_bytes);
+    if (workspace == nullptr) return at::Tensor();
+    const SymmetricMemory& memory = *workspace;
+    note_collective(op, product_bytes, n);
     // The next member's rows first, this member's own last: the peers can add while it multiplies.
     for (int step = 1; step <= n; ++step) {
       const int to = (me + step) % n;
@@ -369,6 +404,7 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
     signal_done(group, memory);
     return out.movedim(0, dim);
   });
+  return fused.defined() ? fused : unfused();
 }
 
 }  // namespace hp::comm

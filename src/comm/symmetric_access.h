@@ -5,16 +5,23 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "hp/comm/symmetric_memory.h"
 
 namespace hp::comm::detail {
 
 struct SymmetricAccess {
+  // `unmapped`: where a segment the members agreed on could not be mapped on every member (a full
+  // /dev/shm), returns nullptr and says why there instead of throwing; nullptr: throws.
   static std::shared_ptr<SymmetricState> allocate_state(const ProcessGroup& group, int64_t bytes, int channels,
-                                                        bool keep_group_alive);
-  // Collective, as SymmetricMemory::allocate.
-  static SymmetricMemory allocate_held_by_group(const ProcessGroup& group, int64_t bytes, int channels);
+                                                        bool keep_group_alive, std::string* unmapped = nullptr);
+  // Collective, as SymmetricMemory::allocate, except that memory which could not be mapped on every
+  // member is no error: every member alike gets std::nullopt, and `unmapped` says why. Any other
+  // failure (members that ask for other sizes, a member that never comes) throws.
+  static std::optional<SymmetricMemory> allocate_held_by_group(const ProcessGroup& group, int64_t bytes, int channels,
+                                                               std::string& unmapped);
 };
 
 }  // namespace hp::comm::detail

@@ -157,7 +157,7 @@ namespace {
 // the segment, mapped by all if they all asked alike.
 std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t bytes, int channels, SegmentScope scope,
                                            const std::string& keys, const std::string& request,
-                                           const std::string& objection, bool keep_group_alive) {
+                                           const std::string& objection, bool keep_group_alive, std::string* unmapped) {
   GroupImpl* g = &group.impl();
   const std::string where = "SymmetricMemory::allocate on " + g->describe();
   const std::vector<std::string> requests =
@@ -180,7 +180,15 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
   state->stride = SymmetricState::stride_of(bytes);
   const int64_t total = SymmetricState::buffers_offset(state->n, channels) + int64_t{state->n} * state->stride;
   SharedSegment::Outcome outcome = SharedSegment::create(*g, total, scope, keys);
-  HP_CHECK(outcome.segment, where, ": could not map ", total, " bytes on every member (", outcome.error, ")");
+  if (!outcome.segment) {
+    const std::string why =
+        ::hp::detail::str_cat("could not map ", total, " bytes on every member (", outcome.error, ")");
+    if (unmapped != nullptr) {
+      *unmapped = why;
+      return nullptr;
+    }
+    HP_FAIL(where, ": ", why);
+  }
   state->segment = std::move(outcome.segment);
   std::byte* base = state->segment->data();
   state->members = reinterpret_cast<MemberRecord*>(base);
@@ -197,7 +205,7 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
 namespace detail {
 
 std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGroup& group, int64_t bytes, int channels,
-                                                                bool keep_group_alive) {
+                                                                bool keep_group_alive, std::string* unmapped) {
   GroupImpl* g = &group.impl();
   HP_CHECK(!g->fake, "SymmetricMemory::allocate on ", g->describe(), ": a fake world's groups have no memory to share");
   // The allocation's number, taken before anything can fail, so that it stays equal on every
@@ -209,15 +217,18 @@ std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGro
                                   ? std::to_string(bytes) + " bytes, " + std::to_string(channels) + " channels"
                                   : "refused: " + objection;
   try {
-    return map_agreed(group, bytes, channels, scope, keys, request, objection, keep_group_alive);
+    return map_agreed(group, bytes, channels, scope, keys, request, objection, keep_group_alive, unmapped);
   } catch (...) {
     g->note_failure();  // this rank's failure on the group (the trainer's error accounting)
     throw;
   }
 }
 
-SymmetricMemory SymmetricAccess::allocate_held_by_group(const ProcessGroup& group, int64_t bytes, int channels) {
-  return SymmetricMemory(allocate_state(group, bytes, channels, /*keep_group_alive=*/false));
+std::optional<SymmetricMemory> SymmetricAccess::allocate_held_by_group(const ProcessGroup& group, int64_t bytes,
+                                                                       int channels, std::string& unmapped) {
+  std::shared_ptr<SymmetricState> state = allocate_state(group, bytes, channels, /*keep_group_alive=*/false, &unmapped);
+  if (!state) return std::nullopt;
+  return SymmetricMemory(std::move(state));
 }
 
 }  // namespace detail

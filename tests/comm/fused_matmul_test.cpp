@@ -14,6 +14,7 @@
 
 #include "as_processes.h"
 #include "scoped_env.h"
+#include "scoped_file_size_limit.h"
 #include "test_util.h"
 
 namespace hp::test {
@@ -202,6 +203,45 @@ TEST(FusedMatmul, AMemberThatRefusesItsOperandsFailsTheOthersAtOnce) {
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "not a timeout";
       },
       options);
+}
+
+// Where /dev/shm cannot hold the workspace (here a cap on file sizes leaves room for the
+// transport's segment and a 1 MiB workspace, not for one of 32 MiB a member), the ops run unfused
+// on every member alike, with the unfused results, and stay unfused on the group; the group says
+// why once on each member, and nothing fails or waits.
+TEST(FusedMatmul, WhereTheWorkspaceCannotBeMappedTheOpsRunUnfused) {
+  ScopedEnv job_dir(job::kDirEnv, "/tmp/hprun-fusedtest" + std::to_string(getpid()));
+  const std::string prefix = job::shm_prefix();
+  comm::ProcessGroupOptions options;
+  options.set_timeout(std::chrono::seconds(20)).set_transport(comm::Transport::kShm);
+  ::testing::internal::CaptureStderr();
+  std::vector<std::string> errors;
+  {
+    ScopedFileSizeLimit cap(40 << 20);
+    errors = run_as_processes(2, options, 2, [&](const ProcessGroup& g) {
+      check_once(g, 2, 1, at::kFloat, 7, /*expect_fused=*/true);
+      const int64_t rows = (24 << 20) / (8 * 4);  // a 24 MiB shard of [rows, 8] floats
+      const at::Tensor whole = values({2 * rows, 8}, at::kFloat, 300);
+      const at::Tensor b = values({8, 4}, at::kFloat, 301);
+      comm::CommDebugMode comm;
+      const auto start = std::chrono::steady_clock::now();
+      const comm::AllGatherMatmul r = comm::all_gather_matmul(g, whole.narrow(0, g.rank() * rows, rows), {b}, 0);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "not a timeout";
+      EXPECT_EQ(comm.count("all_gather_matmul"), 0) << comm.str();
+      EXPECT_EQ(comm.count("all_gather"), 1) << comm.str();
+      check_close(r.gathered, whole, "gathered", /*bitwise=*/true);
+      check_close(r.outputs.at(0), at::matmul(whole, b), "output", /*bitwise=*/true);
+      for (const int64_t small_rows : {2, 5}) check_once(g, small_rows, 1, at::kFloat, 7, /*expect_fused=*/false);
+      if (!segments_named(prefix).empty()) throw std::runtime_error("a segment is still linked in /dev/shm");
+    });
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  const std::string warning = "runs as the unfused collective and matmul from now on: its workspace could not map";
+  size_t seen = 0;
+  for (size_t at = said.find(warning); at != std::string::npos; at = said.find(warning, at + 1)) ++seen;
+  EXPECT_EQ(seen, 2u) << said;
+  EXPECT_NE(said.find("File too large"), std::string::npos) << said;
 }
 
 // A member that never comes (its thread returned): the others fail, naming it.
