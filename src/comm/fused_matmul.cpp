@@ -7,7 +7,7 @@
 // member, naming it; every member grows the workspace at the same op, as the headers agree on its
 // size), then the data. Channel 1 says "I have read what I needed": before its next op writes
 // anything, a member collects every peer's "done" of the last one (a barrier split in two halves,
-// which costs nothing when the peers have finished). Where the workspace cannot be mapped (every
+// which costs nothing when the peers have finished). Where there is no room for the workspace (every
 // member learns it alike), the op, and every later one on the group, runs unfused.
 #include "hp/comm/fused_matmul.h"
 
@@ -30,12 +30,13 @@ namespace detail {
 
 struct FusedWorkspace {
   std::optional<SymmetricMemory> memory;
-  bool owes_done = false;       // the last op's "done" signals are still to be collected
-  std::string broken;           // why an op stopped halfway: the members' signals no longer pair up
-  bool warned_unfused = false;  // that the ops run unfused on this group
-  // Why the workspace could not be mapped on every member (a full /dev/shm): the group's ops run
-  // unfused from then on, on every member alike (the mapping's outcome is agreed).
-  std::string unmapped;
+  bool owes_done = false;  // the last op's "done" signals are still to be collected
+  std::string broken;      // why an op stopped halfway: the members' signals no longer pair up
+  bool warned_unfused =
+      false;  // that the ops run unfused on this group
+              // Why there was no room for the workspace (a full /dev/shm): the group's ops run unfused from
+  // then on, on every member alike (the members agree on the mapping's outcome).
+  std::string no_room;
 };
 
 namespace {
@@ -108,26 +109,28 @@ void wait_for_peers(const SymmetricMemory& memory, int channel) {
     if (peer != memory.rank()) memory.wait_signal(peer, channel);
 }
 
-// Maps the group's workspace with room for `data_bytes`; where that memory could not be mapped on
-// every member, the group's fused ops run unfused from now on (which it says once) and this
-// returns false on every member alike.
+// Maps the group's workspace with room for `data_bytes`; where there is no room for it (on any
+// member), the group's fused ops run unfused from now on (which each member says once) and this
+// returns false on every member alike. Any other failure to map it throws.
 bool map_workspace(const ProcessGroup& group, const char* op, int64_t data_bytes) {
   GroupImpl& g = group.impl();
   FusedWorkspace& ws = workspace_of(g);
-  std::string unmapped;
-  ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(data_bytes), /*channels=*/2, unmapped);
+  std::string no_room;
+  ws.memory = SymmetricAccess::allocate_held_by_group(group, workspace_bytes(data_bytes), /*channels=*/2, no_room);
   if (ws.memory) return true;
-  ws.unmapped = unmapped;
+  ws.no_room = no_room;
   ws.owes_done = false;
-  log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul from now on: its workspace ",
-            unmapped,
-            ". The fused ops need /dev/shm to hold it (a container's is often 64 MiB: docker run --shm-size)");
+  log::warn(op, " on ", g.describe(), " runs as the unfused collective and matmul from now on: there is no room for ",
+            "its workspace: ", no_room,
+            g.shm_scope == SegmentScope::kHost
+                ? ". Between processes it lives in /dev/shm (a container's is often 64 MiB: docker run --shm-size)"
+                : "");
   return false;
 }
 
 // Shows this member's header to every peer and waits for theirs, once every peer has read what this
 // member's last op left for it; returns the workspace (mapped by the group's first op), or nullptr
-// where it could not be mapped (map_workspace).
+// where there is no room for it (map_workspace).
 const SymmetricMemory* show_header(const ProcessGroup& group, const char* op, const at::Tensor& header) {
   GroupImpl& g = group.impl();
   FusedWorkspace& ws = workspace_of(g);
@@ -153,7 +156,7 @@ void check_usable(const GroupImpl& g, const char* op) {
 
 // The group's workspace, with room for `header`'s data, once every member has shown its header
 // (equal to this member's) and every peer has read what this member's last op left for it; nullptr
-// on every member alike where it could not be mapped (then the op runs unfused).
+// on every member alike where there is no room for it (then the op runs unfused).
 // Allocating and growing are collective: the first op allocates, and the headers, equal on every
 // member, say the same size, so every member grows at the same op.
 const SymmetricMemory* agree(const ProcessGroup& group, const char* op, const at::Tensor& header, int64_t data_bytes) {
@@ -201,6 +204,9 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
 // A member whose own operands are wrong (objection) still shows a header, marked refused, so that
 // members that passed theirs fail at once naming it instead of waiting for it. Where every member
 // refused, nothing moved and the workspace stays usable; either way this member throws objection.
+// (Where the group's first op finds no room for the workspace, the members that passed their
+// operands run it unfused and wait for this one in the collective until the group's timeout, as
+// on any group that runs the ops unfused.)
 [[noreturn]] void refuse_together(const ProcessGroup& group, const char* op, const std::string& objection) {
   GroupImpl& g = group.impl();
   check_usable(g, op);
@@ -213,8 +219,6 @@ auto on_workspace(const ProcessGroup& group, const char* op, Body&& body) {
     if (all_refused) signal_done(group, *memory);
     return true;
   });
-  // (Where no workspace could be mapped, the members that passed their operands run the op
-  // unfused: they wait for this member in its collective, as on a group without shared memory.)
   if (!shown || all_refused) HP_FAIL(objection);
   const std::string failure = objection + " (the other members passed their operands; they fail too, naming this one)";
   abandon(g, std::string(op) + ": " + failure);
@@ -227,7 +231,7 @@ bool fused_here(const ProcessGroup& group, const char* op, const at::Tensor& a) 
   GroupImpl& g = group.impl();
   if (g.size() == 1) return false;
   FusedWorkspace& ws = workspace_of(g);
-  if (!ws.unmapped.empty()) return false;  // said when it happened (map_workspace)
+  if (!ws.no_room.empty()) return false;  // said when it happened (map_workspace)
   // (An undefined `a` is an objection, shown to the peers as the fused op's would be.)
   if (!g.fake && g.shm_scope.has_value() && (!a.defined() || a.device().is_cpu())) return true;
   if (!g.fake && !ws.warned_unfused) {

@@ -21,6 +21,14 @@ namespace {
 
 std::string system_error(const char* what, int error) { return std::string(what) + ": " + std::strerror(error); }
 
+// Memory that could not be reserved: what create() reports as Outcome::no_room.
+struct NoRoom : Error {
+  using Error::Error;
+};
+bool says_no_room(int error) { return error == ENOSPC || error == EFBIG || error == ENOMEM; }
+// Marks a member's error as NoRoom in what the members exchange.
+constexpr char kNoRoomMark = '\x1f';
+
 // 128 bits from the kernel's random source: a name nobody outside the job can guess. (A name, not
 // a value any computation sees: determinism does not reach here.)
 std::string random_name() {
@@ -57,7 +65,10 @@ std::shared_ptr<void> create_host_segment(const std::string& name, int64_t bytes
   if (error != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    HP_FAIL("could not reserve ", bytes >> 20, " MiB in /dev/shm (", std::strerror(error), ")");
+    const std::string why =
+        ::hp::detail::str_cat("could not reserve ", bytes >> 20, " MiB in /dev/shm (", std::strerror(error), ")");
+    if (says_no_room(error)) throw NoRoom(why);
+    HP_FAIL(why);
   }
   return map_shared(fd, bytes);
 }
@@ -85,7 +96,11 @@ struct ProcessTable {
 
 std::shared_ptr<void> create_process_segment(const std::string& name, int64_t bytes) {
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  HP_CHECK(p != MAP_FAILED, system_error("mmap", errno));
+  if (p == MAP_FAILED) {
+    const int error = errno;
+    if (says_no_room(error)) throw NoRoom(system_error("mmap", error));
+    HP_FAIL(system_error("mmap", error));
+  }
   std::shared_ptr<void> memory(p, [bytes](void* q) { munmap(q, static_cast<size_t>(bytes)); });
   ProcessTable& table = ProcessTable::get();
   std::lock_guard<std::mutex> lock(table.mu);
@@ -164,6 +179,8 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
       const std::string name = random_name();
       memory = scope == SegmentScope::kHost ? create_host_segment(name, bytes) : create_process_segment(name, bytes);
       unpublish.name = name;
+    } catch (const NoRoom& e) {
+      error = kNoRoomMark + std::string(e.what());
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -171,7 +188,9 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
   } else {
     const std::string name = await_string(group, name_key, 0, "mapping shared memory");
     if (!name.empty() && name[0] == '!') {
-      error = "world rank " + std::to_string(group.ranks[0]) + ": " + name.substr(1);
+      const bool no_room = name.size() > 1 && name[1] == kNoRoomMark;
+      error = (no_room ? std::string(1, kNoRoomMark) : std::string()) + "world rank " + std::to_string(group.ranks[0]) +
+              ": " + name.substr(no_room ? 2 : 1);
     } else {
       try {
         memory = scope == SegmentScope::kHost ? open_host_segment(name, bytes) : open_process_segment(name);
@@ -183,14 +202,17 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
   // Every member says whether it mapped the segment; only then may rank 0 take the name away.
   const std::vector<std::string> outcomes = exchange_strings(group, keys + "mapped/", error, "mapping shared memory");
   std::string first_error;
-  for (int r = 0; r < group.size(); ++r) {
-    const std::string& theirs = outcomes[r];
-    if (!theirs.empty() && first_error.empty())
-      first_error =
-          theirs.rfind("world rank ", 0) == 0 ? theirs : "world rank " + std::to_string(group.ranks[r]) + ": " + theirs;
+  bool no_room = false;
+  for (int r = 0; r < group.size() && first_error.empty(); ++r) {
+    std::string theirs = outcomes[r];
+    if (theirs.empty()) continue;
+    no_room = theirs[0] == kNoRoomMark;
+    if (no_room) theirs.erase(0, 1);
+    first_error =
+        theirs.rfind("world rank ", 0) == 0 ? theirs : "world rank " + std::to_string(group.ranks[r]) + ": " + theirs;
   }
-  if (!first_error.empty()) return {nullptr, first_error};
-  return {std::make_shared<SharedSegment>(std::move(memory), bytes), ""};
+  if (!first_error.empty()) return {nullptr, first_error, no_room};
+  return {std::make_shared<SharedSegment>(std::move(memory), bytes), "", false};
 }
 
 }  // namespace hp::comm::detail

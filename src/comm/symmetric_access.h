@@ -13,15 +13,16 @@
 namespace hp::comm::detail {
 
 struct SymmetricAccess {
-  // `unmapped`: where a segment the members agreed on could not be mapped on every member (a full
-  // /dev/shm), returns nullptr and says why there instead of throwing; nullptr: throws.
+  // `no_room`: where the segment could not be reserved (SharedSegment::Outcome::no_room: a full
+  // /dev/shm, no memory left), returns nullptr and says why there instead of throwing; nullptr:
+  // throws.
   static std::shared_ptr<SymmetricState> allocate_state(const ProcessGroup& group, int64_t bytes, int channels,
-                                                        bool keep_group_alive, std::string* unmapped = nullptr);
-  // Collective, as SymmetricMemory::allocate, except that memory which could not be mapped on every
-  // member is no error: every member alike gets std::nullopt, and `unmapped` says why. Any other
-  // failure (members that ask for other sizes, a member that never comes) throws.
+                                                        bool keep_group_alive, std::string* no_room = nullptr);
+  // Collective, as SymmetricMemory::allocate, except that memory there is no room for is no error:
+  // every member alike gets std::nullopt, and `no_room` says why. Any other failure (members that
+  // ask for other sizes, a member that never comes, a segment a member cannot open) throws.
   static std::optional<SymmetricMemory> allocate_held_by_group(const ProcessGroup& group, int64_t bytes, int channels,
-                                                               std::string& unmapped);
+                                                               std::string& no_room);
 };
 
 }  // namespace hp::comm::detail

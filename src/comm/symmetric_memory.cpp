@@ -157,7 +157,7 @@ namespace {
 // the segment, mapped by all if they all asked alike.
 std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t bytes, int channels, SegmentScope scope,
                                            const std::string& keys, const std::string& request,
-                                           const std::string& objection, bool keep_group_alive, std::string* unmapped) {
+                                           const std::string& objection, bool keep_group_alive, std::string* no_room) {
   GroupImpl* g = &group.impl();
   const std::string where = "SymmetricMemory::allocate on " + g->describe();
   const std::vector<std::string> requests =
@@ -183,8 +183,8 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
   if (!outcome.segment) {
     const std::string why =
         ::hp::detail::str_cat("could not map ", total, " bytes on every member (", outcome.error, ")");
-    if (unmapped != nullptr) {
-      *unmapped = why;
+    if (outcome.no_room && no_room != nullptr) {
+      *no_room = why;
       return nullptr;
     }
     HP_FAIL(where, ": ", why);
@@ -205,7 +205,7 @@ std::shared_ptr<SymmetricState> map_agreed(const ProcessGroup& group, int64_t by
 namespace detail {
 
 std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGroup& group, int64_t bytes, int channels,
-                                                                bool keep_group_alive, std::string* unmapped) {
+                                                                bool keep_group_alive, std::string* no_room) {
   GroupImpl* g = &group.impl();
   HP_CHECK(!g->fake, "SymmetricMemory::allocate on ", g->describe(), ": a fake world's groups have no memory to share");
   // The allocation's number, taken before anything can fail, so that it stays equal on every
@@ -217,7 +217,7 @@ std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGro
                                   ? std::to_string(bytes) + " bytes, " + std::to_string(channels) + " channels"
                                   : "refused: " + objection;
   try {
-    return map_agreed(group, bytes, channels, scope, keys, request, objection, keep_group_alive, unmapped);
+    return map_agreed(group, bytes, channels, scope, keys, request, objection, keep_group_alive, no_room);
   } catch (...) {
     g->note_failure();  // this rank's failure on the group (the trainer's error accounting)
     throw;
@@ -225,8 +225,8 @@ std::shared_ptr<SymmetricState> SymmetricAccess::allocate_state(const ProcessGro
 }
 
 std::optional<SymmetricMemory> SymmetricAccess::allocate_held_by_group(const ProcessGroup& group, int64_t bytes,
-                                                                       int channels, std::string& unmapped) {
-  std::shared_ptr<SymmetricState> state = allocate_state(group, bytes, channels, /*keep_group_alive=*/false, &unmapped);
+                                                                       int channels, std::string& no_room) {
+  std::shared_ptr<SymmetricState> state = allocate_state(group, bytes, channels, /*keep_group_alive=*/false, &no_room);
   if (!state) return std::nullopt;
   return SymmetricMemory(std::move(state));
 }

@@ -8,7 +8,9 @@
 #include <hp/comm/process_group.h>
 #include <hp/core/error.h>
 #include <hp/core/job.h>
+#include <hp/core/log.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -205,43 +207,74 @@ TEST(FusedMatmul, AMemberThatRefusesItsOperandsFailsTheOthersAtOnce) {
       options);
 }
 
-// Where /dev/shm cannot hold the workspace (here a cap on file sizes leaves room for the
-// transport's segment and a 1 MiB workspace, not for one of 32 MiB a member), the ops run unfused
-// on every member alike, with the unfused results, and stay unfused on the group; the group says
-// why once on each member, and nothing fails or waits.
-TEST(FusedMatmul, WhereTheWorkspaceCannotBeMappedTheOpsRunUnfused) {
+// Runs `grow(g)` on 2 ranks mapping POSIX segments as processes do, with file sizes capped at
+// 40 MiB: room for the shared-memory transport's segment and a 1 MiB workspace, not for one of
+// 32 MiB a member. Small ops run fused before it, unfused after it; `grow` makes the workspace grow
+// and checks the op ran unfused with the unfused results. Each rank says why once; nothing fails
+// or waits.
+void expect_unfused_once_there_is_no_room(const std::string& op, const std::function<void(const ProcessGroup&)>& grow) {
   ScopedEnv job_dir(job::kDirEnv, "/tmp/hprun-fusedtest" + std::to_string(getpid()));
   const std::string prefix = job::shm_prefix();
   comm::ProcessGroupOptions options;
   options.set_timeout(std::chrono::seconds(20)).set_transport(comm::Transport::kShm);
-  ::testing::internal::CaptureStderr();
   std::vector<std::string> errors;
+  std::string said;
   {
     ScopedFileSizeLimit cap(40 << 20);
+    ::testing::internal::CaptureStderr();
     errors = run_as_processes(2, options, 2, [&](const ProcessGroup& g) {
+      log::LogRankGuard rank(g.rank());
       check_once(g, 2, 1, at::kFloat, 7, /*expect_fused=*/true);
-      const int64_t rows = (24 << 20) / (8 * 4);  // a 24 MiB shard of [rows, 8] floats
-      const at::Tensor whole = values({2 * rows, 8}, at::kFloat, 300);
-      const at::Tensor b = values({8, 4}, at::kFloat, 301);
-      comm::CommDebugMode comm;
       const auto start = std::chrono::steady_clock::now();
-      const comm::AllGatherMatmul r = comm::all_gather_matmul(g, whole.narrow(0, g.rank() * rows, rows), {b}, 0);
+      grow(g);
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "not a timeout";
-      EXPECT_EQ(comm.count("all_gather_matmul"), 0) << comm.str();
-      EXPECT_EQ(comm.count("all_gather"), 1) << comm.str();
-      check_close(r.gathered, whole, "gathered", /*bitwise=*/true);
-      check_close(r.outputs.at(0), at::matmul(whole, b), "output", /*bitwise=*/true);
-      for (const int64_t small_rows : {2, 5}) check_once(g, small_rows, 1, at::kFloat, 7, /*expect_fused=*/false);
+      for (const int64_t rows : {2, 5}) check_once(g, rows, 1, at::kFloat, 7, /*expect_fused=*/false);
       if (!segments_named(prefix).empty()) throw std::runtime_error("a segment is still linked in /dev/shm");
     });
+    said = ::testing::internal::GetCapturedStderr();
   }
-  const std::string said = ::testing::internal::GetCapturedStderr();
-  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
-  const std::string warning = "runs as the unfused collective and matmul from now on: its workspace could not map";
-  size_t seen = 0;
-  for (size_t at = said.find(warning); at != std::string::npos; at = said.find(warning, at + 1)) ++seen;
-  EXPECT_EQ(seen, 2u) << said;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(errors[rank], "") << "rank " << rank;
+    const std::string warning = "rank " + std::to_string(rank) + "] " + op +
+                                " on group 'world' (world ranks [0, 1]) runs as the unfused collective and matmul "
+                                "from now on: there is no room for its workspace";
+    const size_t first = said.find(warning);
+    EXPECT_NE(first, std::string::npos) << said;
+    EXPECT_EQ(said.find(warning, first + 1), std::string::npos) << "said twice: " << said;
+  }
   EXPECT_NE(said.find("File too large"), std::string::npos) << said;
+  EXPECT_NE(said.find("/dev/shm (a container's is often 64 MiB"), std::string::npos) << said;
+}
+
+const int64_t kRowsOf24MiB = (24 << 20) / (8 * 4);  // [rows, 8] floats
+
+// all_gather_matmul of a 24 MiB shard.
+TEST(FusedMatmul, WhereThereIsNoRoomForTheWorkspaceAllGatherMatmulRunsUnfused) {
+  expect_unfused_once_there_is_no_room("all_gather_matmul", [](const ProcessGroup& g) {
+    const at::Tensor whole = values({2 * kRowsOf24MiB, 8}, at::kFloat, 300);
+    const at::Tensor b = values({8, 4}, at::kFloat, 301);
+    comm::CommDebugMode comm;
+    const comm::AllGatherMatmul r =
+        comm::all_gather_matmul(g, whole.narrow(0, g.rank() * kRowsOf24MiB, kRowsOf24MiB), {b}, 0);
+    EXPECT_EQ(comm.count("all_gather_matmul"), 0) << comm.str();
+    EXPECT_EQ(comm.count("all_gather"), 1) << comm.str();
+    check_close(r.gathered, whole, "gathered", /*bitwise=*/true);
+    check_close(r.outputs.at(0), at::matmul(whole, b), "output", /*bitwise=*/true);
+  });
+}
+
+// matmul_reduce_scatter of a 24 MiB product (its workspace holds a whole product).
+TEST(FusedMatmul, WhereThereIsNoRoomForTheWorkspaceMatmulReduceScatterRunsUnfused) {
+  expect_unfused_once_there_is_no_room("matmul_reduce_scatter", [](const ProcessGroup& g) {
+    const at::Tensor a = values({kRowsOf24MiB / 2, 2, 8}, at::kFloat, 310 + g.rank());
+    const at::Tensor b = values({8, 8}, at::kFloat, 320 + g.rank());
+    const at::Tensor want = g.reduce_scatter_tensor(at::empty({kRowsOf24MiB / 4, 2, 8}), at::matmul(a, b));
+    comm::CommDebugMode comm;
+    const at::Tensor piece = comm::matmul_reduce_scatter(g, a, b, 0);
+    EXPECT_EQ(comm.count("matmul_reduce_scatter"), 0) << comm.str();
+    EXPECT_EQ(comm.count("reduce_scatter"), 1) << comm.str();
+    check_close(piece, want, "reduce-scattered product", /*bitwise=*/true);
+  });
 }
 
 // A member that never comes (its thread returned): the others fail, naming it.

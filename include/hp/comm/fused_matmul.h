@@ -17,9 +17,9 @@
 // members' products in rank order with tree_reduce's association (hp/comm/tree_reduce.h), the order
 // of the deterministic reduce_scatter. The workspace is each member's largest op's data (a shard
 // for all_gather_matmul, the whole product for matmul_reduce_scatter: n pieces) rounded up to a
-// power of two, at least 1 MiB, kept while the group lives. Where that memory cannot be mapped on
-// every member (a full /dev/shm: a container's is often 64 MiB), the group says so once and runs
-// its fused ops unfused from then on, on every member alike. Elsewhere (groups across hosts, the
+// power of two, at least 1 MiB, kept while the group lives. Where there is no room for it on
+// some member (a full /dev/shm: a container's is often 64 MiB), each member says so once and the
+// group runs its fused ops unfused from then on, on every member alike. Elsewhere (groups across hosts, the
 // Gloo transport, tensors off the CPU, a fake world) both run as the unfused collective and matmul,
 // which a group says once in a warning.
 //
