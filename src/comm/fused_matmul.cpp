@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,8 +36,11 @@ struct FusedWorkspace {
   bool warned_unfused =
       false;  // that the ops run unfused on this group
               // Why there was no room for the workspace (a full /dev/shm): the group's ops run unfused from
-  // then on, on every member alike (the members agree on the mapping's outcome).
+              // then on, on every member alike (the members agree on the mapping's outcome).
   std::string no_room;
+  // On a fake world (a dry run), which maps nothing: the bytes a real group would map for the ops
+  // run on it so far (fused_workspace_bytes).
+  int64_t fake_bytes = 0;
 };
 
 namespace {
@@ -245,6 +249,15 @@ bool fused_here(const ProcessGroup& group, const char* op, const at::Tensor& a) 
   return false;
 }
 
+// Counts an op with `data_bytes` of data that ran unfused on a fake world as a real group would
+// run it fused: its workspace grows to take it (fused_workspace_bytes).
+void count_as_if_fused(const ProcessGroup& group, int64_t data_bytes) {
+  GroupImpl& g = group.impl();
+  if (!g.fake || g.size() == 1) return;
+  FusedWorkspace& ws = workspace_of(g);
+  ws.fake_bytes = std::max(ws.fake_bytes, workspace_bytes(data_bytes));
+}
+
 // Why `a`, `dim` and `bs` cannot go into `op`, or "" (then `dim` is normalised: the gathered or
 // scattered dim, never the contracted last one).
 std::string objection_to(const char* op, const at::Tensor& a, int64_t& dim, const std::vector<at::Tensor>& bs) {
@@ -315,7 +328,10 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
     for (const at::Tensor& b : bs) outputs.push_back(at::matmul(gathered, b));
     return put_back(gathered, outputs);
   };
-  if (!fused_here(group, op, a_shard)) return unfused();
+  if (!fused_here(group, op, a_shard)) {
+    count_as_if_fused(group, moved.nbytes());
+    return unfused();
+  }
 
   std::optional<AllGatherMatmul> fused = on_workspace(group, op, [&]() -> std::optional<AllGatherMatmul> {
     const int64_t data_bytes = moved.nbytes();
@@ -384,7 +400,10 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
     if (n == 1) return product.movedim(0, dim);
     return group.reduce_scatter_tensor(at::empty(piece_shape, product.options()), product).movedim(0, dim);
   };
-  if (!fused_here(group, op, a)) return unfused();
+  if (!fused_here(group, op, a)) {
+    count_as_if_fused(group, product_bytes);
+    return unfused();
+  }
 
   const int64_t piece_bytes = product_bytes / n;
   const at::Tensor fused = on_workspace(group, op, [&] {
@@ -409,6 +428,14 @@ at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a,
     return out.movedim(0, dim);
   });
   return fused.defined() ? fused : unfused();
+}
+
+int64_t fused_workspace_bytes(const ProcessGroup& group) {
+  const detail::GroupImpl& g = group.impl();
+  const detail::FusedWorkspace* ws = g.fused_workspace.get();
+  if (ws == nullptr) return 0;
+  if (g.fake) return ws->fake_bytes;
+  return ws->memory ? ws->memory->bytes() : 0;
 }
 
 }  // namespace hp::comm

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/comm/comm_debug_mode.h"
+#include "hp/comm/fused_matmul.h"
 #include "hp/comm/init.h"
 #include "hp/core/error.h"
 #include "hp/core/log.h"
@@ -163,6 +164,7 @@ DryRunReport run_dry(const TrainConfig& c, int world_size, int rank, const std::
     report.parameter_bytes += bytes_of(p);
     if (p.grad().defined()) report.gradient_bytes += bytes_of(p.grad());
   }
+  report.fused_workspace_bytes = comm::fused_workspace_bytes(s.mesh.get_group("tp"));
   report.host_ops = mode.host_ops();
   report.host_compute = mode.host_compute();
   const detail::TimelineNames names = timeline_names(*timeline, s.parts, *optimizer);
@@ -270,8 +272,11 @@ std::string DryRunReport::table() const {
                           : std::string("unknown (the corpus is not prepared here)"))
       << "\n"
       << "  peak              " << mib(peak_bytes) << " (forward+backward " << mib(forward_backward_peak_bytes)
-      << ", clipping+optimizer " << mib(optimizer_peak_bytes) << ")\n"
-      << "  collectives/step ";
+      << ", clipping+optimizer " << mib(optimizer_peak_bytes) << ")\n";
+  if (fused_workspace_bytes > 0)
+    out << "  fused workspace   " << mib(fused_workspace_bytes)
+        << " (async TP's, mapped apart from the peak; between processes in /dev/shm, one per tp rank)\n";
+  out << "  collectives/step ";
   for (const auto& [op, n] : collectives) out << " " << op << " x" << n << " (" << mib(collective_bytes.at(op)) << ")";
   out << "\n  at the peak      ";
   for (const auto& [category, bytes] : peak_by_category) out << " " << category << " " << mib(bytes) << ";";
@@ -291,6 +296,7 @@ std::string DryRunReport::json() const {
                         {"peak_bytes", peak_bytes},
                         {"forward_backward_peak_bytes", forward_backward_peak_bytes},
                         {"optimizer_peak_bytes", optimizer_peak_bytes},
+                        {"fused_workspace_bytes", fused_workspace_bytes},
                         {"host_ops", host_ops},
                         {"host_compute", host_compute},
                         {"collectives", collectives},

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/fused_matmul.h"
 #include "hp/comm/init.h"
 #include "hp/core/memory_tracker.h"
 #include "hp/dtensor/local.h"
@@ -225,6 +226,40 @@ TEST(DryRun, HeldBytesAreExact) {
       EXPECT_EQ(predicted.optimizer_state_bytes, real[rank].optimizer_state_bytes) << layout.name << ", rank " << rank;
       EXPECT_GT(predicted.optimizer_state_bytes, 0);
     }
+  }
+}
+
+// Async TP's workspace (mapped apart from the allocator, so not in the peak): the dry run's is the
+// one a real step maps, on every rank; none without async TP.
+TEST(DryRun, PredictsAsyncTensorParallelismsWorkspace) {
+  const std::string dir = test::scratch_dir("dry_run_workspace");
+  const Layout layout{"tp 2 with sp", dims(1, 2), true};
+  TrainConfig c = config_of(layout, dir);
+  // Products of 8 x 1024 tokens x dim 64 in fp32 (2 MiB): above the workspace's least size (1 MiB).
+  c.model.as<models::LlamaConfig>().max_seq = c.data.seq_len = 1024;
+  c.train.micro_batch = 8;
+  EXPECT_EQ(dry_run(c, 2, 0).fused_workspace_bytes, 0);
+  c.async_tp = true;
+  std::vector<int64_t> mapped(2);
+  testing::run_ranks(
+      2,
+      [&](const comm::ProcessGroup& group) {
+        detail::Setup s = detail::build(c, group);
+        s.parts.init_parameters(c.seed);
+        TrainStepOptions options;
+        options.micro_batches = c.micro_batches();
+        TrainStep step(s.parts, options);
+        const at::Tensor tokens = at::randint(256, {c.per_rank_batch(), c.data.seq_len}, at::kLong);
+        step.forward_backward(0, tokens, tokens);
+        mapped[group.rank()] = comm::fused_workspace_bytes(s.mesh.get_group("tp"));
+      },
+      ranks_for(c));
+  for (int rank = 0; rank < 2; ++rank) {
+    const DryRunReport predicted = dry_run(c, 2, rank);
+    EXPECT_GT(mapped[rank], int64_t{2} << 20) << "rank " << rank << ": the real step's largest product is 2 MiB";
+    EXPECT_EQ(predicted.fused_workspace_bytes, mapped[rank]) << "rank " << rank;
+    EXPECT_NE(predicted.table().find("fused workspace"), std::string::npos) << predicted.table();
+    EXPECT_NE(predicted.json().find("\"fused_workspace_bytes\":" + std::to_string(mapped[rank])), std::string::npos);
   }
 }
 

@@ -57,4 +57,10 @@ AllGatherMatmul all_gather_matmul(const ProcessGroup& group, const at::Tensor& a
 at::Tensor matmul_reduce_scatter(const ProcessGroup& group, const at::Tensor& a, const at::Tensor& b,
                                  int64_t scatter_dim);
 
+// The bytes of `group`'s workspace for these ops, per member (every member's alike; between
+// processes the group's members map n of them in /dev/shm), as the ops run on it so far have grown
+// it: 0 where it runs them unfused. On a fake world (a dry run), which maps nothing, what a group of
+// members sharing a host would map for the same ops.
+int64_t fused_workspace_bytes(const ProcessGroup& group);
+
 }  // namespace hp::comm

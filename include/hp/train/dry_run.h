@@ -43,6 +43,10 @@ struct DryRunReport {
   // plus the step's activations and temporaries at their most. Also that step's peak during forward and
   // backward, and during gradient clipping and the optimizer step.
   int64_t peak_bytes = 0, forward_backward_peak_bytes = 0, optimizer_peak_bytes = 0;
+  // The workspace of async TP's fused ops (parallel.async_tp; hp/comm/fused_matmul.h), per rank,
+  // where the tp ranks share a host: memory they map apart from the allocator, not in the peak
+  // (between processes a tp group's tp workspaces lie in /dev/shm). 0 without async TP.
+  int64_t fused_workspace_bytes = 0;
   // Ops that ran on tensors with values (the rest ran on meta tensors), by name, and those of them
   // that touched more than metadata (a tensor of more than 64 elements): none when the dry run
   // computed nothing real.
