@@ -33,6 +33,13 @@ class ReleasableLambda {
   std::optional<Fn> fn_;
 };
 
+// Which of `node`'s inputs' gradients the running backward asks for, one flag per input.
+std::vector<bool> asked_of(const torch::autograd::Node& node) {
+  std::vector<bool> asked(node.num_outputs());
+  for (size_t i = 0; i < asked.size(); ++i) asked[i] = node.task_should_compute_output(i);
+  return asked;
+}
+
 class LambdaBackward final : public torch::autograd::Node {
  public:
   using Fn = std::variant<MultiBackwardFn, TrimmedBackwardFn>;
@@ -42,9 +49,7 @@ class LambdaBackward final : public torch::autograd::Node {
     HP_CHECK(grads[0].defined(), name_, ": backward got no gradient; every rank must take part in backward");
     const Fn& fn = backward_.get(name_);
     if (const auto* plain = std::get_if<MultiBackwardFn>(&fn)) return (*plain)(grads[0]);
-    std::vector<bool> asked(num_outputs());
-    for (size_t i = 0; i < asked.size(); ++i) asked[i] = task_should_compute_output(i);
-    return std::get<TrimmedBackwardFn>(fn)(grads[0], asked);
+    return std::get<TrimmedBackwardFn>(fn)(grads[0], asked_of(*this));
   }
   void release_variables() override { backward_.release(); }
 
@@ -55,17 +60,19 @@ class LambdaBackward final : public torch::autograd::Node {
 
 class ManyToManyBackward final : public torch::autograd::Node {
  public:
-  ManyToManyBackward(std::string name, ManyToManyBackwardFn backward)
-      : name_(std::move(name)), backward_(std::move(backward)) {}
+  using Fn = std::variant<ManyToManyBackwardFn, TrimmedManyToManyBackwardFn>;
+  ManyToManyBackward(std::string name, Fn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    return backward_.get(name_)(std::move(grads));
+    const Fn& fn = backward_.get(name_);
+    if (const auto* plain = std::get_if<ManyToManyBackwardFn>(&fn)) return (*plain)(std::move(grads));
+    return std::get<TrimmedManyToManyBackwardFn>(fn)(std::move(grads), asked_of(*this));
   }
   void release_variables() override { backward_.release(); }
 
  private:
   std::string name_;
-  ReleasableLambda<ManyToManyBackwardFn> backward_;
+  ReleasableLambda<Fn> backward_;
 };
 
 bool any_requires_grad(const std::vector<at::Tensor>& inputs) {
@@ -86,6 +93,17 @@ at::Tensor record_lambda(const std::string& name, const std::vector<at::Tensor>&
   return output;
 }
 
+// `outputs` made to depend on `inputs` through a ManyToManyBackward running `backward`.
+std::vector<at::Tensor> record_many(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                    std::vector<at::Tensor> outputs, ManyToManyBackward::Fn backward) {
+  if (!any_requires_grad(inputs)) return outputs;
+  auto node = std::shared_ptr<ManyToManyBackward>(new ManyToManyBackward(name, std::move(backward)),
+                                                  torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(outputs, node);
+  return outputs;
+}
+
 }  // namespace
 
 at::Tensor record_backward(const std::string& name, const std::vector<at::Tensor>& inputs, at::Tensor output,
@@ -100,12 +118,12 @@ at::Tensor record_trimmed_backward(const std::string& name, const std::vector<at
 
 std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
                                         std::vector<at::Tensor> outputs, ManyToManyBackwardFn backward) {
-  if (!any_requires_grad(inputs)) return outputs;
-  auto node = std::shared_ptr<ManyToManyBackward>(new ManyToManyBackward(name, std::move(backward)),
-                                                  torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  torch::autograd::set_history(outputs, node);
-  return outputs;
+  return record_many(name, inputs, std::move(outputs), std::move(backward));
+}
+
+std::vector<at::Tensor> record_trimmed_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                                std::vector<at::Tensor> outputs, TrimmedManyToManyBackwardFn backward) {
+  return record_many(name, inputs, std::move(outputs), std::move(backward));
 }
 
 at::Tensor record_backward(const std::string& name, const at::Tensor& input, at::Tensor output, BackwardFn backward) {

@@ -77,6 +77,11 @@ void Module::set_forward_override(ForwardOverride forward) {
   forward_override_ = std::move(forward);
 }
 
+void Module::replace_forward_override(ForwardOverride forward) {
+  HP_CHECK(forward_override_, name(), " has no forward override to replace");
+  forward_override_ = std::move(forward);
+}
+
 void Module::remove_hook(HookHandle handle) {
   auto drop = [&](auto& hooks) {
     const auto before = hooks.size();

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "hp/comm/fused_matmul.h"
@@ -34,28 +35,65 @@ at::Tensor weight_gradient(const at::Tensor& dy, const at::Tensor& g, int64_t di
 
 }  // namespace
 
-at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& x_shard, const at::Tensor& w,
-                             int64_t dim) {
-  at::Tensor y;
+std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, const at::Tensor& x_shard,
+                                           const std::vector<at::Tensor>& ws, int64_t dim) {
+  HP_CHECK(!ws.empty(), "all_gather_linears: no weights");
+  std::vector<at::Tensor> ys, inputs = {x_shard}, detached;
   {
     at::NoGradGuard no_grad;
-    y = comm::all_gather_matmul(group, x_shard.detach(), {w.detach().t()}, dim, /*return_gathered=*/false)
-            .outputs[0]
-            .contiguous();
+    std::vector<at::Tensor> factors;
+    for (const at::Tensor& w : ws) {
+      inputs.push_back(w);
+      detached.push_back(w.detach());
+      factors.push_back(detached.back().t());
+    }
+    for (const at::Tensor& y :
+         comm::all_gather_matmul(group, x_shard.detach(), factors, dim, /*return_gathered=*/false).outputs)
+      ys.push_back(y.contiguous());
   }
-  return record_trimmed_backward("AllGatherLinearBackward", {x_shard, w}, y,
-                                 [group, x_shard = x_shard.detach(), version = x_shard._version(), w = w.detach(), dim](
-                                     const at::Tensor& dy, const std::vector<bool>& asked) {
-                                   at::NoGradGuard no_grad;
-                                   at::Tensor dx, dw;
-                                   if (asked[0]) dx = comm::matmul_reduce_scatter(group, dy, w, dim);
-                                   if (asked[1]) {
-                                     check_unchanged(x_shard, version, "AllGatherLinearBackward");
-                                     dw = weight_gradient(dy, comm::all_gather_matmul(group, x_shard, {}, dim).gathered,
-                                                          dim);
-                                   }
-                                   return std::vector<at::Tensor>{dx, dw};
-                                 });
+  return record_trimmed_backward(
+      "AllGatherLinearBackward", inputs, std::move(ys),
+      [group, x_shard = x_shard.detach(), version = x_shard._version(), ws = std::move(detached), dim](
+          std::vector<at::Tensor> dys, const std::vector<bool>& asked) {
+        at::NoGradGuard no_grad;
+        // The outputs that got a gradient (every rank's alike: the ops below are collectives). An
+        // input asked for whose outputs got none gets zeros: the weights reach this node through
+        // ToLocal, whose backward needs a gradient.
+        std::vector<size_t> got;
+        for (size_t i = 0; i < ws.size(); ++i)
+          if (dys[i].defined()) got.push_back(i);
+        std::vector<at::Tensor> grads(asked.size());
+        for (size_t i = 0; i < ws.size(); ++i)
+          if (asked[i + 1] && !dys[i].defined()) grads[i + 1] = at::zeros_like(ws[i]);
+        if (got.empty()) {
+          if (asked[0]) grads[0] = at::zeros_like(x_shard);
+          return grads;
+        }
+        if (asked[0]) {
+          // dx = reduce_scatter(sum_i dy_i @ w_i), one fused op: the dy_i side by side times the
+          // w_i stacked.
+          std::vector<at::Tensor> dy_parts, w_parts;
+          for (size_t i : got) {
+            dy_parts.push_back(dys[i]);
+            w_parts.push_back(ws[i]);
+          }
+          grads[0] = comm::matmul_reduce_scatter(group, got.size() == 1 ? dy_parts[0] : at::cat(dy_parts, -1),
+                                                 got.size() == 1 ? w_parts[0] : at::cat(w_parts, 0), dim);
+        }
+        const bool weights = std::any_of(got.begin(), got.end(), [&](size_t i) { return asked[i + 1]; });
+        if (weights) {
+          check_unchanged(x_shard, version, "AllGatherLinearBackward");
+          const at::Tensor gathered = comm::all_gather_matmul(group, x_shard, {}, dim).gathered;
+          for (size_t i : got)
+            if (asked[i + 1]) grads[i + 1] = weight_gradient(dys[i], gathered, dim);
+        }
+        return grads;
+      });
+}
+
+at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& x_shard, const at::Tensor& w,
+                             int64_t dim) {
+  return all_gather_linears(group, x_shard, {w}, dim)[0];
 }
 
 at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tensor& x, const at::Tensor& w,

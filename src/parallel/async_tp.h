@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "hp/comm/process_group.h"
 
@@ -20,6 +21,11 @@ namespace hp::parallel {
 
 at::Tensor all_gather_linear(const comm::ProcessGroup& group, const at::Tensor& x_shard, const at::Tensor& w,
                              int64_t dim);
+// Several colwise layers on one input (ShareInputGather: q/k/v, gate/up): y_i = all_gather(x) @ w_i^T
+// with one gather. Backward: dx = reduce_scatter(sum_i dy_i @ w_i), one fused op over the dy_i
+// side by side and the w_i stacked; the dw_i from one gather of x.
+std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, const at::Tensor& x_shard,
+                                           const std::vector<at::Tensor>& ws, int64_t dim);
 at::Tensor linear_reduce_scatter(const comm::ProcessGroup& group, const at::Tensor& x, const at::Tensor& w,
                                  int64_t dim);
 

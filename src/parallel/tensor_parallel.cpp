@@ -4,6 +4,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "hp/core/error.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/layers.h"
@@ -83,24 +87,44 @@ void check_async_tp(const ParallelStyleBase& style, nn::Module& module, const st
 using FusedLinear = at::Tensor (*)(const comm::ProcessGroup&, const at::Tensor&, const at::Tensor&, int64_t);
 using AddBias = at::Tensor (*)(const at::Tensor& out, const at::Tensor& bias);
 
+// Whether async TP can fuse a layer on `x`: its sequence dim `dim` splits evenly over the mesh.
+bool fusable(const DTensor& x, int64_t dim, const DeviceMesh& mesh) { return x.size(dim) % mesh.size() == 0; }
+
+// The Linear `m` on `x`, unfused (a sequence that does not split evenly).
+at::Tensor unfused_linear(nn::Module& m, const DTensor& x, const DeviceMesh& mesh, bool output_on_sequence) {
+  const auto& linear = dynamic_cast<const nn::Linear&>(m);
+  const at::Tensor input = output_on_sequence ? x : x.redistribute(mesh, {Replicate()});
+  return at::linear(input, m.param("weight"), linear.has_bias ? m.param("bias") : at::Tensor());
+}
+
+// The Linear `m`'s output as a DTensor placed `placed` from this rank's piece `y` of it on `x`,
+// its bias added by `add_bias`.
+at::Tensor linear_output(nn::Module& m, const at::Tensor& y, const DTensor& x, const DeviceMesh& mesh, Placement placed,
+                         AddBias add_bias) {
+  const auto& linear = dynamic_cast<const nn::Linear&>(m);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = linear.out_features;
+  const at::Tensor out = DTensor::from_local(y, mesh, {placed}, shape);
+  return linear.has_bias ? add_bias(out, m.param("bias")) : out;
+}
+
+// A Colwise layer's bias piece matches the output's features, and every rank has all rows: added
+// locally.
+at::Tensor add_bias_piece(const at::Tensor& out, const at::Tensor& bias) {
+  const DTensor o(out);
+  return DTensor::from_local(o.to_local() + DTensor(bias).to_local(), o.device_mesh(), o.placements(), o.sizes().vec());
+}
+
 void fuse_linear(nn::Module& module, const DeviceMesh& mesh, Placement seq, bool output_on_sequence, FusedLinear fused,
                  AddBias add_bias) {
-  const auto& linear = dynamic_cast<const nn::Linear&>(module);
-  module.set_forward_override([mesh, seq, output_on_sequence, fused, add_bias, out_features = linear.out_features,
-                               has_bias = linear.has_bias](nn::Module& m, const nn::Inputs& in) -> at::Tensor {
-    const DTensor x(in.at(0));
-    const int64_t dim = normalized(seq, x.dim()).dim();
-    if (x.size(dim) % mesh.size() != 0) {
-      const at::Tensor input = output_on_sequence ? x : x.redistribute(mesh, {Replicate()});
-      return at::linear(input, m.param("weight"), has_bias ? m.param("bias") : at::Tensor());
-    }
-    const at::Tensor y = fused(mesh.get_group(0), x.to_local(), DTensor(m.param("weight")).to_local(), dim);
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = out_features;
-    const Placement placed = output_on_sequence ? Shard(dim) : Shard(x.dim() - 1);
-    const at::Tensor out = DTensor::from_local(y, mesh, {placed}, shape);
-    return has_bias ? add_bias(out, m.param("bias")) : out;
-  });
+  module.set_forward_override(
+      [mesh, seq, output_on_sequence, fused, add_bias](nn::Module& m, const nn::Inputs& in) -> at::Tensor {
+        const DTensor x(in.at(0));
+        const int64_t dim = normalized(seq, x.dim()).dim();
+        if (!fusable(x, dim, mesh)) return unfused_linear(m, x, mesh, output_on_sequence);
+        const at::Tensor y = fused(mesh.get_group(0), x.to_local(), DTensor(m.param("weight")).to_local(), dim);
+        return linear_output(m, y, x, mesh, output_on_sequence ? Shard(dim) : Shard(x.dim() - 1), add_bias);
+      });
 }
 
 }  // namespace
@@ -123,15 +147,9 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
   // Async TP keeps the input sharded on the sequence: the fused forward gathers it.
   lay_out_input(module, mesh, input_layout_, async_tp_ ? input_layout_ : Replicate(), where(*this, fqn), wire_,
                 linear ? std::optional<int64_t>(linear->in_features) : std::nullopt);
-  if (async_tp_) {
-    // The bias piece matches the output's features, and every rank has all rows: added locally.
-    const AddBias add_local = [](const at::Tensor& out, const at::Tensor& bias) -> at::Tensor {
-      const DTensor o(out);
-      return DTensor::from_local(o.to_local() + DTensor(bias).to_local(), o.device_mesh(), o.placements(),
-                                 o.sizes().vec());
-    };
-    fuse_linear(module, mesh, input_layout_, /*output_on_sequence=*/false, &parallel::all_gather_linear, add_local);
-  }
+  if (async_tp_)
+    fuse_linear(module, mesh, input_layout_, /*output_on_sequence=*/false, &parallel::all_gather_linear,
+                &add_bias_piece);
   lay_out_output(module, output_layout_, use_local_output_, comm::WireFormat::kNative);  // no reduction
 }
 
@@ -163,6 +181,83 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
                   comm::WireFormat::kNative);
   }
   lay_out_output(module, output_layout_, use_local_output_, wire_);
+}
+
+// ---- ShareInputGather ---------------------------------------------------------------------------
+
+namespace {
+
+// The layers of one ShareInputGather (the module's children, which hold this through their
+// overrides), and their outputs on the last input gathered that they have not taken yet.
+struct SharedGather {
+  SharedGather(DeviceMesh mesh, Placement seq) : mesh(std::move(mesh)), seq(seq) {}
+  DeviceMesh mesh;
+  Placement seq;
+  std::vector<nn::Module*> layers;
+  at::Tensor input;  // what `pending` was computed on (held, so that no other tensor takes its place)
+  int64_t input_version = -1;
+  std::vector<at::Tensor> pending;  // by layer; undefined once taken
+
+  at::Tensor output_of(size_t layer, nn::Module& m, const at::Tensor& in) {
+    const DTensor x(in);
+    const int64_t dim = normalized(seq, x.dim()).dim();
+    if (!fusable(x, dim, mesh)) return unfused_linear(m, x, mesh, /*output_on_sequence=*/false);
+    const bool ready = input.defined() && input.unsafeGetTensorImpl() == in.unsafeGetTensorImpl() &&
+                       input_version == in._version() && pending[layer].defined();
+    if (!ready) {
+      std::vector<at::Tensor> ws;
+      for (nn::Module* l : layers) ws.push_back(DTensor(l->param("weight")).to_local());
+      const std::vector<at::Tensor> ys = parallel::all_gather_linears(mesh.get_group(0), x.to_local(), ws, dim);
+      for (size_t i = 0; i < layers.size(); ++i)
+        pending[i] = linear_output(*layers[i], ys[i], x, mesh, Shard(x.dim() - 1), &add_bias_piece);
+      input = in;
+      input_version = in._version();
+    }
+    at::Tensor out = std::move(pending[layer]);
+    pending[layer] = at::Tensor();
+    if (std::none_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); })) input.reset();
+    return out;
+  }
+};
+
+// `name`, a layer under `module`, or nullptr.
+nn::Module* layer_named(nn::Module& module, const std::string& name) {
+  for (auto& [fqn, found] : nn::match_modules(module, name))
+    if (fqn == name) return found;
+  return nullptr;
+}
+
+}  // namespace
+
+void ShareInputGather::check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  check_one_dim(*this, fqn, mesh);
+  HP_CHECK(layers_.size() >= 2, where(*this, fqn), ": it shares one gather between at least two layers, got ",
+           layers_.size());
+  HP_CHECK(seq_.is_shard() && seq_.dim() != -1, where(*this, fqn),
+           ": the layers' input must be sharded on the sequence dim (e.g. Shard(1)), got ", seq_.str());
+  for (const std::string& name : layers_) {
+    const nn::Module* layer = layer_named(module, name);
+    HP_CHECK(layer != nullptr, where(*this, fqn), ": '", name, "' is not a layer under it");
+    HP_CHECK(dynamic_cast<const nn::Linear*>(layer) != nullptr, where(*this, fqn), ": '", name, "' is a ",
+             layer->name(), " module; it shares the gather of Linear layers");
+  }
+}
+
+void ShareInputGather::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
+  auto shared = std::make_shared<SharedGather>(mesh, seq_);
+  for (const std::string& name : layers_) {
+    nn::Module* layer = layer_named(module, name);
+    const at::Tensor& w = layer->param("weight");
+    const bool colwise_async = is_dtensor(w) && DTensor(w).device_mesh() == mesh &&
+                               DTensor(w).placements() == Placements{Shard(0)} && layer->has_forward_override();
+    HP_CHECK(colwise_async, where(*this, fqn), ": apply ColwiseParallel().set_input_layouts(", seq_.str(),
+             ").set_async_tp(true) to '", name, "' on the same mesh first (earlier in the plan)");
+    shared->layers.push_back(layer);
+  }
+  shared->pending.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    shared->layers[i]->replace_forward_override(
+        [shared, i](nn::Module& m, const nn::Inputs& in) { return shared->output_of(i, m, in.at(0)); });
 }
 
 // ---- SequenceParallel ---------------------------------------------------------------------------

@@ -8,7 +8,12 @@
 #include <hp/nn/layers.h>
 #include <hp/parallel/tensor_parallel.h>
 
+#include <torch/csrc/autograd/autograd.h>
+
 #include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -165,6 +170,111 @@ TEST(AsyncTp, ASequenceThatDoesNotSplitEvenlyRunsUnfused) {
   check(ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true), /*input_sharded=*/true, 2, "colwise");
   check(RowwiseParallel().set_input_layouts(Replicate()).set_output_layouts(Shard(1)).set_async_tp(true),
         /*input_sharded=*/false, 1, "rowwise");
+}
+
+// Three Linear layers on one input (attention's q/k/v): q(x) * k(x) + v(x), feature by feature,
+// so that each rank's piece of the features is its own to compute.
+class ThreeOnOneInput : public nn::Module {
+ public:
+  ThreeOnOneInput()
+      : nn::Module("ThreeOnOneInput"),
+        q(add_module("q", std::make_shared<nn::Linear>(8, 8, /*bias=*/true))),
+        k(add_module("k", std::make_shared<nn::Linear>(8, 8, /*bias=*/false))),
+        v(add_module("v", std::make_shared<nn::Linear>(8, 8, /*bias=*/true))) {}
+  std::shared_ptr<nn::Linear> q, k, v;
+  // k called on another tensor with the same values: q's gather computes all three, k's on the
+  // copy again, and v's on the input again (the one held is the copy).
+  bool k_on_a_copy = false;
+
+ protected:
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor qx = (*q)(x);
+    const at::Tensor kx = (*k)(k_on_a_copy ? x.clone() : x);
+    return qx * kx + (*v)(x);
+  }
+};
+
+ParallelizePlan shared_gather_plan() {
+  const auto colwise = [] { return ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true); };
+  return {{"q", colwise()}, {"k", colwise()}, {"v", colwise()}, {"", ShareInputGather({"q", "k", "v"}, Shard(1))}};
+}
+
+// ShareInputGather: one fused gather for the three layers in forward; in backward one fused
+// reduce-scatter for the input's gradient and one gather for the weights' (each layer alone: 3 and
+// 6); against one device. A backward asked for the input's gradient only, or the weights' only (the
+// I and W passes of the zero-bubble schedules), does only its part. A layer called on another
+// tensor computes its output again, with the same results.
+TEST(AsyncTp, LayersOnOneInputShareItsGather) {
+  ThreeOnOneInput reference;
+  nn::init_parameters(reference, 5);
+  const at::Tensor x = kInput.clone().requires_grad_();
+  const at::Tensor want = reference(x);
+  (want * want).sum().backward();
+  for (const bool k_on_a_copy : {false, true})
+    for (int tp : {2, 4}) {
+      const std::string what = "tp " + std::to_string(tp) + (k_on_a_copy ? ", k on a copy" : "");
+      run(tp, [&](const comm::ProcessGroup& g) {
+        DeviceMesh mesh = init_device_mesh(g, "cpu", {tp}, {"tp"});
+        ThreeOnOneInput model;
+        model.k_on_a_copy = k_on_a_copy;
+        parallelize_module(model, mesh, shared_gather_plan());
+        nn::init_parameters(model, 5);
+        const at::Tensor in = x.detach().chunk(tp, 1)[g.rank()].clone().requires_grad_();
+        comm::CommDebugMode forward;
+        const at::Tensor out = model(DTensor::from_local(in, mesh, {Shard(1)}));
+        EXPECT_EQ(forward.count("all_gather_matmul"), k_on_a_copy ? 3 : 1) << what << ": " << forward.str();
+        check_close(out, want.detach().chunk(tp, 2)[g.rank()], what + ": output");
+        const at::Tensor loss = (out * out).sum();
+        std::vector<at::Tensor> weights;
+        for (const auto& item : model.named_parameters()) weights.push_back(item.value());
+        // The input's gradient alone: one fused reduce-scatter (three where k ran apart), no gather.
+        comm::CommDebugMode input_pass;
+        const at::Tensor dx = torch::autograd::grad({loss}, {in}, {}, /*retain_graph=*/true)[0];
+        EXPECT_EQ(input_pass.count("matmul_reduce_scatter"), k_on_a_copy ? 3 : 1) << what << ": " << input_pass.str();
+        EXPECT_EQ(input_pass.count("all_gather_matmul"), 0) << what << ": " << input_pass.str();
+        check_close(dx, x.grad().chunk(tp, 1)[g.rank()], what + ": input gradient");
+        // The weights' alone: one gather of the input (three where k ran apart: the outputs each
+        // gather left untaken get zeros).
+        comm::CommDebugMode weight_pass;
+        const std::vector<at::Tensor> dws = torch::autograd::grad({loss}, weights);
+        EXPECT_EQ(weight_pass.count("all_gather_matmul"), k_on_a_copy ? 3 : 1) << what << ": " << weight_pass.str();
+        EXPECT_EQ(weight_pass.count("matmul_reduce_scatter"), 0) << what << ": " << weight_pass.str();
+        size_t i = 0;
+        for (const auto& item : model.named_parameters())
+          check_close(whole(dws[i++]), reference.named_parameters()[item.key()].grad(),
+                      what + ": grad of " + item.key());
+      });
+    }
+}
+
+TEST(AsyncTp, ASharedGatherNeedsFusedColwiseLinearLayers) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+    ThreeOnOneInput model;
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh, {{"", ShareInputGather({"q"}, Shard(1))}});
+        },
+        {"ShareInputGather on ''", "at least two layers, got 1"});
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh, {{"", ShareInputGather({"q", "w"}, Shard(1))}});
+        },
+        "'w' is not a layer under it");
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh, {{"", ShareInputGather({"q", "k"}, Replicate())}});
+        },
+        "sharded on the sequence dim");
+    expect_error(
+        [&] {
+          parallelize_module(model, mesh,
+                             {{"q", ColwiseParallel().set_input_layouts(Shard(1))},
+                              {"k", ColwiseParallel().set_input_layouts(Shard(1)).set_async_tp(true)},
+                              {"", ShareInputGather({"q", "k"}, Shard(1))}});
+        },
+        "apply ColwiseParallel().set_input_layouts(S(1)).set_async_tp(true) to 'q'");
+  });
 }
 
 }  // namespace

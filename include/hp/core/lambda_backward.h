@@ -41,4 +41,11 @@ using ManyToManyBackwardFn = std::function<std::vector<at::Tensor>(std::vector<a
 std::vector<at::Tensor> record_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
                                         std::vector<at::Tensor> outputs, ManyToManyBackwardFn backward);
 
+// The same, where `backward` also gets which inputs' gradients the running backward asks for (as
+// record_trimmed_backward's).
+using TrimmedManyToManyBackwardFn =
+    std::function<std::vector<at::Tensor>(std::vector<at::Tensor> grad_outputs, const std::vector<bool>& asked)>;
+std::vector<at::Tensor> record_trimmed_backward(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                                std::vector<at::Tensor> outputs, TrimmedManyToManyBackwardFn backward);
+
 }  // namespace hp

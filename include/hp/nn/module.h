@@ -85,6 +85,10 @@ class Module : public torch::nn::Module {
   // any call wrapper still run around it. One per module; an error if it has one.
   using ForwardOverride = std::function<at::Tensor(Module& module, const Inputs& inputs)>;
   void set_forward_override(ForwardOverride forward);
+  bool has_forward_override() const { return static_cast<bool>(forward_override_); }
+  // Replaces the override a plan set, by one that computes it together with other modules'
+  // (hp::ShareInputGather); an error if it has none.
+  void replace_forward_override(ForwardOverride forward);
 
   // This module's own parameter `name` (not a dotted path).
   const at::Tensor& param(const std::string& name) const;

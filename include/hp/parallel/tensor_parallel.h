@@ -49,7 +49,8 @@ class ParallelStyleBase {
 // (set_output_layouts(Shard(1))) reduce-scatters its product fused with the matmul
 // (hp/comm/fused_matmul.h: chunk by chunk through symmetric memory where the tp ranks share a host,
 // else the unfused collectives), in forward and in backward. Each such Colwise layer gathers its
-// own input: leave attention's and the MLP's inputs sharded (no PrepareModuleInput to Replicate).
+// own input, unless ShareInputGather makes layers on one input share one gather: leave attention's
+// and the MLP's inputs sharded (no PrepareModuleInput to Replicate).
 // A sequence that does not split evenly over the mesh (a prompt being generated) runs unfused; not
 // combined with set_reduce_wire.
 // docs/tensor_parallel.md#async-tensor-parallelism.
@@ -127,6 +128,28 @@ class RowwiseParallel : public ParallelStyleBase {
   bool use_local_output_ = true;
   comm::WireFormat wire_ = comm::WireFormat::kNative;
   bool async_tp_ = false;
+};
+
+// Async TP for Linear layers that take one input (attention's q/k/v, the MLP's gate/up), on the
+// module that holds them, after ColwiseParallel().set_input_layouts(seq).set_async_tp(true) on
+// each (earlier in the plan): the input is gathered once for all of them, fused with their matmuls
+// (one all_gather_matmul with every weight), and in backward their input gradients are
+// reduce-scattered in one fused op and their weight gradients come from one gather of the input:
+// 3 ops where each layer alone takes 3. `layers`: the Linear layers' names under the module.
+//   {"layers.*.attn", ShareInputGather({"q_proj", "k_proj", "v_proj"}, Shard(1))}
+// The first layer called on an input computes every layer's output; the others, called on the same
+// tensor, take theirs (a layer called on another tensor computes them all again: right, but without
+// the saving). Not for layers a forward calls on the same input more than once.
+class ShareInputGather : public ParallelStyleBase {
+ public:
+  ShareInputGather(std::vector<std::string> layers, Placement seq) : layers_(std::move(layers)), seq_(seq) {}
+  std::string name() const override { return "ShareInputGather"; }
+  void check(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const override;
+
+ private:
+  std::vector<std::string> layers_;
+  Placement seq_;
 };
 
 // For norms (and dropout) between a Rowwise and a Colwise layer: parameters Replicate, the input

@@ -59,14 +59,19 @@ ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
       plan.push_back({norm, SequenceParallel()});
   // Attention and MLP inputs become replicated DTensors once, so q/k/v (gate/up) share them and
   // their input gradients add up as Partial before one all_reduce (or reduce_scatter with SP).
+  // With async TP, q/k/v (gate/up) share one fused gather of their input instead.
   if (!o.async_tp)
     plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
+  else
+    plan.push_back({"layers.*.attn", ShareInputGather({"q_proj", "k_proj", "v_proj"}, between)});
   if (mlp == LlamaMlp::kDense) {
     plan.push_back({"layers.*.mlp.gate", takes_block_input()});
     plan.push_back({"layers.*.mlp.up", takes_block_input()});
     plan.push_back({"layers.*.mlp.down", gives_stream()});
     if (!o.async_tp)
       plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
+    else
+      plan.push_back({"layers.*.mlp", ShareInputGather({"gate", "up"}, between)});
   } else {
     // This rank's tokens in (a local tensor: the MLP has no DTensor parameters), the stream's
     // layout out.
