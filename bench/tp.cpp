@@ -120,7 +120,7 @@ double report_comm(bool quick, bool sp) {
 }
 
 struct StepTimes {
-  double one, tp2, tp2_async;  // median seconds
+  double one, tp2, tp2_async, tp2_async_apart;  // median seconds
 };
 
 // Rank 0's step times at TP=2 with `tp`, after a warm-up step.
@@ -138,23 +138,27 @@ std::vector<double> tp2_steps(const Shape& s, int steps, hp::test::TpOptions tp)
   return mine;
 }
 
-// Median step seconds at one rank, at TP=2 and at TP=2 with async TP, rounds alternating.
+// Median step seconds at one rank, at TP=2, and at TP=2 with async TP (q/k/v and gate/up sharing
+// a gather, and each gathering its own), rounds alternating.
 StepTimes step_times(bool quick) {
   const Shape s = shape(quick, 2);
   const int rounds = quick ? 1 : 5, steps = quick ? 2 : 5;
-  std::vector<double> one, tp2, tp2_async;
+  std::vector<double> one, tp2, tp2_async, tp2_async_apart;
   for (int r = 0; r < rounds; ++r) {
     {
       Trainer trainer(s, nullptr, {});
       trainer.step();
       for (int i = 0; i < steps; ++i) one.push_back(seconds([&] { trainer.step(); }));
     }
-    for (const bool async : {false, true}) {
-      const std::vector<double> mine = tp2_steps(s, steps, {true, true, hp::comm::WireFormat::kNative, async});
-      (async ? tp2_async : tp2).insert((async ? tp2_async : tp2).end(), mine.begin(), mine.end());
+    for (const auto& [into, async, shared] : {std::tuple{&tp2, false, true}, std::tuple{&tp2_async, true, true},
+                                              std::tuple{&tp2_async_apart, true, false}}) {
+      hp::test::TpOptions options{true, true, hp::comm::WireFormat::kNative, async};
+      options.share_input_gathers = shared;
+      const std::vector<double> mine = tp2_steps(s, steps, options);
+      into->insert(into->end(), mine.begin(), mine.end());
     }
   }
-  return {median(one), median(tp2), median(tp2_async)};
+  return {median(one), median(tp2), median(tp2_async), median(tp2_async_apart)};
 }
 
 }  // namespace
@@ -168,10 +172,12 @@ int main(int argc, char** argv) {
   const double no_sp = report_comm(quick, false);
   const double with_sp = report_comm(quick, true);
   const StepTimes t = step_times(quick);
-  std::printf("\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms, TP=2 async %.2f ms\n",
-              t.one * 1e3, t.tp2 * 1e3, t.tp2_async * 1e3);
+  std::printf(
+      "\nstep time (2 layers, 1 intra-op thread per rank): 1 rank %.2f ms, TP=2 %.2f ms, TP=2 async %.2f ms, TP=2 "
+      "async with a gather per layer %.2f ms\n",
+      t.one * 1e3, t.tp2 * 1e3, t.tp2_async * 1e3, t.tp2_async_apart * 1e3);
   std::printf(
       "ratios: per-layer bytes measured/theory without SP %.2f, with SP %.2f; step time TP=2 / 1 rank %.2f, "
-      "TP=2 async / TP=2 %.2f\n",
-      no_sp, with_sp, t.tp2 / t.one, t.tp2_async / t.tp2);
+      "TP=2 async / TP=2 %.2f, TP=2 async with a gather per layer / TP=2 %.2f\n",
+      no_sp, with_sp, t.tp2 / t.one, t.tp2_async / t.tp2, t.tp2_async_apart / t.tp2);
 }

@@ -39,6 +39,7 @@ std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, cons
                                            const std::vector<at::Tensor>& ws, int64_t dim) {
   HP_CHECK(!ws.empty(), "all_gather_linears: no weights");
   std::vector<at::Tensor> ys, inputs = {x_shard}, detached;
+  std::vector<std::vector<int64_t>> shapes;
   {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> factors;
@@ -48,43 +49,31 @@ std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, cons
       factors.push_back(detached.back().t());
     }
     for (const at::Tensor& y :
-         comm::all_gather_matmul(group, x_shard.detach(), factors, dim, /*return_gathered=*/false).outputs)
+         comm::all_gather_matmul(group, x_shard.detach(), factors, dim, /*return_gathered=*/false).outputs) {
       ys.push_back(y.contiguous());
+      shapes.push_back(y.sizes().vec());
+    }
   }
   return record_trimmed_backward(
       "AllGatherLinearBackward", inputs, std::move(ys),
-      [group, x_shard = x_shard.detach(), version = x_shard._version(), ws = std::move(detached), dim](
-          std::vector<at::Tensor> dys, const std::vector<bool>& asked) {
+      [group, x_shard = x_shard.detach(), version = x_shard._version(), ws = std::move(detached),
+       shapes = std::move(shapes), dim](std::vector<at::Tensor> dys, const std::vector<bool>& asked) {
         at::NoGradGuard no_grad;
-        // The outputs that got a gradient (every rank's alike: the ops below are collectives). An
-        // input asked for whose outputs got none gets zeros: the weights reach this node through
-        // ToLocal, whose backward needs a gradient.
-        std::vector<size_t> got;
+        // An output that got no gradient counts as a zero one: every rank then issues the same
+        // collectives whatever reached it, and every weight asked for gets a gradient (the weights
+        // reach this node through ToLocal, whose backward needs one).
         for (size_t i = 0; i < ws.size(); ++i)
-          if (dys[i].defined()) got.push_back(i);
+          if (!dys[i].defined()) dys[i] = at::zeros(shapes[i], ws[i].options());
         std::vector<at::Tensor> grads(asked.size());
-        for (size_t i = 0; i < ws.size(); ++i)
-          if (asked[i + 1] && !dys[i].defined()) grads[i + 1] = at::zeros_like(ws[i]);
-        if (got.empty()) {
-          if (asked[0]) grads[0] = at::zeros_like(x_shard);
-          return grads;
-        }
-        if (asked[0]) {
-          // dx = reduce_scatter(sum_i dy_i @ w_i), one fused op: the dy_i side by side times the
-          // w_i stacked.
-          std::vector<at::Tensor> dy_parts, w_parts;
-          for (size_t i : got) {
-            dy_parts.push_back(dys[i]);
-            w_parts.push_back(ws[i]);
-          }
-          grads[0] = comm::matmul_reduce_scatter(group, got.size() == 1 ? dy_parts[0] : at::cat(dy_parts, -1),
-                                                 got.size() == 1 ? w_parts[0] : at::cat(w_parts, 0), dim);
-        }
-        const bool weights = std::any_of(got.begin(), got.end(), [&](size_t i) { return asked[i + 1]; });
-        if (weights) {
+        // dx = reduce_scatter(sum_i dy_i @ w_i), one fused op: the dy_i side by side times the w_i
+        // stacked.
+        if (asked[0])
+          grads[0] = comm::matmul_reduce_scatter(group, ws.size() == 1 ? dys[0] : at::cat(dys, -1),
+                                                 ws.size() == 1 ? ws[0] : at::cat(ws, 0), dim);
+        if (std::any_of(asked.begin() + 1, asked.end(), [](bool a) { return a; })) {
           check_unchanged(x_shard, version, "AllGatherLinearBackward");
           const at::Tensor gathered = comm::all_gather_matmul(group, x_shard, {}, dim).gathered;
-          for (size_t i : got)
+          for (size_t i = 0; i < ws.size(); ++i)
             if (asked[i + 1]) grads[i + 1] = weight_gradient(dys[i], gathered, dim);
         }
         return grads;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hp/core/error.h"
+#include "hp/core/log.h"
 #include "hp/dtensor/dtensor.h"
 #include "hp/nn/layers.h"
 #include "parallel/async_tp.h"
@@ -188,35 +189,66 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
 namespace {
 
 // The layers of one ShareInputGather (the module's children, which hold this through their
-// overrides), and their outputs on the last input gathered that they have not taken yet.
+// overrides), and their outputs on the input last gathered that they have not taken yet: kept
+// within one call of the module that holds them (its hooks clear them before and after).
 struct SharedGather {
-  SharedGather(DeviceMesh mesh, Placement seq) : mesh(std::move(mesh)), seq(seq) {}
+  SharedGather(std::string where, DeviceMesh mesh, Placement seq)
+      : where(std::move(where)), mesh(std::move(mesh)), seq(seq) {}
+  std::string where;
   DeviceMesh mesh;
   Placement seq;
   std::vector<nn::Module*> layers;
+  std::vector<std::string> names;
   at::Tensor input;  // what `pending` was computed on (held, so that no other tensor takes its place)
   int64_t input_version = -1;
   std::vector<at::Tensor> pending;  // by layer; undefined once taken
+  bool warned = false;              // that layers were called on other tensors
+
+  void clear() {
+    input.reset();
+    for (at::Tensor& t : pending) t.reset();
+  }
 
   at::Tensor output_of(size_t layer, nn::Module& m, const at::Tensor& in) {
     const DTensor x(in);
     const int64_t dim = normalized(seq, x.dim()).dim();
     if (!fusable(x, dim, mesh)) return unfused_linear(m, x, mesh, /*output_on_sequence=*/false);
+    HP_CHECK(x.placements() == Placements{Shard(dim)}, where, ": '", names[layer], "' got its input as ",
+             x.placements()[0].str(), ", not sharded on the sequence dim ", dim, " as the style says");
     const bool ready = input.defined() && input.unsafeGetTensorImpl() == in.unsafeGetTensorImpl() &&
                        input_version == in._version() && pending[layer].defined();
-    if (!ready) {
-      std::vector<at::Tensor> ws;
-      for (nn::Module* l : layers) ws.push_back(DTensor(l->param("weight")).to_local());
-      const std::vector<at::Tensor> ys = parallel::all_gather_linears(mesh.get_group(0), x.to_local(), ws, dim);
-      for (size_t i = 0; i < layers.size(); ++i)
-        pending[i] = linear_output(*layers[i], ys[i], x, mesh, Shard(x.dim() - 1), &add_bias_piece);
-      input = in;
-      input_version = in._version();
-    }
+    if (!ready) compute_all(x, in, dim, layer);
     at::Tensor out = std::move(pending[layer]);
     pending[layer] = at::Tensor();
     if (std::none_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); })) input.reset();
     return out;
+  }
+
+ private:
+  // Every layer's output on `x` (the tensor `in`), asked for by layer `caller`.
+  void compute_all(const DTensor& x, const at::Tensor& in, int64_t dim, size_t caller) {
+    const bool left = std::any_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); });
+    if (left && !warned) {
+      warned = true;
+      log::warn(where, ": '", names[caller], "' was called on another tensor than the layers before it, so the ",
+                "outputs computed for them go unused and it gathers again; pass every layer the same tensor (a ",
+                "plain tensor is made a DTensor anew by each layer: lay it out once, e.g. as a SequenceParallel ",
+                "norm's output)");
+    }
+    std::vector<at::Tensor> ws;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const at::Tensor& w = layers[i]->param("weight");
+      // An FSDP unit of one layer alone leaves the others' weights sharded when the first is called.
+      HP_CHECK(is_dtensor(w) && DTensor(w).device_mesh() == mesh && DTensor(w).placements() == Placements{Shard(0)},
+               where, ": '", names[i], "'s weight is not the Colwise piece on ", mesh.str(), " when '", names[caller],
+               "' is called (an FSDP unit around one of the layers alone?); shard them in one unit");
+      ws.push_back(DTensor(w).to_local());
+    }
+    const std::vector<at::Tensor> ys = parallel::all_gather_linears(mesh.get_group(0), x.to_local(), ws, dim);
+    for (size_t i = 0; i < layers.size(); ++i)
+      pending[i] = linear_output(*layers[i], ys[i], x, mesh, Shard(x.dim() - 1), &add_bias_piece);
+    input = in;
+    input_version = in._version();
   }
 };
 
@@ -244,7 +276,8 @@ void ShareInputGather::check(nn::Module& module, const std::string& fqn, const D
 }
 
 void ShareInputGather::apply(nn::Module& module, const std::string& fqn, const DeviceMesh& mesh) const {
-  auto shared = std::make_shared<SharedGather>(mesh, seq_);
+  auto shared = std::make_shared<SharedGather>(where(*this, fqn), mesh, seq_);
+  shared->names = layers_;
   for (const std::string& name : layers_) {
     nn::Module* layer = layer_named(module, name);
     const at::Tensor& w = layer->param("weight");
@@ -258,6 +291,10 @@ void ShareInputGather::apply(nn::Module& module, const std::string& fqn, const D
   for (size_t i = 0; i < layers_.size(); ++i)
     shared->layers[i]->replace_forward_override(
         [shared, i](nn::Module& m, const nn::Inputs& in) { return shared->output_of(i, m, in.at(0)); });
+  // What one call leaves (a layer it did not call, a failure halfway) goes before the next: no
+  // output outlives the call, or reaches another input, weights or grad mode.
+  module.register_forward_pre_hook([shared](nn::Module&, nn::Inputs&) { shared->clear(); });
+  module.register_forward_hook([shared](nn::Module&, const nn::Inputs&, at::Tensor&) { shared->clear(); });
 }
 
 // ---- SequenceParallel ---------------------------------------------------------------------------

@@ -185,12 +185,13 @@ class ThreeOnOneInput : public nn::Module {
   // k called on another tensor with the same values: q's gather computes all three, k's on the
   // copy again, and v's on the input again (the one held is the copy).
   bool k_on_a_copy = false;
+  bool skip_v = false;  // v not called: its output, computed with q's, goes unused
 
  protected:
   at::Tensor forward(const at::Tensor& x) override {
     const at::Tensor qx = (*q)(x);
     const at::Tensor kx = (*k)(k_on_a_copy ? x.clone() : x);
-    return qx * kx + (*v)(x);
+    return skip_v ? qx * kx : qx * kx + (*v)(x);
   }
 };
 
@@ -247,6 +248,30 @@ TEST(AsyncTp, LayersOnOneInputShareItsGather) {
     }
 }
 
+// What one call of the module computed for a layer it did not call goes with the call: the layer
+// called later (here on its own, after its weight changed) computes its output anew.
+TEST(AsyncTp, ASharedGathersOutputsDoNotOutliveTheCall) {
+  run(2, [](const comm::ProcessGroup& g) {
+    DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+    ThreeOnOneInput model;
+    model.skip_v = true;
+    parallelize_module(model, mesh, shared_gather_plan());
+    nn::init_parameters(model, 5);
+    const at::Tensor x = DTensor::from_local(kInput.chunk(2, 1)[g.rank()].clone(), mesh, {Shard(1)});
+    comm::CommDebugMode comm;
+    model(x);
+    {
+      at::NoGradGuard no_grad;
+      DTensor(model.v->param("weight")).to_local().mul_(2.0f);
+    }
+    const at::Tensor v = (*model.v)(x);
+    EXPECT_EQ(comm.count("all_gather_matmul"), 2) << comm.str();
+    const at::Tensor w = DTensor(model.v->param("weight")).to_local().detach();
+    const at::Tensor b = DTensor(model.v->param("bias")).to_local().detach();
+    check_close(v, at::linear(kInput, w, b), "v after its weight changed");
+  });
+}
+
 TEST(AsyncTp, ASharedGatherNeedsFusedColwiseLinearLayers) {
   run(2, [](const comm::ProcessGroup& g) {
     DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
@@ -274,6 +299,14 @@ TEST(AsyncTp, ASharedGatherNeedsFusedColwiseLinearLayers) {
                               {"", ShareInputGather({"q", "k"}, Shard(1))}});
         },
         "apply ColwiseParallel().set_input_layouts(S(1)).set_async_tp(true) to 'q'");
+    // A weight that is not its Colwise piece when the first layer is called (an FSDP unit around
+    // one layer alone leaves the others' sharded).
+    ThreeOnOneInput apart;
+    parallelize_module(apart, mesh, shared_gather_plan());
+    nn::init_parameters(apart, 5);
+    apart.k->set_param("weight", at::zeros({8, 8}));
+    expect_error([&] { apart(DTensor::from_local(kInput.chunk(2, 1)[g.rank()], mesh, {Shard(1)})); },
+                 {"ShareInputGather on ''", "'k's weight is not the Colwise piece", "when 'q' is called"});
   });
 }
 

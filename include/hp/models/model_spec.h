@@ -33,6 +33,9 @@ struct TpOptions {
   // Async TP (set_async_tp on the styles: hp/parallel/tensor_parallel.h): needs sequence_parallel
   // and a native wire.
   bool async_tp = false;
+  // With async_tp: the layers on one input (q/k/v, gate/up) share one gather (hp::ShareInputGather);
+  // false: each gathers its own (for measuring what sharing saves).
+  bool share_input_gathers = true;
 };
 
 // With parallel.pp > 1: the schedule (hp::pp::schedule_by_name) and how many micro-batches it

@@ -135,11 +135,14 @@ class RowwiseParallel : public ParallelStyleBase {
 // each (earlier in the plan): the input is gathered once for all of them, fused with their matmuls
 // (one all_gather_matmul with every weight), and in backward their input gradients are
 // reduce-scattered in one fused op and their weight gradients come from one gather of the input:
-// 3 ops where each layer alone takes 3. `layers`: the Linear layers' names under the module.
+// 3 ops in all (n layers alone take 3 each). `layers`: the Linear layers' names under the module.
 //   {"layers.*.attn", ShareInputGather({"q_proj", "k_proj", "v_proj"}, Shard(1))}
-// The first layer called on an input computes every layer's output; the others, called on the same
-// tensor, take theirs (a layer called on another tensor computes them all again: right, but without
-// the saving). Not for layers a forward calls on the same input more than once.
+// Within one call of the module, the first layer called computes every layer's output; the others,
+// called on the same tensor, take theirs. A layer called on another tensor (or again) computes them
+// all again: right, but without the saving, which a warning says once; pass every layer the same
+// DTensor (a plain tensor is made a DTensor anew by each layer). A layer whose output gets no
+// gradient gets a zero one. The layers' weights must be their Colwise pieces whenever the first is
+// called: FSDP units around all of them, not around one alone.
 class ShareInputGather : public ParallelStyleBase {
  public:
   ShareInputGather(std::vector<std::string> layers, Placement seq) : layers_(std::move(layers)), seq_(seq) {}

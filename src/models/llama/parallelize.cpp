@@ -62,7 +62,7 @@ ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
   // With async TP, q/k/v (gate/up) share one fused gather of their input instead.
   if (!o.async_tp)
     plan.push_back({"layers.*.attn", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
-  else
+  else if (o.share_input_gathers)
     plan.push_back({"layers.*.attn", ShareInputGather({"q_proj", "k_proj", "v_proj"}, between)});
   if (mlp == LlamaMlp::kDense) {
     plan.push_back({"layers.*.mlp.gate", takes_block_input()});
@@ -70,7 +70,7 @@ ParallelizePlan llama_tp_plan(TpOptions o, LlamaMlp mlp) {
     plan.push_back({"layers.*.mlp.down", gives_stream()});
     if (!o.async_tp)
       plan.push_back({"layers.*.mlp", PrepareModuleInput({between}, {Replicate()}).set_reduce_wire(o.wire)});
-    else
+    else if (o.share_input_gathers)
       plan.push_back({"layers.*.mlp", ShareInputGather({"gate", "up"}, between)});
   } else {
     // This rank's tokens in (a local tensor: the MLP has no DTensor parameters), the stream's
