@@ -31,12 +31,11 @@ namespace detail {
 
 struct FusedWorkspace {
   std::optional<SymmetricMemory> memory;
-  bool owes_done = false;  // the last op's "done" signals are still to be collected
-  std::string broken;      // why an op stopped halfway: the members' signals no longer pair up
-  bool warned_unfused =
-      false;  // that the ops run unfused on this group
-              // Why there was no room for the workspace (a full /dev/shm): the group's ops run unfused from
-              // then on, on every member alike (the members agree on the mapping's outcome).
+  bool owes_done = false;       // the last op's "done" signals are still to be collected
+  std::string broken;           // why an op stopped halfway: the members' signals no longer pair up
+  bool warned_unfused = false;  // that the ops run unfused on this group
+  // Why there was no room for the workspace (a full /dev/shm): the group's ops run unfused from
+  // then on, on every member alike (the members agree on the mapping's outcome).
   std::string no_room;
   // On a fake world (a dry run), which maps nothing: the bytes a real group would map for the ops
   // run on it so far (fused_workspace_bytes).

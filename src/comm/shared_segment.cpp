@@ -25,7 +25,7 @@ std::string system_error(const char* what, int error) { return std::string(what)
 struct NoRoom : Error {
   using Error::Error;
 };
-bool says_no_room(int error) { return error == ENOSPC || error == EFBIG || error == ENOMEM; }
+bool says_no_room(int error) { return error == ENOSPC || error == EDQUOT || error == EFBIG || error == ENOMEM; }
 // Marks a member's error as NoRoom in what the members exchange.
 constexpr char kNoRoomMark = '\x1f';
 
@@ -53,7 +53,10 @@ std::shared_ptr<void> map_shared(int fd, int64_t bytes) {
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   close(fd);
-  HP_CHECK(p != MAP_FAILED, system_error("mmap", error));
+  if (p == MAP_FAILED) {
+    if (says_no_room(error)) throw NoRoom(system_error("mmap", error));
+    HP_FAIL(system_error("mmap", error));
+  }
   return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, static_cast<size_t>(bytes)); });
 }
 
@@ -61,7 +64,11 @@ std::shared_ptr<void> create_host_segment(const std::string& name, int64_t bytes
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   HP_CHECK(fd >= 0, system_error(("shm_open(" + name + ")").c_str(), errno));
   // Reserving the pages now turns a full /dev/shm into this error rather than a SIGBUS on first touch.
-  int error = ftruncate(fd, bytes) == 0 ? posix_fallocate(fd, 0, bytes) : errno;
+  int error = ftruncate(fd, bytes) == 0 ? 0 : errno;
+  if (error == 0) {
+    error = posix_fallocate(fd, 0, bytes);
+    while (error == EINTR) error = posix_fallocate(fd, 0, bytes);  // a signal interrupted a large one
+  }
   if (error != 0) {
     close(fd);
     shm_unlink(name.c_str());
@@ -70,7 +77,12 @@ std::shared_ptr<void> create_host_segment(const std::string& name, int64_t bytes
     if (says_no_room(error)) throw NoRoom(why);
     HP_FAIL(why);
   }
-  return map_shared(fd, bytes);
+  try {
+    return map_shared(fd, bytes);
+  } catch (...) {
+    shm_unlink(name.c_str());  // nothing else would take the reserved pages away
+    throw;
+  }
 }
 
 std::shared_ptr<void> open_host_segment(const std::string& name, int64_t bytes) {
@@ -194,6 +206,8 @@ SharedSegment::Outcome SharedSegment::create(GroupImpl& group, int64_t bytes, Se
     } else {
       try {
         memory = scope == SegmentScope::kHost ? open_host_segment(name, bytes) : open_process_segment(name);
+      } catch (const NoRoom& e) {
+        error = kNoRoomMark + std::string(e.what());
       } catch (const std::exception& e) {
         error = e.what();
       }

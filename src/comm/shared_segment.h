@@ -53,8 +53,9 @@ class SharedSegment {
   struct Outcome {
     std::shared_ptr<SharedSegment> segment;
     std::string error;
-    // The failure was that the memory could not be reserved (a full /dev/shm, a cap on file sizes,
-    // no memory left for the anonymous mapping), not a misconfiguration; every member agrees.
+    // The failure was that the memory could not be reserved or mapped (a full /dev/shm, a quota, a
+    // file-size cap where SIGXFSZ is ignored, no memory left), not a misconfiguration; every
+    // member agrees.
     bool no_room = false;
   };
   static Outcome create(GroupImpl& group, int64_t bytes, SegmentScope scope, const std::string& keys = "hp_shm/");
