@@ -40,6 +40,7 @@ std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, cons
   HP_CHECK(!ws.empty(), "all_gather_linears: no weights");
   std::vector<at::Tensor> ys, inputs = {x_shard}, detached;
   std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::TensorOptions> kinds;
   {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> factors;
@@ -52,18 +53,20 @@ std::vector<at::Tensor> all_gather_linears(const comm::ProcessGroup& group, cons
          comm::all_gather_matmul(group, x_shard.detach(), factors, dim, /*return_gathered=*/false).outputs) {
       ys.push_back(y.contiguous());
       shapes.push_back(y.sizes().vec());
+      kinds.push_back(y.options());
     }
   }
   return record_trimmed_backward(
       "AllGatherLinearBackward", inputs, std::move(ys),
       [group, x_shard = x_shard.detach(), version = x_shard._version(), ws = std::move(detached),
-       shapes = std::move(shapes), dim](std::vector<at::Tensor> dys, const std::vector<bool>& asked) {
+       shapes = std::move(shapes), kinds = std::move(kinds),
+       dim](std::vector<at::Tensor> dys, const std::vector<bool>& asked) {
         at::NoGradGuard no_grad;
         // An output that got no gradient counts as a zero one: every rank then issues the same
         // collectives whatever reached it, and every weight asked for gets a gradient (the weights
         // reach this node through ToLocal, whose backward needs one).
         for (size_t i = 0; i < ws.size(); ++i)
-          if (!dys[i].defined()) dys[i] = at::zeros(shapes[i], ws[i].options());
+          if (!dys[i].defined()) dys[i] = at::zeros(shapes[i], kinds[i]);
         std::vector<at::Tensor> grads(asked.size());
         // dx = reduce_scatter(sum_i dy_i @ w_i), one fused op: the dy_i side by side times the w_i
         // stacked.

@@ -203,18 +203,32 @@ struct SharedGather {
   int64_t input_version = -1;
   std::vector<at::Tensor> pending;  // by layer; undefined once taken
   bool warned = false;              // that layers were called on other tensors
+  bool in_call = false;             // a call of the module that holds the layers is running
 
   void clear() {
     input.reset();
     for (at::Tensor& t : pending) t.reset();
+  }
+  void begin_call() {
+    clear();
+    in_call = true;
+  }
+  void end_call() {
+    clear();
+    in_call = false;
   }
 
   at::Tensor output_of(size_t layer, nn::Module& m, const at::Tensor& in) {
     const DTensor x(in);
     const int64_t dim = normalized(seq, x.dim()).dim();
     if (!fusable(x, dim, mesh)) return unfused_linear(m, x, mesh, /*output_on_sequence=*/false);
-    HP_CHECK(x.placements() == Placements{Shard(dim)}, where, ": '", names[layer], "' got its input as ",
-             x.placements()[0].str(), ", not sharded on the sequence dim ", dim, " as the style says");
+    // Called outside a call of the module (on its own, or recomputed by a checkpoint around it
+    // alone, which also hands it a fresh input in forward): its own fused gather, nothing kept.
+    if (!in_call || m.has_call_wrapper()) {
+      const at::Tensor y =
+          parallel::all_gather_linear(mesh.get_group(0), x.to_local(), colwise_piece(layer, layer), dim);
+      return linear_output(m, y, x, mesh, Shard(x.dim() - 1), &add_bias_piece);
+    }
     const bool ready = input.defined() && input.unsafeGetTensorImpl() == in.unsafeGetTensorImpl() &&
                        input_version == in._version() && pending[layer].defined();
     if (!ready) compute_all(x, in, dim, layer);
@@ -225,25 +239,28 @@ struct SharedGather {
   }
 
  private:
+  // Layer `i`'s local weight piece when layer `caller` is called.
+  at::Tensor colwise_piece(size_t i, size_t caller) const {
+    const at::Tensor& w = layers[i]->param("weight");
+    // An FSDP unit of one layer alone leaves the others' weights sharded when the first is called.
+    HP_CHECK(is_dtensor(w) && DTensor(w).device_mesh() == mesh && DTensor(w).placements() == Placements{Shard(0)},
+             where, ": '", names[i], "'s weight is not the Colwise piece on ", mesh.str(), " when '", names[caller],
+             "' is called (an FSDP unit around one of the layers alone?); shard them in one unit");
+    return DTensor(w).to_local();
+  }
+
   // Every layer's output on `x` (the tensor `in`), asked for by layer `caller`.
   void compute_all(const DTensor& x, const at::Tensor& in, int64_t dim, size_t caller) {
     const bool left = std::any_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); });
     if (left && !warned) {
       warned = true;
-      log::warn(where, ": '", names[caller], "' was called on another tensor than the layers before it, so the ",
-                "outputs computed for them go unused and it gathers again; pass every layer the same tensor (a ",
-                "plain tensor is made a DTensor anew by each layer: lay it out once, e.g. as a SequenceParallel ",
-                "norm's output)");
+      log::warn(where, ": '", names[caller], "' was called on another tensor than the layers before it (or ",
+                "again, or on an input changed in place), so the outputs computed for them go unused and it gathers ",
+                "again; pass every layer the same tensor once (a plain tensor is made a DTensor anew by each layer: ",
+                "lay it out once, e.g. as a SequenceParallel norm's output)");
     }
     std::vector<at::Tensor> ws;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const at::Tensor& w = layers[i]->param("weight");
-      // An FSDP unit of one layer alone leaves the others' weights sharded when the first is called.
-      HP_CHECK(is_dtensor(w) && DTensor(w).device_mesh() == mesh && DTensor(w).placements() == Placements{Shard(0)},
-               where, ": '", names[i], "'s weight is not the Colwise piece on ", mesh.str(), " when '", names[caller],
-               "' is called (an FSDP unit around one of the layers alone?); shard them in one unit");
-      ws.push_back(DTensor(w).to_local());
-    }
+    for (size_t i = 0; i < layers.size(); ++i) ws.push_back(colwise_piece(i, caller));
     const std::vector<at::Tensor> ys = parallel::all_gather_linears(mesh.get_group(0), x.to_local(), ws, dim);
     for (size_t i = 0; i < layers.size(); ++i)
       pending[i] = linear_output(*layers[i], ys[i], x, mesh, Shard(x.dim() - 1), &add_bias_piece);
@@ -293,8 +310,8 @@ void ShareInputGather::apply(nn::Module& module, const std::string& fqn, const D
         [shared, i](nn::Module& m, const nn::Inputs& in) { return shared->output_of(i, m, in.at(0)); });
   // What one call leaves (a layer it did not call, a failure halfway) goes before the next: no
   // output outlives the call, or reaches another input, weights or grad mode.
-  module.register_forward_pre_hook([shared](nn::Module&, nn::Inputs&) { shared->clear(); });
-  module.register_forward_hook([shared](nn::Module&, const nn::Inputs&, at::Tensor&) { shared->clear(); });
+  module.register_forward_pre_hook([shared](nn::Module&, nn::Inputs&) { shared->begin_call(); });
+  module.register_forward_hook([shared](nn::Module&, const nn::Inputs&, at::Tensor&) { shared->end_call(); });
 }
 
 // ---- SequenceParallel ---------------------------------------------------------------------------

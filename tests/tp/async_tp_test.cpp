@@ -6,6 +6,7 @@
 #include <hp/dtensor/dtensor.h>
 #include <hp/nn/init.h>
 #include <hp/nn/layers.h>
+#include <hp/parallel/checkpoint.h>
 #include <hp/parallel/tensor_parallel.h>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -270,6 +271,40 @@ TEST(AsyncTp, ASharedGathersOutputsDoNotOutliveTheCall) {
     const at::Tensor b = DTensor(model.v->param("bias")).to_local().detach();
     check_close(v, at::linear(kInput, w, b), "v after its weight changed");
   });
+}
+
+// Checkpointing: a layer checkpointed alone (whose recomputation runs outside a call of the
+// module, on a fresh input) gathers for itself, the others still share; the module checkpointed
+// (selective: products saved) shares in forward and in its recomputation. Against one device.
+TEST(AsyncTp, ASharedGatherUnderCheckpointing) {
+  ThreeOnOneInput reference;
+  nn::init_parameters(reference, 5);
+  const at::Tensor x = kInput.clone().requires_grad_();
+  const at::Tensor want = reference(x);
+  (want * want).sum().backward();
+  for (const bool k_alone : {true, false}) {
+    const std::string what = k_alone ? "k checkpointed alone" : "the module checkpointed, selective";
+    run(2, [&](const comm::ProcessGroup& g) {
+      DeviceMesh mesh = init_device_mesh(g, "cpu", {2}, {"tp"});
+      ThreeOnOneInput model;
+      parallelize_module(model, mesh, shared_gather_plan());
+      nn::init_parameters(model, 5);
+      if (k_alone)
+        checkpoint(*model.k);
+      else
+        checkpoint(model, {default_checkpoint_policy});
+      const at::Tensor in = x.detach().chunk(2, 1)[g.rank()].clone().requires_grad_();
+      comm::CommDebugMode forward;
+      const at::Tensor out = model(DTensor::from_local(in, mesh, {Shard(1)}));
+      EXPECT_EQ(forward.count("all_gather_matmul"), k_alone ? 2 : 1) << what << ": " << forward.str();
+      check_close(out, want.detach().chunk(2, 2)[g.rank()], what + ": output");
+      (out * out).sum().backward();
+      check_close(in.grad(), x.grad().chunk(2, 1)[g.rank()], what + ": input gradient");
+      for (const auto& item : model.named_parameters())
+        check_close(whole(item.value().grad()), reference.named_parameters()[item.key()].grad(),
+                    what + ": grad of " + item.key());
+    });
+  }
 }
 
 TEST(AsyncTp, ASharedGatherNeedsFusedColwiseLinearLayers) {

@@ -140,8 +140,9 @@ class RowwiseParallel : public ParallelStyleBase {
 // Within one call of the module, the first layer called computes every layer's output; the others,
 // called on the same tensor, take theirs. A layer called on another tensor (or again) computes them
 // all again: right, but without the saving, which a warning says once; pass every layer the same
-// DTensor (a plain tensor is made a DTensor anew by each layer). A layer whose output gets no
-// gradient gets a zero one. The layers' weights must be their Colwise pieces whenever the first is
+// DTensor (a plain tensor is made a DTensor anew by each layer). A layer called outside a call of
+// the module, or checkpointed alone, gathers for itself. A layer whose output gets no gradient gets
+// a zero one. The layers' weights must be their Colwise pieces whenever the first is
 // called: FSDP units around all of them, not around one alone.
 class ShareInputGather : public ParallelStyleBase {
  public:
