@@ -198,8 +198,10 @@ TEST(FsdpTp, TwoByTwoMatchesSingleDevice) {
     run(4, [&](const comm::ProcessGroup& g) {
       DeviceMesh mesh = init_device_mesh(g, "cpu", {2, 2}, {"dp", "tp"});
       DeviceMesh tp = mesh["tp"];
+      // 5e-5 as for TP alone (Plans/TpLlama): split fp32 products round by the CPU's BLAS kernels
+      // (1.8e-5 measured on an Intel Xeon with AVX-512; under 1e-5 on the AMD machines before).
       train_and_compare(mesh["dp"], 2, static_cast<int>(mesh.get_local_rank("dp")), "FSDP x TP", {}, &tp, tp_options,
-                        1e-5);
+                        5e-5);
     });
   }
 }
