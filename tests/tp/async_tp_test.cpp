@@ -201,17 +201,30 @@ ParallelizePlan shared_gather_plan() {
   return {{"q", colwise()}, {"k", colwise()}, {"v", colwise()}, {"", ShareInputGather({"q", "k", "v"}, Shard(1))}};
 }
 
+// The three layers on one device: their output on kInput, and the gradients of the sum of its
+// squares (in x.grad() and the parameters').
+struct OneDevice {
+  std::shared_ptr<ThreeOnOneInput> model = std::make_shared<ThreeOnOneInput>();
+  at::Tensor x = kInput.clone().requires_grad_(), output;
+};
+
+OneDevice one_device_three_layers() {
+  OneDevice one;
+  nn::init_parameters(*one.model, 5);
+  one.output = (*one.model)(one.x);
+  (one.output * one.output).sum().backward();
+  return one;
+}
+
 // ShareInputGather: one fused gather for the three layers in forward; in backward one fused
 // reduce-scatter for the input's gradient and one gather for the weights' (each layer alone: 3 and
 // 6); against one device. A backward asked for the input's gradient only, or the weights' only (the
 // I and W passes of the zero-bubble schedules), does only its part. A layer called on another
 // tensor computes its output again, with the same results.
 TEST(AsyncTp, LayersOnOneInputShareItsGather) {
-  ThreeOnOneInput reference;
-  nn::init_parameters(reference, 5);
-  const at::Tensor x = kInput.clone().requires_grad_();
-  const at::Tensor want = reference(x);
-  (want * want).sum().backward();
+  const OneDevice one = one_device_three_layers();
+  const ThreeOnOneInput& reference = *one.model;
+  const at::Tensor &x = one.x, &want = one.output;
   for (const bool k_on_a_copy : {false, true})
     for (int tp : {2, 4}) {
       const std::string what = "tp " + std::to_string(tp) + (k_on_a_copy ? ", k on a copy" : "");
@@ -277,11 +290,9 @@ TEST(AsyncTp, ASharedGathersOutputsDoNotOutliveTheCall) {
 // module, on a fresh input) gathers for itself, the others still share; the module checkpointed
 // (selective: products saved) shares in forward and in its recomputation. Against one device.
 TEST(AsyncTp, ASharedGatherUnderCheckpointing) {
-  ThreeOnOneInput reference;
-  nn::init_parameters(reference, 5);
-  const at::Tensor x = kInput.clone().requires_grad_();
-  const at::Tensor want = reference(x);
-  (want * want).sum().backward();
+  const OneDevice one = one_device_three_layers();
+  const ThreeOnOneInput& reference = *one.model;
+  const at::Tensor &x = one.x, &want = one.output;
   for (const bool k_alone : {true, false}) {
     const std::string what = k_alone ? "k checkpointed alone" : "the module checkpointed, selective";
     run(2, [&](const comm::ProcessGroup& g) {
