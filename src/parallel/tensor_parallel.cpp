@@ -188,6 +188,11 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, const De
 
 namespace {
 
+// Whether `w` is a Colwise Linear weight on `mesh`: a DTensor split by rows.
+bool is_colwise_piece(const at::Tensor& w, const DeviceMesh& mesh) {
+  return is_dtensor(w) && DTensor(w).device_mesh() == mesh && DTensor(w).placements() == Placements{Shard(0)};
+}
+
 // The layers of one ShareInputGather (the module's children, which hold this through their
 // overrides), and their outputs on the input last gathered that they have not taken yet: kept
 // within one call of the module that holds them (its hooks clear them before and after).
@@ -234,25 +239,28 @@ struct SharedGather {
     if (!ready) compute_all(x, in, dim, layer);
     at::Tensor out = std::move(pending[layer]);
     pending[layer] = at::Tensor();
-    if (std::none_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); })) input.reset();
+    if (!any_pending()) input.reset();
     return out;
   }
 
  private:
+  bool any_pending() const {
+    return std::any_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); });
+  }
+
   // Layer `i`'s local weight piece when layer `caller` is called.
   at::Tensor colwise_piece(size_t i, size_t caller) const {
     const at::Tensor& w = layers[i]->param("weight");
     // An FSDP unit of one layer alone leaves the others' weights sharded when the first is called.
-    HP_CHECK(is_dtensor(w) && DTensor(w).device_mesh() == mesh && DTensor(w).placements() == Placements{Shard(0)},
-             where, ": '", names[i], "'s weight is not the Colwise piece on ", mesh.str(), " when '", names[caller],
+    HP_CHECK(is_colwise_piece(w, mesh), where, ": '", names[i], "'s weight is not the Colwise piece on ", mesh.str(),
+             " when '", names[caller],
              "' is called (an FSDP unit around one of the layers alone?); shard them in one unit");
     return DTensor(w).to_local();
   }
 
   // Every layer's output on `x` (the tensor `in`), asked for by layer `caller`.
   void compute_all(const DTensor& x, const at::Tensor& in, int64_t dim, size_t caller) {
-    const bool left = std::any_of(pending.begin(), pending.end(), [](const at::Tensor& t) { return t.defined(); });
-    if (left && !warned) {
+    if (any_pending() && !warned) {
       warned = true;
       log::warn(where, ": '", names[caller], "' was called on another tensor than the layers before it (or ",
                 "again, or on an input changed in place), so the outputs computed for them go unused and it gathers ",
@@ -298,8 +306,7 @@ void ShareInputGather::apply(nn::Module& module, const std::string& fqn, const D
   for (const std::string& name : layers_) {
     nn::Module* layer = layer_named(module, name);
     const at::Tensor& w = layer->param("weight");
-    const bool colwise_async = is_dtensor(w) && DTensor(w).device_mesh() == mesh &&
-                               DTensor(w).placements() == Placements{Shard(0)} && layer->has_forward_override();
+    const bool colwise_async = is_colwise_piece(w, mesh) && layer->has_forward_override();
     HP_CHECK(colwise_async, where(*this, fqn), ": apply ColwiseParallel().set_input_layouts(", seq_.str(),
              ").set_async_tp(true) to '", name, "' on the same mesh first (earlier in the plan)");
     shared->layers.push_back(layer);
